@@ -1,0 +1,55 @@
+"""Grafting: the first-order method whose per-step norm Shampoo borrows, eq. (14).
+
+The graft state V is elementwise (one entry per parameter entry), so blocking
+never changes it; only the norm used for rescaling (eq. 18) depends on the
+block or parameter scope.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shampoo_spec import GraftingConfig
+
+Array = NDArray[np.float64]
+
+_NEEDS_STATE = ("adagrad", "rmsprop", "adam", "adagrad_normalized", "rmsprop_normalized")
+
+
+def needs_state(graft: GraftingConfig) -> bool:
+    return graft.type in _NEEDS_STATE
+
+
+def graft_input(gradient: Array, graft: GraftingConfig) -> Array:
+    """The gradient the graft state sees: normalised for ``*_normalized`` (eq. 14a)."""
+    if graft.type.endswith("_normalized"):
+        return gradient / (np.linalg.norm(gradient) + graft.normalize_epsilon)
+    return gradient
+
+
+def update_state(state: Array, gradient: Array, graft: GraftingConfig) -> Array:
+    """``V <- beta2 V + w g^2``, w = 1 for AdaGrad (beta2 = 1), else 1 - beta2 (eq. 14b)."""
+    g = graft_input(gradient, graft)
+    if graft.beta2 == 1.0:
+        return state + g * g
+    return graft.beta2 * state + (1.0 - graft.beta2) * g * g
+
+
+def direction(x: Array, state: Array | None, t: int, graft: GraftingConfig) -> Array:
+    """``graft(X)`` of eq. (14c) at step t.
+
+    ``none``/``sgd``: X; ``sign``: sign(X); adaptive types:
+    ``X / (sqrt(V / bc) + epsilon)`` with ``bc = 1 - beta2^t`` when
+    ``bias_correction`` (and beta2 < 1), else 1. Normalised variants apply the
+    same division to the normalised X.
+    """
+    kind = graft.type
+    if kind in ("none", "sgd"):
+        return x
+    if kind == "sign":
+        return np.sign(x)
+    assert state is not None
+    x = graft_input(x, graft)
+    bc = 1.0 - graft.beta2**t if (graft.bias_correction and graft.beta2 < 1.0) else 1.0
+    return x / (np.sqrt(state / bc) + graft.epsilon)

@@ -1,0 +1,138 @@
+"""Float64 linear algebra of Shampoo: contractions, mode products, inverse roots.
+
+Eq. numbers refer to docs/spec.md. Everything here is exact up to float64
+rounding except :func:`root_inverse_coupled_newton`, which is iterative by
+design (it is the method being specified, with its stopping rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shampoo_spec import CoupledNewtonConfig, EpsilonConfig
+
+Array = NDArray[np.float64]
+
+
+def factor_contraction(block: Array, k: int) -> Array:
+    """``G_(k) G_(k)^T``: contract G with itself over every dim but k (eq. 6)."""
+    moved = np.moveaxis(block, k, 0).reshape(block.shape[k], -1)
+    return moved @ moved.T
+
+
+def mode_product(tensor: Array, matrix: Array, k: int) -> Array:
+    """``T x_k M``: multiply dim k of T by the symmetric matrix M (eq. 16)."""
+    moved = np.moveaxis(tensor, k, 0)
+    out = np.tensordot(matrix, moved, axes=([1], [0]))
+    return np.moveaxis(out, 0, k)
+
+
+def effective_epsilon(matrix: Array, eps: EpsilonConfig) -> float:
+    """Eq. (9): eps, or eps * max(lambda_max(A), floor) when relative."""
+    if eps.scale == "absolute":
+        return float(eps.value)
+    lam_max = float(np.linalg.eigvalsh(symmetrize(matrix))[-1])
+    return float(eps.value) * max(lam_max, eps.relative_floor)
+
+
+def symmetrize(matrix: Array) -> Array:
+    return 0.5 * (matrix + matrix.T)
+
+
+def regularized_eigenvalues(lam: Array, eps: float, placement: str) -> Array:
+    """Eigenvalues after the epsilon rule of eq. (10).
+
+    ``lam`` are the eigenvalues returned by eigh: of ``A + eps I`` for
+    ``"ridge"``, of ``A`` otherwise.
+    """
+    lam_min = float(lam.min())
+    if placement == "ridge":
+        return lam + max(0.0, eps - lam_min)
+    if placement == "shift_after":
+        return lam - min(lam_min, 0.0) + eps
+    return np.maximum(lam, eps)
+
+
+def root_inverse_eigh(matrix: Array, root: float, eps: float, placement: str) -> Array:
+    """``X = Q diag(lambda'^(-1/root)) Q^T`` with lambda' from eq. (10)."""
+    a = symmetrize(matrix)
+    n = a.shape[0]
+    if placement == "ridge":
+        a = a + eps * np.eye(n)
+    lam, q = np.linalg.eigh(a)
+    lam = regularized_eigenvalues(lam, eps, placement)
+    return (q * lam ** (-1.0 / root)) @ q.T
+
+
+def eigenbasis(matrix: Array) -> Array:
+    """Orthonormal eigenvectors of a symmetric factor, ascending eigenvalues (eq. 17)."""
+    return np.linalg.eigh(symmetrize(matrix))[1]
+
+
+@dataclass(frozen=True)
+class NewtonResult:
+    """Outcome of eq. (11): the root, its final error max|M - I|, iterations."""
+
+    root: Array
+    error: float
+    iterations: int
+
+
+def coupled_newton_iteration(
+    matrix: Array, root: int, config: CoupledNewtonConfig
+) -> NewtonResult:
+    """One run of the coupled Newton iteration for ``matrix^(-1/root)`` (eq. 11).
+
+    ``z = (1 + r) / (2 ||A||_F)``, ``X_0 = z^(1/r) I``, ``M_0 = z A``;
+    ``T = ((r + 1) I - M) / r``, ``X <- X T``, ``M <- T^r M``. Converges
+    since the spectrum of M_0 lies in (0, (1 + r)/2]; stops at
+    ``max|M - I| <= tolerance``, after ``max_iterations``, or (when
+    ``error_growth_limit`` is set) when the error would grow by that factor,
+    returning the previous iterate.
+    """
+    a = symmetrize(matrix)
+    n = a.shape[0]
+    identity = np.eye(n)
+    norm = float(np.linalg.norm(a))
+    if not np.isfinite(norm) or norm == 0.0:
+        return NewtonResult(identity.copy(), float("nan"), 0)
+    z = (1.0 + root) / (2.0 * norm)
+    x = identity * z ** (1.0 / root)
+    m = a * z
+    error = float(np.max(np.abs(m - identity)))
+    it = 0
+    while it < config.max_iterations and error > config.tolerance:
+        t = ((root + 1.0) * identity - m) / root
+        new_m = np.linalg.matrix_power(t, root) @ m
+        new_error = float(np.max(np.abs(new_m - identity)))
+        if config.error_growth_limit is not None and not (
+            new_error < error * config.error_growth_limit
+        ):
+            break
+        x = x @ t
+        m = new_m
+        error = new_error
+        it += 1
+    return NewtonResult(x, error, it)
+
+
+def root_inverse_coupled_newton(
+    matrix: Array, root: int, eps: float, config: CoupledNewtonConfig
+) -> NewtonResult:
+    """``(A + eps I)^(-1/root)`` by eq. (11), with retries at a larger ridge.
+
+    While the error exceeds ``retry_error_threshold`` and retries remain, the
+    ridge is multiplied by ``retry_epsilon_factor`` and the iteration rerun.
+    """
+    n = matrix.shape[0]
+    ridge = eps
+    result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config)
+    for _ in range(config.retries):
+        if np.isfinite(result.error) and result.error <= config.retry_error_threshold:
+            break
+        ridge *= config.retry_epsilon_factor
+        result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config)
+    return result

@@ -1,0 +1,376 @@
+"""The exact float64 Shampoo step, in the order of docs/spec.md.
+
+:class:`ReferenceShampoo` holds the state of a dict of named parameters and
+applies eqs. (1)-(21) one step at a time. It favours clarity over speed:
+one block at a time, plain NumPy, no batching. It is the oracle the fast
+backends are tested against, so every rule is spelled out here once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shampoo_spec import (
+    CoupledNewtonConfig,
+    ParameterPlan,
+    ShampooConfig,
+    is_root_step,
+    is_statistics_step,
+    plan_parameter,
+    uses_preconditioner,
+)
+
+from . import grafting
+from .linalg import (
+    eigenbasis,
+    effective_epsilon,
+    factor_contraction,
+    mode_product,
+    root_inverse_coupled_newton,
+    root_inverse_eigh,
+)
+
+Array = NDArray[np.float64]
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A gradient holds NaN or inf and the failure policy is ``"raise"``."""
+
+
+class RootFailureError(FloatingPointError):
+    """A factor's inverse root failed more times in a row than allowed."""
+
+
+@dataclass
+class BlockState:
+    """Per-block state: factors L_k, inverse roots X_k (or eigenbases Q_k)."""
+
+    factors: list[Array | None]
+    roots: list[Array | None]
+    statistics_updates: int = 0
+    consecutive_failures: list[int] = field(default_factory=list)
+    corrected_second_moment: Array | None = None
+    corrected_updates: int = 0
+
+
+@dataclass
+class ParameterState:
+    plan: ParameterPlan
+    blocks: list[BlockState]
+    graft: Array | None
+    filtered: Array | None
+    momentum: Array | None
+    graft_momentum: Array | None
+
+
+@dataclass
+class Metrics:
+    """Counters a user can read: root failures and skipped blocks."""
+
+    root_failures: int = 0
+    skipped_blocks: int = 0
+
+
+def _as_merged(x: Array, plan: ParameterPlan) -> Array:
+    return np.asarray(x, dtype=np.float64).reshape(plan.merged_shape)
+
+
+class ReferenceShampoo:
+    """Float64 Shampoo over a dict of named NumPy parameters.
+
+    >>> opt = ReferenceShampoo(config, {"w": w0})
+    >>> params = opt.step({"w": g})      # new parameters after step 1
+    """
+
+    def __init__(self, config: ShampooConfig, params: dict[str, Array]) -> None:
+        self.config = config
+        self.t = 0
+        self.metrics = Metrics()
+        self.params = {k: np.array(v, dtype=np.float64, copy=True) for k, v in params.items()}
+        self.state = {k: self._init_parameter(p.shape) for k, p in self.params.items()}
+
+    # ----------------------------------------------------------------- init
+    def _init_parameter(self, shape: tuple[int, ...]) -> ParameterState:
+        cfg = self.config
+        plan = plan_parameter(shape, cfg)
+        init_eps = cfg.epsilon.value if cfg.statistics.initial_value == "epsilon_identity" else 0.0
+        blocks = []
+        for b in plan.blocks:
+            factors: list[Array | None] = []
+            roots: list[Array | None] = []
+            for n, r in zip(b.shape, b.roots, strict=True):
+                if r == 0:
+                    factors.append(None)
+                    roots.append(None)
+                else:
+                    factors.append(init_eps * np.eye(n))
+                    roots.append(np.eye(n))  # identity before the first root (eq. 13)
+            corrected = np.zeros(b.shape) if cfg.eigenvalue_correction is not None else None
+            blocks.append(
+                BlockState(
+                    factors=factors,
+                    roots=roots,
+                    consecutive_failures=[0] * len(b.shape),
+                    corrected_second_moment=corrected,
+                )
+            )
+        size_shape = plan.merged_shape
+        graft = np.zeros(size_shape) if grafting.needs_state(cfg.grafting) else None
+        filtered = np.zeros(size_shape) if cfg.gradient_filter.beta1 != 0.0 else None
+        momentum = np.zeros(size_shape) if cfg.momentum.momentum != 0.0 else None
+        separate = cfg.momentum.buffers == "separate" and momentum is not None
+        graft_momentum = np.zeros(size_shape) if separate else None
+        return ParameterState(plan, blocks, graft, filtered, momentum, graft_momentum)
+
+    # ----------------------------------------------------------------- step
+    def step(self, grads: dict[str, Array]) -> dict[str, Array]:
+        """Apply one step (eq. 1: t <- t + 1) and return copies of the parameters."""
+        if set(grads) != set(self.params):
+            raise ValueError(
+                f"grads keys {sorted(grads)} do not match parameter names {sorted(self.params)}."
+            )
+        self.t += 1
+        for name, g in grads.items():
+            g = np.asarray(g, dtype=np.float64)
+            if g.shape != self.params[name].shape:
+                raise ValueError(
+                    f"gradient of {name!r} has shape {g.shape}, parameter has "
+                    f"{self.params[name].shape}."
+                )
+            self.params[name] = self._step_parameter(name, self.params[name], g)
+        return {k: v.copy() for k, v in self.params.items()}
+
+    def _step_parameter(self, name: str, w_orig: Array, g_orig: Array) -> Array:
+        cfg, t = self.config, self.t
+        st = self.state[name]
+        plan = st.plan
+        w = _as_merged(w_orig, plan)
+        g = _as_merged(g_orig, plan)
+
+        # Eq. (2): L2 weight decay enters the gradient (and so the statistics).
+        if cfg.weight_decay.type == "l2" and cfg.weight_decay.value != 0.0:
+            g = g + cfg.weight_decay.value * w
+
+        # Eq. (3): a block with a non-finite gradient never touches the state.
+        finite = np.ones(plan.merged_shape, dtype=bool)
+        for b in plan.blocks:
+            if not np.all(np.isfinite(g[b.slices])):
+                if cfg.failure.nonfinite_gradient == "raise":
+                    raise NonFiniteGradientError(
+                        f"non-finite gradient in parameter {name!r} at step {t} "
+                        f"(block at offsets {b.offsets}); failure.nonfinite_gradient='raise'."
+                    )
+                finite[b.slices] = False
+                self.metrics.skipped_blocks += 1
+        if not finite.all():
+            g = np.where(finite, g, 0.0)
+
+        # Eq. (14b): graft state; eq. (15): gradient filter. Elementwise.
+        if st.graft is not None:
+            st.graft = np.where(finite, grafting.update_state(st.graft, g, cfg.grafting), st.graft)
+        filtered = self._filter(st, g, finite)
+
+        # Eqs. (6)-(13): statistics and roots, block by block.
+        for b, bs in zip(plan.blocks, st.blocks, strict=True):
+            if not finite[b.slices].all():
+                continue
+            self._update_block(name, b.roots, bs, g[b.slices])
+
+        # Eq. (14c): the graft direction (whole parameter, elementwise).
+        graft_dir = grafting.direction(filtered, st.graft, t, cfg.grafting)
+
+        # Eqs. (16)-(18): Shampoo direction, rescaled to the graft norm.
+        use_shampoo = uses_preconditioner(t, cfg.schedule)
+        need_shampoo = use_shampoo or st.graft_momentum is not None
+        shampoo_dir = self._shampoo_direction(st, filtered, graft_dir) if need_shampoo else None
+
+        # Eqs. (19)-(21): weight decay, momentum, update.
+        step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
+        if cfg.weight_decay.type == "update" and cfg.weight_decay.value != 0.0:
+            step = step + cfg.weight_decay.value * w
+        lr = 1.0 if cfg.momentum.learning_rate_placement == "before_momentum" else cfg.learning_rate
+        new_w = np.where(finite, w - lr * step, w)
+        return new_w.reshape(plan.shape)
+
+    # ------------------------------------------------------- eq. (15) filter
+    def _filter(self, st: ParameterState, g: Array, finite: NDArray[np.bool_]) -> Array:
+        """Stored ``F_t = beta1 F + (1 - beta1) G``; used ``beta3 F_{t-1} + (1 - beta3) G``."""
+        f = self.config.gradient_filter
+        if st.filtered is None:
+            return g
+        beta3 = f.beta1 if f.beta3 is None else f.beta3
+        used = beta3 * st.filtered + (1.0 - beta3) * g
+        if f.bias_correction:
+            used = used / (1.0 - beta3 * f.beta1 ** (self.t - 1))
+        st.filtered = np.where(finite, f.beta1 * st.filtered + (1.0 - f.beta1) * g, st.filtered)
+        return used
+
+    # --------------------------------------------------- eqs. (6)-(13) block
+    def _update_block(self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array) -> None:
+        cfg, t = self.config, self.t
+        stats = cfg.statistics
+        if is_statistics_step(t, cfg.schedule):
+            w = 1.0 if (stats.beta2 == 1.0 or stats.ema_weight == "one") else 1.0 - stats.beta2
+            for k, lk in enumerate(bs.factors):
+                if lk is None:
+                    continue
+                decayed = lk if stats.beta2 == 1.0 else stats.beta2 * lk
+                bs.factors[k] = decayed + w * factor_contraction(gb, k)
+            bs.statistics_updates += 1
+        if cfg.eigenvalue_correction is not None:
+            self._update_corrected_moment(bs, gb)
+        if not is_root_step(t, cfg.schedule):
+            return
+        # Eq. (7): bias correction of the factors.
+        n = bs.statistics_updates
+        bc = 1.0 - stats.beta2**n if (stats.bias_correction and stats.beta2 < 1.0 and n) else 1.0
+        for k, lk in enumerate(bs.factors):
+            if lk is None:
+                continue
+            new_root = self._root(lk / bc, roots[k])
+            if new_root is None or not np.all(np.isfinite(new_root)):
+                # Eq. (13): keep the previous root, count the failure.
+                self.metrics.root_failures += 1
+                bs.consecutive_failures[k] += 1
+                limit = cfg.failure.max_consecutive_root_failures
+                if limit is not None and bs.consecutive_failures[k] > limit:
+                    raise RootFailureError(
+                        f"inverse root of factor {k} of parameter {name!r} failed "
+                        f"{bs.consecutive_failures[k]} times in a row at step {t} "
+                        f"(failure.max_consecutive_root_failures={limit})."
+                    )
+                continue
+            bs.consecutive_failures[k] = 0
+            bs.roots[k] = new_root
+
+    def _root(self, a: Array, root: float) -> Array | None:
+        """Eq. (10) or (11) for one factor; None when the method fails."""
+        cfg = self.config
+        if not np.all(np.isfinite(a)):
+            return None
+        if cfg.eigenvalue_correction is not None:
+            try:
+                return eigenbasis(a)
+            except np.linalg.LinAlgError:
+                return None
+        eps = effective_epsilon(a, cfg.epsilon)
+        method = cfg.root_inverse
+        if isinstance(method, CoupledNewtonConfig):
+            result = root_inverse_coupled_newton(a, int(root), eps, method)
+            threshold = method.failure_threshold
+            if not math.isfinite(result.error) or (
+                threshold is not None and result.error >= threshold
+            ):
+                return None
+            return result.root
+        try:
+            return root_inverse_eigh(a, root, eps, cfg.epsilon.placement)
+        except np.linalg.LinAlgError:
+            return None
+
+    # -------------------------------------------- eq. (17) eigenvalue-corrected
+    def _rotate(self, bs: BlockState, x: Array, transpose: bool) -> Array:
+        for k, q in enumerate(bs.roots):
+            if q is not None:
+                x = mode_product(x, q.T if transpose else q, k)
+        return x
+
+    def _update_corrected_moment(self, bs: BlockState, gb: Array) -> None:
+        ec = self.config.eigenvalue_correction
+        assert ec is not None and bs.corrected_second_moment is not None
+        rotated = self._rotate(bs, gb, transpose=True)
+        d = bs.corrected_second_moment
+        if ec.beta2 == 1.0:
+            bs.corrected_second_moment = d + rotated**2
+        else:
+            bs.corrected_second_moment = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2
+        bs.corrected_updates += 1
+
+    # ------------------------------------------------ eqs. (16)-(18) direction
+    def _shampoo_direction(self, st: ParameterState, filtered: Array, graft_dir: Array) -> Array:
+        cfg = self.config
+        plan = st.plan
+        if not plan.preconditioned:
+            # Skipped parameters take the graft direction (eq. 18, skip rule).
+            return graft_dir.copy()
+        out = np.zeros(plan.merged_shape)
+        scope_block = cfg.grafting.type != "none" and cfg.grafting.norm_scope == "block"
+        for b, bs in zip(plan.blocks, st.blocks, strict=True):
+            fb = filtered[b.slices]
+            if cfg.eigenvalue_correction is not None:
+                pb = self._corrected_direction(bs, fb)
+            else:
+                pb = fb
+                for k, xk in enumerate(bs.roots):
+                    if xk is not None:
+                        pb = mode_product(pb, xk, k)
+            if scope_block:
+                pb = pb * np.linalg.norm(graft_dir[b.slices]) / (
+                    np.linalg.norm(pb) + cfg.grafting.norm_epsilon
+                )
+            out[b.slices] = pb
+        if cfg.grafting.type != "none" and cfg.grafting.norm_scope == "parameter":
+            out = out * np.linalg.norm(graft_dir) / (np.linalg.norm(out) + cfg.grafting.norm_epsilon)
+        return out
+
+    def _corrected_direction(self, bs: BlockState, fb: Array) -> Array:
+        ec = self.config.eigenvalue_correction
+        assert ec is not None and bs.corrected_second_moment is not None
+        n = bs.corrected_updates
+        bc = 1.0 - ec.beta2**n if (ec.bias_correction and ec.beta2 < 1.0 and n) else 1.0
+        d = bs.corrected_second_moment / bc
+        rotated = self._rotate(bs, fb, transpose=True)
+        scaled = rotated / (d ** (1.0 / ec.root) + ec.epsilon)
+        return self._rotate(bs, scaled, transpose=False)
+
+    # ------------------------------------------------ eqs. (19)-(20) momentum
+    def _momentum(
+        self,
+        st: ParameterState,
+        shampoo_dir: Array | None,
+        graft_dir: Array,
+        w: Array,
+        use_shampoo: bool,
+        finite: NDArray[np.bool_],
+    ) -> Array:
+        cfg = self.config
+        mom = cfg.momentum
+        wd = cfg.weight_decay
+        lr_first = mom.learning_rate_placement == "before_momentum"
+
+        def prepare(p: Array) -> Array:
+            if wd.type == "direction" and wd.value != 0.0:
+                p = p + wd.value * w  # eq. (19)
+            return cfg.learning_rate * p if lr_first else p
+
+        chosen = shampoo_dir if use_shampoo else graft_dir
+        assert chosen is not None
+        p = prepare(chosen)
+        if st.momentum is None:
+            return p
+        mu, damp = mom.momentum, 1.0 - mom.dampening
+        if st.graft_momentum is None:
+            st.momentum = np.where(finite, mu * st.momentum + damp * p, st.momentum)
+            m = st.momentum
+        else:
+            assert shampoo_dir is not None
+            st.momentum = np.where(
+                finite, mu * st.momentum + damp * prepare(shampoo_dir), st.momentum
+            )
+            st.graft_momentum = np.where(
+                finite, mu * st.graft_momentum + damp * prepare(graft_dir), st.graft_momentum
+            )
+            m = st.momentum if use_shampoo else st.graft_momentum
+        return damp * p + mu * m if mom.nesterov else m
+
+
+def run(
+    config: ShampooConfig, params: dict[str, Array], grads: list[dict[str, Array]]
+) -> list[dict[str, Array]]:
+    """Contract 8.2 for the reference: the parameters after each step."""
+    opt = ReferenceShampoo(config, params)
+    return [opt.step(g) for g in grads]

@@ -1,0 +1,91 @@
+"""Inverse roots (eqs. 10-11) against scipy.linalg.fractional_matrix_power.
+
+Tolerances follow from perturbation theory, not from tuning: for a symmetric
+positive definite A with condition number kappa, a backward-stable
+eigendecomposition gives A^(-1/p) with relative error about
+(1/p) * kappa * u (u = 2^-53), and scipy's Schur-Pade reference carries an
+error of the same order. We allow c * kappa * u with c = 1e3 (matrix size
+n = 16 plus both methods' error), floored at 1e-12. The coupled Newton
+iteration stops at max|M - I| <= tol, which bounds the relative error of X by
+about tol / p once converged; we allow 10 * tol plus the same kappa * u term.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+from shampoo_reference import coupled_newton_iteration, root_inverse_eigh
+from shampoo_spec import CoupledNewtonConfig
+
+U = np.finfo(np.float64).eps / 2
+
+
+def spd(n: int, cond: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    lam = np.logspace(0, -np.log10(cond), n)
+    return (q * lam) @ q.T
+
+
+def truth(a: np.ndarray, p: int) -> np.ndarray:
+    return np.real(scipy.linalg.fractional_matrix_power(a, -1.0 / p))
+
+
+def rel(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+CONDS = [1e0, 1e2, 1e4, 1e6, 1e8, 1e10]
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("cond", CONDS)
+def test_eigh_root_matches_fractional_matrix_power(p: int, cond: float) -> None:
+    a = spd(16, cond, seed=p)
+    x = root_inverse_eigh(a, p, 0.0, "ridge")
+    assert rel(x, truth(a, p)) <= max(1e-12, 1e3 * cond * U)
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("cond", [1e0, 1e2, 1e4, 1e6])
+def test_coupled_newton_matches_fractional_matrix_power(p: int, cond: float) -> None:
+    a = spd(16, cond, seed=10 + p)
+    tol = 1e-10
+    res = coupled_newton_iteration(a, p, CoupledNewtonConfig(max_iterations=500, tolerance=tol))
+    assert res.error <= tol
+    assert rel(res.root, truth(a, p)) <= 10 * tol + 1e3 * cond * U
+
+
+def test_p3_is_right() -> None:
+    """optax's matrix_inverse_pth_root is reported wrong at p = 3; ours must not be."""
+    a = spd(8, 1e3, seed=3)
+    res = coupled_newton_iteration(a, 3, CoupledNewtonConfig(tolerance=1e-12, max_iterations=500))
+    x = res.root
+    np.testing.assert_allclose(np.linalg.matrix_power(x, 3) @ a, np.eye(8), atol=1e-9)
+
+
+def test_epsilon_placements_closed_form() -> None:
+    """A = diag(4, 0, -1e-3) (PSD up to rounding): each placement's eigenvalues by hand."""
+    a = np.diag([4.0, 0.0, -1e-3])
+    eps = 1e-2
+    ridge = root_inverse_eigh(a, 2, eps, "ridge")
+    # eigenvalues of A + eps I: 4.01, 0.01, 0.009; min < eps -> shift by eps - 0.009 = 0.001.
+    np.testing.assert_allclose(np.diag(ridge), np.array([4.011, 0.011, 0.01]) ** -0.5)
+    after = root_inverse_eigh(a, 2, eps, "shift_after")
+    # eig(A) = 4, 0, -1e-3; shift by +1e-3 + eps.
+    np.testing.assert_allclose(np.diag(after), np.array([4.011, 0.011, 0.01]) ** -0.5)
+    floor = root_inverse_eigh(a, 2, eps, "floor")
+    np.testing.assert_allclose(np.diag(floor), np.array([4.0, 0.01, 0.01]) ** -0.5)
+
+
+def test_newton_error_growth_stop_returns_previous_iterate() -> None:
+    a = spd(6, 2.0, seed=1)
+    grow = coupled_newton_iteration(
+        a, 4, CoupledNewtonConfig(tolerance=1e-30, max_iterations=200, error_growth_limit=1.0)
+    )
+    # With an unreachable tolerance and a growth limit of 1 the iteration stops as soon
+    # as rounding keeps the error from shrinking; the iterate returned is still accurate.
+    assert 0 < grow.iterations < 200
+    assert rel(grow.root, truth(a, 4)) < 1e-12

@@ -1,0 +1,500 @@
+"""The one configuration of Shampoo shared by every backend.
+
+Every option of the two anchors (Meta's PyTorch ``DistributedShampoo`` and
+Google's JAX ``distributed_shampoo``) is a named field here, never a hidden
+quirk. Each sub-config documents the equation of docs/spec.md it governs.
+All configs are frozen, keyword-only dataclasses validated in
+``__post_init__``: a bad value raises ``ValueError`` naming the field, the
+value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from . import _validate as v
+
+GraftingType = Literal[
+    "none",
+    "sgd",
+    "adagrad",
+    "rmsprop",
+    "adam",
+    "sign",
+    "adagrad_normalized",
+    "rmsprop_normalized",
+]
+GRAFTING_TYPES: tuple[str, ...] = (
+    "none",
+    "sgd",
+    "adagrad",
+    "rmsprop",
+    "adam",
+    "sign",
+    "adagrad_normalized",
+    "rmsprop_normalized",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatisticsConfig:
+    """Kronecker factor statistics, eqs. (6)-(7) of docs/spec.md.
+
+    ``L_k <- beta2 * L_k + w * G_(k) G_(k)^T`` with ``w = 1`` when
+    ``beta2 == 1`` (a sum, AdaGrad-style) and otherwise ``1 - beta2`` (an EMA)
+    unless ``ema_weight == "one"``. With ``bias_correction`` the factor used
+    for roots is ``L_k / (1 - beta2^n)``, n the number of updates so far.
+    ``initial_value`` is the factor before the first update: zero (Meta) or
+    ``epsilon * I`` (Google, with the epsilon of :class:`EpsilonConfig`).
+    """
+
+    beta2: float = 1.0
+    ema_weight: Literal["one_minus_beta2", "one"] = "one_minus_beta2"
+    bias_correction: bool = False
+    initial_value: Literal["zero", "epsilon_identity"] = "zero"
+
+    def __post_init__(self) -> None:
+        o = "statistics"
+        v.real(o, "beta2", self.beta2, low=0.0, high=1.0, low_open=True)
+        v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
+        v.boolean(o, "bias_correction", self.bias_correction)
+        v.choice(o, "initial_value", self.initial_value, ("zero", "epsilon_identity"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpsilonConfig:
+    """Regularisation of a factor before its inverse root, eqs. (9)-(10).
+
+    ``scale``: ``"absolute"`` uses ``value``; ``"relative"`` uses
+    ``value * max(lambda_max(A), relative_floor)`` (Google's
+    relative_matrix_epsilon).
+    ``placement`` (eigendecomposition roots only; coupled Newton always adds
+    a ridge ``A + eps I``):
+
+    - ``"ridge"``: eigh(A + eps I), then shift every eigenvalue up by
+      ``max(0, eps - lambda_min)`` so none is below eps (Meta's default);
+    - ``"shift_after"``: eigh(A), then ``lambda - min(lambda_min, 0) + eps``
+      (Meta's epsilon-after variant);
+    - ``"floor"``: eigh(A), then ``max(lambda, eps)`` (Google's eigh path).
+    """
+
+    value: float = 1e-12
+    scale: Literal["absolute", "relative"] = "absolute"
+    relative_floor: float = 1e-16
+    placement: Literal["ridge", "shift_after", "floor"] = "ridge"
+
+    def __post_init__(self) -> None:
+        o = "epsilon"
+        v.real(o, "value", self.value, low=0.0)
+        v.choice(o, "scale", self.scale, ("absolute", "relative"))
+        v.real(o, "relative_floor", self.relative_floor, low=0.0)
+        v.choice(o, "placement", self.placement, ("ridge", "shift_after", "floor"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EighConfig:
+    """Root inverse by exact symmetric eigendecomposition, eq. (10)."""
+
+    method: Literal["eigh"] = "eigh"
+
+    def __post_init__(self) -> None:
+        v.choice("root_inverse", "method", self.method, ("eigh",))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoupledNewtonConfig:
+    """Root inverse by the coupled Newton iteration, eq. (11).
+
+    ``z = (1 + r) / (2 ||A||_F)``, ``X_0 = z^(1/r) I``, ``M_0 = z A``; repeat
+    ``T = ((r + 1) I - M) / r``, ``X <- X T``, ``M <- T^r M`` until
+    ``max|M - I| <= tolerance`` or ``max_iterations``. Optional Google rules:
+    stop early (keeping the previous iterate) when the error grows by more
+    than ``error_growth_limit``; retry up to ``retries`` times with the
+    epsilon multiplied by ``retry_epsilon_factor`` while the final error
+    exceeds ``retry_error_threshold``; declare failure (keep the previous
+    root) when the final error is non-finite or >= ``failure_threshold``.
+    """
+
+    method: Literal["coupled_newton"] = "coupled_newton"
+    max_iterations: int = 100
+    tolerance: float = 1e-6
+    error_growth_limit: float | None = None
+    retries: int = 0
+    retry_epsilon_factor: float = 10.0
+    retry_error_threshold: float = 0.05
+    failure_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        o = "root_inverse"
+        v.choice(o, "method", self.method, ("coupled_newton",))
+        v.integer(o, "max_iterations", self.max_iterations, low=1)
+        v.real(o, "tolerance", self.tolerance, low=0.0, low_open=True)
+        if self.error_growth_limit is not None:
+            v.real(o, "error_growth_limit", self.error_growth_limit, low=1.0)
+        v.integer(o, "retries", self.retries, low=0)
+        v.real(o, "retry_epsilon_factor", self.retry_epsilon_factor, low=1.0, low_open=True)
+        v.real(o, "retry_error_threshold", self.retry_error_threshold, low=0.0, low_open=True)
+        if self.failure_threshold is not None:
+            v.real(o, "failure_threshold", self.failure_threshold, low=0.0, low_open=True)
+
+
+RootInverseConfig = EighConfig | CoupledNewtonConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderOverride:
+    """Roots for every block of a given order (Meta's inverse_exponent_override).
+
+    ``roots`` has one entry (used for every dim) or ``order`` entries; a root
+    of 0 means that dim is not preconditioned.
+    """
+
+    order: int
+    roots: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        o = "exponents.overrides_by_order[]"
+        v.integer(o, "order", self.order, low=1)
+        if not isinstance(self.roots, tuple) or len(self.roots) not in {1, self.order}:
+            v.fail(o, "roots", self.roots, f"a tuple of 1 or {self.order} (=order) roots")
+        for r in self.roots:
+            v.real(o, "roots", r, low=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExponentConfig:
+    """The inverse root r_k of each factor, eq. (12).
+
+    Default ``r = 2 * n`` where n counts the block's dims
+    (``"block_order"``, Meta: ``2 * max(order, 1)``) or the preconditioned
+    dims of the whole parameter (``"preconditioned_dims"``, Google).
+    ``override > 0`` sets every root (Google's exponent_override);
+    ``overrides_by_order`` sets roots per block order (Meta).
+    """
+
+    default: Literal["block_order", "preconditioned_dims"] = "block_order"
+    override: float = 0.0
+    overrides_by_order: tuple[OrderOverride, ...] = ()
+
+    def __post_init__(self) -> None:
+        o = "exponents"
+        v.choice(o, "default", self.default, ("block_order", "preconditioned_dims"))
+        v.real(o, "override", self.override, low=0.0)
+        if not isinstance(self.overrides_by_order, tuple):
+            v.fail(o, "overrides_by_order", self.overrides_by_order, "a tuple of OrderOverride")
+        for item in self.overrides_by_order:
+            v.instance(o, "overrides_by_order", item, (OrderOverride,))
+        orders = [item.order for item in self.overrides_by_order]
+        if len(set(orders)) != len(orders):
+            v.fail(o, "overrides_by_order", orders, "at most one override per order")
+        if self.override > 0 and self.overrides_by_order:
+            v.fail(o, "override", self.override, "0 when overrides_by_order is given")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EigenvalueCorrectionConfig:
+    """Eigenvalue-corrected Shampoo (SOAP family), eq. (17).
+
+    The factors' eigenbases Q_k are refreshed on root steps; an Adam-style
+    second moment ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` is kept in
+    that basis (``beta2 == 1``: a sum), bias corrected when
+    ``bias_correction``, and the direction is
+    ``(F x_k Q_k^T) / (D^(1/root) + epsilon)`` rotated back by ``x_k Q_k``.
+    """
+
+    beta2: float = 0.999
+    epsilon: float = 1e-12
+    bias_correction: bool = True
+    root: float = 2.0
+
+    def __post_init__(self) -> None:
+        o = "eigenvalue_correction"
+        v.real(o, "beta2", self.beta2, low=0.0, high=1.0, low_open=True)
+        v.real(o, "epsilon", self.epsilon, low=0.0)
+        v.boolean(o, "bias_correction", self.bias_correction)
+        v.real(o, "root", self.root, low=0.0, low_open=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraftingConfig:
+    """The first-order method whose step size Shampoo borrows, eqs. (14), (18).
+
+    ``graft(X) = X / (sqrt(V / bc) + epsilon)`` with
+    ``V <- beta2 V + w G^2`` (adagrad: beta2 = w = 1; rmsprop/adam:
+    w = 1 - beta2; adam bias-corrects with ``bc = 1 - beta2^t``). ``sign``
+    is sign(X); ``*_normalized`` variants first normalise G by
+    ``||G|| + normalize_epsilon``. After preconditioning, the Shampoo
+    direction P is rescaled: ``P * ||graft(F)|| / (||P|| + norm_epsilon)``,
+    the norms taken per block or over the whole parameter (``norm_scope``).
+    """
+
+    type: GraftingType = "none"
+    beta2: float = 1.0
+    epsilon: float = 1e-10
+    bias_correction: bool = False
+    norm_scope: Literal["block", "parameter"] = "block"
+    norm_epsilon: float = 1e-16
+    normalize_epsilon: float = 1e-16
+
+    def __post_init__(self) -> None:
+        o = "grafting"
+        v.choice(o, "type", self.type, GRAFTING_TYPES)
+        v.real(o, "beta2", self.beta2, low=0.0, high=1.0, low_open=True)
+        if self.type == "adagrad" or self.type == "adagrad_normalized":
+            if self.beta2 != 1.0:
+                v.fail(o, "beta2", self.beta2, f"1.0 for grafting type {self.type!r}")
+        if self.type in ("rmsprop", "adam", "rmsprop_normalized") and self.beta2 == 1.0:
+            v.fail(o, "beta2", self.beta2, f"a value in (0, 1) for grafting type {self.type!r}")
+        v.real(o, "epsilon", self.epsilon, low=0.0)
+        v.boolean(o, "bias_correction", self.bias_correction)
+        v.choice(o, "norm_scope", self.norm_scope, ("block", "parameter"))
+        v.real(o, "norm_epsilon", self.norm_epsilon, low=0.0)
+        v.real(o, "normalize_epsilon", self.normalize_epsilon, low=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradientFilterConfig:
+    """Exponential filtering of the gradient (Meta's betas[0], beta3), eq. (15).
+
+    Stored ``F_t = beta1 F_{t-1} + (1 - beta1) G_t``; the direction uses
+    ``beta3 F_{t-1} + (1 - beta3) G_t`` (``beta3=None`` means beta1, i.e.
+    F_t), divided by ``1 - beta3 * beta1^(t-1)`` when ``bias_correction``.
+    ``beta1 == 0`` disables filtering.
+    """
+
+    beta1: float = 0.0
+    beta3: float | None = None
+    bias_correction: bool = False
+
+    def __post_init__(self) -> None:
+        o = "gradient_filter"
+        v.real(o, "beta1", self.beta1, low=0.0, high=1.0, high_open=True)
+        if self.beta3 is not None:
+            v.real(o, "beta3", self.beta3, low=0.0, high=1.0, high_open=True)
+        v.boolean(o, "bias_correction", self.bias_correction)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MomentumConfig:
+    """Momentum on the search direction, eq. (20).
+
+    ``M <- momentum * M + (1 - dampening) P``; the step uses M, or with
+    Nesterov ``(1 - dampening) P + momentum * M``. ``buffers="separate"``
+    keeps one buffer for the Shampoo direction and one for the graft
+    direction, both updated every step (Google). ``learning_rate_placement``:
+    ``"after_momentum"`` multiplies the momentum output by lr (Meta; Google's
+    decoupled_learning_rate) and ``"before_momentum"`` scales P by lr first.
+    """
+
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    buffers: Literal["shared", "separate"] = "shared"
+    learning_rate_placement: Literal["after_momentum", "before_momentum"] = "after_momentum"
+
+    def __post_init__(self) -> None:
+        o = "momentum"
+        v.real(o, "momentum", self.momentum, low=0.0, high=1.0, high_open=True)
+        v.real(o, "dampening", self.dampening, low=0.0, high=1.0, high_open=True)
+        v.boolean(o, "nesterov", self.nesterov)
+        v.choice(o, "buffers", self.buffers, ("shared", "separate"))
+        v.choice(
+            o,
+            "learning_rate_placement",
+            self.learning_rate_placement,
+            ("after_momentum", "before_momentum"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightDecayConfig:
+    """Weight decay, eqs. (2) and (19).
+
+    ``"l2"``: ``G <- G + value * W`` before statistics (enters the factors);
+    ``"direction"``: ``P <- P + value * W`` after preconditioning and grafting,
+    before momentum (Meta's DECOUPLED; Google's default coupled decay);
+    ``"update"``: added after momentum, ``step += value * W`` (Google's
+    decoupled_weight_decay), so it is scaled by lr but not by momentum.
+    """
+
+    value: float = 0.0
+    type: Literal["l2", "direction", "update"] = "direction"
+
+    def __post_init__(self) -> None:
+        o = "weight_decay"
+        v.real(o, "value", self.value, low=0.0)
+        v.choice(o, "type", self.type, ("l2", "direction", "update"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockingConfig:
+    """The shape plan: squeeze, merge, block, skip, eqs. (4)-(5).
+
+    Size-1 dims are dropped. Dims are merged greedily while the product stays
+    <= ``merge_dims_up_to`` (None: no merging), scanning from the last dim
+    toward the first (Meta) or the first toward the last (Google). Each dim is
+    then split into chunks of ``max_preconditioner_dim`` (remainder last),
+    blocks in row-major order. A parameter is not preconditioned (it takes the
+    graft direction) when an original dim exceeds ``skip_dim_size_gt`` or its
+    rank is below ``skip_rank_lt``. ``preconditioned_dims`` selects one-sided
+    preconditioning: all dims, all but the last (``"all_but_last"``,
+    Google's INPUT) or only the last (``"last"``, Google's OUTPUT).
+    """
+
+    max_preconditioner_dim: int = 1024
+    merge_dims_up_to: int | None = 1024
+    merge_direction: Literal["last_to_first", "first_to_last"] = "last_to_first"
+    skip_dim_size_gt: int | None = None
+    skip_rank_lt: int = 0
+    preconditioned_dims: Literal["all", "all_but_last", "last"] = "all"
+
+    def __post_init__(self) -> None:
+        o = "blocking"
+        v.integer(o, "max_preconditioner_dim", self.max_preconditioner_dim, low=1)
+        v.optional_integer(o, "merge_dims_up_to", self.merge_dims_up_to, low=1, none_means="off")
+        v.choice(o, "merge_direction", self.merge_direction, ("last_to_first", "first_to_last"))
+        v.optional_integer(o, "skip_dim_size_gt", self.skip_dim_size_gt, low=1, none_means="off")
+        v.integer(o, "skip_rank_lt", self.skip_rank_lt, low=0)
+        v.choice(
+            o, "preconditioned_dims", self.preconditioned_dims, ("all", "all_but_last", "last")
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """When statistics, roots and the Shampoo direction happen, eq. (8).
+
+    Steps are counted t = 1, 2, ... With ``period_anchor="end"`` amortized
+    work happens when ``t % frequency == 0`` (Meta); with ``"start"`` when
+    ``(t - 1) % frequency == 0`` (Google's 0-based count). The Shampoo
+    direction is used from ``start_preconditioning_step`` on (None: never,
+    the grafting method throughout). ``roots_before_start=False`` computes
+    roots only from the start step, and always at it (Meta);
+    ``True`` follows the frequency from step 1 (Google).
+    """
+
+    precondition_frequency: int = 1
+    statistics_frequency: int = 1
+    start_preconditioning_step: int | None = 1
+    period_anchor: Literal["end", "start"] = "end"
+    roots_before_start: bool = False
+
+    def __post_init__(self) -> None:
+        o = "schedule"
+        v.integer(o, "precondition_frequency", self.precondition_frequency, low=1)
+        v.integer(o, "statistics_frequency", self.statistics_frequency, low=1)
+        v.optional_integer(
+            o, "start_preconditioning_step", self.start_preconditioning_step, low=1,
+            none_means="never precondition",
+        )
+        v.choice(o, "period_anchor", self.period_anchor, ("end", "start"))
+        v.boolean(o, "roots_before_start", self.roots_before_start)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureConfig:
+    """What happens on non-finite input or a failed root, eq. (3) and (13).
+
+    ``nonfinite_gradient``: ``"raise"`` (naming the parameter) or
+    ``"skip_block"`` (that block's statistics, graft state and parameter are
+    left unchanged this step). A failed or non-finite root keeps the previous
+    root and is counted; more than ``max_consecutive_root_failures`` in a row
+    for one factor raises (None: never raise).
+    """
+
+    nonfinite_gradient: Literal["raise", "skip_block"] = "raise"
+    max_consecutive_root_failures: int | None = None
+
+    def __post_init__(self) -> None:
+        o = "failure"
+        v.choice(o, "nonfinite_gradient", self.nonfinite_gradient, ("raise", "skip_block"))
+        v.optional_integer(
+            o, "max_consecutive_root_failures", self.max_consecutive_root_failures, low=0,
+            none_means="never raise",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShampooConfig:
+    """The whole of Shampoo. See docs/spec.md for the numbered equations.
+
+    ``eigenvalue_correction`` switches the Kronecker root preconditioner
+    (eq. 16) for the eigenvalue-corrected one (eq. 17). ``factor_dtype`` is
+    the precision fast backends keep factors and roots in; the reference
+    always computes in float64.
+    """
+
+    learning_rate: float = 1e-2
+    statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
+    epsilon: EpsilonConfig = field(default_factory=EpsilonConfig)
+    root_inverse: RootInverseConfig = field(default_factory=EighConfig)
+    exponents: ExponentConfig = field(default_factory=ExponentConfig)
+    eigenvalue_correction: EigenvalueCorrectionConfig | None = None
+    grafting: GraftingConfig = field(default_factory=GraftingConfig)
+    gradient_filter: GradientFilterConfig = field(default_factory=GradientFilterConfig)
+    momentum: MomentumConfig = field(default_factory=MomentumConfig)
+    weight_decay: WeightDecayConfig = field(default_factory=WeightDecayConfig)
+    blocking: BlockingConfig = field(default_factory=BlockingConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    failure: FailureConfig = field(default_factory=FailureConfig)
+    factor_dtype: Literal["float32", "float64"] = "float32"
+
+    def __post_init__(self) -> None:
+        o = "ShampooConfig"
+        v.real(o, "learning_rate", self.learning_rate, low=0.0)
+        v.instance(o, "statistics", self.statistics, (StatisticsConfig,))
+        v.instance(o, "epsilon", self.epsilon, (EpsilonConfig,))
+        v.instance(o, "root_inverse", self.root_inverse, (EighConfig, CoupledNewtonConfig))
+        v.instance(o, "exponents", self.exponents, (ExponentConfig,))
+        if self.eigenvalue_correction is not None:
+            v.instance(
+                o, "eigenvalue_correction", self.eigenvalue_correction,
+                (EigenvalueCorrectionConfig,),
+            )
+        v.instance(o, "grafting", self.grafting, (GraftingConfig,))
+        v.instance(o, "gradient_filter", self.gradient_filter, (GradientFilterConfig,))
+        v.instance(o, "momentum", self.momentum, (MomentumConfig,))
+        v.instance(o, "weight_decay", self.weight_decay, (WeightDecayConfig,))
+        v.instance(o, "blocking", self.blocking, (BlockingConfig,))
+        v.instance(o, "schedule", self.schedule, (ScheduleConfig,))
+        v.instance(o, "failure", self.failure, (FailureConfig,))
+        v.choice(o, "factor_dtype", self.factor_dtype, ("float32", "float64"))
+        # Cross-field rules.
+        if self.momentum.buffers == "separate" and self.grafting.type == "none":
+            v.fail(
+                "momentum", "buffers", "separate",
+                "'shared' when grafting.type is 'none' (the graft buffer needs a graft)",
+            )
+        if self.eigenvalue_correction is not None and isinstance(
+            self.root_inverse, CoupledNewtonConfig
+        ):
+            v.fail(
+                "root_inverse", "method", "coupled_newton",
+                "'eigh' with eigenvalue_correction (it needs the eigenbasis)",
+            )
+        if isinstance(self.root_inverse, CoupledNewtonConfig):
+            # The coupled Newton iteration raises a matrix to the integer power r.
+            if not float(self.exponents.override).is_integer():
+                v.fail(
+                    "exponents", "override", self.exponents.override,
+                    "an integer root with root_inverse.method='coupled_newton'",
+                )
+            for item in self.exponents.overrides_by_order:
+                if not all(float(r).is_integer() for r in item.roots):
+                    v.fail(
+                        "exponents.overrides_by_order[]", "roots", item.roots,
+                        "integer roots with root_inverse.method='coupled_newton'",
+                    )
+
+    # JSON round trip -------------------------------------------------------
+    def to_dict(self) -> dict[str, object]:
+        from .serialization import config_to_dict
+
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ShampooConfig:
+        from .serialization import config_from_dict
+
+        return config_from_dict(data)

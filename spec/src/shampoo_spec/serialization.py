@@ -1,0 +1,109 @@
+"""JSON round trip of :class:`ShampooConfig`: plain dicts, lists and scalars.
+
+``config_from_dict(config_to_dict(c)) == c`` for every valid config. Unknown
+keys are rejected with the list of known ones, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .config import (
+    BlockingConfig,
+    CoupledNewtonConfig,
+    EigenvalueCorrectionConfig,
+    EighConfig,
+    EpsilonConfig,
+    ExponentConfig,
+    FailureConfig,
+    GradientFilterConfig,
+    GraftingConfig,
+    MomentumConfig,
+    OrderOverride,
+    ScheduleConfig,
+    ShampooConfig,
+    StatisticsConfig,
+    WeightDecayConfig,
+)
+
+_SECTIONS: dict[str, type[Any]] = {
+    "statistics": StatisticsConfig,
+    "epsilon": EpsilonConfig,
+    "exponents": ExponentConfig,
+    "eigenvalue_correction": EigenvalueCorrectionConfig,
+    "grafting": GraftingConfig,
+    "gradient_filter": GradientFilterConfig,
+    "momentum": MomentumConfig,
+    "weight_decay": WeightDecayConfig,
+    "blocking": BlockingConfig,
+    "schedule": ScheduleConfig,
+    "failure": FailureConfig,
+}
+_ROOT_METHODS: dict[str, type[Any]] = {"eigh": EighConfig, "coupled_newton": CoupledNewtonConfig}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_plain(x) for x in value]
+    return value
+
+
+def config_to_dict(config: ShampooConfig) -> dict[str, Any]:
+    """Nested plain dict of every field (JSON-serialisable)."""
+    out = _plain(config)
+    assert isinstance(out, dict)
+    return out
+
+
+def _check_keys(owner: str, data: Any, cls: type[Any]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{owner} = {data!r} is invalid: allowed a JSON object (dict).")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(
+            f"{owner} has unknown key(s) {unknown}: allowed keys are {sorted(known)}."
+        )
+    return dict(data)
+
+
+def _section(name: str, cls: type[Any], data: Any) -> Any:
+    kwargs = _check_keys(name, data, cls)
+    if cls is ExponentConfig and "overrides_by_order" in kwargs:
+        items = kwargs["overrides_by_order"]
+        if not isinstance(items, (list, tuple)):
+            raise ValueError(
+                f"exponents.overrides_by_order = {items!r} is invalid: allowed a list of "
+                "{'order': int, 'roots': [float, ...]} objects."
+            )
+        overrides = []
+        for item in items:
+            fields = _check_keys("exponents.overrides_by_order[]", item, OrderOverride)
+            roots = fields.get("roots", ())
+            if isinstance(roots, (list, tuple)):
+                fields["roots"] = tuple(roots)
+            overrides.append(OrderOverride(**fields))
+        kwargs["overrides_by_order"] = tuple(overrides)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict[str, Any]) -> ShampooConfig:
+    """Inverse of :func:`config_to_dict`; missing keys take our defaults."""
+    kwargs = _check_keys("ShampooConfig", data, ShampooConfig)
+    for name, cls in _SECTIONS.items():
+        if name in kwargs and kwargs[name] is not None:
+            kwargs[name] = _section(name, cls, kwargs[name])
+    if "root_inverse" in kwargs:
+        root = kwargs["root_inverse"]
+        method = root.get("method", "eigh") if isinstance(root, dict) else None
+        if method not in _ROOT_METHODS:
+            raise ValueError(
+                f"root_inverse.method = {method!r} is invalid: allowed one of "
+                f"{sorted(_ROOT_METHODS)}."
+            )
+        kwargs["root_inverse"] = _section("root_inverse", _ROOT_METHODS[method], root)
+    return ShampooConfig(**kwargs)

@@ -1,0 +1,108 @@
+"""Every field of every config section rejects bad values with a message naming it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+
+import pytest
+
+import shampoo_spec as ss
+from shampoo_spec import config as cfgmod
+
+SECTIONS = [
+    ss.StatisticsConfig,
+    ss.EpsilonConfig,
+    ss.EighConfig,
+    ss.CoupledNewtonConfig,
+    ss.ExponentConfig,
+    ss.EigenvalueCorrectionConfig,
+    ss.GraftingConfig,
+    ss.GradientFilterConfig,
+    ss.MomentumConfig,
+    ss.WeightDecayConfig,
+    ss.BlockingConfig,
+    ss.ScheduleConfig,
+    ss.FailureConfig,
+    ss.ShampooConfig,
+]
+
+# Values no field of any section accepts, by declared type. Each list is tried
+# in turn; a field passes the test when at least one value is rejected AND
+# every rejection names the field.
+BAD_BY_TYPE: dict[str, list[object]] = {
+    "float": [math.nan, math.inf, "1.0", -1.0, 2.0, None],
+    "int": [1.5, True, -1, 0, "3"],
+    "bool": ["yes", 1, None],
+    "literal": ["bogus", None, 3],
+    "section": [{"not": "a config"}, None, 3],
+    "tuple": ["not a tuple", [1, 2]],
+}
+
+
+def _kind(cls: type, name: str) -> str:
+    hint = typing.get_type_hints(cls, vars(cfgmod))[name]
+    text = repr(hint)
+    if "Literal" in text:
+        return "literal"
+    if hint is bool:
+        return "bool"
+    if "tuple" in text:
+        return "tuple"
+    if hint is int or text in ("int | None", "typing.Optional[int]"):
+        return "int"
+    if hint is float or "float" in text:
+        return "float"
+    return "section"
+
+
+FIELDS = [
+    (cls, f.name)
+    for cls in SECTIONS
+    for f in dataclasses.fields(cls)
+]
+
+
+@pytest.mark.parametrize(("cls", "name"), FIELDS, ids=[f"{c.__name__}.{n}" for c, n in FIELDS])
+def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -> None:
+    rejected = 0
+    for bad in BAD_BY_TYPE[_kind(cls, name)]:
+        try:
+            cls(**{name: bad})
+        except ValueError as err:
+            rejected += 1
+            message = str(err)
+            assert name in message, message
+            assert repr(bad) in message or str(bad) in message, message
+            assert "allowed" in message, message
+    assert rejected > 0, f"{cls.__name__}.{name} accepted every bad value"
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: ss.GraftingConfig(type="adagrad", beta2=0.9), "beta2"),
+        (lambda: ss.GraftingConfig(type="adam", beta2=1.0), "beta2"),
+        (lambda: ss.ExponentConfig(override=4.0, overrides_by_order=(
+            ss.OrderOverride(order=2, roots=(2.0,)),)), "override"),
+        (lambda: ss.OrderOverride(order=2, roots=(2.0, 2.0, 2.0)), "roots"),
+        (lambda: ss.ShampooConfig(momentum=ss.MomentumConfig(momentum=0.9, buffers="separate")),
+         "buffers"),
+        (lambda: ss.ShampooConfig(
+            eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
+            root_inverse=ss.CoupledNewtonConfig()), "method"),
+        (lambda: ss.ShampooConfig(
+            root_inverse=ss.CoupledNewtonConfig(),
+            exponents=ss.ExponentConfig(override=2.5)), "override"),
+    ],
+)
+def test_cross_field_rules(make: typing.Callable[[], object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+def test_defaults_are_valid_and_frozen() -> None:
+    c = ss.ShampooConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.learning_rate = 1.0  # type: ignore[misc]

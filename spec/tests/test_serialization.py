@@ -1,0 +1,75 @@
+"""JSON round trip of the config, and clear errors for malformed dicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import shampoo_spec as ss
+
+configs = st.builds(
+    ss.ShampooConfig,
+    learning_rate=st.floats(0, 10),
+    statistics=st.builds(
+        ss.StatisticsConfig,
+        beta2=st.sampled_from([1.0, 0.999, 0.5]),
+        bias_correction=st.booleans(),
+        initial_value=st.sampled_from(["zero", "epsilon_identity"]),
+    ),
+    epsilon=st.builds(
+        ss.EpsilonConfig,
+        value=st.floats(0, 1),
+        scale=st.sampled_from(["absolute", "relative"]),
+        placement=st.sampled_from(["ridge", "shift_after", "floor"]),
+    ),
+    root_inverse=st.one_of(
+        st.just(ss.EighConfig()),
+        st.builds(ss.CoupledNewtonConfig, max_iterations=st.integers(1, 200),
+                  error_growth_limit=st.one_of(st.none(), st.just(1.2)),
+                  retries=st.integers(0, 6)),
+    ),
+    exponents=st.one_of(
+        st.just(ss.ExponentConfig()),
+        st.just(ss.ExponentConfig(
+            overrides_by_order=(ss.OrderOverride(order=2, roots=(4.0, 0.0)),))),
+        st.just(ss.ExponentConfig(default="preconditioned_dims", override=4.0)),
+    ),
+    grafting=st.sampled_from([
+        ss.GraftingConfig(),
+        ss.GraftingConfig(type="adagrad", norm_scope="parameter"),
+        ss.GraftingConfig(type="adam", beta2=0.999, bias_correction=True),
+    ]),
+    momentum=st.builds(ss.MomentumConfig, momentum=st.sampled_from([0.0, 0.9]),
+                       nesterov=st.booleans()),
+    schedule=st.builds(ss.ScheduleConfig, precondition_frequency=st.integers(1, 100),
+                       start_preconditioning_step=st.one_of(st.none(), st.integers(1, 100))),
+)
+
+
+@given(configs)
+def test_json_round_trip(config: ss.ShampooConfig) -> None:
+    text = json.dumps(config.to_dict())
+    assert ss.ShampooConfig.from_dict(json.loads(text)) == config
+
+
+def test_eigenvalue_correction_round_trip() -> None:
+    c = ss.ShampooConfig(eigenvalue_correction=ss.EigenvalueCorrectionConfig(beta2=0.95))
+    assert ss.ShampooConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"learnign_rate": 0.1}, "learnign_rate"),
+        ({"grafting": {"typ": "adagrad"}}, "typ"),
+        ({"root_inverse": {"method": "lobpcg"}}, "lobpcg"),
+        ({"grafting": "adagrad"}, "grafting"),
+        ({"exponents": {"overrides_by_order": 4}}, "overrides_by_order"),
+    ],
+)
+def test_malformed_dicts_raise_naming_the_key(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        ss.ShampooConfig.from_dict(data)
