@@ -64,7 +64,8 @@ def root_inverse_eigh(matrix: Array, root: float, eps: float, placement: str) ->
         a = a + eps * np.eye(n)
     lam, q = np.linalg.eigh(a)
     lam = regularized_eigenvalues(lam, eps, placement)
-    return (q * lam ** (-1.0 / root)) @ q.T
+    root_inverse: Array = (q * lam ** (-1.0 / root)) @ q.T
+    return root_inverse
 
 
 def eigenbasis(matrix: Array) -> Array:

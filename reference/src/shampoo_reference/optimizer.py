@@ -26,8 +26,8 @@ from shampoo_spec import (
 
 from . import grafting
 from .linalg import (
-    eigenbasis,
     effective_epsilon,
+    eigenbasis,
     factor_contraction,
     mode_product,
     root_inverse_coupled_newton,
@@ -314,7 +314,8 @@ class ReferenceShampoo:
                 )
             out[b.slices] = pb
         if cfg.grafting.type != "none" and cfg.grafting.norm_scope == "parameter":
-            out = out * np.linalg.norm(graft_dir) / (np.linalg.norm(out) + cfg.grafting.norm_epsilon)
+            scale = np.linalg.norm(graft_dir) / (np.linalg.norm(out) + cfg.grafting.norm_epsilon)
+            out = out * scale
         return out
 
     def _corrected_direction(self, bs: BlockState, fb: Array) -> Array:

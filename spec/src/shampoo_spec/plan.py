@@ -91,7 +91,7 @@ def merge_dims(
     return tuple(groups)
 
 
-def block_offsets(merged_shape: Sequence[int], block: int) -> list[tuple[tuple[int, ...], ...]]:
+def block_offsets(merged_shape: Sequence[int], block: int) -> list[tuple[tuple[int, int], ...]]:
     """Per dim, the (start, length) chunks of size ``block`` (remainder last)."""
     per_dim = []
     for n in merged_shape:

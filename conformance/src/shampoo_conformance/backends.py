@@ -1,0 +1,128 @@
+"""The backend protocol (contract 8.2) and the registry of backends.
+
+A backend is any object with ``run(config, params, grads, dtype)`` returning
+the parameters after each step. Built-in backends are named (``"reference"``
+now; ``"torch"``, ``"jax"`` and their distributed variants as those packages
+land); a third-party backend is named ``"package.module:factory"``, where
+``factory()`` returns such an object, so anyone can test their own Shampoo
+without editing this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shampoo_spec import ShampooConfig
+
+Params = dict[str, NDArray[Any]]
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend's framework is not installed: report as skipped, not failed."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Contract 8.2: run a config over a gradient stream."""
+
+    name: str
+
+    def run(
+        self,
+        config: ShampooConfig,
+        params: Mapping[str, NDArray[Any]],
+        grads: Sequence[Mapping[str, NDArray[Any]]],
+        dtype: Any = np.float64,
+    ) -> list[Params]:
+        """Parameters (numpy arrays, same shapes) after each of ``len(grads)`` steps."""
+        ...
+
+
+class ReferenceBackend:
+    """The float64 NumPy/SciPy reference (``shampoo_reference``)."""
+
+    name = "reference"
+
+    def run(
+        self,
+        config: ShampooConfig,
+        params: Mapping[str, NDArray[Any]],
+        grads: Sequence[Mapping[str, NDArray[Any]]],
+        dtype: Any = np.float64,
+    ) -> list[Params]:
+        self._check_dtype(dtype)
+        from shampoo_reference import run
+
+        return run(config, dict(params), [dict(g) for g in grads])
+
+    def trajectory(
+        self,
+        config: ShampooConfig,
+        params: Mapping[str, NDArray[Any]],
+        grad_fn: Callable[[Params], Mapping[str, NDArray[Any]]],
+        steps: int,
+        dtype: Any = np.float64,
+    ) -> list[Params]:
+        """Closed-loop run: the gradient of each step is ``grad_fn(current params)``."""
+        self._check_dtype(dtype)
+        from shampoo_reference import ReferenceShampoo
+
+        opt = ReferenceShampoo(config, dict(params))
+        current = {k: v.copy() for k, v in opt.params.items()}
+        out = []
+        for _ in range(steps):
+            current = opt.step(dict(grad_fn(current)))
+            out.append(current)
+        return out
+
+    @staticmethod
+    def _check_dtype(dtype: Any) -> None:
+        if np.dtype(dtype) != np.float64:
+            raise ValueError(
+                f"dtype = {np.dtype(dtype)} is invalid for the reference backend: "
+                "allowed float64 (the reference is exact float64 by design)."
+            )
+
+
+_BUILTIN: dict[str, Callable[[], Backend]] = {"reference": ReferenceBackend}
+
+
+def available_backends() -> list[str]:
+    """Names of the built-in backends (their frameworks may still be missing)."""
+    return sorted(_BUILTIN)
+
+
+def get_backend(name: str) -> Backend:
+    """A built-in backend by name, or a third-party one as ``package.module:factory``.
+
+    Raises ``ValueError`` for an unknown name (listing the valid ones) and
+    :class:`BackendUnavailable` when the backend's framework is not installed.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"backend name = {name!r} is invalid: allowed a string.")
+    if name in _BUILTIN:
+        return _BUILTIN[name]()
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise BackendUnavailable(
+                f"backend {name!r}: cannot import {module_name!r}: {err}"
+            ) from err
+        factory = getattr(module, attr, None)
+        if factory is None or not callable(factory):
+            raise ValueError(f"backend {name!r}: {module_name!r} has no callable {attr!r}.")
+        backend = factory()
+        if not callable(getattr(backend, "run", None)):
+            raise ValueError(f"backend {name!r}: factory returned an object without run().")
+        return backend  # type: ignore[no-any-return]
+    raise ValueError(
+        f"backend = {name!r} is invalid: allowed one of {available_backends()} "
+        "or 'package.module:factory'."
+    )

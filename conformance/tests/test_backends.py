@@ -1,0 +1,63 @@
+"""Contract 8.2: the backend registry and the reference backend."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import shampoo_spec as ss
+from shampoo_conformance import BackendUnavailable, get_backend
+
+
+def test_reference_run_returns_params_after_each_step() -> None:
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((3, 4)), "s": np.array(0.5), "b": np.zeros(3)}
+    grads = [{k: rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(3)]
+    out = get_backend("reference").run(ss.ShampooConfig(), params, grads)
+    assert len(out) == 3
+    for step in out:
+        assert {k: v.shape for k, v in step.items()} == {k: v.shape for k, v in params.items()}
+    assert not np.allclose(out[0]["w"], params["w"])
+
+
+def test_trajectory_equals_run_on_the_same_gradients() -> None:
+    backend = get_backend("reference")
+    cfg = ss.ShampooConfig(grafting=ss.GraftingConfig(type="adagrad"))
+    p0 = {"w": np.ones((2, 3))}
+    traj = backend.trajectory(cfg, p0, lambda p: {"w": np.sin(3 * p["w"]) + 0.1}, 4)
+    grads = [{"w": np.sin(3 * p["w"]) + 0.1} for p in [p0, *traj[:-1]]]
+    replay = backend.run(cfg, p0, grads)
+    for a, b in zip(traj, replay, strict=True):
+        np.testing.assert_array_equal(a["w"], b["w"])
+
+
+def test_reference_rejects_float32() -> None:
+    with pytest.raises(ValueError, match="float64"):
+        get_backend("reference").run(ss.ShampooConfig(), {"w": np.ones(2)}, [], dtype=np.float32)
+
+
+def test_unknown_backend_lists_choices() -> None:
+    with pytest.raises(ValueError, match="reference"):
+        get_backend("nope")
+
+
+def test_third_party_backend_by_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("my_shampoo_backend")
+
+    class Mine:
+        name = "mine"
+
+        def run(self, config, params, grads, dtype=np.float64):  # type: ignore[no-untyped-def]
+            return [dict(params) for _ in grads]
+
+    module.make = Mine  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "my_shampoo_backend", module)
+    backend = get_backend("my_shampoo_backend:make")
+    assert backend.run(ss.ShampooConfig(), {"w": np.ones(1)}, [{}, {}])[1]["w"][0] == 1.0
+    with pytest.raises(ValueError, match="nothere"):
+        get_backend("my_shampoo_backend:nothere")
+    with pytest.raises(BackendUnavailable):
+        get_backend("no_such_module_xyz:make")
