@@ -9,7 +9,7 @@ backends are tested against, so every rule is spelled out here once.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,7 +52,7 @@ class BlockState:
     factors: list[Array | None]
     roots: list[Array | None]
     statistics_updates: int = 0
-    consecutive_failures: list[int] = field(default_factory=list)
+    consecutive_failures: int = 0
     corrected_second_moment: Array | None = None
     corrected_updates: int = 0
 
@@ -114,7 +114,6 @@ class ReferenceShampoo:
                 BlockState(
                     factors=factors,
                     roots=roots,
-                    consecutive_failures=[0] * len(b.shape),
                     corrected_second_moment=corrected,
                 )
             )
@@ -221,13 +220,20 @@ class ReferenceShampoo:
                 decayed = lk if stats.beta2 == 1.0 else stats.beta2 * lk
                 bs.factors[k] = decayed + w * factor_contraction(gb, k)
             bs.statistics_updates += 1
+        if is_root_step(t, cfg.schedule):
+            self._refresh_roots(name, roots, bs)
         if cfg.eigenvalue_correction is not None:
+            # Eq. (17): the corrected second moment sees this step's (refreshed) basis.
             self._update_corrected_moment(bs, gb)
-        if not is_root_step(t, cfg.schedule):
-            return
+
+    def _refresh_roots(self, name: str, roots: tuple[float, ...], bs: BlockState) -> None:
+        """Eqs. (7), (9)-(13): recompute every factor's root; count block failures."""
+        cfg, t = self.config, self.t
+        stats = cfg.statistics
         # Eq. (7): bias correction of the factors.
         n = bs.statistics_updates
         bc = 1.0 - stats.beta2**n if (stats.bias_correction and stats.beta2 < 1.0 and n) else 1.0
+        failed = []
         for k, lk in enumerate(bs.factors):
             if lk is None:
                 continue
@@ -235,17 +241,17 @@ class ReferenceShampoo:
             if new_root is None or not np.all(np.isfinite(new_root)):
                 # Eq. (13): keep the previous root, count the failure.
                 self.metrics.root_failures += 1
-                bs.consecutive_failures[k] += 1
-                limit = cfg.failure.max_consecutive_root_failures
-                if limit is not None and bs.consecutive_failures[k] > limit:
-                    raise RootFailureError(
-                        f"inverse root of factor {k} of parameter {name!r} failed "
-                        f"{bs.consecutive_failures[k]} times in a row at step {t} "
-                        f"(failure.max_consecutive_root_failures={limit})."
-                    )
+                failed.append(k)
                 continue
-            bs.consecutive_failures[k] = 0
             bs.roots[k] = new_root
+        bs.consecutive_failures = bs.consecutive_failures + 1 if failed else 0
+        limit = cfg.failure.max_consecutive_root_failures
+        if limit is not None and bs.consecutive_failures > limit:
+            raise RootFailureError(
+                f"inverse roots of factors {failed} of parameter {name!r} failed on "
+                f"{bs.consecutive_failures} root steps in a row, the last at step {t} "
+                f"(failure.max_consecutive_root_failures={limit})."
+            )
 
     def _root(self, a: Array, root: float) -> Array | None:
         """Eq. (10) or (11) for one factor; None when the method fails."""

@@ -56,7 +56,7 @@ class StatisticsConfig:
 
     def __post_init__(self) -> None:
         o = "statistics"
-        v.real(o, "beta2", self.beta2, low=0.0, high=1.0, low_open=True)
+        v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
         v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
         v.boolean(o, "bias_correction", self.bias_correction)
         v.choice(o, "initial_value", self.initial_value, ("zero", "epsilon_identity"))
@@ -210,7 +210,7 @@ class EigenvalueCorrectionConfig:
 
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
-        v.real(o, "beta2", self.beta2, low=0.0, high=1.0, low_open=True)
+        v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
         v.real(o, "epsilon", self.epsilon, low=0.0)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.real(o, "root", self.root, low=0.0, low_open=True)
@@ -399,8 +399,8 @@ class FailureConfig:
     ``nonfinite_gradient``: ``"raise"`` (naming the parameter) or
     ``"skip_block"`` (that block's statistics, graft state and parameter are
     left unchanged this step). A failed or non-finite root keeps the previous
-    root and is counted; more than ``max_consecutive_root_failures`` in a row
-    for one factor raises (None: never raise).
+    root and is counted; a block whose root steps fail (any factor) more than
+    ``max_consecutive_root_failures`` times in a row raises (None: never).
     """
 
     nonfinite_gradient: Literal["raise", "skip_block"] = "raise"
