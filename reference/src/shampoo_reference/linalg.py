@@ -46,11 +46,12 @@ def regularized_eigenvalues(lam: Array, eps: float, placement: str) -> Array:
     """Eigenvalues after the epsilon rule of eq. (10).
 
     ``lam`` are the eigenvalues returned by eigh: of ``A + eps I`` for
-    ``"ridge"``, of ``A`` otherwise.
+    ``"ridge"`` and ``"ridge_floor"``, of ``A`` otherwise.
     """
     lam_min = float(lam.min())
     if placement == "ridge":
         return lam + max(0.0, eps - lam_min)
+    # "floor" and "ridge_floor" (whose lam are of A + eps I) both floor at eps.
     if placement == "shift_after":
         return lam - min(lam_min, 0.0) + eps
     return np.maximum(lam, eps)
@@ -60,7 +61,7 @@ def root_inverse_eigh(matrix: Array, root: float, eps: float, placement: str) ->
     """``X = Q diag(lambda'^(-1/root)) Q^T`` with lambda' from eq. (10)."""
     a = symmetrize(matrix)
     n = a.shape[0]
-    if placement == "ridge":
+    if placement in ("ridge", "ridge_floor"):
         a = a + eps * np.eye(n)
     lam, q = np.linalg.eigh(a)
     lam = regularized_eigenvalues(lam, eps, placement)
@@ -92,7 +93,8 @@ def coupled_newton_iteration(
     since the spectrum of M_0 lies in (0, (1 + r)/2]; stops at
     ``max|M - I| <= tolerance``, after ``max_iterations``, or (when
     ``error_growth_limit`` is set) when the error would grow by that factor,
-    returning the previous iterate.
+    returning the previous iterate with the grown error (which then decides
+    retries and failure).
     """
     a = symmetrize(matrix)
     n = a.shape[0]
@@ -112,6 +114,7 @@ def coupled_newton_iteration(
         if config.error_growth_limit is not None and not (
             new_error < error * config.error_growth_limit
         ):
+            error = new_error  # report the error that stopped it (it decides retries)
             break
         x = x @ t
         m = new_m

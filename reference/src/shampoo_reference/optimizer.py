@@ -189,10 +189,11 @@ class ReferenceShampoo:
 
         # Eqs. (19)-(21): weight decay, momentum, update.
         step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
-        if cfg.weight_decay.type == "update" and cfg.weight_decay.value != 0.0:
-            step = step + cfg.weight_decay.value * w
         lr = 1.0 if cfg.momentum.learning_rate_placement == "before_momentum" else cfg.learning_rate
-        new_w = np.where(finite, w - lr * step, w)
+        new_w = w - lr * step
+        if cfg.weight_decay.type == "update" and cfg.weight_decay.value != 0.0:
+            new_w = new_w - cfg.learning_rate * cfg.weight_decay.value * w  # eq. (21)
+        new_w = np.where(finite, new_w, w)
         return new_w.reshape(plan.shape)
 
     # ------------------------------------------------------- eq. (15) filter
@@ -350,9 +351,11 @@ class ReferenceShampoo:
         lr_first = mom.learning_rate_placement == "before_momentum"
 
         def prepare(p: Array) -> Array:
+            if lr_first:
+                p = cfg.learning_rate * p
             if wd.type == "direction" and wd.value != 0.0:
                 p = p + wd.value * w  # eq. (19)
-            return cfg.learning_rate * p if lr_first else p
+            return p
 
         chosen = shampoo_dir if use_shampoo else graft_dir
         assert chosen is not None

@@ -28,7 +28,7 @@ from .config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from .importers import from_meta
+from .importers import from_google, from_meta
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
 from .schedule import is_root_step, is_statistics_step, uses_preconditioner
 from .serialization import config_from_dict, config_to_dict
@@ -55,6 +55,7 @@ __all__ = [
     "WeightDecayConfig",
     "config_from_dict",
     "config_to_dict",
+    "from_google",
     "from_meta",
     "is_root_step",
     "is_statistics_step",

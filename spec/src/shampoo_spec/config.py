@@ -76,20 +76,24 @@ class EpsilonConfig:
       ``max(0, eps - lambda_min)`` so none is below eps (Meta's default);
     - ``"shift_after"``: eigh(A), then ``lambda - min(lambda_min, 0) + eps``
       (Meta's epsilon-after variant);
-    - ``"floor"``: eigh(A), then ``max(lambda, eps)`` (Google's eigh path).
+    - ``"floor"``: eigh(A), then ``max(lambda, eps)``;
+    - ``"ridge_floor"``: eigh(A + eps I), then ``max(lambda, eps)`` (Google's
+      eigh path).
     """
 
     value: float = 1e-12
     scale: Literal["absolute", "relative"] = "absolute"
     relative_floor: float = 1e-16
-    placement: Literal["ridge", "shift_after", "floor"] = "ridge"
+    placement: Literal["ridge", "shift_after", "floor", "ridge_floor"] = "ridge"
 
     def __post_init__(self) -> None:
         o = "epsilon"
         v.real(o, "value", self.value, low=0.0)
         v.choice(o, "scale", self.scale, ("absolute", "relative"))
         v.real(o, "relative_floor", self.relative_floor, low=0.0)
-        v.choice(o, "placement", self.placement, ("ridge", "shift_after", "floor"))
+        v.choice(
+            o, "placement", self.placement, ("ridge", "shift_after", "floor", "ridge_floor")
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,8 +318,11 @@ class WeightDecayConfig:
     ``"l2"``: ``G <- G + value * W`` before statistics (enters the factors);
     ``"direction"``: ``P <- P + value * W`` after preconditioning and grafting,
     before momentum (Meta's DECOUPLED; Google's default coupled decay);
-    ``"update"``: added after momentum, ``step += value * W`` (Google's
-    decoupled_weight_decay), so it is scaled by lr but not by momentum.
+    ``"update"``: applied after momentum, ``W <- W - lr U - lr * value * W``
+    (Google's decoupled_weight_decay): scaled by lr, never by momentum.
+    With ``momentum.learning_rate_placement = "before_momentum"`` the
+    ``"direction"`` term is added after P is scaled by lr (so it is not
+    scaled by lr), as Google does with decoupled_learning_rate=False.
     """
 
     value: float = 0.0

@@ -406,3 +406,226 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
         failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=tolerated),
         factor_dtype=dtype,  # type: ignore[arg-type]
     )
+
+
+# ------------------------------------------------------------------- Google
+_GOOGLE_KEYS = {
+    "learning_rate",
+    "block_size",
+    "beta1",
+    "beta2",
+    "diagonal_epsilon",
+    "matrix_epsilon",
+    "weight_decay",
+    "start_preconditioning_step",
+    "preconditioning_compute_steps",
+    "statistics_compute_steps",
+    "decay_preconditioning_compute_steps",
+    "end_preconditioning_compute_steps",
+    "best_effort_shape_interpretation",
+    "graft_type",
+    "nesterov",
+    "exponent_override",
+    "batch_axis_name",
+    "statistics_partition_spec",
+    "preconditioner_partition_spec",
+    "num_devices_for_pjit",
+    "shard_optimizer_states",
+    "best_effort_memory_usage_reduction",
+    "inverse_failure_threshold",
+    "moving_average_for_momentum",
+    "skip_preconditioning_dim_size_gt",
+    "clip_by_scaled_gradient_norm",
+    "precision",
+    "tensordot_precision",
+    "relative_matrix_epsilon",
+    "merge_small_dims_block_size",
+    "lobpcg_topk_precondition",
+    "lobpcg_max_iter",
+    "precondtioner_type",
+    "preconditioner_type",
+    "generate_fd_metrics",
+    "compression_rank",
+    "frequent_directions",
+    "reset_preconditioner",
+    "average_grad",
+    "skip_preconditioning_rank_lt",
+    "decoupled_learning_rate",
+    "decoupled_weight_decay",
+    "generate_training_metrics",
+    "reuse_preconditioner",
+    "eigh",
+}
+
+#: Keys whose non-default values we do not implement, with what they do.
+_GOOGLE_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "decay_preconditioning_compute_steps": (False, "a decaying root frequency"),
+    "end_preconditioning_compute_steps": (None, "a decaying root frequency"),
+    "batch_axis_name": (None, "pmap sharding; the caller averages gradients"),
+    "statistics_partition_spec": (None, "pjit sharding"),
+    "preconditioner_partition_spec": (None, "pjit sharding"),
+    "num_devices_for_pjit": (None, "pjit sharding"),
+    "shard_optimizer_states": (False, "pjit sharding (roots one step late)"),
+    "best_effort_memory_usage_reduction": (False, "quantized int8/int16 states"),
+    "clip_by_scaled_gradient_norm": (None, "clipping of the RMSProp graft"),
+    "lobpcg_topk_precondition": (0, "LOBPCG"),
+    "lobpcg_max_iter": (0, "LOBPCG"),
+    "generate_fd_metrics": (False, "frequent-directions sketching"),
+    "compression_rank": (0, "frequent-directions sketching"),
+    "frequent_directions": (False, "frequent-directions sketching"),
+    "reset_preconditioner": (False, "frequent-directions sketching"),
+    "average_grad": (False, "frequent-directions sketching"),
+    "best_effort_shape_interpretation": (True, "no squeezing or merging of dims"),
+}
+
+_GOOGLE_GRAFTS = {
+    "NONE": "none",
+    "SGD": "sgd",
+    "ADAGRAD": "adagrad",
+    "RMSPROP": "rmsprop",
+    "RMSPROP_NORMALIZED": "rmsprop_normalized",
+    "SQRT_N": "sign",
+    "ADAGRAD_NORMALIZED": "adagrad_normalized",
+}
+_GOOGLE_SIDES = {"ALL": "all", "INPUT": "all_but_last", "OUTPUT": "last"}
+
+
+def from_google(kwargs: Mapping[str, Any]) -> ShampooConfig:
+    """Config equal to Google's ``distributed_shampoo(**kwargs)``, non-sharded path.
+
+    Rules settled from Google's source (docs/spec.md section 4.2): 0-based
+    count (so ``period_anchor="start"``, statistics at count % s == 0, roots
+    at count % f == 0 from the first step, Shampoo from count >= start),
+    statistics from ``matrix_epsilon * I`` without bias correction, one root
+    ``2 * (preconditioned dims)`` per parameter, coupled Newton with
+    tolerance 1e-6, growth stop 1.2, five retries at 10x ridge while the
+    error > 0.05 and failure at ``inverse_failure_threshold``, graft norm
+    over the whole parameter with 1e-25, heavy-ball momentum in two buffers
+    with Nesterov. ``learning_rate`` must be a number (schedules belong to
+    the framework backends). ``decoupled_weight_decay`` follows the current
+    source (total decay lr * wd * x), not precondition-opt 0.3.0 (lr^2).
+    """
+    a = _Args("from_google", kwargs, _GOOGLE_KEYS)
+    if "learning_rate" not in a.data:
+        raise ValueError("learning_rate is required (Google's distributed_shampoo has no default).")
+    if "block_size" not in a.data:
+        raise ValueError("block_size is required (Google's distributed_shampoo has no default).")
+    for key, (default, what) in _GOOGLE_UNSUPPORTED.items():
+        a.unsupported(key, default, what)
+    lr = _number("learning_rate", a.get("learning_rate", None))
+    block = int(_number("block_size", a.get("block_size", None)))
+    beta1 = _number("beta1", a.get("beta1", 0.9))
+    beta2 = _number("beta2", a.get("beta2", 0.999))
+    eps = _number("matrix_epsilon", a.get("matrix_epsilon", 1e-6))
+    diag_eps = _number("diagonal_epsilon", a.get("diagonal_epsilon", 1e-10))
+    wd = _number("weight_decay", a.get("weight_decay", 0.0))
+    decoupled_lr = bool(a.get("decoupled_learning_rate", True))
+    use_eigh = bool(a.get("eigh", False))
+
+    graft_name = a.get("graft_type", "SGD")
+    if graft_name not in _GOOGLE_GRAFTS:
+        raise ValueError(
+            f"graft_type = {graft_name!r} is invalid: allowed one of {sorted(_GOOGLE_GRAFTS)}."
+        )
+    graft_type = _GOOGLE_GRAFTS[graft_name]
+    if graft_type in ("rmsprop", "rmsprop_normalized") and beta2 == 1.0:
+        graft_type = "adagrad" if graft_type == "rmsprop" else "adagrad_normalized"
+    if graft_type == "none" and not decoupled_lr:
+        raise NotImplementedError(
+            "decoupled_learning_rate = False with graft_type = 'NONE' is not supported: "
+            "Google then applies no learning rate to the Shampoo direction at all."
+        )
+    adaptive_beta2 = beta2 if graft_type in ("rmsprop", "rmsprop_normalized") else 1.0
+    grafting = GraftingConfig(
+        type=graft_type,  # type: ignore[arg-type]
+        beta2=adaptive_beta2,
+        epsilon=diag_eps,
+        bias_correction=False,
+        norm_scope="parameter",
+        norm_epsilon=1e-25,
+        normalize_epsilon=1e-25,
+    )
+
+    side_name = a.get("preconditioner_type", a.get("precondtioner_type", "ALL"))
+    if side_name not in _GOOGLE_SIDES:
+        raise ValueError(
+            f"preconditioner_type = {side_name!r} is invalid: allowed one of "
+            f"{sorted(_GOOGLE_SIDES)}."
+        )
+    rank_lt = int(_number("skip_preconditioning_rank_lt", a.get("skip_preconditioning_rank_lt", 1)))
+    if rank_lt < 1:
+        raise NotImplementedError(
+            f"skip_preconditioning_rank_lt = {rank_lt} is not supported yet (Google then "
+            "preconditions 0-d parameters with no factor at all)."
+        )
+    relative = bool(a.get("relative_matrix_epsilon", True))
+    if use_eigh:
+        root_inverse: RootInverseConfig = EighConfig()
+    else:
+        root_inverse = CoupledNewtonConfig(
+            max_iterations=100,
+            tolerance=1e-6,
+            error_growth_limit=1.2,
+            retries=5,
+            retry_epsilon_factor=10.0,
+            retry_error_threshold=0.05,
+            failure_threshold=_number(
+                "inverse_failure_threshold", a.get("inverse_failure_threshold", 0.1)
+            ),
+        )
+    override = _number("exponent_override", a.get("exponent_override", 0))
+    start = int(_number("start_preconditioning_step", a.get("start_preconditioning_step", 5)))
+    skip_gt = _number(
+        "skip_preconditioning_dim_size_gt", a.get("skip_preconditioning_dim_size_gt", 4096)
+    )
+    return ShampooConfig(
+        learning_rate=lr,
+        statistics=StatisticsConfig(
+            beta2=beta2, bias_correction=False, initial_value="epsilon_identity"
+        ),
+        epsilon=EpsilonConfig(
+            value=eps,
+            scale="relative" if relative else "absolute",
+            # Newton's ridge floor is 1e-25; the eigh path floors lambda_max at 1e-6.
+            relative_floor=1e-6 if use_eigh else 1e-25,
+            placement="ridge_floor",
+        ),
+        root_inverse=root_inverse,
+        exponents=ExponentConfig(default="preconditioned_dims", override=max(override, 0.0)),
+        grafting=grafting,
+        gradient_filter=GradientFilterConfig(beta1=0.0),
+        momentum=MomentumConfig(
+            momentum=beta1,
+            dampening=beta1 if a.get("moving_average_for_momentum", False) else 0.0,
+            nesterov=bool(a.get("nesterov", True)),
+            buffers="separate" if graft_type != "none" and beta1 > 0 else "shared",
+            learning_rate_placement="after_momentum" if decoupled_lr else "before_momentum",
+        ),
+        weight_decay=WeightDecayConfig(
+            value=wd,
+            type="update" if a.get("decoupled_weight_decay", False) else "direction",
+        ),
+        blocking=BlockingConfig(
+            max_preconditioner_dim=block if block > 0 else UNBOUNDED,
+            merge_dims_up_to=_dim_limit(
+                "merge_small_dims_block_size", a.get("merge_small_dims_block_size", 4096)
+            ),
+            merge_direction="first_to_last",
+            skip_dim_size_gt=UNBOUNDED if skip_gt == math.inf else int(skip_gt),
+            skip_rank_lt=rank_lt,
+            preconditioned_dims=_GOOGLE_SIDES[side_name],  # type: ignore[arg-type]
+        ),
+        schedule=ScheduleConfig(
+            precondition_frequency=int(
+                _number("preconditioning_compute_steps", a.get("preconditioning_compute_steps", 1))
+            ),
+            statistics_frequency=int(
+                _number("statistics_compute_steps", a.get("statistics_compute_steps", 1))
+            ),
+            start_preconditioning_step=start + 1,
+            period_anchor="start",
+            roots_before_start=True,
+        ),
+        failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=None),
+        factor_dtype="float64",
+    )

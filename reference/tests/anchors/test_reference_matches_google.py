@@ -1,0 +1,87 @@
+"""The reference, fed ``from_google(kwargs)``, reproduces Google's trajectories.
+
+``google_emulator`` is an independent float64 re-implementation of Google's
+non-sharded ``distributed_shampoo`` written from its source (and checked
+against precondition-opt 0.3.0 itself to 2e-11, see compare_google_library.py),
+including the power iteration Google uses for the relative epsilon. We
+require 1e-6 relative (the foundation issue's bar). Two documented
+differences are switched off in the emulator: float32 rounding of the
+initial eps*I (``f32_stat_init``) and 0.3.0's lr^2 decoupled decay
+(``version="head"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google_emulator import emulate_google
+
+from shampoo_reference import run
+from shampoo_spec import from_google
+
+SHAPES = {"m": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": ()}
+
+CASES: dict[str, dict[str, object]] = {
+    "defaults_sgd": {},
+    "adagrad": {"graft_type": "ADAGRAD"},
+    "rmsprop": {"graft_type": "RMSPROP", "beta2": 0.95},
+    "rmsprop_normalized": {"graft_type": "RMSPROP_NORMALIZED", "beta2": 0.95},
+    "adagrad_normalized": {"graft_type": "ADAGRAD_NORMALIZED"},
+    "sign": {"graft_type": "SQRT_N"},
+    "no_graft": {"graft_type": "NONE", "start_preconditioning_step": 0},
+    "no_nesterov_moving_average": {
+        "graft_type": "ADAGRAD",
+        "nesterov": False,
+        "moving_average_for_momentum": True,
+    },
+    "frequency_delayed_start": {
+        "graft_type": "ADAGRAD",
+        "preconditioning_compute_steps": 3,
+        "statistics_compute_steps": 2,
+        "start_preconditioning_step": 4,
+    },
+    "absolute_epsilon": {"graft_type": "ADAGRAD", "relative_matrix_epsilon": False},
+    "eigh": {"graft_type": "ADAGRAD", "eigh": True},
+    "no_merge_blocked": {
+        "graft_type": "ADAGRAD",
+        "merge_small_dims_block_size": 1,
+        "block_size": 4,
+    },
+    "skip_large_dims": {"graft_type": "ADAGRAD", "skip_preconditioning_dim_size_gt": 6},
+    "exponent_override": {"graft_type": "ADAGRAD", "exponent_override": 4},
+    "output_side": {
+        "graft_type": "ADAGRAD",
+        "merge_small_dims_block_size": 1,
+        "preconditioner_type": "OUTPUT",
+    },
+    "coupled_weight_decay": {"graft_type": "ADAGRAD", "weight_decay": 0.05},
+    "decoupled_weight_decay": {
+        "graft_type": "ADAGRAD",
+        "weight_decay": 0.05,
+        "decoupled_weight_decay": True,
+    },
+    "coupled_learning_rate": {
+        "graft_type": "ADAGRAD",
+        "weight_decay": 0.05,
+        "decoupled_learning_rate": False,
+    },
+}
+
+
+def _problem(seed: int, steps: int) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s) for k, s in SHAPES.items()}
+    grads = [{k: rng.standard_normal(s) for k, s in SHAPES.items()} for _ in range(steps)]
+    return params, grads
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_reference_reproduces_google(name: str) -> None:
+    kwargs = {"learning_rate": 0.1, "block_size": 128, **CASES[name]}
+    params, grads = _problem(seed=len(name), steps=12)
+    ours = run(from_google(kwargs), params, grads)
+    theirs = emulate_google(kwargs, params, grads, version="head", f32_stat_init=False)
+    for t, (a, b) in enumerate(zip(ours, theirs, strict=True), start=1):
+        for k in SHAPES:
+            err = np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(b[k]), 1e-30)
+            assert err <= 1e-6, f"{name}: param {k!r} step {t}: relative error {err:.2e}"
