@@ -98,7 +98,8 @@ def test_scalar_factors_closed_form_ema_with_bias_correction() -> None:
     for t in range(1, 6):
         np.testing.assert_allclose(out[t - 1]["w"], -lr * t * g / np.sqrt(c * c + eps), rtol=RTOL)
     # Without bias correction: L_t = (1 - b^t) c^2 I.
-    raw = run(base(statistics=ss.StatisticsConfig(beta2=b)), {"w": np.zeros((n, n))}, [{"w": g}] * 3)
+    ema = base(statistics=ss.StatisticsConfig(beta2=b))
+    raw = run(ema, {"w": np.zeros((n, n))}, [{"w": g}] * 3)
     expected = -lr * g * sum(1 / np.sqrt((1 - b**s) * c * c + eps) for s in range(1, 4))
     np.testing.assert_allclose(raw[2]["w"], expected, rtol=RTOL)
 

@@ -54,14 +54,28 @@ _GRAFT_ALIASES = {
 }
 
 _KNOWN_TOP_LEVEL = {
-    "lr", "betas", "beta3", "epsilon", "weight_decay", "weight_decay_type",
-    "max_preconditioner_dim", "precondition_frequency",
-    "start_preconditioning_step", "use_bias_correction",
-    "iterate_averaging_config", "grafting_config", "use_pin_memory",
-    "shampoo_pt2_compile_config", "distributed_config",
-    "preconditioner_config", "shampoo_runtime_config",
+    "lr",
+    "betas",
+    "beta3",
+    "epsilon",
+    "weight_decay",
+    "weight_decay_type",
+    "max_preconditioner_dim",
+    "precondition_frequency",
+    "start_preconditioning_step",
+    "use_bias_correction",
+    "iterate_averaging_config",
+    "grafting_config",
+    "use_pin_memory",
+    "shampoo_pt2_compile_config",
+    "distributed_config",
+    "preconditioner_config",
+    "shampoo_runtime_config",
     # Legacy (older releases) keyword arguments, mapped onto the new ones.
-    "momentum", "dampening", "use_nesterov", "use_decoupled_weight_decay",
+    "momentum",
+    "dampening",
+    "use_nesterov",
+    "use_decoupled_weight_decay",
 }
 
 
@@ -85,11 +99,17 @@ def _parse_rank_deficient(cfg: dict | None) -> dict:
     t = _typ(cfg)
     if t == "PerturbationConfig":
         _check_keys(cfg, {"perturb_before_computation"})
-        return {"type": t, "perturb_before_computation": bool(cfg.get("perturb_before_computation", True))}
+        return {
+            "type": t,
+            "perturb_before_computation": bool(cfg.get("perturb_before_computation", True)),
+        }
     if t == "PseudoInverseConfig":
         _check_keys(cfg, {"rank_atol", "rank_rtol"})
-        return {"type": t, "rank_atol": float(cfg.get("rank_atol", 0.0)),
-                "rank_rtol": cfg.get("rank_rtol", 0.0)}
+        return {
+            "type": t,
+            "rank_atol": float(cfg.get("rank_atol", 0.0)),
+            "rank_rtol": cfg.get("rank_rtol", 0.0),
+        }
     raise NotImplementedError(f"rank_deficient_stability_config {t}")
 
 
@@ -98,18 +118,26 @@ def _parse_amortized(cfg: dict | None, default: str) -> dict:
         cfg = {"type": default}
     t = _typ(cfg)
     if t in ("EigenConfig", "EighEigendecompositionConfig", "QREigendecompositionConfig"):
-        allowed = {"rank_deficient_stability_config", "tolerance", "retry_double_precision",
-                   "eigendecomposition_offload_device"}
+        allowed = {
+            "rank_deficient_stability_config",
+            "tolerance",
+            "retry_double_precision",
+            "eigendecomposition_offload_device",
+        }
         if t == "QREigendecompositionConfig":
             allowed = {"rank_deficient_stability_config", "tolerance", "max_iterations"}
         _check_keys(cfg, allowed)
         out = {
             "type": t,
-            "rank_deficient_stability_config": _parse_rank_deficient(cfg.get("rank_deficient_stability_config")),
+            "rank_deficient_stability_config": _parse_rank_deficient(
+                cfg.get("rank_deficient_stability_config")
+            ),
             "tolerance": float(cfg.get("tolerance", 0.0)),
         }
         if not 0.0 <= out["tolerance"] <= 1.0:
-            raise ValueError(f"Invalid tolerance value: {out['tolerance']}. Must be in the interval [0.0, 1.0].")
+            raise ValueError(
+                f"Invalid tolerance value: {out['tolerance']}. Must be in the interval [0.0, 1.0]."
+            )
         if t == "EigenConfig" and out["tolerance"] != 0.0:
             raise ValueError("Invalid tolerance value: must be 0.0 for EigenConfig.")
         if t == "QREigendecompositionConfig":
@@ -120,9 +148,14 @@ def _parse_amortized(cfg: dict | None, default: str) -> dict:
         if "epsilon" in cfg:
             # No such field in Meta's CoupledNewtonConfig: the ridge is the
             # optimizer-level ``epsilon``.
-            raise NotImplementedError("CoupledNewtonConfig has no 'epsilon' field in Meta; use the top-level epsilon")
-        return {"type": t, "max_iterations": int(cfg.get("max_iterations", 100)),
-                "tolerance": float(cfg.get("tolerance", 1e-6))}
+            raise NotImplementedError(
+                "CoupledNewtonConfig has no 'epsilon' field in Meta; use the top-level epsilon"
+            )
+        return {
+            "type": t,
+            "max_iterations": int(cfg.get("max_iterations", 100)),
+            "tolerance": float(cfg.get("tolerance", 1e-6)),
+        }
     raise NotImplementedError(f"amortized_computation_config {t}")
 
 
@@ -144,24 +177,44 @@ def _parse_preconditioner(cfg: dict | None) -> dict:
         cfg = {"type": "EigenvalueCorrectedShampooPreconditionerConfig"}
         t = cfg["type"]
     if t == "DefaultSOAPConfig":
-        cfg = {"type": "EigenvalueCorrectedShampooPreconditionerConfig",
-               "amortized_computation_config": {"type": "QREigendecompositionConfig"}}
+        cfg = {
+            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "QREigendecompositionConfig"},
+        }
         t = cfg["type"]
     t = _GRAFT_ALIASES.get(t, t)
-    if t in ("SGDPreconditionerConfig", "AdaGradPreconditionerConfig",
-             "RMSpropPreconditionerConfig", "AdamPreconditionerConfig"):
+    if t in (
+        "SGDPreconditionerConfig",
+        "AdaGradPreconditionerConfig",
+        "RMSpropPreconditionerConfig",
+        "AdamPreconditionerConfig",
+    ):
         return _parse_diag(dict(cfg, type=t))
-    base_fields = {"amortized_computation_config", "drop_weighting_factor_on_gsquare",
-                   "factor_matrix_dtype", "num_tolerated_failed_amortized_computations",
-                   "use_symmetric_packing", "use_trace_scaling", "trace_scaling_exponent"}
+    base_fields = {
+        "amortized_computation_config",
+        "drop_weighting_factor_on_gsquare",
+        "factor_matrix_dtype",
+        "num_tolerated_failed_amortized_computations",
+        "use_symmetric_packing",
+        "use_trace_scaling",
+        "trace_scaling_exponent",
+    }
     if t in ("RootInvShampooPreconditionerConfig", "EigendecomposedShampooPreconditionerConfig"):
-        allowed = base_fields | {"inverse_exponent_override", "inv_factor_matrix_dtype",
-                                 "factor_matrix_eigenvectors_dtype", "factor_matrix_eigenvalues_dtype"}
+        allowed = base_fields | {
+            "inverse_exponent_override",
+            "inv_factor_matrix_dtype",
+            "factor_matrix_eigenvectors_dtype",
+            "factor_matrix_eigenvalues_dtype",
+        }
         default_amort = "EigenConfig" if t.startswith("RootInv") else "EighEigendecompositionConfig"
         kind = "root_inv" if t.startswith("RootInv") else "eigendecomposed"
     elif t == "EigenvalueCorrectedShampooPreconditionerConfig":
-        allowed = base_fields | {"ignored_basis_change_dims", "inverse_exponent_override",
-                                 "factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"}
+        allowed = base_fields | {
+            "ignored_basis_change_dims",
+            "inverse_exponent_override",
+            "factor_matrix_eigenvectors_dtype",
+            "corrected_eigenvalues_dtype",
+        }
         default_amort = "EighEigendecompositionConfig"
         kind = "eigenvalue_corrected"
     else:
@@ -170,22 +223,31 @@ def _parse_preconditioner(cfg: dict | None) -> dict:
     amort = _parse_amortized(cfg.get("amortized_computation_config"), default_amort)
     if kind == "root_inv" and amort["type"] not in ("EigenConfig", "CoupledNewtonConfig"):
         raise NotImplementedError(f"{t} with {amort['type']}")
-    if kind != "root_inv" and amort["type"] not in ("EighEigendecompositionConfig", "QREigendecompositionConfig",
-                                                     "EigenConfig"):
+    if kind != "root_inv" and amort["type"] not in (
+        "EighEigendecompositionConfig",
+        "QREigendecompositionConfig",
+        "EigenConfig",
+    ):
         raise NotImplementedError(f"{t} with {amort['type']}")
     out = {
         "type": t,
         "kind": kind,
         "amortized_computation_config": amort,
-        "drop_weighting_factor_on_gsquare": bool(cfg.get("drop_weighting_factor_on_gsquare", False)),
-        "num_tolerated_failed_amortized_computations": int(cfg.get("num_tolerated_failed_amortized_computations", 3)),
+        "drop_weighting_factor_on_gsquare": bool(
+            cfg.get("drop_weighting_factor_on_gsquare", False)
+        ),
+        "num_tolerated_failed_amortized_computations": int(
+            cfg.get("num_tolerated_failed_amortized_computations", 3)
+        ),
         "use_trace_scaling": bool(cfg.get("use_trace_scaling", False)),
         "trace_scaling_exponent": float(cfg.get("trace_scaling_exponent", 0.5)),
     }
     if out["num_tolerated_failed_amortized_computations"] < 0:
         raise ValueError("Invalid num_tolerated_failed_amortized_computations value. Must be >= 0.")
     if out["use_trace_scaling"] and not 0.0 < out["trace_scaling_exponent"] <= 1.0:
-        raise ValueError("Invalid trace_scaling_exponent value. Must be in (0.0, 1.0] when use_trace_scaling=True.")
+        raise ValueError(
+            "Invalid trace_scaling_exponent value. Must be in (0.0, 1.0] when use_trace_scaling=True."
+        )
     if out["drop_weighting_factor_on_gsquare"]:
         # The dataclass docstring says bias correction stays at 1.0 with this
         # flag, but the preconditioner-list code seen still divides by
@@ -195,33 +257,47 @@ def _parse_preconditioner(cfg: dict | None) -> dict:
     if kind == "eigenvalue_corrected":
         rdsc = amort["rank_deficient_stability_config"]
         if rdsc["type"] != "PerturbationConfig":
-            raise ValueError("EigenvalueCorrectedShampooPreconditionerConfig needs a PerturbationConfig.")
+            raise ValueError(
+                "EigenvalueCorrectedShampooPreconditionerConfig needs a PerturbationConfig."
+            )
         ignored = _int_keys(cfg.get("ignored_basis_change_dims", {}) or {})
         for order, dims in ignored.items():
             if order < 0:
-                raise ValueError("Invalid orders in ignored_basis_change_dims. All orders must be >= 0.")
+                raise ValueError(
+                    "Invalid orders in ignored_basis_change_dims. All orders must be >= 0."
+                )
             if any(not (0 <= d <= max(order - 1, 0)) for d in dims):
                 raise ValueError("Invalid dimensions in ignored_basis_change_dims.")
             if len(dims) != len(set(dims)):
                 raise ValueError("Duplicate dimensions in ignored_basis_change_dims.")
         for order, ov in override.items():
             if order < 0:
-                raise ValueError("Invalid orders in inverse_exponent_override. All orders must be >= 0.")
+                raise ValueError(
+                    "Invalid orders in inverse_exponent_override. All orders must be >= 0."
+                )
             if ov <= 0:
-                raise ValueError("Invalid override value in inverse_exponent_override. All overrides must be > 0.")
+                raise ValueError(
+                    "Invalid override value in inverse_exponent_override. All overrides must be > 0."
+                )
         out["ignored_basis_change_dims"] = {k: list(v) for k, v in ignored.items()}
         out["inverse_exponent_override"] = {k: float(v) for k, v in override.items()}
     else:
         for order, ov in override.items():
             if order < 0:
-                raise ValueError("Invalid orders in inverse_exponent_override. All orders must be >= 0.")
+                raise ValueError(
+                    "Invalid orders in inverse_exponent_override. All orders must be >= 0."
+                )
             if isinstance(ov, dict):
                 if any(not (0 <= d <= max(order - 1, 0)) for d in ov):
                     raise ValueError("Invalid dimensions in inverse_exponent_override.")
                 if any(v < 0 for v in ov.values()):
-                    raise ValueError("Invalid override value in inverse_exponent_override. All overrides must be >= 0.")
+                    raise ValueError(
+                        "Invalid override value in inverse_exponent_override. All overrides must be >= 0."
+                    )
             elif float(ov) < 0:
-                raise ValueError("Invalid override value in inverse_exponent_override. All overrides must be >= 0.")
+                raise ValueError(
+                    "Invalid override value in inverse_exponent_override. All overrides must be >= 0."
+                )
         out["inverse_exponent_override"] = {
             k: ({int(d): float(x) for d, x in v.items()} if isinstance(v, dict) else float(v))
             for k, v in override.items()
@@ -241,7 +317,13 @@ def _parse_diag(cfg: dict | None) -> dict | None:
         eps = float(cfg.get("epsilon", 1e-10))
         if not eps > 0.0:
             raise ValueError(f"Invalid epsilon value: {eps}. Must be > 0.0.")
-        return {"type": t, "beta2": 1.0, "weighting_factor": 1.0, "epsilon": eps, "use_bias_correction": False}
+        return {
+            "type": t,
+            "beta2": 1.0,
+            "weighting_factor": 1.0,
+            "epsilon": eps,
+            "use_bias_correction": False,
+        }
     if t in ("RMSpropPreconditionerConfig", "AdamPreconditionerConfig"):
         _check_keys(cfg, {"epsilon", "beta2", "drop_weighting_factor_on_gsquare"})
         eps = float(cfg.get("epsilon", 1e-10))
@@ -255,7 +337,13 @@ def _parse_diag(cfg: dict | None) -> dict | None:
             w, bc = 1.0, False
         else:
             w, bc = 1.0 - beta2, t.startswith("Adam")
-        return {"type": t, "beta2": beta2, "weighting_factor": w, "epsilon": eps, "use_bias_correction": bc}
+        return {
+            "type": t,
+            "beta2": beta2,
+            "weighting_factor": w,
+            "epsilon": eps,
+            "use_bias_correction": bc,
+        }
     raise NotImplementedError(f"grafting/diagonal config {t}")
 
 
@@ -271,7 +359,12 @@ def _parse_iterate_averaging(cfg: dict | None) -> dict | None:
             raise ValueError(f"Invalid momentum={mom}. Must be within (0.0, 1.0).")
         if not 0.0 <= damp < 1.0:
             raise ValueError(f"Invalid dampening={damp}. Must be within [0.0, 1.0).")
-        return {"type": t, "momentum": mom, "dampening": damp, "use_nesterov": bool(cfg.get("use_nesterov", False))}
+        return {
+            "type": t,
+            "momentum": mom,
+            "dampening": damp,
+            "use_nesterov": bool(cfg.get("use_nesterov", False)),
+        }
     if t == "GeneralizedPrimalAveragingConfig":
         _check_keys(cfg, {"eval_interp_coeff", "train_interp_coeff"})
         mx = float(cfg.get("eval_interp_coeff", 0.9))
@@ -286,7 +379,11 @@ def _parse_iterate_averaging(cfg: dict | None) -> dict | None:
         my = float(cfg.get("train_interp_coeff", 0.8))
         if not 0.0 < my <= 1.0:
             raise ValueError("Invalid train_interp_coeff. Must be within (0.0, 1.0].")
-        return {"type": t, "train_interp_coeff": my, "eval_coeff_lr_power": int(cfg.get("eval_coeff_lr_power", 2))}
+        return {
+            "type": t,
+            "train_interp_coeff": my,
+            "eval_coeff_lr_power": int(cfg.get("eval_coeff_lr_power", 2)),
+        }
     raise NotImplementedError(f"iterate_averaging_config {t}")
 
 
@@ -337,8 +434,12 @@ def _parse_group(kwargs: dict) -> dict:
         if not 0.0 <= damp < 1.0:
             raise ValueError(f"Invalid damping parameter: {damp}. Must be [0.0, 1.0).")
         if legacy_mom != 0.0:
-            ia = {"type": "ClassicMomentumConfig", "momentum": legacy_mom, "dampening": damp,
-                  "use_nesterov": bool(kwargs.get("use_nesterov", False))}
+            ia = {
+                "type": "ClassicMomentumConfig",
+                "momentum": legacy_mom,
+                "dampening": damp,
+                "use_nesterov": bool(kwargs.get("use_nesterov", False)),
+            }
     g["iterate_averaging_config"] = ia
     if kwargs.get("shampoo_pt2_compile_config") is not None:
         raise NotImplementedError("shampoo_pt2_compile_config")
@@ -356,7 +457,9 @@ def _parse_group(kwargs: dict) -> dict:
             if target.is_integer():
                 target = int(target)
             else:
-                raise ValueError("Invalid target_parameter_dimensionality. Must be an integer or math.inf.")
+                raise ValueError(
+                    "Invalid target_parameter_dimensionality. Must be an integer or math.inf."
+                )
         if target < 1:
             raise ValueError("Invalid target_parameter_dimensionality value. Must be >= 1.")
     g["target_parameter_dimensionality"] = target
@@ -378,24 +481,36 @@ def _parse_group(kwargs: dict) -> dict:
     pc = g["preconditioner_config"]
     uses_pinv = (
         "amortized_computation_config" in pc
-        and pc["amortized_computation_config"].get("rank_deficient_stability_config", {}).get("type")
+        and pc["amortized_computation_config"]
+        .get("rank_deficient_stability_config", {})
+        .get("type")
         == "PseudoInverseConfig"
     )
     if uses_pinv:
         if g["epsilon"] != 0.0:
-            raise ValueError(f"Invalid epsilon={g['epsilon']}. Must be == 0.0 when PseudoInverseConfig is used.")
+            raise ValueError(
+                f"Invalid epsilon={g['epsilon']}. Must be == 0.0 when PseudoInverseConfig is used."
+            )
     elif not g["epsilon"] > 0.0:
         raise ValueError(f"Invalid epsilon={g['epsilon']}. Must be > 0.0.")
     if not g["weight_decay"] >= 0.0:
         raise ValueError(f"Invalid weight_decay={g['weight_decay']}. Must be >= 0.0.")
     if g["weight_decay_type"] in ("CORRECTED", "INDEPENDENT") and not g["peak_lr"] > 0.0:
-        raise ValueError("Invalid peak_lr. Must be > 0.0 when using CORRECTED or INDEPENDENT weight decay.")
+        raise ValueError(
+            "Invalid peak_lr. Must be > 0.0 when using CORRECTED or INDEPENDENT weight decay."
+        )
     if not g["max_preconditioner_dim"] >= 1:
-        raise ValueError(f"Invalid max_preconditioner_dim={g['max_preconditioner_dim']}. Must be >= 1.")
+        raise ValueError(
+            f"Invalid max_preconditioner_dim={g['max_preconditioner_dim']}. Must be >= 1."
+        )
     if not g["precondition_frequency"] >= 1:
-        raise ValueError(f"Invalid precondition_frequency={g['precondition_frequency']}. Must be >= 1.")
+        raise ValueError(
+            f"Invalid precondition_frequency={g['precondition_frequency']}. Must be >= 1."
+        )
     if not g["start_preconditioning_step"] >= -1:
-        raise ValueError(f"Invalid start_preconditioning_step={g['start_preconditioning_step']}. Must be >= -1.")
+        raise ValueError(
+            f"Invalid start_preconditioning_step={g['start_preconditioning_step']}. Must be >= -1."
+        )
     if g["start_preconditioning_step"] == -1:
         g["start_preconditioning_step"] = g["precondition_frequency"]
     if g["start_preconditioning_step"] < g["precondition_frequency"]:
@@ -410,8 +525,12 @@ def _parse_group(kwargs: dict) -> dict:
 # Shapes: merge_small_dims / multi_dim_split (utils/shampoo_utils.py).
 # --------------------------------------------------------------------------
 
-def merge_small_dims(tensor_shape: tuple[int, ...], threshold: int | float,
-                     target_tensor_dimensionality: int | float = 1) -> tuple[int, ...]:
+
+def merge_small_dims(
+    tensor_shape: tuple[int, ...],
+    threshold: int | float,
+    target_tensor_dimensionality: int | float = 1,
+) -> tuple[int, ...]:
     """Meta's merge: squeeze 1s, walk dims from the LAST one, merge neighbours
     while the product stays <= threshold and more than `target` dims would
     remain; 0-d / all-ones become (1,); any 0-size dim gives (0,)."""
@@ -434,7 +553,9 @@ def merge_small_dims(tensor_shape: tuple[int, ...], threshold: int | float,
     return tuple(reversed(new))
 
 
-def multi_dim_split_slices(shape: tuple[int, ...], split_size: int | float) -> list[tuple[slice, ...]]:
+def multi_dim_split_slices(
+    shape: tuple[int, ...], split_size: int | float
+) -> list[tuple[slice, ...]]:
     """Index tuples of Meta's multi_dim_split: split dim 0 into chunks of
     split_size (remainder last), then every chunk along dim 1, ...; the
     resulting blocks are in row-major order."""
@@ -457,6 +578,7 @@ def multi_dim_split_slices(shape: tuple[int, ...], split_size: int | float) -> l
 # Matrix functions (preconditioner/matrix_functions.py).
 # --------------------------------------------------------------------------
 
+
 def _perturb_eigenvalues(L: np.ndarray, epsilon: float) -> np.ndarray:
     return L + epsilon if epsilon != 0 else L
 
@@ -465,8 +587,9 @@ def _perturb_matrix(A: np.ndarray, epsilon: float) -> np.ndarray:
     return A + epsilon * np.eye(A.shape[0]) if epsilon != 0 else A
 
 
-def _inverse_root_from_eigendecomposition(L: np.ndarray, Q: np.ndarray, root: Fraction,
-                                          epsilon: float, rdsc: dict) -> np.ndarray:
+def _inverse_root_from_eigendecomposition(
+    L: np.ndarray, Q: np.ndarray, root: Fraction, epsilon: float, rdsc: dict
+) -> np.ndarray:
     if rdsc["type"] == "PseudoInverseConfig":
         if epsilon != 0.0:
             raise ValueError("epsilon should be 0.0 when using pseudo-inverse!")
@@ -497,8 +620,9 @@ def _off_diagonal_criterion(B: np.ndarray, tolerance: float) -> bool:
     return bool(off <= tolerance * norm)
 
 
-def _matrix_eigendecomposition(A: np.ndarray, epsilon: float, cfg: dict,
-                               eigenvectors_estimate: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _matrix_eigendecomposition(
+    A: np.ndarray, epsilon: float, cfg: dict, eigenvectors_estimate: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
     rdsc = cfg["rank_deficient_stability_config"]
     if rdsc["type"] == "PseudoInverseConfig" and epsilon != 0.0:
         raise ValueError("epsilon should be 0.0 when using pseudo-inverse!")
@@ -536,10 +660,14 @@ def _matrix_inverse_root(A: np.ndarray, root: Fraction, cfg: dict, epsilon: floa
             raise ValueError(f"Root {root} should be positive!")
         eig_cfg = dict(cfg, type="EighEigendecompositionConfig", tolerance=0.0)
         L, Q = _matrix_eigendecomposition(A, epsilon, eig_cfg, None)
-        return _inverse_root_from_eigendecomposition(L, Q, root, epsilon, cfg["rank_deficient_stability_config"])
+        return _inverse_root_from_eigendecomposition(
+            L, Q, root, epsilon, cfg["rank_deficient_stability_config"]
+        )
     if cfg["type"] == "CoupledNewtonConfig":
         if root.denominator != 1:
-            raise ValueError(f"root.denominator={root.denominator} must be 1 for coupled inverse Newton iteration!")
+            raise ValueError(
+                f"root.denominator={root.denominator} must be 1 for coupled inverse Newton iteration!"
+            )
         p = int(root.numerator)
         alpha = -1.0 / p
         n = A.shape[0]
@@ -565,8 +693,13 @@ def _matrix_inverse_root(A: np.ndarray, root: Fraction, cfg: dict, epsilon: floa
 # Preconditioner lists (preconditioner/*.py).
 # --------------------------------------------------------------------------
 
-def _precondition_grad(grad: np.ndarray, selector: tuple[bool, ...], mats: list[np.ndarray],
-                       contract_first_axis_of_matrix: bool = True) -> np.ndarray:
+
+def _precondition_grad(
+    grad: np.ndarray,
+    selector: tuple[bool, ...],
+    mats: list[np.ndarray],
+    contract_first_axis_of_matrix: bool = True,
+) -> np.ndarray:
     """Meta's _precondition_grad: walk the dims in order; a preconditioned dim
     is contracted (tensordot of grad axis 0 with the matrix's axis 0, or axis 1
     for the back-transform) and the new axis goes last; an unpreconditioned dim
@@ -609,7 +742,7 @@ class _AdagradList:
                 self.state[i] = self.state[i] * self.beta2
             self.state[i] = self.state[i] + self.w * (g * g)
         if self.use_bc and self.beta2 < 1.0:
-            self.bc2 = 1.0 - self.beta2 ** step
+            self.bc2 = 1.0 - self.beta2**step
 
     def precondition(self, grads):
         out = []
@@ -626,7 +759,7 @@ class _ShampooBlock:
     def __init__(self, dims, selector, roots):
         self.dims = tuple(dims)
         self.selector = tuple(selector)
-        pdims = [d for d, s in zip(dims, selector) if s]
+        pdims = [d for d, s in zip(dims, selector, strict=False) if s]
         self.factor_matrices = [np.zeros((d, d)) for d in pdims]
         self.inv_factor_matrices = [np.eye(d) for d in pdims]
         self.eigenvectors = [np.eye(d) for d in pdims]
@@ -666,11 +799,13 @@ class _ShampooList:
     def _roots(self, selector):
         if self.kind == "eigenvalue_corrected":
             return (1 / self.cfg["inverse_exponent_override"].get(len(selector), 1 / 2),)
-        return tuple(1 / self._inverse_exponent(k, len(selector)) for k, s in enumerate(selector) if s)
+        return tuple(
+            1 / self._inverse_exponent(k, len(selector)) for k, s in enumerate(selector) if s
+        )
 
     # ---- update ----
     def update_preconditioners(self, grads, step, perform_amortized_computation):
-        for blk, g in zip(self.blocks, grads):
+        for blk, g in zip(self.blocks, grads, strict=False):
             if g is None or not blk.factor_matrices:
                 continue
             order = g.ndim
@@ -684,14 +819,14 @@ class _ShampooList:
                     fm = fm * self.beta2
                 blk.factor_matrices[i] = fm + self.w * op
         if self.use_bc and self.beta2 < 1.0:
-            self.bc2 = 1.0 - self.beta2 ** step
+            self.bc2 = 1.0 - self.beta2**step
         if perform_amortized_computation:
-            for blk, g in zip(self.blocks, grads):
+            for blk, g in zip(self.blocks, grads, strict=False):
                 if g is None:
                     continue
                 self._amortized_computation(blk)
         if self.kind == "eigenvalue_corrected":
-            for blk, g in zip(self.blocks, grads):
+            for blk, g in zip(self.blocks, grads, strict=False):
                 if g is None:
                     continue
                 gt = _precondition_grad(g, blk.selector, blk.eigenvectors)
@@ -723,7 +858,9 @@ class _ShampooList:
                 continue  # previous quantities are kept
             for name, val in res.items():
                 if not np.all(np.isfinite(val)):
-                    raise MetaEmulatorError(f"Encountered nan or inf values in {name} of factor matrix {i}!")
+                    raise MetaEmulatorError(
+                        f"Encountered nan or inf values in {name} of factor matrix {i}!"
+                    )
             if "inv" in res:
                 blk.inv_factor_matrices[i] = res["inv"]
             if "eigenvalues" in res:
@@ -742,7 +879,7 @@ class _ShampooList:
     # ---- precondition ----
     def precondition(self, grads):
         out = []
-        for blk, g in zip(self.blocks, grads):
+        for blk, g in zip(self.blocks, grads, strict=False):
             if g is None:
                 out.append(None)
                 continue
@@ -752,15 +889,20 @@ class _ShampooList:
                 rdsc = self.cfg["amortized_computation_config"]["rank_deficient_stability_config"]
                 mats = [
                     _inverse_root_from_eigendecomposition(L, Q, Fraction(r), self.eps, rdsc)
-                    for Q, L, r in zip(blk.eigenvectors, blk.eigenvalues, blk.roots)
+                    for Q, L, r in zip(blk.eigenvectors, blk.eigenvalues, blk.roots, strict=False)
                 ]
                 out.append(_precondition_grad(g, blk.selector, mats))
             else:
                 gt = _precondition_grad(g.copy(), blk.selector, blk.eigenvectors)
-                denom = np.power(blk.corrected_eigenvalues / self.bc2, 1.0 / blk.roots[0]) + self.eps
+                denom = (
+                    np.power(blk.corrected_eigenvalues / self.bc2, 1.0 / blk.roots[0]) + self.eps
+                )
                 gt = gt / denom
-                out.append(_precondition_grad(gt, blk.selector, blk.eigenvectors,
-                                              contract_first_axis_of_matrix=False))
+                out.append(
+                    _precondition_grad(
+                        gt, blk.selector, blk.eigenvectors, contract_first_axis_of_matrix=False
+                    )
+                )
         return out
 
 
@@ -770,18 +912,28 @@ def _make_list(cfg: dict | None, shapes, group):
     t = cfg["type"]
     if t == "SGDPreconditionerConfig":
         return _SGDList()
-    if t in ("AdaGradPreconditionerConfig", "RMSpropPreconditionerConfig", "AdamPreconditionerConfig"):
+    if t in (
+        "AdaGradPreconditionerConfig",
+        "RMSpropPreconditionerConfig",
+        "AdamPreconditionerConfig",
+    ):
         return _AdagradList(shapes, cfg)
-    return _ShampooList(shapes, cfg, group["betas"][1], group["epsilon"], group["use_bias_correction"])
+    return _ShampooList(
+        shapes, cfg, group["betas"][1], group["epsilon"], group["use_bias_correction"]
+    )
 
 
 # --------------------------------------------------------------------------
 # The optimizer (distributed_shampoo.py, single-device Distributor).
 # --------------------------------------------------------------------------
 
-def emulate_meta(kwargs: dict, params: dict[str, np.ndarray],
-                 grads: list[dict[str, np.ndarray]],
-                 emulate_inplace_aliasing: bool = True) -> list[dict[str, np.ndarray]]:
+
+def emulate_meta(
+    kwargs: dict,
+    params: dict[str, np.ndarray],
+    grads: list[dict[str, np.ndarray]],
+    emulate_inplace_aliasing: bool = True,
+) -> list[dict[str, np.ndarray]]:
     """Run Meta's single-device DistributedShampoo step by step.
 
     ``emulate_inplace_aliasing``: Meta's step updates the search directions in
@@ -817,7 +969,11 @@ def emulate_meta(kwargs: dict, params: dict[str, np.ndarray],
     beta1, beta3 = group["betas"][0], group["beta3"]
     filtered = [np.zeros(s) for s in block_shapes] if beta1 != 0.0 else None
     ia = group["iterate_averaging_config"]
-    momentum_buf = [np.zeros(s) for s in block_shapes] if ia and ia["type"] == "ClassicMomentumConfig" else None
+    momentum_buf = (
+        [np.zeros(s) for s in block_shapes]
+        if ia and ia["type"] == "ClassicMomentumConfig"
+        else None
+    )
     weight_buf = None
     lr_sum = 0.0
     if ia and ia["type"] in ("GeneralizedPrimalAveragingConfig", "ScheduleFreeConfig"):
@@ -866,7 +1022,7 @@ def emulate_meta(kwargs: dict, params: dict[str, np.ndarray],
 
         # 1. L2 weight decay into the gradient.
         if wd != 0.0 and wdt == "L2":
-            G = [g + wd * w if g is not None else None for g, w in zip(G, Wb)]
+            G = [g + wd * w if g is not None else None for g, w in zip(G, Wb, strict=False)]
 
         # 2. Update factor matrices / grafting state; amortized root computation.
         shampoo_list.update_preconditioners(G, step, perform_amortized_computation)
@@ -900,7 +1056,7 @@ def emulate_meta(kwargs: dict, params: dict[str, np.ndarray],
                 Pg = graft_list.precondition(Gbar)
                 P = [
                     None if p is None else p * (np.linalg.norm(pg) / (np.linalg.norm(p) + 1e-16))
-                    for p, pg in zip(P, Pg)
+                    for p, pg in zip(P, Pg, strict=False)
                 ]
 
         # Does the direction alias the filtered-gradient state (see docstring)?
@@ -917,9 +1073,12 @@ def emulate_meta(kwargs: dict, params: dict[str, np.ndarray],
 
         # 5. Decoupled / corrected / independent weight decay into the direction.
         if wd != 0.0 and wdt in ("DECOUPLED", "CORRECTED", "INDEPENDENT"):
-            alpha = {"DECOUPLED": wd, "CORRECTED": wd * lr / group["peak_lr"],
-                     "INDEPENDENT": wd / group["peak_lr"]}[wdt]
-            P = [None if p is None else p + alpha * w for p, w in zip(P, Wb)]
+            alpha = {
+                "DECOUPLED": wd,
+                "CORRECTED": wd * lr / group["peak_lr"],
+                "INDEPENDENT": wd / group["peak_lr"],
+            }[wdt]
+            P = [None if p is None else p + alpha * w for p, w in zip(P, Wb, strict=False)]
 
         # 6. Classic momentum (zero-initialised buffer).
         if momentum_buf is not None:
@@ -945,7 +1104,7 @@ def emulate_meta(kwargs: dict, params: dict[str, np.ndarray],
                 filtered[i] = dvec.copy()
 
         # 8. Distributor.update_params: W_block += D.
-        for (n, sl), dvec in zip(block_index, D):
+        for (n, sl), dvec in zip(block_index, D, strict=False):
             if dvec is None:
                 continue
             view = W[n].reshape(merged_shapes[n])

@@ -35,7 +35,7 @@ def _problem(num_steps=5, seed=0, shapes=SHAPES):
 
 def _assert_traj(out, expected, rtol=1e-12, atol=1e-13):
     assert len(out) == len(expected)
-    for got_t, exp_t in zip(out, expected):
+    for got_t, exp_t in zip(out, expected, strict=False):
         assert set(got_t) == set(exp_t)
         for k in exp_t:
             assert got_t[k].shape == exp_t[k].shape, k
@@ -63,8 +63,14 @@ def test_merge_small_dims_examples():
 def test_multi_dim_split_row_major_remainder_last():
     sl = multi_dim_split_slices((5, 3), 2)
     got = [tuple((s.start, s.stop) for s in b) for b in sl]
-    assert got == [((0, 2), (0, 2)), ((0, 2), (2, 3)), ((2, 4), (0, 2)),
-                   ((2, 4), (2, 3)), ((4, 5), (0, 2)), ((4, 5), (2, 3))]
+    assert got == [
+        ((0, 2), (0, 2)),
+        ((0, 2), (2, 3)),
+        ((2, 4), (0, 2)),
+        ((2, 4), (2, 3)),
+        ((4, 5), (0, 2)),
+        ((4, 5), (2, 3)),
+    ]
 
 
 # ---------------------------------------------------- grafting-only regimes
@@ -74,8 +80,12 @@ def test_multi_dim_split_row_major_remainder_last():
 def test_adagrad_graft_before_start_is_adagrad(beta1):
     params, grads = _problem()
     lr, eps = 0.03, 1e-10
-    kw = {"lr": lr, "betas": [beta1, 1.0], "start_preconditioning_step": NEVER,
-          "grafting_config": {"type": "AdaGradPreconditionerConfig", "epsilon": eps}}
+    kw = {
+        "lr": lr,
+        "betas": [beta1, 1.0],
+        "start_preconditioning_step": NEVER,
+        "grafting_config": {"type": "AdaGradPreconditionerConfig", "epsilon": eps},
+    }
     out = emulate_meta(kw, params, grads)
     W = {k: v.copy() for k, v in params.items()}
     acc = {k: np.zeros_like(v) for k, v in params.items()}
@@ -94,9 +104,14 @@ def test_adagrad_graft_before_start_is_adagrad(beta1):
 def test_adam_graft_before_start_is_adam_with_decoupled_wd():
     params, grads = _problem()
     lr, b1, b2, eps, wd = 1e-2, 0.9, 0.99, 1e-8, 0.1
-    kw = {"lr": lr, "betas": [b1, 0.5], "start_preconditioning_step": NEVER,
-          "weight_decay": wd, "weight_decay_type": "DECOUPLED",
-          "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": b2, "epsilon": eps}}
+    kw = {
+        "lr": lr,
+        "betas": [b1, 0.5],
+        "start_preconditioning_step": NEVER,
+        "weight_decay": wd,
+        "weight_decay_type": "DECOUPLED",
+        "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": b2, "epsilon": eps},
+    }
     out = emulate_meta(kw, params, grads)
     W = {k: v.copy() for k, v in params.items()}
     m = {k: np.zeros_like(v) for k, v in params.items()}
@@ -115,8 +130,12 @@ def test_adam_graft_before_start_is_adam_with_decoupled_wd():
 def test_rmsprop_graft_has_no_bias_correction():
     params, grads = _problem()
     lr, b2, eps = 1e-2, 0.99, 1e-10
-    kw = {"lr": lr, "betas": [0.0, 1.0], "start_preconditioning_step": NEVER,
-          "grafting_config": {"type": "RMSpropPreconditionerConfig", "beta2": b2, "epsilon": eps}}
+    kw = {
+        "lr": lr,
+        "betas": [0.0, 1.0],
+        "start_preconditioning_step": NEVER,
+        "grafting_config": {"type": "RMSpropPreconditionerConfig", "beta2": b2, "epsilon": eps},
+    }
     out = emulate_meta(kw, params, grads)
     W = {k: v.copy() for k, v in params.items()}
     v2 = {k: np.zeros_like(v) for k, v in params.items()}
@@ -133,11 +152,21 @@ def test_rmsprop_graft_has_no_bias_correction():
 def test_sgd_graft_momentum_l2_and_beta3_filter(nesterov):
     params, grads = _problem()
     lr, b1, b3, wd, mu, damp = 0.05, 0.8, 0.5, 0.01, 0.9, 0.1
-    kw = {"lr": lr, "betas": [b1, 1.0], "beta3": b3, "start_preconditioning_step": NEVER,
-          "weight_decay": wd, "weight_decay_type": "L2",
-          "grafting_config": {"type": "SGDPreconditionerConfig"},
-          "iterate_averaging_config": {"type": "ClassicMomentumConfig", "momentum": mu,
-                                       "dampening": damp, "use_nesterov": nesterov}}
+    kw = {
+        "lr": lr,
+        "betas": [b1, 1.0],
+        "beta3": b3,
+        "start_preconditioning_step": NEVER,
+        "weight_decay": wd,
+        "weight_decay_type": "L2",
+        "grafting_config": {"type": "SGDPreconditionerConfig"},
+        "iterate_averaging_config": {
+            "type": "ClassicMomentumConfig",
+            "momentum": mu,
+            "dampening": damp,
+            "use_nesterov": nesterov,
+        },
+    }
     out = emulate_meta(kw, params, grads)
     W = {k: v.copy() for k, v in params.items()}
     F = {k: np.zeros_like(v) for k, v in params.items()}
@@ -199,7 +228,7 @@ def test_0d_param_is_scalar_adagrad_with_eps_inside_sqrt():
     lr, eps = 0.1, 1e-4
     out = emulate_meta({"lr": lr, "betas": [0.0, 1.0], "epsilon": eps}, params, grads)
     w, acc = 1.5, 0.0
-    for g, o in zip(gs, out):
+    for g, o in zip(gs, out, strict=False):
         acc += g * g
         w -= lr * g / math.sqrt(acc + eps)
         assert o["s"].shape == ()
@@ -224,13 +253,21 @@ def test_scalar_identity_factors_and_root_schedule(amortized):
     cs = [1.0, 2.0, 0.5, 1.5, 3.0, 0.7, 1.1, 0.4, 2.5, 0.9]
     G = _orthogonal_grads(n, cs)
     params = {"w": np.zeros((n, n))}
-    kw = {"lr": lr, "betas": [0.0, 1.0], "epsilon": eps, "max_preconditioner_dim": n,
-          "precondition_frequency": 3, "start_preconditioning_step": 5,
-          "preconditioner_config": {"type": "RootInvShampooPreconditionerConfig",
-                                    "amortized_computation_config": {"type": amortized}}}
+    kw = {
+        "lr": lr,
+        "betas": [0.0, 1.0],
+        "epsilon": eps,
+        "max_preconditioner_dim": n,
+        "precondition_frequency": 3,
+        "start_preconditioning_step": 5,
+        "preconditioner_config": {
+            "type": "RootInvShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": amortized},
+        },
+    }
     out = emulate_meta(kw, params, [{"w": g} for g in G])
     S, scale, w = 0.0, 1.0, np.zeros((n, n))
-    for t, (c, g, o) in enumerate(zip(cs, G, out), start=1):
+    for t, (c, g, o) in enumerate(zip(cs, G, out, strict=False), start=1):
         S += c * c
         if t == 5 or (t % 3 == 0 and t > 5):
             scale = (S + eps) ** -0.5  # (S+eps)^(-1/4) on each side
@@ -244,13 +281,24 @@ def test_exponent_override_and_skipped_dim():
     cs = [1.0, 2.0, 0.5]
     G = _orthogonal_grads(n, cs, seed=7)
     params = {"w": np.zeros((n, n))}
-    for override, power in [({"2": 0.5}, 1.0), ({"2": {"0": 0.0}}, 0.25), ({"2": {"1": 0.0, "0": 0.1}}, 0.1)]:
-        kw = {"lr": lr, "betas": [0.0, 1.0], "epsilon": eps, "max_preconditioner_dim": n,
-              "preconditioner_config": {"type": "RootInvShampooPreconditionerConfig",
-                                        "inverse_exponent_override": override}}
+    for override, power in [
+        ({"2": 0.5}, 1.0),
+        ({"2": {"0": 0.0}}, 0.25),
+        ({"2": {"1": 0.0, "0": 0.1}}, 0.1),
+    ]:
+        kw = {
+            "lr": lr,
+            "betas": [0.0, 1.0],
+            "epsilon": eps,
+            "max_preconditioner_dim": n,
+            "preconditioner_config": {
+                "type": "RootInvShampooPreconditionerConfig",
+                "inverse_exponent_override": override,
+            },
+        }
         out = emulate_meta(kw, params, [{"w": g} for g in G])
         S, w = 0.0, np.zeros((n, n))
-        for c, g, o in zip(cs, G, out):
+        for c, g, o in zip(cs, G, out, strict=False):
             S += c * c
             w = w - lr * (S + eps) ** (-power) * g
             np.testing.assert_allclose(o["w"], w, rtol=1e-11, atol=1e-13)
@@ -264,11 +312,16 @@ def test_per_block_graft_rescaling_and_ema_bias_correction():
     cs = [1.0, 2.0, 0.5, 1.5]
     G = _orthogonal_grads(n, cs, seed=11)
     params = {"w": np.zeros((n, n))}
-    kw = {"lr": lr, "betas": [0.0, b2], "epsilon": eps, "max_preconditioner_dim": n,
-          "grafting_config": {"type": "SGDPreconditionerConfig"}}
+    kw = {
+        "lr": lr,
+        "betas": [0.0, b2],
+        "epsilon": eps,
+        "max_preconditioner_dim": n,
+        "grafting_config": {"type": "SGDPreconditionerConfig"},
+    }
     out = emulate_meta(kw, params, [{"w": g} for g in G])
     S, w = 0.0, np.zeros((n, n))
-    for t, (c, g, o) in enumerate(zip(cs, G, out), start=1):
+    for t, (c, g, o) in enumerate(zip(cs, G, out, strict=False), start=1):
         S = b2 * S + (1 - b2) * c * c
         pshamp = g / math.sqrt(S / (1 - b2**t) + eps)
         p = pshamp * np.linalg.norm(g) / (np.linalg.norm(pshamp) + 1e-16)
@@ -284,14 +337,21 @@ def test_eigenvalue_corrected_with_diagonal_factors_is_adam():
     correction) while off-diagonal entries stay 0."""
     n, lr, eps, b1, b2 = 4, 0.01, 1e-8, 0.9, 0.95
     rng = np.random.default_rng(2)
-    diags = [np.sort(rng.uniform(0.1, 1.0, n)) * np.arange(1, n + 1) * rng.choice([-1, 1], n)
-             for _ in range(6)]
+    diags = [
+        np.sort(rng.uniform(0.1, 1.0, n)) * np.arange(1, n + 1) * rng.choice([-1, 1], n)
+        for _ in range(6)
+    ]
     params = {"w": np.zeros((n, n))}
-    kw = {"lr": lr, "betas": [b1, b2], "epsilon": eps, "max_preconditioner_dim": n,
-          "preconditioner_config": {"type": "EigenvalueCorrectedShampooPreconditionerConfig"}}
+    kw = {
+        "lr": lr,
+        "betas": [b1, b2],
+        "epsilon": eps,
+        "max_preconditioner_dim": n,
+        "preconditioner_config": {"type": "EigenvalueCorrectedShampooPreconditionerConfig"},
+    }
     out = emulate_meta(kw, params, [{"w": np.diag(a)} for a in diags])
     m, v, w = np.zeros(n), np.zeros(n), np.zeros(n)
-    for t, (a, o) in enumerate(zip(diags, out), start=1):
+    for t, (a, o) in enumerate(zip(diags, out, strict=False), start=1):
         m = b1 * m + (1 - b1) * a
         v = b2 * v + (1 - b2) * a * a
         w = w - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
@@ -305,8 +365,14 @@ def test_inplace_aliasing_of_filtered_grad_without_bias_correction(aliasing):
     update -lr*(F + wd*W) (decoupled decay)."""
     params, grads = _problem(num_steps=4)
     lr, b1, wd = 0.1, 0.5, 0.2
-    kw = {"lr": lr, "betas": [b1, 1.0], "use_bias_correction": False, "weight_decay": wd,
-          "start_preconditioning_step": NEVER, "grafting_config": {"type": "SGDPreconditionerConfig"}}
+    kw = {
+        "lr": lr,
+        "betas": [b1, 1.0],
+        "use_bias_correction": False,
+        "weight_decay": wd,
+        "start_preconditioning_step": NEVER,
+        "grafting_config": {"type": "SGDPreconditionerConfig"},
+    }
     out = emulate_meta(kw, params, grads, emulate_inplace_aliasing=aliasing)
     W = {k: v.copy() for k, v in params.items()}
     F = {k: np.zeros_like(v) for k, v in params.items()}
@@ -331,6 +397,10 @@ def test_constructor_checks():
     with pytest.raises(ValueError):
         emulate_meta({"epsilon": 0.0}, p, g)
     with pytest.raises(ValueError):
-        emulate_meta({"iterate_averaging_config": {"type": "ClassicMomentumConfig", "momentum": 0.0}}, p, g)
+        emulate_meta(
+            {"iterate_averaging_config": {"type": "ClassicMomentumConfig", "momentum": 0.0}}, p, g
+        )
     with pytest.raises(NotImplementedError):
-        emulate_meta({"preconditioner_config": {"type": "SpectralDescentPreconditionerConfig"}}, p, g)
+        emulate_meta(
+            {"preconditioner_config": {"type": "SpectralDescentPreconditionerConfig"}}, p, g
+        )

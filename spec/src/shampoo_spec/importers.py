@@ -140,7 +140,8 @@ def _meta_grafting(cfg: Any) -> GraftingConfig:
     if kind == "SGDPreconditionerConfig":
         return GraftingConfig(type="sgd")
     if kind == "AdaGradPreconditionerConfig":
-        return GraftingConfig(type="adagrad", epsilon=_number("epsilon", args.get("epsilon", 1e-10)))
+        epsilon = _number("epsilon", args.get("epsilon", 1e-10))
+        return GraftingConfig(type="adagrad", epsilon=epsilon)
     if kind in ("RMSpropPreconditionerConfig", "AdamPreconditionerConfig"):
         adam = kind == "AdamPreconditionerConfig"
         return GraftingConfig(

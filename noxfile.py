@@ -1,0 +1,82 @@
+"""Sessions for the Shampoo monorepo; `nox -l` lists them with their docstrings.
+
+Every install goes through the pinned ``constraints.txt``, and the member
+packages are installed editable, so a session tests the working tree. Heavy
+frameworks (torch, jax) are pinned there too, but only sessions that need
+them install them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "tests"]
+
+CONSTRAINTS = ("-c", "constraints.txt")
+#: Installable members, in dependency order (see DESIGN.md section 2).
+MEMBERS = ("spec", "reference", "conformance", "datasets")
+TEST_DIRS = tuple(f"{member}/tests" for member in MEMBERS)
+#: Options every pytest run gets: no .pytest_cache (a read-only checkout works).
+PYTEST_OPTIONS = ("-p", "no:cacheprovider")
+
+
+def install_members(session: nox.Session, *extra: str) -> None:
+    """Install the member packages editable plus ``extra``, all under the constraints."""
+    editable = [arg for member in MEMBERS for arg in ("-e", member)]
+    session.install(*CONSTRAINTS, *editable, *extra)
+
+
+def hypothesis_env(default_profile: str) -> dict[str, str]:
+    """Environment selecting a Hypothesis profile (``HYPOTHESIS_PROFILE`` overrides it)."""
+    return {
+        "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", default_profile),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run every member's tests (Hypothesis profile "ci"); what CI runs. Args go to pytest."""
+    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    session.run(
+        "pytest", *PYTEST_OPTIONS, *session.posargs, *([] if session.posargs else TEST_DIRS),
+        env=hypothesis_env("ci"),
+    )
+
+
+@nox.session
+def conformance_deep(session: nox.Session) -> None:
+    """Run the conformance tests with the slow Hypothesis profile "deep". Args go to pytest."""
+    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    session.run(
+        "pytest", *PYTEST_OPTIONS, "conformance/tests", *session.posargs,
+        env=hypothesis_env("deep"),
+    )
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Shampoo (float64 reference) next to gradient descent on scikit-learn digits."""
+    install_members(session, "scikit-learn")
+    session.run("python", "-m", "shampoo_conformance", "demo", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Lint the whole tree with ruff (config in the root pyproject.toml). Args go to ruff."""
+    session.install(*CONSTRAINTS, "ruff")
+    session.run("ruff", "check", *(session.posargs or ["."]))
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """Type-check the spec, reference and datasets sources with mypy (root pyproject.toml)."""
+    session.install(*CONSTRAINTS, "mypy", "-e", "spec", "-e", "reference", "-e", "datasets")
+    session.run(
+        "mypy", *(session.posargs or ["spec/src", "reference/src", "datasets/src"])
+    )
