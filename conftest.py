@@ -1,11 +1,12 @@
-"""Hypothesis profiles shared by every member's tests.
+"""Hypothesis profiles for every member's tests, shared with the conformance plugin.
 
 ``ci``   - small and derandomized: the same examples on every run, no example
            database, so CI is reproducible and a read-only checkout works.
 ``deep`` - many more examples for the ``conformance_deep`` nox session.
 
-The profile named by the environment variable ``HYPOTHESIS_PROFILE`` is
-loaded (default ``ci``); nox sets it per session.
+The profile named by ``HYPOTHESIS_PROFILE`` is loaded (default ``ci``); nox
+sets it per session. The definitions live in shampoo_conformance's pytest
+plugin, which installed packages use too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import os
 
 from hypothesis import settings
 
-settings.register_profile(
-    "ci", max_examples=25, derandomize=True, deadline=None, print_blob=True, database=None
-)
-settings.register_profile("deep", max_examples=500, deadline=None, print_blob=True)
+from shampoo_conformance.pytest_plugin import register_profiles
+
+register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

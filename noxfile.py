@@ -18,9 +18,18 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
-#: Installable members, in dependency order (see DESIGN.md section 2).
-MEMBERS = ("spec", "reference", "conformance", "datasets")
-TEST_DIRS = tuple(f"{member}/tests" for member in MEMBERS)
+#: Installable members, in dependency order (see DESIGN.md section 2); the
+#: framework implementations join when their folders exist.
+MEMBERS = tuple(
+    member
+    for member in ("spec", "reference", "datasets", "torch_impl", "jax_impl", "conformance")
+    if os.path.isdir(member)
+)
+#: Frameworks each implementation needs (pinned in constraints.txt).
+FRAMEWORKS = {"torch_impl": ("torch",), "jax_impl": ("jax[cpu]", "optax")}
+#: The conformance property suite, run against every installed backend.
+SUITE = "conformance/src/shampoo_conformance/suite"
+TEST_DIRS = (*(f"{member}/tests" for member in MEMBERS), SUITE)
 #: Options every pytest run gets: no .pytest_cache (a read-only checkout works).
 PYTEST_OPTIONS = ("-p", "no:cacheprovider")
 
@@ -28,7 +37,8 @@ PYTEST_OPTIONS = ("-p", "no:cacheprovider")
 def install_members(session: nox.Session, *extra: str) -> None:
     """Install the member packages editable plus ``extra``, all under the constraints."""
     editable = [arg for member in MEMBERS for arg in ("-e", member)]
-    session.install(*CONSTRAINTS, *editable, *extra)
+    frameworks = [pkg for member in MEMBERS for pkg in FRAMEWORKS.get(member, ())]
+    session.install(*CONSTRAINTS, *frameworks, *editable, *extra)
 
 
 def hypothesis_env(default_profile: str) -> dict[str, str]:
@@ -51,12 +61,18 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def conformance_deep(session: nox.Session) -> None:
-    """Run the conformance tests with the slow Hypothesis profile "deep". Args go to pytest."""
+    """The conformance suite on every installed backend, Hypothesis profile "deep"."""
     install_members(session, "pytest", "hypothesis", "scikit-learn")
     session.run(
-        "pytest", *PYTEST_OPTIONS, "conformance/tests", *session.posargs,
-        env=hypothesis_env("deep"),
+        "pytest", *PYTEST_OPTIONS, SUITE, *session.posargs, env=hypothesis_env("deep"),
     )
+
+
+@nox.session
+def mutation(session: nox.Session) -> None:
+    """Run the suite against every mutant of the reference; print the kill rate."""
+    install_members(session, "pytest", "hypothesis")
+    session.run("python", "-m", "shampoo_conformance", "mutants", env=hypothesis_env("ci"))
 
 
 @nox.session

@@ -42,8 +42,67 @@ def _add_demo(subparsers: Any) -> None:
     parser.set_defaults(handler=handler)
 
 
+def _add_run(subparsers: Any) -> None:
+    from . import runner
+
+    parser = subparsers.add_parser(
+        "run",
+        help="run the conformance property suite against one backend",
+        description=runner.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--backend",
+        default="reference",
+        help="built-in name (reference, torch, jax), 'mutant:NAME', or "
+        "'package.module:factory' (default: %(default)s)",
+    )
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
+
+    def handler(args: argparse.Namespace) -> int:
+        return runner.run_suite(args.backend, args.pytest_args)
+
+    parser.set_defaults(handler=handler)
+
+
+def _add_compare(subparsers: Any) -> None:
+    from . import comparison
+
+    parser = subparsers.add_parser(
+        "compare",
+        help="one config through every installed backend: error table vs the reference",
+        description=comparison.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", help="JSON file of a ShampooConfig (default: defaults)")
+    parser.add_argument("--steps", type=int, default=10, help="steps (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="data seed (default: %(default)s)")
+    parser.add_argument("--backend", action="append", help="backend(s) (default: all built-in)")
+
+    def handler(args: argparse.Namespace) -> int:
+        if args.steps < 1:
+            parser.error(f"--steps must be >= 1, got {args.steps}")
+        try:
+            config = comparison.load_config(args.config)
+        except ValueError as err:
+            parser.error(str(err))
+        return comparison.compare(config, args.steps, args.seed, args.backend)
+
+    parser.set_defaults(handler=handler)
+
+
+def _add_mutants(subparsers: Any) -> None:
+    from . import runner
+
+    parser = subparsers.add_parser(
+        "mutants",
+        help="run the suite against every mutant of the reference and print the kill rate",
+    )
+    parser.set_defaults(handler=lambda args: runner.mutation_report())
+
+
 #: The subcommands, in the order ``--help`` lists them.
-SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_demo,)
+SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_demo, _add_run, _add_compare, _add_mutants)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,11 @@ class BackendUnavailable(RuntimeError):
 
 @runtime_checkable
 class Backend(Protocol):
-    """Contract 8.2: run a config over a gradient stream."""
+    """Contract 8.2: run a config over a gradient stream.
+
+    A backend may also declare ``dtypes`` (the parameter dtypes it runs;
+    float64 and float32 when absent).
+    """
 
     name: str
 
@@ -47,6 +51,7 @@ class ReferenceBackend:
     """The float64 NumPy/SciPy reference (``shampoo_reference``)."""
 
     name = "reference"
+    dtypes = (np.float64,)
 
     def run(
         self,
@@ -89,12 +94,58 @@ class ReferenceBackend:
             )
 
 
-_BUILTIN: dict[str, Callable[[], Backend]] = {"reference": ReferenceBackend}
+class FrameworkBackend:
+    """A fast backend reached through its package's numpy-in/numpy-out ``run``.
+
+    ``shampoo_torch.testing.run`` and ``shampoo_jax.testing.run`` take the
+    arguments of contract 8.2 and run on the CPU in the requested dtype.
+    """
+
+    def __init__(self, name: str, module: str) -> None:
+        self.name = name
+        try:
+            self._module = importlib.import_module(module)
+        except ImportError as err:
+            raise BackendUnavailable(
+                f"backend {name!r} is not installed ({module}: {err}); "
+                f"install it with `pip install -e {name.split('-')[0]}_impl`."
+            ) from err
+
+    def run(
+        self,
+        config: ShampooConfig,
+        params: Mapping[str, NDArray[Any]],
+        grads: Sequence[Mapping[str, NDArray[Any]]],
+        dtype: Any = np.float64,
+    ) -> list[Params]:
+        out: list[Params] = self._module.run(
+            config, dict(params), [dict(g) for g in grads], dtype=dtype
+        )
+        return out
+
+
+_BUILTIN: dict[str, Callable[[], Backend]] = {
+    "reference": ReferenceBackend,
+    "torch": lambda: FrameworkBackend("torch", "shampoo_torch.testing"),
+    "jax": lambda: FrameworkBackend("jax", "shampoo_jax.testing"),
+}
 
 
 def available_backends() -> list[str]:
     """Names of the built-in backends (their frameworks may still be missing)."""
     return sorted(_BUILTIN)
+
+
+def installed_backends() -> list[str]:
+    """The built-in backends whose frameworks import here."""
+    names = []
+    for name in available_backends():
+        try:
+            get_backend(name)
+        except BackendUnavailable:
+            continue
+        names.append(name)
+    return names
 
 
 def get_backend(name: str) -> Backend:
@@ -107,6 +158,10 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"backend name = {name!r} is invalid: allowed a string.")
     if name in _BUILTIN:
         return _BUILTIN[name]()
+    if name.startswith("mutant:"):
+        from .mutants import mutant_backend
+
+        return mutant_backend(name.removeprefix("mutant:"))
     if ":" in name:
         module_name, _, attr = name.partition(":")
         try:
@@ -123,6 +178,6 @@ def get_backend(name: str) -> Backend:
             raise ValueError(f"backend {name!r}: factory returned an object without run().")
         return backend  # type: ignore[no-any-return]
     raise ValueError(
-        f"backend = {name!r} is invalid: allowed one of {available_backends()} "
-        "or 'package.module:factory'."
+        f"backend = {name!r} is invalid: allowed one of {available_backends()}, "
+        "'mutant:NAME' or 'package.module:factory'."
     )

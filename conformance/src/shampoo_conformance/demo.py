@@ -155,9 +155,7 @@ def run_demo(
     config = demo_config(problem_name)
     rates = TUNED_LEARNING_RATES[problem_name]
     shampoo, shampoo_seconds = _shampoo_trajectory(problem, config, steps, backend_name)
-    descent, descent_seconds = _gradient_descent_trajectory(
-        problem, rates.gradient_descent, steps
-    )
+    descent, descent_seconds = _gradient_descent_trajectory(problem, rates.gradient_descent, steps)
     start_loss = problem.loss(problem.init_params)
     rows = [DemoRow(0, start_loss, start_loss, 0.0, 0.0)]
     for k in range(steps):

@@ -1,0 +1,232 @@
+"""Named configurations covering every option of the spec, and their problems.
+
+The Hypothesis strategies explore the config space at random; these cases
+pin down one deliberate configuration per option (and the anchors' presets)
+so every rule of docs/spec.md is exercised on every run, deterministically.
+Epsilons and step counts keep each factor well conditioned, so the
+comparison tolerance (see :mod:`tolerances`) stays meaningful.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numpy.typing import NDArray
+
+import shampoo_spec as ss
+
+#: Shapes every named case runs on, together: a matrix, vectors, a 3-tensor,
+#: a 0-d scalar, size-1 dims, and a matrix with several equal-shaped blocks.
+CASE_SHAPES: dict[str, tuple[int, ...]] = {
+    "matrix": (7, 10),
+    "vector": (7,),
+    "tensor": (3, 4, 5),
+    "long": (12,),
+    "scalar": (),
+    "ones": (1, 5, 1),
+    "wide": (6, 8),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One named config with the gradient stream it runs on."""
+
+    name: str
+    config: ss.ShampooConfig
+    steps: int = 10
+    seed: int = 0
+
+    def problem(
+        self,
+    ) -> tuple[dict[str, NDArray[np.float64]], list[dict[str, NDArray[np.float64]]]]:
+        return make_problem(CASE_SHAPES, self.steps, self.seed)
+
+
+def make_problem(
+    shapes: dict[str, tuple[int, ...]], steps: int, seed: int, scale: float = 1.0
+) -> tuple[dict[str, NDArray[np.float64]], list[dict[str, NDArray[np.float64]]]]:
+    """Seeded standard-normal parameters and gradient stream."""
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    grads = [{k: scale * rng.standard_normal(s) for k, s in shapes.items()} for _ in range(steps)]
+    return params, grads
+
+
+_UNMERGED = ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None)
+_BASE = ss.ShampooConfig(
+    learning_rate=0.1,
+    epsilon=ss.EpsilonConfig(value=1e-3),
+    blocking=_UNMERGED,
+    grafting=ss.GraftingConfig(type="adagrad"),
+    factor_dtype="float64",
+)
+
+
+def _with(**sections: object) -> ss.ShampooConfig:
+    return replace(_BASE, **sections)  # type: ignore[arg-type]
+
+
+def named_cases() -> list[Case]:
+    """The deterministic coverage set: one case per rule of docs/spec.md."""
+    return [
+        Case("plain_kronecker_no_graft", _with(grafting=ss.GraftingConfig())),
+        Case("adagrad_graft_block_norm", _BASE),
+        Case(
+            "adagrad_graft_parameter_norm",
+            _with(grafting=ss.GraftingConfig(type="adagrad", norm_scope="parameter")),
+        ),
+        Case("sgd_graft", _with(grafting=ss.GraftingConfig(type="sgd"))),
+        Case("rmsprop_graft", _with(grafting=ss.GraftingConfig(type="rmsprop", beta2=0.9))),
+        Case(
+            "adam_graft_filter",
+            _with(
+                grafting=ss.GraftingConfig(type="adam", beta2=0.99, bias_correction=True),
+                gradient_filter=ss.GradientFilterConfig(beta1=0.9, bias_correction=True),
+            ),
+        ),
+        Case("sign_graft", _with(grafting=ss.GraftingConfig(type="sign"))),
+        Case(
+            "normalized_grafts",
+            _with(grafting=ss.GraftingConfig(type="rmsprop_normalized", beta2=0.9)),
+        ),
+        Case(
+            "nadam_filter_beta3",
+            _with(
+                gradient_filter=ss.GradientFilterConfig(beta1=0.9, beta3=0.5, bias_correction=True)
+            ),
+        ),
+        Case(
+            "ema_statistics_bias_corrected",
+            _with(statistics=ss.StatisticsConfig(beta2=0.9, bias_correction=True)),
+        ),
+        Case(
+            "epsilon_identity_init",
+            _with(statistics=ss.StatisticsConfig(beta2=0.95, initial_value="epsilon_identity")),
+        ),
+        Case(
+            "relative_epsilon_shift_after",
+            _with(epsilon=ss.EpsilonConfig(value=1e-3, scale="relative", placement="shift_after")),
+        ),
+        Case("epsilon_floor", _with(epsilon=ss.EpsilonConfig(value=1e-2, placement="floor"))),
+        Case(
+            "coupled_newton",
+            _with(root_inverse=ss.CoupledNewtonConfig(tolerance=1e-12, max_iterations=200)),
+        ),
+        Case(
+            "coupled_newton_google_rules",
+            _with(
+                root_inverse=ss.CoupledNewtonConfig(
+                    tolerance=1e-12,
+                    error_growth_limit=1.2,
+                    retries=2,
+                    failure_threshold=0.1,
+                ),
+                epsilon=ss.EpsilonConfig(value=1e-3, scale="relative", placement="ridge_floor"),
+            ),
+        ),
+        Case(
+            "exponent_overrides",
+            _with(
+                exponents=ss.ExponentConfig(
+                    overrides_by_order=(ss.OrderOverride(order=2, roots=(2.0, 0.0)),)
+                )
+            ),
+        ),
+        Case("exponent_override_all", _with(exponents=ss.ExponentConfig(override=3.0))),
+        Case(
+            "preconditioned_dims_default",
+            _with(exponents=ss.ExponentConfig(default="preconditioned_dims")),
+        ),
+        Case(
+            "one_sided_last",
+            _with(blocking=replace(_UNMERGED, preconditioned_dims="last")),
+        ),
+        Case(
+            "merge_last_to_first",
+            _with(blocking=ss.BlockingConfig(max_preconditioner_dim=16, merge_dims_up_to=16)),
+        ),
+        Case(
+            "merge_first_to_last_skip_rules",
+            _with(
+                blocking=ss.BlockingConfig(
+                    max_preconditioner_dim=16,
+                    merge_dims_up_to=16,
+                    merge_direction="first_to_last",
+                    skip_dim_size_gt=9,
+                    skip_rank_lt=1,
+                )
+            ),
+        ),
+        Case(
+            "momentum_nesterov_dampening",
+            _with(momentum=ss.MomentumConfig(momentum=0.9, dampening=0.1, nesterov=True)),
+        ),
+        Case(
+            "separate_buffers_lr_before",
+            _with(
+                momentum=ss.MomentumConfig(
+                    momentum=0.8,
+                    nesterov=True,
+                    buffers="separate",
+                    learning_rate_placement="before_momentum",
+                ),
+                schedule=ss.ScheduleConfig(start_preconditioning_step=4),
+            ),
+        ),
+        Case(
+            "weight_decay_l2",
+            _with(weight_decay=ss.WeightDecayConfig(value=0.05, type="l2")),
+        ),
+        Case(
+            "weight_decay_direction_momentum",
+            _with(
+                weight_decay=ss.WeightDecayConfig(value=0.05, type="direction"),
+                momentum=ss.MomentumConfig(momentum=0.5),
+            ),
+        ),
+        Case(
+            "weight_decay_update",
+            _with(weight_decay=ss.WeightDecayConfig(value=0.05, type="update")),
+        ),
+        Case(
+            "schedule_meta_style",
+            _with(
+                schedule=ss.ScheduleConfig(precondition_frequency=3, start_preconditioning_step=5)
+            ),
+        ),
+        Case(
+            "schedule_google_style",
+            _with(
+                schedule=ss.ScheduleConfig(
+                    precondition_frequency=3,
+                    statistics_frequency=2,
+                    start_preconditioning_step=4,
+                    period_anchor="start",
+                    roots_before_start=True,
+                )
+            ),
+        ),
+        Case(
+            "never_start",
+            _with(schedule=ss.ScheduleConfig(start_preconditioning_step=None)),
+        ),
+        Case(
+            "eigenvalue_corrected",
+            _with(
+                eigenvalue_correction=ss.EigenvalueCorrectionConfig(beta2=0.95, epsilon=1e-8),
+                # First eigenbasis once every <= 4-dim block factor has full rank.
+                schedule=ss.ScheduleConfig(precondition_frequency=5),
+            ),
+            steps=12,
+        ),
+        Case(
+            "meta_preset",
+            replace(ss.from_meta({"lr": 0.1, "epsilon": 1e-4}), factor_dtype="float64"),
+        ),
+        Case(
+            "google_preset",
+            ss.from_google({"learning_rate": 0.1, "block_size": 4, "graft_type": "ADAGRAD"}),
+        ),
+    ]

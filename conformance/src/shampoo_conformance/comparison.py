@@ -1,0 +1,81 @@
+"""``python -m shampoo_conformance compare``: one config through every backend.
+
+Prints, for each installed backend and dtype, the largest error relative to
+the reference over the run (relative to the parameters' total displacement)
+next to the tolerance derived for it, and whether it passes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from shampoo_reference import run as reference_run
+from shampoo_spec import ShampooConfig
+
+from .backends import BackendUnavailable, available_backends, get_backend
+from .cases import CASE_SHAPES, make_problem, named_cases
+from .tolerances import trajectory_bound
+
+
+def load_config(path: str | None) -> ShampooConfig:
+    if path is None:
+        # A well-conditioned default (epsilon 1e-3, AdaGrad grafting, blocks of 4):
+        # Shampoo's own default epsilon of 1e-12 makes kappa, and so the bound, huge.
+        return next(c.config for c in named_cases() if c.name == "adagrad_graft_block_norm")
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--config {path!r}: cannot read a JSON config: {err}") from err
+    return ShampooConfig.from_dict(data)
+
+
+def max_relative_error(ours: list, ref: list, w0: dict) -> float:  # type: ignore[type-arg]
+    worst = 0.0
+    for a, b in zip(ours, ref, strict=True):
+        for k in b:
+            moved = np.linalg.norm(b[k] - w0[k]) or 1.0
+            worst = max(worst, float(np.linalg.norm(np.asarray(a[k], np.float64) - b[k]) / moved))
+    return worst
+
+
+def compare(
+    config: ShampooConfig,
+    steps: int,
+    seed: int,
+    backends: list[str] | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Print the error table; status 1 if an installed backend is out of tolerance."""
+    params, grads = make_problem(CASE_SHAPES, steps, seed)
+    ref = reference_run(config, params, grads)
+    status = 0
+    print(
+        f"{'backend':26s} {'dtype':8s} {'max rel. error':>15s} {'tolerance':>11s} "
+        f"{'kappa':>9s}  verdict",
+        file=out,
+    )
+    for name in backends or available_backends():
+        try:
+            backend = get_backend(name)
+        except BackendUnavailable:
+            print(f"{name:26s} {'-':8s} {'-':>15s} {'-':>11s} {'-':>9s}  not installed", file=out)
+            continue
+        for dtype in getattr(backend, "dtypes", (np.float64, np.float32)):
+            bound = trajectory_bound(config, params, grads, dtype)
+            ours = backend.run(config, params, grads, dtype=dtype)
+            err = max_relative_error(ours, ref, params)
+            ok = err <= bound.rtol + bound.atol_scale * 10
+            status |= not ok
+            verdict = "ok" if ok else "OUT OF TOLERANCE"
+            dname = np.dtype(dtype).name
+            print(
+                f"{name:26s} {dname:8s} {err:15.3e} {bound.rtol:11.3e} {bound.kappa:9.2e}  "
+                f"{verdict}",
+                file=out,
+            )
+    return status

@@ -1,0 +1,176 @@
+"""Mutant backends: the reference with one realistic bug each.
+
+The conformance suite must fail on every one of them (and pass on the
+reference): that is how we know the suite can catch the bugs that
+reimplementations of Shampoo actually ship. Each mutant is named
+``mutant:<name>`` in :func:`shampoo_conformance.get_backend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shampoo_reference import ReferenceShampoo
+from shampoo_reference.optimizer import Array, BlockState, ParameterState
+from shampoo_spec import ShampooConfig
+
+
+class _WrongDefaultRoot(ReferenceShampoo):
+    """Uses the square root for every factor (root 2), whatever the order."""
+
+    def _root(self, a: Array, root: float) -> Array | None:
+        return super()._root(a, 2.0)
+
+
+class _EpsilonAfterRoot(ReferenceShampoo):
+    """Adds epsilon after the root, X = (A^(1/r) + eps I)^(-1), not to A before."""
+
+    def _root(self, a: Array, root: float) -> Array | None:
+        lam, q = np.linalg.eigh(0.5 * (a + a.T))
+        lam = np.maximum(lam, 0.0) ** (1.0 / root) + self.config.epsilon.value
+        out: Array = (q / lam) @ q.T
+        return out
+
+
+class _MomentumBeforeGrafting(ReferenceShampoo):
+    """Heavy-ball momentum on the raw gradient, before preconditioning and grafting."""
+
+    def _filter(self, st: ParameterState, g: Array, finite: NDArray[np.bool_]) -> Array:
+        f = super()._filter(st, g, finite)
+        mom = self.config.momentum
+        if st.momentum is None:
+            return f
+        st.momentum = mom.momentum * st.momentum + (1.0 - mom.dampening) * f
+        return st.momentum.copy()
+
+    def _momentum(self, st, shampoo_dir, graft_dir, w, use_shampoo, finite):  # type: ignore[no-untyped-def]
+        chosen = shampoo_dir if use_shampoo else graft_dir
+        wd = self.config.weight_decay
+        if wd.type == "direction" and wd.value != 0.0:
+            chosen = chosen + wd.value * w
+        return chosen
+
+
+class _FilterBiasCorrectionOffByOne(ReferenceShampoo):
+    """Divides the filtered gradient by 1 - beta1^(t+1) instead of 1 - beta1^t."""
+
+    def _filter(self, st: ParameterState, g: Array, finite: NDArray[np.bool_]) -> Array:
+        self.t += 1
+        try:
+            return super()._filter(st, g, finite)
+        finally:
+            self.t -= 1
+
+
+class _BlocksInWrongOrder(ReferenceShampoo):
+    """Pairs each block's state with another equal-shaped block's slice when preconditioning."""
+
+    def _shampoo_direction(self, st: ParameterState, filtered: Array, graft_dir: Array) -> Array:
+        plan = st.plan
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, b in enumerate(plan.blocks):
+            groups.setdefault(b.shape, []).append(i)
+        order = list(range(len(plan.blocks)))
+        for members in groups.values():
+            for i, j in zip(members, reversed(members), strict=True):
+                order[i] = j
+        st.plan = replace(plan, blocks=tuple(plan.blocks[j] for j in order))
+        try:
+            return super()._shampoo_direction(st, filtered, graft_dir)
+        finally:
+            st.plan = plan
+
+
+class _Float32Factors(ReferenceShampoo):
+    """Accumulates the factors in float32 although float64 was asked for."""
+
+    def _update_block(self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array) -> None:
+        super()._update_block(name, roots, bs, gb)
+        bs.factors = [
+            None if f is None else f.astype(np.float32).astype(np.float64) for f in bs.factors
+        ]
+
+
+def _same(config: ShampooConfig) -> ShampooConfig:
+    return config
+
+
+def _graft_norm_per_parameter(config: ShampooConfig) -> ShampooConfig:
+    return replace(config, grafting=replace(config.grafting, norm_scope="parameter"))
+
+
+def _schedule_off_by_one(config: ShampooConfig) -> ShampooConfig:
+    anchor = "start" if config.schedule.period_anchor == "end" else "end"
+    return replace(config, schedule=replace(config.schedule, period_anchor=anchor))
+
+
+def _no_nesterov(config: ShampooConfig) -> ShampooConfig:
+    return replace(config, momentum=replace(config.momentum, nesterov=False))
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A reference with one bug: an optimizer class and/or a config rewrite."""
+
+    name: str
+    description: str
+    optimizer: type[ReferenceShampoo] = ReferenceShampoo
+    rewrite: Callable[[ShampooConfig], ShampooConfig] = _same
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("wrong_default_root", "root 2 for every factor", _WrongDefaultRoot),
+    Mutant("epsilon_after_root", "epsilon added after the root", _EpsilonAfterRoot),
+    Mutant(
+        "graft_norm_per_parameter",
+        "graft norm per parameter, not per block",
+        rewrite=_graft_norm_per_parameter,
+    ),
+    Mutant(
+        "momentum_before_grafting",
+        "momentum on the gradient before grafting",
+        _MomentumBeforeGrafting,
+    ),
+    Mutant(
+        "bias_correction_off_by_one",
+        "filter bias correction one step ahead",
+        _FilterBiasCorrectionOffByOne,
+    ),
+    Mutant("schedule_off_by_one", "amortized roots one step off", rewrite=_schedule_off_by_one),
+    Mutant("missing_nesterov", "Nesterov term dropped", rewrite=_no_nesterov),
+    Mutant("blocks_wrong_order", "block states paired with the wrong blocks", _BlocksInWrongOrder),
+    Mutant("float32_factors", "factors accumulated in float32", _Float32Factors),
+)
+
+
+class MutantBackend:
+    """A backend (contract 8.2) running one mutant of the reference."""
+
+    def __init__(self, mutant: Mutant) -> None:
+        self.mutant = mutant
+        self.name = f"mutant:{mutant.name}"
+
+    def run(
+        self,
+        config: ShampooConfig,
+        params: Mapping[str, NDArray[Any]],
+        grads: Sequence[Mapping[str, NDArray[Any]]],
+        dtype: Any = np.float64,
+    ) -> list[dict[str, NDArray[Any]]]:
+        opt = self.mutant.optimizer(self.mutant.rewrite(config), dict(params))
+        out = [opt.step(dict(g)) for g in grads]
+        if np.dtype(dtype) != np.float64:
+            out = [{k: v.astype(dtype) for k, v in p.items()} for p in out]
+        return out
+
+
+def mutant_backend(name: str) -> MutantBackend:
+    for m in MUTANTS:
+        if m.name == name:
+            return MutantBackend(m)
+    raise ValueError(f"mutant = {name!r} is invalid: allowed one of {[m.name for m in MUTANTS]}.")

@@ -1,0 +1,182 @@
+"""Hypothesis strategies: configs, shapes, gradient streams, SPD matrices, dtypes.
+
+Configs range over every option of the spec within validated ranges; the
+``well_conditioned`` flag keeps epsilons large enough (relative to unit
+gradients) that comparisons with the reference have a meaningful tolerance.
+Shapes hit 0-d to 4-d with dims at, just below and just above the block and
+merge thresholds, and size-1 dims. Gradient streams include zeros,
+rank-deficient and large-dynamic-range gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+import shampoo_spec as ss
+
+#: Block size and merge threshold the shape strategy aims dims at.
+BLOCK = 4
+MERGE = 12
+
+
+def dims() -> st.SearchStrategy[int]:
+    """Dims around the thresholds: 1, BLOCK-1..BLOCK+1, MERGE-1..MERGE+1, and small ones."""
+    return st.sampled_from([1, 2, 3, BLOCK - 1, BLOCK, BLOCK + 1, 6, MERGE - 1, MERGE, MERGE + 1])
+
+
+def shapes(max_rank: int = 4, max_size: int = 400) -> st.SearchStrategy[tuple[int, ...]]:
+    return (
+        st.lists(dims(), min_size=0, max_size=max_rank)
+        .map(tuple)
+        .filter(lambda s: int(np.prod(s)) <= max_size)
+    )
+
+
+def named_shapes(max_params: int = 3) -> st.SearchStrategy[dict[str, tuple[int, ...]]]:
+    return st.lists(shapes(), min_size=1, max_size=max_params).map(
+        lambda ss_: {f"p{i}": s for i, s in enumerate(ss_)}
+    )
+
+
+def spd_matrix(n: int, condition_number: float, seed: int) -> NDArray[np.float64]:
+    """Q diag(lambda) Q^T with eigenvalues log-spaced from 1 to 1/condition_number."""
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    lam = np.logspace(0, -np.log10(condition_number), n)
+    out: NDArray[np.float64] = (q * lam) @ q.T
+    return 0.5 * (out + out.T)
+
+
+def gradient_stream(
+    shapes_: dict[str, tuple[int, ...]], steps: int, seed: int, kind: str
+) -> list[dict[str, NDArray[np.float64]]]:
+    """Seeded gradients of one kind: normal, with zeros, rank-deficient, or wide range."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(steps):
+        step = {}
+        for name, shape in shapes_.items():
+            g = rng.standard_normal(shape)
+            if kind == "zeros" and t % 3 == 1:
+                g = np.zeros(shape)
+            elif kind == "rank_deficient" and len(shape) >= 2:
+                u = rng.standard_normal(shape[:1] + (1,) * (len(shape) - 1))
+                g = u * rng.standard_normal((1,) + shape[1:])
+            elif kind == "wide_range":
+                g = g * 10.0 ** rng.integers(-3, 4)
+            step[name] = g
+        out.append(step)
+    return out
+
+
+STREAM_KINDS = ("normal", "zeros", "rank_deficient", "wide_range")
+
+
+@st.composite
+def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
+    """Any valid config; ``well_conditioned`` keeps epsilon >= 1e-3 and roots eigh/Newton-tight."""
+    eps_value = draw(st.sampled_from([1e-3, 1e-2, 0.1] if well_conditioned else [0.0, 1e-12, 1e-6]))
+    epsilon = ss.EpsilonConfig(
+        value=eps_value,
+        scale=draw(st.sampled_from(["absolute", "relative"])),
+        placement=draw(st.sampled_from(["ridge", "shift_after", "floor", "ridge_floor"])),
+    )
+    beta2 = draw(st.sampled_from([1.0, 0.99, 0.9, 0.0]))
+    statistics = ss.StatisticsConfig(
+        beta2=beta2,
+        bias_correction=draw(st.booleans()),
+        initial_value=draw(st.sampled_from(["zero", "epsilon_identity"])),
+    )
+    root_inverse = draw(
+        st.sampled_from(
+            [
+                ss.EighConfig(),
+                ss.CoupledNewtonConfig(tolerance=1e-12, max_iterations=300),
+                ss.CoupledNewtonConfig(
+                    tolerance=1e-12, max_iterations=300, error_growth_limit=1.2, retries=2
+                ),
+            ]
+        )
+    )
+    newton = isinstance(root_inverse, ss.CoupledNewtonConfig)
+    exponents = draw(
+        st.sampled_from(
+            [
+                ss.ExponentConfig(),
+                ss.ExponentConfig(default="preconditioned_dims"),
+                ss.ExponentConfig(override=2.0),
+                ss.ExponentConfig(
+                    overrides_by_order=(ss.OrderOverride(order=2, roots=(4.0, 0.0)),)
+                ),
+            ]
+            + ([] if newton else [ss.ExponentConfig(override=2.5)])
+        )
+    )
+    gtype = draw(st.sampled_from(ss.GRAFTING_TYPES))
+    graft_beta2 = {"adagrad": 1.0, "adagrad_normalized": 1.0}.get(
+        gtype,
+        draw(st.sampled_from([0.9, 0.999]))
+        if gtype in ("rmsprop", "adam", "rmsprop_normalized")
+        else 1.0,
+    )
+    grafting = ss.GraftingConfig(
+        type=gtype,
+        beta2=graft_beta2,
+        bias_correction=gtype == "adam",
+        norm_scope=draw(st.sampled_from(["block", "parameter"])),
+    )
+    beta1 = draw(st.sampled_from([0.0, 0.9]))
+    gradient_filter = ss.GradientFilterConfig(
+        beta1=beta1,
+        beta3=draw(st.sampled_from([None, 0.5])),
+        bias_correction=draw(st.booleans()),
+    )
+    mu = draw(st.sampled_from([0.0, 0.5, 0.9]))
+    momentum = ss.MomentumConfig(
+        momentum=mu,
+        dampening=draw(st.sampled_from([0.0, 0.1])),
+        nesterov=draw(st.booleans()),
+        buffers="separate" if (gtype != "none" and draw(st.booleans())) else "shared",
+        learning_rate_placement=draw(st.sampled_from(["after_momentum", "before_momentum"])),
+    )
+    weight_decay = ss.WeightDecayConfig(
+        value=draw(st.sampled_from([0.0, 0.01])),
+        type=draw(st.sampled_from(["l2", "direction", "update"])),
+    )
+    blocking = ss.BlockingConfig(
+        max_preconditioner_dim=draw(st.sampled_from([BLOCK, 1024])),
+        merge_dims_up_to=draw(st.sampled_from([None, MERGE])),
+        merge_direction=draw(st.sampled_from(["last_to_first", "first_to_last"])),
+        skip_dim_size_gt=draw(st.sampled_from([None, MERGE])),
+        skip_rank_lt=draw(st.sampled_from([0, 1])),
+        preconditioned_dims=draw(st.sampled_from(["all", "all_but_last", "last"])),
+    )
+    schedule = ss.ScheduleConfig(
+        precondition_frequency=draw(st.sampled_from([1, 2, 3])),
+        statistics_frequency=draw(st.sampled_from([1, 2])),
+        start_preconditioning_step=draw(st.sampled_from([1, 2, 4, None])),
+        period_anchor=draw(st.sampled_from(["end", "start"])),
+        roots_before_start=draw(st.booleans()),
+    )
+    return ss.ShampooConfig(
+        learning_rate=draw(st.sampled_from([0.01, 0.1])),
+        statistics=statistics,
+        epsilon=epsilon,
+        root_inverse=root_inverse,
+        exponents=exponents,
+        grafting=grafting,
+        gradient_filter=gradient_filter,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        blocking=blocking,
+        schedule=schedule,
+        factor_dtype="float64",
+    )
+
+
+def dtypes() -> st.SearchStrategy[type]:
+    return st.sampled_from([np.float64, np.float32])

@@ -1,0 +1,65 @@
+"""Every backend equals the reference within the derived tolerance (docs/spec.md s. 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shampoo_conformance import strategies as S
+from shampoo_conformance.backends import Backend
+from shampoo_conformance.cases import named_cases
+from shampoo_conformance.compare import assert_matches_reference
+
+CASES = {case.name: case for case in named_cases()}
+FLOAT32_CASES = [
+    name
+    for name, case in CASES.items()
+    if type(case.config.root_inverse).__name__ == "EighConfig"
+    and case.config.eigenvalue_correction is None
+]
+
+
+def _supports(backend: Backend, dtype: type) -> bool:
+    return np.dtype(dtype) in [
+        np.dtype(d) for d in getattr(backend, "dtypes", (np.float64, np.float32))
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_named_case_float64(backend: Backend, name: str) -> None:
+    case = CASES[name]
+    params, grads = case.problem()
+    assert_matches_reference(backend, case.config, params, grads, np.float64, seed=case.seed)
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT32_CASES))
+def test_named_case_float32(backend: Backend, name: str) -> None:
+    if not _supports(backend, np.float32):
+        pytest.skip(f"backend {backend.name!r} runs float64 only")
+    case = CASES[name]
+    params, grads = case.problem()
+    assert_matches_reference(backend, case.config, params, grads, np.float32, seed=case.seed)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    config=S.configs(),
+    shapes=S.named_shapes(),
+    steps=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    kind=st.sampled_from(S.STREAM_KINDS),
+)
+def test_random_config_float64(
+    backend: Backend,
+    config: object,
+    shapes: dict[str, tuple[int, ...]],
+    steps: int,
+    seed: int,
+    kind: str,
+) -> None:
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    grads = S.gradient_stream(shapes, steps, seed + 1, kind)
+    assert_matches_reference(backend, config, params, grads, np.float64, seed=seed)  # type: ignore[arg-type]

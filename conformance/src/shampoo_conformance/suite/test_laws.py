@@ -1,0 +1,189 @@
+"""Metamorphic laws and closed forms every backend must satisfy (float64).
+
+Each law compares the backend with itself (or with a formula), so it checks
+a backend even where the reference could share its mistake.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shampoo_spec as ss
+from shampoo_conformance import first_order
+from shampoo_conformance import strategies as S
+from shampoo_conformance.backends import Backend
+from shampoo_conformance.compare import first_divergence
+from shampoo_conformance.tolerances import trajectory_bound
+
+HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+F64 = np.float64
+
+
+def _orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
+    q, r = np.linalg.qr(rng.standard_normal((n, n)))
+    return q * np.sign(np.diag(r))
+
+
+def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type: ignore[no-untyped-def]
+    div = first_divergence(ours, want, w0, bound)
+    assert div is None, f"{what}: {div.describe() if div else ''}"
+
+
+@settings(suppress_health_check=HEALTH)
+@given(config=S.configs(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
+def test_rotation_equivariance(
+    backend: Backend, config: ss.ShampooConfig, seed: int, shape
+) -> None:  # type: ignore[no-untyped-def]
+    """G -> U G V^T maps the trajectory W -> U W V^T (full blocks, SGD or no graft, W0 = 0).
+
+    Google's Newton safeguards (stop on error growth, retries) test the
+    elementwise max|M - I|, which is not rotation invariant, so they are off.
+    """
+    root = config.root_inverse
+    if isinstance(root, ss.CoupledNewtonConfig):
+        root = replace(root, error_growth_limit=None, retries=0, failure_threshold=None)
+    config = replace(
+        config,
+        root_inverse=root,
+        grafting=ss.GraftingConfig(type=("sgd" if seed % 2 else "none")),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        weight_decay=ss.WeightDecayConfig(),
+        exponents=ss.ExponentConfig(),
+        momentum=replace(config.momentum, buffers="shared"),
+    )
+    rng = np.random.default_rng(seed)
+    u, v = _orthogonal(shape[0], rng), _orthogonal(shape[1], rng)
+    grads = [{"w": rng.standard_normal(shape)} for _ in range(5)]
+    rotated = [{"w": u @ g["w"] @ v.T} for g in grads]
+    w0 = {"w": np.zeros(shape)}
+    base = backend.run(config, w0, grads, dtype=F64)
+    turned = backend.run(config, w0, rotated, dtype=F64)
+    bound = trajectory_bound(config, w0, grads, F64)
+    _check(turned, [{"w": u @ p["w"] @ v.T} for p in base], w0, bound, "rotation equivariance")
+
+
+@settings(suppress_health_check=HEALTH)
+@given(
+    config=S.configs(),
+    seed=st.integers(0, 2**16),
+    scale=st.sampled_from([1e-3, 0.5, 7.0, 1e3]),
+    shape=st.sampled_from([(3, 4), (4, 4), (2, 3, 4)]),
+)
+def test_gradient_scale_invariance(
+    backend: Backend, config: ss.ShampooConfig, seed: int, scale: float, shape
+) -> None:  # type: ignore[no-untyped-def]
+    """eps = 0, sum statistics, no grafting: G -> cG (c > 0) leaves the trajectory unchanged.
+
+    Each step's factors have full rank from step 1 (every dim <= the product
+    of the others), so eps = 0 is well defined.
+    """
+    config = replace(
+        config,
+        epsilon=ss.EpsilonConfig(value=0.0),
+        statistics=ss.StatisticsConfig(),
+        grafting=ss.GraftingConfig(),
+        weight_decay=ss.WeightDecayConfig(),
+        exponents=ss.ExponentConfig(),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        schedule=ss.ScheduleConfig(),
+        momentum=replace(config.momentum, buffers="shared"),
+        eigenvalue_correction=None,
+    )
+    rng = np.random.default_rng(seed)
+    grads = [{"w": rng.standard_normal(shape)} for _ in range(4)]
+    w0 = {"w": rng.standard_normal(shape)}
+    base = backend.run(config, w0, grads, dtype=F64)
+    scaled = backend.run(config, w0, [{"w": scale * g["w"]} for g in grads], dtype=F64)
+    _check(scaled, base, w0, trajectory_bound(config, w0, grads, F64), "scale invariance")
+
+
+@settings(suppress_health_check=HEALTH)
+@given(config=S.configs(), seed=st.integers(0, 2**16))
+def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: int) -> None:
+    """A blocked (8, 4) parameter equals its two (4, 4) blocks run as separate parameters.
+
+    Normalised grafts divide by the whole parameter's gradient norm, so they
+    are replaced by their plain forms here.
+    """
+    graft = config.grafting
+    plain = graft.type.removesuffix("_normalized")
+    config = replace(
+        config,
+        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+        grafting=replace(graft, type=plain, norm_scope="block"),
+        exponents=ss.ExponentConfig(),
+    )
+    rng = np.random.default_rng(seed)
+    grads = [{"w": rng.standard_normal((8, 4))} for _ in range(5)]
+    w0 = {"w": rng.standard_normal((8, 4))}
+    whole = backend.run(config, w0, grads, dtype=F64)
+    halves = backend.run(
+        config,
+        {"a": w0["w"][:4], "b": w0["w"][4:]},
+        [{"a": g["w"][:4], "b": g["w"][4:]} for g in grads],
+        dtype=F64,
+    )
+    joined = [{"w": np.concatenate([p["a"], p["b"]])} for p in halves]
+    _check(whole, joined, w0, trajectory_bound(config, w0, grads, F64), "block independence")
+
+
+def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
+    """1-d Shampoo: W <- W - lr (sum g g^T + eps I)^(-1/2) g, computed directly."""
+    n, eps, lr = 6, 1e-3, 0.1
+    config = ss.ShampooConfig(learning_rate=lr, epsilon=ss.EpsilonConfig(value=eps))
+    rng = np.random.default_rng(0)
+    grads = [{"w": rng.standard_normal(n)} for _ in range(8)]
+    w0 = {"w": rng.standard_normal(n)}
+    w, acc, want = w0["w"].copy(), np.zeros((n, n)), []
+    for g in grads:
+        acc += np.outer(g["w"], g["w"])
+        lam, q = np.linalg.eigh(acc + eps * np.eye(n))
+        w = w - lr * (q * lam**-0.5) @ q.T @ g["w"]
+        want.append({"w": w})
+    ours = backend.run(config, w0, grads, dtype=F64)
+    _check(ours, want, w0, trajectory_bound(config, w0, grads, F64), "full-matrix AdaGrad")
+
+
+@pytest.mark.parametrize("graft", sorted(first_order.GRAFTS))
+@pytest.mark.parametrize("beta1", [0.0, 0.9])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_never_start_is_the_grafting_optimizer(
+    backend: Backend, graft: str, beta1: float, momentum: float
+) -> None:
+    config = ss.ShampooConfig(
+        learning_rate=0.05,
+        grafting=first_order.GRAFTS[graft],
+        gradient_filter=ss.GradientFilterConfig(beta1=beta1, bias_correction=True),
+        momentum=ss.MomentumConfig(momentum=momentum),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=None),
+    )
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal((3, 5)) for _ in range(8)]
+    w0 = rng.standard_normal((3, 5))
+    want = first_order.trajectory(graft, w0, grads, 0.05, beta1, momentum)
+    ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
+    bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
+    _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"never-start = {graft}")
+
+
+@settings(suppress_health_check=HEALTH)
+@given(config=S.configs(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))
+def test_parameter_order_changes_nothing(
+    backend: Backend, config: ss.ShampooConfig, shapes, seed: int
+) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    grads = S.gradient_stream(shapes, 3, seed, "normal")
+    forward = backend.run(config, params, grads, dtype=F64)
+    order = list(reversed(params))
+    backward = backend.run(
+        config, {k: params[k] for k in order}, [{k: g[k] for k in order} for g in grads], dtype=F64
+    )
+    _check(
+        backward, forward, params, trajectory_bound(config, params, grads, F64), "parameter order"
+    )

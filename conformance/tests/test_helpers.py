@@ -1,0 +1,57 @@
+"""Tests of the suite's helpers: strategies, tolerances, the compare table."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+import shampoo_spec as ss
+from shampoo_conformance import strategies as S
+from shampoo_conformance.cases import named_cases
+from shampoo_conformance.comparison import compare, load_config
+from shampoo_conformance.tolerances import trajectory_bound
+
+
+@given(S.configs())
+def test_config_strategy_yields_valid_round_tripping_configs(config: ss.ShampooConfig) -> None:
+    assert ss.ShampooConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+@given(n=st.integers(2, 8), log_cond=st.floats(0, 8), seed=st.integers(0, 100))
+def test_spd_matrix_has_the_chosen_condition_number(n: int, log_cond: float, seed: int) -> None:
+    a = S.spd_matrix(n, 10.0**log_cond, seed)
+    lam = np.linalg.eigvalsh(a)
+    assert lam.min() > 0
+    np.testing.assert_allclose(lam.max() / lam.min(), 10.0**log_cond, rtol=1e-6)
+
+
+def test_named_cases_cover_every_grafting_type_and_root_method() -> None:
+    cases = named_cases()
+    grafts = {c.config.grafting.type for c in cases}
+    assert {"none", "sgd", "adagrad", "rmsprop", "adam", "sign", "rmsprop_normalized"} <= grafts
+    assert any(isinstance(c.config.root_inverse, ss.CoupledNewtonConfig) for c in cases)
+    assert any(c.config.eigenvalue_correction is not None for c in cases)
+
+
+def test_bound_grows_with_conditioning_and_precision() -> None:
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((4, 3))}
+    grads = [{"w": rng.standard_normal((4, 3))} for _ in range(4)]
+    loose = ss.ShampooConfig(epsilon=ss.EpsilonConfig(value=1e-1))
+    tight = ss.ShampooConfig(epsilon=ss.EpsilonConfig(value=1e-6))
+    b_loose = trajectory_bound(loose, params, grads, np.float64)
+    b_tight = trajectory_bound(tight, params, grads, np.float64)
+    assert b_tight.kappa > b_loose.kappa and b_tight.rtol > b_loose.rtol
+    assert trajectory_bound(loose, params, grads, np.float32).rtol > b_loose.rtol * 1e8
+
+
+def test_compare_table_lists_backends() -> None:
+    buf = io.StringIO()
+    status = compare(load_config(None), 3, 0, ["reference", "mutant:missing_nesterov"], out=buf)
+    text = buf.getvalue()
+    assert "reference" in text and "kappa" in text
+    assert status == 0  # without momentum the Nesterov mutant is harmless: honest "ok"
