@@ -72,7 +72,7 @@ def mutation_report() -> int:
     for m in MUTANTS:
         dead, seconds, first = mutant_is_killed(m.name)
         killed += dead
-        where = first.removeprefix("FAILED ").split(" - ")[0] if first else "-"
+        where = first.removeprefix("FAILED ").split(" - ")[0].rsplit("/", 1)[-1] if first else "-"
         print(f"{m.name:28s} {'yes' if dead else 'NO':7s} {seconds:8.1f}  {where}")
     print(f"kill rate: {killed}/{len(MUTANTS)} = {killed / len(MUTANTS):.0%}")
     return 0 if killed == len(MUTANTS) else 1
