@@ -83,6 +83,16 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks that print ratios measured side by side (docs/results.md). Args go to each."""
+    install_members(session)
+    if "torch_impl" in MEMBERS:
+        session.run("python", "-m", "shampoo_torch.bench", *session.posargs)
+    if "jax_impl" in MEMBERS:
+        session.run("python", "-m", "shampoo_jax.bench", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """Lint the whole tree with ruff (config in the root pyproject.toml). Args go to ruff."""
     session.install(*CONSTRAINTS, "ruff")

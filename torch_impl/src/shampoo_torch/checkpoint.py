@@ -1,0 +1,178 @@
+"""Checkpoints of :class:`~shampoo_torch.Shampoo`: plain contents, strict loading.
+
+The saved dict holds only tensors, ints, floats, strings, dicts and lists, so
+it loads with ``torch.load(..., weights_only=True)``; each group's config is
+stored as ``config.to_dict()`` (JSON form). Block state lives stacked in
+buckets at run time (see :mod:`shampoo_torch.blocks`); here it is cut back
+into one entry per block of each parameter, so the checkpoint does not
+depend on how blocks were batched.
+
+Layout::
+
+    {"state": {index: {"step": int, "graft"|"filtered"|"momentum"|"graft_momentum": T,
+                       "blocks": [{"factors": {k: T}, "inverse_roots": {k: T},
+                                   "statistics_updates": T, "consecutive_failures": T,
+                                   ["corrected": T, "corrected_updates": T]}, ...]}},
+     "param_groups": [{"lr": float, "config": dict, "params": [index, ...], ...}],
+     "metrics": {"root_failures": int, "skipped_blocks": int}}
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .optimizer import Shampoo
+
+_BLOCK_COUNTERS = ("statistics_updates", "consecutive_failures", "corrected_updates")
+
+
+def _block_entries(opt: Shampoo) -> list[list[list[dict[str, Any]]]]:
+    """Per group, per parameter, per block: live tensor views into the buckets."""
+    out = []
+    for gp in opt._plans:
+        per_param: list[list[dict[str, Any]]] = [
+            [{} for _ in lay.block_slices] if lay.rows else [] for lay in gp.layouts
+        ]
+        for bucket in gp.buckets:
+            for row, (pos, b) in enumerate(bucket.members):
+                entry: dict[str, Any] = {
+                    "factors": {k: f[row] for k, f in bucket.factors.items()},
+                    "inverse_roots": {k: x[row] for k, x in bucket.inverse_roots.items()},
+                }
+                for name in _BLOCK_COUNTERS:
+                    value = getattr(bucket, name)
+                    if value is not None:
+                        entry[name] = value[row]
+                if bucket.corrected is not None:
+                    entry["corrected"] = bucket.corrected[row]
+                per_param[pos][b] = entry
+        out.append(per_param)
+    return out
+
+
+def _clone(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _clone(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_clone(v) for v in tree]
+    return tree
+
+
+def state_dict(opt: Shampoo) -> dict[str, Any]:
+    blocks = _block_entries(opt)
+    state: dict[int, Any] = {}
+    groups = []
+    index = 0
+    for group, per_param in zip(opt.param_groups, blocks, strict=True):
+        ids = []
+        for p, pblocks in zip(group["params"], per_param, strict=True):
+            entry = {k: _clone(v) for k, v in opt.state[p].items()}
+            entry["blocks"] = _clone(pblocks)
+            state[index] = entry
+            ids.append(index)
+            index += 1
+        saved = {k: v for k, v in group.items() if k not in ("params", "config")}
+        saved["config"] = group["config"].to_dict()
+        saved["params"] = ids
+        groups.append(saved)
+    return {"state": state, "param_groups": groups, "metrics": opt.metrics}
+
+
+def _fail(where: str, message: str) -> None:
+    raise ValueError(f"cannot load Shampoo state: {where}: {message}")
+
+
+def _check_tree(where: str, ours: Any, saved: Any) -> None:
+    """Same keys, same tensor shapes; ints for ints."""
+    if isinstance(ours, torch.Tensor):
+        if not isinstance(saved, torch.Tensor):
+            _fail(where, f"expected a tensor, got {type(saved).__name__}")
+        if tuple(saved.shape) != tuple(ours.shape):
+            _fail(where, f"shape {tuple(saved.shape)} does not match {tuple(ours.shape)}")
+        if saved.dtype.is_floating_point != ours.dtype.is_floating_point:
+            _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}")
+        return
+    if isinstance(ours, dict):
+        if not isinstance(saved, dict) or set(saved) != set(ours):
+            got = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
+            _fail(where, f"keys {got} do not match {sorted(map(str, ours))}")
+        for k in ours:
+            _check_tree(f"{where}[{k!r}]", ours[k], saved[k])
+        return
+    if isinstance(ours, list):
+        if not isinstance(saved, list) or len(saved) != len(ours):
+            _fail(where, f"expected a list of {len(ours)} entries")
+        for j, (a, b) in enumerate(zip(ours, saved, strict=True)):
+            _check_tree(f"{where}[{j}]", a, b)
+        return
+    if isinstance(ours, int) and (not isinstance(saved, int) or saved < 0):
+        _fail(where, f"expected a step count >= 0, got {saved!r}")
+
+
+def _copy_tree(ours: Any, saved: Any) -> None:
+    if isinstance(ours, torch.Tensor):
+        ours.copy_(saved)  # moves to our device, keeps our dtype
+    elif isinstance(ours, dict):
+        for k in ours:
+            _copy_tree(ours[k], saved[k])
+    elif isinstance(ours, list):
+        for a, b in zip(ours, saved, strict=True):
+            _copy_tree(a, b)
+
+
+def _config_difference(ours: dict[str, Any], saved: object) -> str:
+    if not isinstance(saved, dict):
+        return f"saved config is {type(saved).__name__}, expected a dict"
+    keys = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
+    return "fields differ: " + ", ".join(
+        f"{k} (saved {saved.get(k)!r}, ours {ours.get(k)!r})" for k in keys
+    )
+
+
+def load_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
+    if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
+        _fail("top level", "expected a dict with 'state' and 'param_groups'")
+    groups = sd["param_groups"]
+    if len(groups) != len(opt.param_groups):
+        _fail("param_groups", f"{len(groups)} saved groups, this optimizer has "
+              f"{len(opt.param_groups)}")
+    blocks = _block_entries(opt)
+    pairs = []  # (our live state tree, saved tree), validated before any copy
+    for gi, (group, saved_group, per_param) in enumerate(
+        zip(opt.param_groups, groups, blocks, strict=True)
+    ):
+        ids = saved_group.get("params", [])
+        if len(ids) != len(group["params"]):
+            _fail(f"param_groups[{gi}]", f"{len(ids)} saved parameters, this group has "
+                  f"{len(group['params'])}")
+        ours_cfg = group["config"].to_dict()
+        if saved_group.get("config") != ours_cfg:
+            _fail(f"param_groups[{gi}].config",
+                  "the saved config differs from this optimizer's: "
+                  + _config_difference(ours_cfg, saved_group.get("config")))
+        for j, (p, pid, pblocks) in enumerate(zip(group["params"], ids, per_param, strict=True)):
+            if pid not in sd["state"]:
+                _fail(f"state[{pid}]", "missing")
+            ours = dict(opt.state[p])
+            ours["blocks"] = pblocks
+            _check_tree(f"param_groups[{gi}] parameter {j} (state[{pid}])", ours, sd["state"][pid])
+            pairs.append((p, ours, sd["state"][pid]))
+    for p, ours, saved in pairs:
+        _copy_tree(ours, saved)
+        opt.state[p]["step"] = int(saved["step"])
+    for group, saved_group in zip(opt.param_groups, groups, strict=True):
+        for key, value in saved_group.items():
+            if key not in ("params", "config", "param_names"):
+                group[key] = value
+    metrics = sd.get("metrics", {})
+    opt._counters.clear()
+    if opt.param_groups and opt.param_groups[0]["params"]:
+        counters = opt._counter(opt.param_groups[0]["params"][0].device)
+        for name, value in metrics.items():
+            if name in counters:
+                counters[name].fill_(int(value))

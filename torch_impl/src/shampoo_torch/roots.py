@@ -1,0 +1,179 @@
+"""Batched inverse roots of stacked factors (docs/spec.md eqs. 9-11, 13, 17).
+
+Every function takes a stack ``[B, n, n]`` of (bias-corrected, eq. 7)
+factors and returns the new roots together with a per-row ``ok`` mask; the
+caller keeps the previous root wherever ``ok`` is False (eq. 13). Rows with
+non-finite entries are replaced by the identity before any decomposition so
+that one bad factor never poisons (or aborts) the batch.
+
+Host syncs: none for the eigendecomposition path on CPU; ``torch.linalg.eigh``
+itself checks convergence on CUDA (root steps only, amortized). The coupled
+Newton iteration (eq. 11) stops when every row has converged; it asks the
+device whether any row is still running every ``check_every`` iterations
+(1 on CPU, where it is free); the results do not depend on that interval
+because finished rows are frozen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shampoo_spec import CoupledNewtonConfig, EpsilonConfig
+
+
+def symmetrize(a: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (a + a.transpose(-1, -2))
+
+
+def finite_rows(a: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: every entry of the row's matrix is finite."""
+    return torch.isfinite(a).flatten(1).all(dim=1)
+
+
+def sanitize(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replace non-finite rows by the identity; returns (safe stack, finite mask)."""
+    ok = finite_rows(a)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return torch.where(ok[:, None, None], a, eye), ok
+
+
+def eigh(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batched ``torch.linalg.eigh`` that never raises: (lambda, Q, ok).
+
+    If the batched call reports a failure, the rows are decomposed one at a
+    time and the failing ones get (1, I) with ok = False.
+    """
+    try:
+        lam, q = torch.linalg.eigh(a)
+        return lam, q, torch.ones(a.shape[0], dtype=torch.bool, device=a.device)
+    except torch.linalg.LinAlgError:
+        pass
+    n = a.shape[-1]
+    lams, qs, oks = [], [], []
+    for row in a:
+        try:
+            lam, q = torch.linalg.eigh(row)
+            oks.append(True)
+        except torch.linalg.LinAlgError:
+            lam = torch.ones(n, dtype=a.dtype, device=a.device)
+            q = torch.eye(n, dtype=a.dtype, device=a.device)
+            oks.append(False)
+        lams.append(lam)
+        qs.append(q)
+    return torch.stack(lams), torch.stack(qs), torch.tensor(oks, device=a.device)
+
+
+def effective_epsilon(a: torch.Tensor, eps: EpsilonConfig) -> torch.Tensor:
+    """Eq. (9) per row: eps, or eps * max(lambda_max(A), floor) (exact eigvalsh)."""
+    if eps.scale == "absolute":
+        return torch.full((a.shape[0],), eps.value, dtype=a.dtype, device=a.device)
+    lam_max = torch.linalg.eigvalsh(symmetrize(a))[:, -1]
+    return eps.value * torch.clamp_min(lam_max, eps.relative_floor)
+
+
+def regularized_eigenvalues(lam: torch.Tensor, eps: torch.Tensor, placement: str) -> torch.Tensor:
+    """Eq. (10): the eigenvalues after the epsilon rule (ascending ``lam``, ``eps`` [B])."""
+    lam_min = lam[:, :1]
+    e = eps[:, None]
+    if placement == "ridge":
+        return lam + torch.clamp_min(e - lam_min, 0.0)
+    if placement == "shift_after":
+        return lam - torch.clamp_max(lam_min, 0.0) + e
+    return torch.maximum(lam, e)  # "floor", "ridge_floor"
+
+
+def root_inverse_eigh(
+    a: torch.Tensor, root: float, eps: EpsilonConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``X = Q diag(lambda'^(-1/root)) Q^T`` for each row, eqs. (9)-(10)."""
+    a, ok = sanitize(a)
+    e = effective_epsilon(a, eps)
+    a = symmetrize(a)
+    if eps.placement in ("ridge", "ridge_floor"):
+        a = a + e[:, None, None] * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    lam, q, ok_eigh = eigh(a)
+    lam = regularized_eigenvalues(lam, e, eps.placement)
+    x = torch.matmul(q * lam.pow(-1.0 / root).unsqueeze(1), q.transpose(1, 2))
+    return x, ok & ok_eigh & finite_rows(x)
+
+
+def eigenbasis(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvectors (ascending eigenvalues) of each row, eq. (17)."""
+    a, ok = sanitize(a)
+    _, q, ok_eigh = eigh(symmetrize(a))
+    return q, ok & ok_eigh & finite_rows(q)
+
+
+def _check_every(device: torch.device) -> int:
+    return 1 if device.type == "cpu" else 8
+
+
+def coupled_newton_iteration(
+    a: torch.Tensor, root: int, config: CoupledNewtonConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One run of eq. (11) on each row of ``a`` (ridge already added): (X, error).
+
+    Row by row this is exactly reference ``linalg.coupled_newton_iteration``:
+    rows stop independently (tolerance, ``max_iterations``, or error growth
+    beyond ``error_growth_limit``, which keeps the previous iterate and
+    reports the grown error); a zero or non-finite norm gives (I, nan).
+    """
+    a = symmetrize(a)
+    n = a.shape[-1]
+    eye = torch.eye(n, dtype=a.dtype, device=a.device)
+    norm = torch.linalg.matrix_norm(a)
+    bad = ~torch.isfinite(norm) | (norm == 0)
+    z = (1.0 + root) / (2.0 * torch.where(bad, torch.ones_like(norm), norm))
+    x = eye * z.pow(1.0 / root)[:, None, None]
+    m = a * z[:, None, None]
+    x = torch.where(bad[:, None, None], eye, x)
+    m = torch.where(bad[:, None, None], eye, m)
+    error = (m - eye).abs().flatten(1).amax(dim=1)
+    error = torch.where(bad, torch.full_like(error, float("nan")), error)
+    active = error > config.tolerance  # False for nan, as in the reference loop
+    check_every = _check_every(a.device)
+    growth = config.error_growth_limit
+    for it in range(config.max_iterations):
+        if it % check_every == 0 and not bool(active.any()):
+            break
+        t = ((root + 1.0) * eye - m) / root
+        new_m = torch.matmul(torch.linalg.matrix_power(t, root), m)
+        new_error = (new_m - eye).abs().flatten(1).amax(dim=1)
+        if growth is not None:
+            grown = active & ~(new_error < error * growth)
+            error = torch.where(grown, new_error, error)
+            active = active & ~grown
+        act = active[:, None, None]
+        x = torch.where(act, torch.matmul(x, t), x)
+        m = torch.where(act, new_m, m)
+        error = torch.where(active, new_error, error)
+        active = active & (new_error > config.tolerance)
+    return x, error
+
+
+def root_inverse_coupled_newton(
+    a: torch.Tensor, root: int, eps: EpsilonConfig, config: CoupledNewtonConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A + eps I)^(-1/root)`` by eq. (11) with retries at a larger ridge; (X, ok).
+
+    While a row's error exceeds ``retry_error_threshold`` (or is not finite)
+    and retries remain, its ridge is multiplied by ``retry_epsilon_factor``
+    and the iteration rerun for it. A row fails when its final error is not
+    finite or ``>= failure_threshold``.
+    """
+    a, ok = sanitize(a)
+    ridge = effective_epsilon(a, eps)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    x, error = coupled_newton_iteration(a + ridge[:, None, None] * eye, root, config)
+    for _ in range(config.retries):
+        retry = ~(torch.isfinite(error) & (error <= config.retry_error_threshold))
+        if not bool(retry.any()):
+            break
+        ridge = torch.where(retry, ridge * config.retry_epsilon_factor, ridge)
+        x2, e2 = coupled_newton_iteration(a + ridge[:, None, None] * eye, root, config)
+        x = torch.where(retry[:, None, None], x2, x)
+        error = torch.where(retry, e2, error)
+    good = torch.isfinite(error)
+    if config.failure_threshold is not None:
+        good = good & (error < config.failure_threshold)
+    return x, ok & good & finite_rows(x)

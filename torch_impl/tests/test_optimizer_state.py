@@ -1,0 +1,351 @@
+"""The optimizer as a torch.optim.Optimizer: groups, lr, checkpoints, failure policy.
+
+DESIGN.md section 7: resuming continues bit-identically; a mismatched state
+fails clearly; a non-finite gradient never corrupts the state (raise naming
+the parameter, or skip the block and count it); failed roots keep the
+previous root and are counted, and too many in a row raise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from shampoo_reference import run as reference_run
+from shampoo_spec import (
+    BlockingConfig,
+    CoupledNewtonConfig,
+    EigenvalueCorrectionConfig,
+    EpsilonConfig,
+    FailureConfig,
+    GradientFilterConfig,
+    GraftingConfig,
+    MomentumConfig,
+    ScheduleConfig,
+    ShampooConfig,
+    StatisticsConfig,
+)
+from shampoo_torch import NonFiniteGradientError, RootFailureError, Shampoo
+
+SHAPES = [(6, 9), (9,), (2, 3, 4), (), (1, 5)]
+
+RICH = ShampooConfig(
+    learning_rate=0.02,
+    statistics=StatisticsConfig(beta2=0.95, bias_correction=True),
+    epsilon=EpsilonConfig(value=1e-5),
+    grafting=GraftingConfig(type="adam", beta2=0.99, bias_correction=True),
+    gradient_filter=GradientFilterConfig(beta1=0.9, bias_correction=True),
+    momentum=MomentumConfig(momentum=0.5, nesterov=True, buffers="separate"),
+    blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+    schedule=ScheduleConfig(precondition_frequency=3, start_preconditioning_step=2),
+)
+RESUME_CASES = {
+    "rich_float32": (RICH, torch.float32),
+    "eigenvalue_correction_float64": (
+        dataclasses.replace(RICH, eigenvalue_correction=EigenvalueCorrectionConfig(),
+                            factor_dtype="float64",
+                            momentum=MomentumConfig(momentum=0.9)),
+        torch.float64,
+    ),
+    "newton_skip_block": (
+        dataclasses.replace(RICH, root_inverse=CoupledNewtonConfig(),
+                            failure=FailureConfig(nonfinite_gradient="skip_block")),
+        torch.float32,
+    ),
+}
+
+
+def make_params(dtype: torch.dtype = torch.float32, seed: int = 0) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in SHAPES]
+
+
+def make_grads(steps: int, seed: int = 1) -> list[list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=gen) for s in SHAPES] for _ in range(steps)]
+
+
+def run_steps(
+    opt: Shampoo, params: list[torch.nn.Parameter], grads: list[list[torch.Tensor]]
+) -> None:
+    for step in grads:
+        for p, g in zip(params, step, strict=True):
+            p.grad = g.to(p.dtype)
+        opt.step()
+
+
+def roundtrip(state: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def assert_trees_equal(a: object, b: object) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b)
+        for k in a:
+            assert_trees_equal(a[k], b[k])
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_trees_equal(x, y)
+    else:
+        assert a == b
+
+
+# ----------------------------------------------------------------- resume
+@pytest.mark.parametrize("name", sorted(RESUME_CASES))
+def test_resume_is_bit_identical(name: str) -> None:
+    config, dtype = RESUME_CASES[name]
+    grads = make_grads(14)
+    if config.failure.nonfinite_gradient == "skip_block":
+        grads[2][0][0, 0] = float("nan")
+        grads[9][1][3] = float("inf")
+    straight = make_params(dtype)
+    opt = Shampoo(straight, config)
+    run_steps(opt, straight, grads)
+
+    first = make_params(dtype)
+    opt1 = Shampoo(first, config)
+    run_steps(opt1, first, grads[:7])
+    saved = roundtrip(opt1.state_dict())
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
+    opt2 = Shampoo(resumed, config)
+    opt2.load_state_dict(saved)
+    run_steps(opt2, resumed, grads[7:])
+
+    for a, b in zip(straight, resumed, strict=True):
+        assert torch.equal(a, b)
+    assert_trees_equal(opt.state_dict(), opt2.state_dict())
+    assert opt.metrics == opt2.metrics
+
+
+def test_state_dict_is_a_snapshot_and_plain() -> None:
+    params = make_params()
+    opt = Shampoo(params, RICH)
+    run_steps(opt, params, make_grads(3))
+    sd = opt.state_dict()
+    before = roundtrip(sd)
+    run_steps(opt, params, make_grads(2, seed=5))
+    assert_trees_equal(sd, before)  # later steps do not change a saved state
+    assert isinstance(sd["param_groups"][0]["config"], dict)
+    assert ShampooConfig.from_dict(sd["param_groups"][0]["config"]) == RICH
+
+
+# ---------------------------------------------------------- load mismatch
+def _saved(config: ShampooConfig = RICH) -> dict:
+    params = make_params()
+    opt = Shampoo(params, config)
+    run_steps(opt, params, make_grads(2))
+    return roundtrip(opt.state_dict())
+
+
+def test_load_rejects_a_different_config() -> None:
+    other = dataclasses.replace(RICH, grafting=GraftingConfig(type="adagrad"))
+    params = make_params()
+    opt = Shampoo(params, other)
+    with pytest.raises(ValueError, match=r"config.*grafting"):
+        opt.load_state_dict(_saved())
+
+
+def test_load_rejects_other_shapes_and_changes_nothing() -> None:
+    params = [torch.nn.Parameter(torch.randn(s)) for s in [(6, 9), (9,), (2, 3, 5), (), (1, 5)]]
+    opt = Shampoo(params, RICH)
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match="shape"):
+        opt.load_state_dict(_saved())
+    assert_trees_equal(before, opt.state_dict())
+
+
+def test_load_rejects_other_group_structure() -> None:
+    params = make_params()
+    opt = Shampoo([{"params": params[:2]}, {"params": params[2:]}], RICH)
+    with pytest.raises(ValueError, match="groups"):
+        opt.load_state_dict(_saved())
+    opt = Shampoo(params[:3], RICH)
+    with pytest.raises(ValueError, match="parameters"):
+        opt.load_state_dict(_saved())
+
+
+# ------------------------------------------------------------ eq. (3) policy
+def test_nonfinite_gradient_raise_names_parameter_and_changes_nothing() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = Shampoo(model.named_parameters(), RICH)
+    x = torch.randn(5, 4)
+    model(x).sum().backward()
+    opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    state = opt.state_dict()
+    model[1].weight.grad[0, 1] = float("nan")
+    with pytest.raises(NonFiniteGradientError, match=r"'1\.weight'"):
+        opt.step()
+    for p, q in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), q)
+    assert_trees_equal(state, opt.state_dict())
+
+
+def test_skip_block_leaves_the_block_and_counts_it() -> None:
+    config = dataclasses.replace(RICH, failure=FailureConfig(nonfinite_gradient="skip_block"))
+    params = make_params()
+    opt = Shampoo(params, config)
+    run_steps(opt, params, make_grads(2))
+    w = params[0].detach().clone()  # (6, 9), blocks of 4: rows 0-3 / 4-5, cols 0-3 / 4-7 / 8
+    grads = make_grads(1, seed=3)
+    grads[0][0][5, 8] = float("inf")
+    run_steps(opt, params, grads)
+    assert torch.equal(params[0].detach()[4:, 8:], w[4:, 8:])
+    assert not torch.equal(params[0].detach()[:4, :4], w[:4, :4])
+    assert torch.isfinite(params[0]).all()
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 1}
+
+
+# ----------------------------------------------------------- eq. (13) roots
+def test_failed_roots_keep_previous_are_counted_and_limit_raises() -> None:
+    # The error after convergence (<= 1e-6) is never below this threshold: every root fails.
+    newton = CoupledNewtonConfig(failure_threshold=1e-300)
+    config = ShampooConfig(
+        root_inverse=newton, epsilon=EpsilonConfig(value=1e-3),
+        blocking=BlockingConfig(merge_dims_up_to=None),
+        schedule=ScheduleConfig(precondition_frequency=2),
+        failure=FailureConfig(max_consecutive_root_failures=3),
+        factor_dtype="float64",
+    )
+    p = torch.nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
+    opt = Shampoo([p], config)
+    grads = [[torch.randn(3, 4, dtype=torch.float64)] for _ in range(6)]
+    w0 = p.detach().clone()
+    run_steps(opt, [p], [[g[0]] for g in grads[:5]])  # root steps 1, 2, 4: 3 failures x 2 factors
+    assert opt.metrics["root_failures"] == 6
+    # Identity roots kept: the update is plain SGD on the gradients.
+    expected = w0 - 0.01 * sum(g[0] for g in grads[:5])
+    torch.testing.assert_close(p.detach(), expected, rtol=1e-12, atol=1e-12)
+    with pytest.raises(RootFailureError, match="in a row"):
+        run_steps(opt, [p], [grads[5]])  # root step 6: the fourth consecutive failure > 3
+
+
+def test_nonfinite_factor_fails_its_root_only() -> None:
+    config = ShampooConfig(epsilon=EpsilonConfig(value=1e-3), factor_dtype="float64",
+                           blocking=BlockingConfig(merge_dims_up_to=None))
+    p = torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))
+    q = torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))
+    opt = Shampoo([p, q], config)
+    p.grad = torch.full((2, 3), 1e200, dtype=torch.float64)  # squares overflow to inf
+    q.grad = torch.ones(2, 3, dtype=torch.float64)
+    opt.step()
+    assert opt.metrics["root_failures"] == 2  # both factors of p; q's roots are fine
+    assert torch.isfinite(q).all() and not torch.equal(q.detach(), torch.zeros(2, 3).double())
+
+
+# ----------------------------------------------------- groups, lr, grads
+def test_learning_rate_precedence_and_scheduler() -> None:
+    a, b, c = (torch.nn.Parameter(torch.randn(3)) for _ in range(3))
+    cfg2 = ShampooConfig(learning_rate=0.3)
+    opt = Shampoo([{"params": [a]}, {"params": [b], "config": cfg2},
+                   {"params": [c], "lr": 0.7}], ShampooConfig(learning_rate=0.1))
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.3, 0.7]
+    opt = Shampoo([{"params": [a]}, {"params": [b], "config": cfg2}], lr=0.5)
+    assert [g["lr"] for g in opt.param_groups] == [0.5, 0.5]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.0)
+    assert opt.param_groups[0]["lr"] == 0.0
+    w = a.detach().clone()
+    a.grad = torch.ones(3)
+    opt.step()
+    sched.step()
+    assert torch.equal(a.detach(), w)  # lr 0 from the scheduler: no move
+    with pytest.raises(ValueError, match="lr"):
+        Shampoo([a], lr=-1.0)
+
+
+def test_each_group_runs_its_own_config_like_the_reference() -> None:
+    cfg_a = ShampooConfig(learning_rate=0.05, epsilon=EpsilonConfig(value=1e-4),
+                          factor_dtype="float64")
+    cfg_b = dataclasses.replace(cfg_a, grafting=GraftingConfig(type="adagrad"),
+                                momentum=MomentumConfig(momentum=0.9))
+    rng = np.random.default_rng(0)
+    w = {"a": rng.standard_normal((4, 5)), "b": rng.standard_normal((5,))}
+    grads = [{k: rng.standard_normal(v.shape) for k, v in w.items()} for _ in range(6)]
+    pa, pb = (torch.nn.Parameter(torch.tensor(w[k])) for k in "ab")
+    opt = Shampoo([{"params": [pa], "config": cfg_a}, {"params": [pb], "config": cfg_b}])
+    for g in grads:
+        pa.grad, pb.grad = torch.tensor(g["a"]), torch.tensor(g["b"])
+        opt.step()
+    ref_a = reference_run(cfg_a, {"a": w["a"]}, [{"a": g["a"]} for g in grads])[-1]["a"]
+    ref_b = reference_run(cfg_b, {"b": w["b"]}, [{"b": g["b"]} for g in grads])[-1]["b"]
+    np.testing.assert_allclose(pa.detach().numpy(), ref_a, rtol=1e-10)
+    np.testing.assert_allclose(pb.detach().numpy(), ref_b, rtol=1e-10)
+
+
+def test_params_without_grad_keep_their_state_and_counter() -> None:
+    """A parameter without .grad is untouched; later it continues on its own step count."""
+    config = dataclasses.replace(RICH, factor_dtype="float64")
+    grads = make_grads(6)
+    together = make_params(torch.float64)
+    opt = Shampoo(together, config)
+    alone = make_params(torch.float64)
+    opt_alone = Shampoo([alone[0]], config)
+    for t, step in enumerate(grads):
+        for i, (p, g) in enumerate(zip(together, step, strict=True)):
+            p.grad = None if (i == 0 and t in (1, 2)) else g.double()
+        if t in (1, 2):
+            state = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                     for k, v in opt.state[together[0]].items()}
+            w = together[0].detach().clone()
+        opt.step()
+        if t in (1, 2):
+            assert torch.equal(together[0].detach(), w)
+            assert_trees_equal(state, dict(opt.state[together[0]]))
+        else:
+            alone[0].grad = step[0].double()
+            opt_alone.step()
+    # Block state is per block, and the norm scope is the block: the parameter that
+    # missed steps 2-3 equals a run that never saw them.
+    torch.testing.assert_close(together[0].detach(), alone[0].detach(), rtol=1e-12, atol=0)
+    assert opt.state[together[0]]["step"] == 4 and opt.state[together[1]]["step"] == 6
+
+
+def test_bf16_params_keep_float32_state_and_track_float32_run() -> None:
+    config = dataclasses.replace(RICH, epsilon=EpsilonConfig(value=1e-3))
+    grads = make_grads(8)
+    low = make_params(torch.bfloat16)
+    high = [torch.nn.Parameter(p.detach().float()) for p in low]
+    opt_low, opt_high = Shampoo(low, config), Shampoo(high, config)
+    run_steps(opt_low, low, grads)
+    run_steps(opt_high, high, grads)
+    for p, q in zip(low, high, strict=True):
+        assert p.dtype == torch.bfloat16
+        st = opt_low.state[p]
+        assert st["graft"].dtype == torch.float32 and st["momentum"].dtype == torch.float32
+        # bf16 keeps 8 bits: each of the 8 updates rounds the parameter by <= 2^-8 relative.
+        err = torch.linalg.vector_norm(p.detach().float() - q.detach())
+        assert err <= 8 * 2**-8 * torch.linalg.vector_norm(q.detach()) + 1e-6
+    for bucket in opt_low._plans[0].buckets:
+        assert all(f.dtype == torch.float32 for f in bucket.factors.values())
+
+
+def test_zero_dim_and_size_one_params() -> None:
+    params = [torch.nn.Parameter(torch.tensor(1.5)), torch.nn.Parameter(torch.ones(1, 1, 1))]
+    opt = Shampoo(params, ShampooConfig(learning_rate=0.1, factor_dtype="float64"))
+    for p in params:
+        p.grad = torch.full_like(p, 2.0)
+    opt.step()
+    # A 1x1 factor L = 4, root 2: P = 4^(-1/2) * 2 = 1 (epsilon 1e-12 is negligible).
+    # (float32 parameters: the result is 1.4 and 0.9 to float32 rounding.)
+    assert params[0].shape == () and abs(float(params[0].detach()) - 1.4) < 1e-6
+    assert params[1].shape == (1, 1, 1) and abs(float(params[1].detach().sum()) - 0.9) < 1e-6
+
+
+def test_metrics_are_lazy_device_counters() -> None:
+    params = make_params()
+    opt = Shampoo(params, RICH)
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0}
+    run_steps(opt, params, make_grads(2))
+    counters = next(iter(opt._counters.values()))
+    assert all(isinstance(v, torch.Tensor) for v in counters.values())
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0}
