@@ -51,12 +51,26 @@ def hypothesis_env(default_profile: str) -> dict[str, str]:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run every member's tests (Hypothesis profile "ci"); what CI runs. Args go to pytest."""
+    """Run every member's tests and the conformance suite on every installed backend (CI).
+
+    Hypothesis profile "ci". Compiled backends (jax) skip the random-config
+    properties here, since each example compiles a new program; they run
+    in ``conformance_deep``. Args go to pytest (and replace the default paths).
+    """
     install_members(session, "pytest", "hypothesis", "scikit-learn")
+    env = hypothesis_env("ci")
+    if session.posargs:
+        session.run("pytest", *PYTEST_OPTIONS, *session.posargs, env=env)
+        return
+    eager = ["reference"] + (["torch"] if "torch_impl" in MEMBERS else [])
     session.run(
-        "pytest", *PYTEST_OPTIONS, *session.posargs, *([] if session.posargs else TEST_DIRS),
-        env=hypothesis_env("ci"),
+        "pytest", *PYTEST_OPTIONS, *TEST_DIRS, *(f"--backend={b}" for b in eager), env=env
     )
+    if "jax_impl" in MEMBERS:
+        session.run(
+            "pytest", *PYTEST_OPTIONS, SUITE, "--backend=jax", "-m", "not random_configs",
+            env=env,
+        )
 
 
 @nox.session

@@ -30,6 +30,14 @@ register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "random_configs: a Hypothesis property over random configs (each example is a new "
+        "config, so compiled backends compile once per example)",
+    )
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend",

@@ -43,6 +43,7 @@ def test_named_case_float32(backend: Backend, name: str) -> None:
     assert_matches_reference(backend, case.config, params, grads, np.float32, seed=case.seed)
 
 
+@pytest.mark.random_configs
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     config=S.configs(),

@@ -34,6 +34,7 @@ def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type:
     assert div is None, f"{what}: {div.describe() if div else ''}"
 
 
+@pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(config=S.configs(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
 def test_rotation_equivariance(
@@ -67,6 +68,7 @@ def test_rotation_equivariance(
     _check(turned, [{"w": u @ p["w"] @ v.T} for p in base], w0, bound, "rotation equivariance")
 
 
+@pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(
     config=S.configs(),
@@ -102,6 +104,7 @@ def test_gradient_scale_invariance(
     _check(scaled, base, w0, trajectory_bound(config, w0, grads, F64), "scale invariance")
 
 
+@pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(config=S.configs(), seed=st.integers(0, 2**16))
 def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: int) -> None:
@@ -171,6 +174,7 @@ def test_never_start_is_the_grafting_optimizer(
     _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"never-start = {graft}")
 
 
+@pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(config=S.configs(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))
 def test_parameter_order_changes_nothing(
