@@ -42,11 +42,21 @@ def install_members(session: nox.Session, *extra: str) -> None:
 
 
 def hypothesis_env(default_profile: str) -> dict[str, str]:
-    """Environment selecting a Hypothesis profile (``HYPOTHESIS_PROFILE`` overrides it)."""
+    """Environment selecting a Hypothesis profile (``HYPOTHESIS_PROFILE`` overrides it).
+
+    ``OPENBLAS_NUM_THREADS=1``: jaxlib 0.10.2's CPU eigh can deadlock against
+    scipy's threaded OpenBLAS (docs/results.md); one BLAS thread avoids it.
+    """
     return {
         "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", default_profile),
         "PYTHONDONTWRITEBYTECODE": "1",
+        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1"),
     }
+
+
+#: Faster XLA CPU compiles for test runs (programs here are tiny; compile time
+#: dominates). Set only where unset; the numerics are checked under it.
+JAX_TEST_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
 @nox.session
@@ -69,7 +79,7 @@ def tests(session: nox.Session) -> None:
     if "jax_impl" in MEMBERS:
         session.run(
             "pytest", *PYTEST_OPTIONS, SUITE, "--backend=jax", "-m", "not random_configs",
-            env=env,
+            env={**env, "XLA_FLAGS": os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)},
         )
 
 

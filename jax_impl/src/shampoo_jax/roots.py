@@ -1,0 +1,232 @@
+"""Batched inverse roots of Kronecker factors, eqs. (9)-(13).
+
+Every function takes a stack of matrices ``a`` of shape ``[b, n, n]`` and
+returns per-matrix results plus a per-matrix ``ok`` flag, so one failed
+matrix never affects its neighbours and nothing branches in Python on a
+traced value. The rules are those of ``shampoo_reference.linalg``:
+
+- :func:`effective_epsilon`: eq. (9), with the exact largest eigenvalue;
+- :func:`root_inverse_eigh`: eq. (10), every epsilon placement;
+- :func:`root_inverse_coupled_newton`: eq. (11) as a ``lax.while_loop``
+  over the whole stack (a matrix stops iterating when it converges, stalls
+  or its error grows, while the others go on), then the retries;
+- :func:`eigenbasis`: the eigenvectors of eq. (17);
+- :func:`refresh_roots`: eq. (13), a failed or non-finite root is reported
+  so that the caller keeps the previous one.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+
+from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, ShampooConfig
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def _matmul(a: Array, b: Array) -> Array:
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
+
+def symmetrize(a: Array) -> Array:
+    return 0.5 * (a + jnp.swapaxes(a, -1, -2))
+
+
+def _eye_like(a: Array) -> Array:
+    return jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+
+
+def _eigh(a: Array) -> tuple[Array, Array]:
+    """``jnp.linalg.eigh`` over a stack; on CPU one matrix at a time (``lax.map``).
+
+    jaxlib's CPU kernel spreads a batch over XLA's thread pool and calls the
+    (scipy-bundled) OpenBLAS from several threads at once; with a
+    multithreaded OpenBLAS that deadlocks on large matrices (jaxlib 0.10.2, 2
+    cores). One call at a time is safe and LAPACK still threads inside it.
+    """
+    if a.shape[0] > 1 and jax.default_backend() == "cpu":
+        return lax.map(lambda m: jnp.linalg.eigh(m, symmetrize_input=False), a)
+    return jnp.linalg.eigh(a, symmetrize_input=False)
+
+
+def all_finite(a: Array) -> Array:
+    """Per matrix: are all entries finite? Shape ``[b]``."""
+    return jnp.all(jnp.isfinite(a), axis=(-2, -1))
+
+
+def effective_epsilon(a: Array, eps: EpsilonConfig) -> Array:
+    """Eq. (9): ``value``, or ``value * max(lambda_max(A), relative_floor)``; shape ``[b]``."""
+    if eps.scale == "absolute":
+        return jnp.full(a.shape[:-2], eps.value, dtype=a.dtype)
+    lam_max = _eigh(symmetrize(a))[0][..., -1]
+    return eps.value * jnp.maximum(lam_max, eps.relative_floor)
+
+
+def regularized_eigenvalues(lam: Array, eps: Array, placement: str) -> Array:
+    """Eq. (10): eigenvalues after the epsilon rule (``lam`` ascending, ``eps`` per matrix)."""
+    lam_min = lam[..., :1]
+    e = eps[..., None]
+    if placement == "ridge":
+        return lam + jnp.maximum(0.0, e - lam_min)
+    if placement == "shift_after":
+        return lam - jnp.minimum(lam_min, 0.0) + e
+    return jnp.maximum(lam, e)  # "floor" and "ridge_floor"
+
+
+def root_inverse_eigh(a: Array, root: float, eps: Array, placement: str) -> Array:
+    """Eq. (10): ``X = Q diag(lambda'^(-1/root)) Q^T`` for each matrix."""
+    a = symmetrize(a)
+    if placement in ("ridge", "ridge_floor"):
+        a = a + eps[..., None, None] * _eye_like(a)
+    lam, q = _eigh(a)
+    lam = regularized_eigenvalues(lam, eps, placement)
+    return _matmul(q * lam[..., None, :] ** (-1.0 / root), jnp.swapaxes(q, -1, -2))
+
+
+def eigenbasis(a: Array) -> Array:
+    """Eq. (17): orthonormal eigenvectors (columns, ascending eigenvalues)."""
+    return _eigh(symmetrize(a))[1]
+
+
+def matrix_power(a: Array, n: int) -> Array:
+    """``a^n`` for a static integer n >= 1, multiplied in numpy.linalg.matrix_power's order."""
+    if n == 1:
+        return a
+    if n == 2:
+        return _matmul(a, a)
+    if n == 3:
+        return _matmul(_matmul(a, a), a)
+    z = result = None
+    while n > 0:
+        z = a if z is None else _matmul(z, z)
+        n, bit = divmod(n, 2)
+        if bit:
+            result = z if result is None else _matmul(result, z)
+    assert result is not None
+    return result
+
+
+def _max_abs_dev(m: Array) -> Array:
+    return jnp.max(jnp.abs(m - _eye_like(m)), axis=(-2, -1))
+
+
+def _newton_start(a: Array, root: int) -> tuple[Array, Array, Array, Array]:
+    """Eq. (11) start: ``(X_0, M_0, e_0, bad)``; a zero or non-finite matrix is *bad*."""
+    a = symmetrize(a)
+    eye = _eye_like(a)
+    norm = jnp.sqrt(jnp.sum(a * a, axis=(-2, -1)))
+    bad = ~jnp.isfinite(norm) | (norm == 0.0)
+    norm = jnp.where(bad, 1.0, norm)
+    z = (1.0 + root) / (2.0 * norm)
+    x = jnp.where(bad[..., None, None], eye, eye * (z ** (1.0 / root))[..., None, None])
+    m = jnp.where(bad[..., None, None], eye, a * z[..., None, None])
+    error = jnp.where(bad, jnp.nan, _max_abs_dev(m))
+    return x, m, error, bad
+
+
+def root_inverse_coupled_newton(
+    a: Array, root: int, eps: Array, config: CoupledNewtonConfig
+) -> tuple[Array, Array]:
+    """``(A + eps I)^(-1/root)`` by eq. (11), retries included: ``(X, final error)``.
+
+    ``shampoo_reference.linalg`` runs the iteration, then reruns it at a
+    ridge ``retry_epsilon_factor`` times larger while the error exceeds
+    ``retry_error_threshold`` (at most ``retries`` times). Here the whole
+    stack runs in one ``lax.while_loop`` and each matrix carries its own
+    state: *active* while it iterates (error above the tolerance, fewer than
+    ``max_iterations`` iterations, and with ``error_growth_limit`` the error
+    did not grow by that factor, in which case the previous iterate is kept
+    with the grown error); when it stops, it restarts at the larger ridge if
+    a retry is due, else it is *done*. A zero or non-finite matrix gives the
+    identity with a NaN error, as in the reference.
+    """
+    eye = _eye_like(a)
+    limit = config.error_growth_limit
+    tol = config.tolerance
+
+    def start(ridge: Array) -> tuple[Array, Array, Array, Array]:
+        x, m, error, bad = _newton_start(a + ridge[..., None, None] * eye, root)
+        return x, m, error, ~bad & (error > tol)
+
+    x, m, error, active = start(eps)
+    zeros = jnp.zeros(error.shape, jnp.int32)
+    carry = (x, m, error, active, jnp.zeros(error.shape, bool), zeros, zeros, eps)
+
+    def cond(carry: tuple[Array, ...]) -> Array:
+        return ~jnp.all(carry[4])
+
+    def body(carry: tuple[Array, ...]) -> tuple[Array, ...]:
+        x, m, error, active, done, iters, retried, ridge = carry
+        # Stopped matrices: restart at a larger ridge if a retry is due, else done.
+        stopped = ~done & ~active
+        due = ~(jnp.isfinite(error) & (error <= config.retry_error_threshold))
+        restart = stopped & due & (retried < config.retries)
+        done = done | (stopped & ~restart)
+        ridge = jnp.where(restart, ridge * config.retry_epsilon_factor, ridge)
+        x0, m0, e0, a0 = start(ridge)
+        sel = restart[..., None, None]
+        x, m = jnp.where(sel, x0, x), jnp.where(sel, m0, m)
+        error, active = jnp.where(restart, e0, error), jnp.where(restart, a0, active)
+        iters = jnp.where(restart, 0, iters)
+        retried = retried + restart.astype(jnp.int32)
+        # One iteration of eq. (11) for the active matrices.
+        active = active & (iters < config.max_iterations)
+        t = ((root + 1.0) * eye - m) / root
+        new_m = _matmul(matrix_power(t, root), m)
+        new_error = _max_abs_dev(new_m)
+        if limit is not None:
+            grew = ~(new_error < error * limit)
+            error = jnp.where(active & grew, new_error, error)
+            active = active & ~grew
+        sel = active[..., None, None]
+        x = jnp.where(sel, _matmul(x, t), x)
+        m = jnp.where(sel, new_m, m)
+        error = jnp.where(active, new_error, error)
+        iters = iters + active.astype(jnp.int32)
+        active = active & (error > tol) & (iters < config.max_iterations)
+        return x, m, error, active, done, iters, retried, ridge
+
+    x, _, error, *_ = lax.while_loop(cond, body, carry)
+    return x, error
+
+
+def compute_root(a: Array, root: float, config: ShampooConfig) -> tuple[Array, Array]:
+    """Eq. (10)/(11)/(17) for one stack of (bias-corrected) factors: ``(root, ok)``.
+
+    ``ok`` is False where the input or output is non-finite or the coupled
+    Newton iteration failed (eq. 11); the caller keeps the previous root there
+    (eq. 13). Non-finite inputs are replaced by the identity before the
+    decomposition so that they cannot disturb the batched LAPACK call.
+    """
+    finite_in = all_finite(a)
+    a = jnp.where(finite_in[..., None, None], a, _eye_like(a))
+    ok = finite_in
+    if config.eigenvalue_correction is not None:
+        x = eigenbasis(a)
+    else:
+        eps = effective_epsilon(a, config.epsilon)
+        method = config.root_inverse
+        if isinstance(method, CoupledNewtonConfig):
+            x, error = root_inverse_coupled_newton(a, int(root), eps, method)
+            ok = ok & jnp.isfinite(error)
+            if method.failure_threshold is not None:
+                ok = ok & (error < method.failure_threshold)
+        else:
+            x = root_inverse_eigh(a, root, eps, config.epsilon.placement)
+    ok = ok & all_finite(x)
+    return x, ok
+
+
+__all__ = [
+    "all_finite",
+    "compute_root",
+    "effective_epsilon",
+    "eigenbasis",
+    "matrix_power",
+    "root_inverse_coupled_newton",
+    "root_inverse_eigh",
+    "symmetrize",
+]
+

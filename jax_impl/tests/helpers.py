@@ -1,0 +1,41 @@
+"""Data streams and assertions that print what failed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "matrix": (7, 10),
+    "vector": (7,),
+    "tensor": (3, 4, 5),
+    "long": (12,),
+    "scalar": (),
+    "ones": (1, 5, 1),
+}
+
+
+def stream(
+    shapes: dict[str, tuple[int, ...]] = SHAPES, steps: int = 20, seed: int = 0
+) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    grads = [{k: rng.standard_normal(s) for k, s in shapes.items()} for _ in range(steps)]
+    return params, grads
+
+
+def relative_error(
+    got: list[dict[str, np.ndarray]],
+    want: list[dict[str, np.ndarray]],
+    params: dict[str, np.ndarray],
+) -> tuple[float, str]:
+    """Worst over steps and parameters of ||got - want|| / ||want - w0||: (error, where)."""
+    worst, where = 0.0, ""
+    for t, (g, w) in enumerate(zip(got, want, strict=True), start=1):
+        for k in w:
+            moved = np.linalg.norm(w[k] - params[k])
+            err = np.linalg.norm(g[k] - w[k]) / max(moved, 1e-300)
+            if not np.all(np.isfinite(g[k])):
+                err = np.inf
+            if err > worst:
+                worst, where = err, f"param {k!r} at step {t}"
+    return worst, where

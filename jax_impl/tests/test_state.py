@@ -1,0 +1,184 @@
+"""jit compiles once; checkpoints resume bit-identically; failure masks; bf16 params."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import shampoo_jax
+import shampoo_spec as ss
+from shampoo_jax.testing import run as jax_run
+from shampoo_reference import NonFiniteGradientError as RefNonFinite
+from shampoo_reference import RootFailureError as RefRootFailure
+from shampoo_reference import run as reference_run
+
+from .helpers import relative_error, stream
+
+CONFIG = ss.ShampooConfig(
+    learning_rate=0.1,
+    epsilon=ss.EpsilonConfig(value=1e-3),
+    grafting=ss.GraftingConfig(type="adagrad"),
+    momentum=ss.MomentumConfig(momentum=0.9),
+    blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+    schedule=ss.ScheduleConfig(precondition_frequency=3, start_preconditioning_step=2),
+)
+SHAPES = {"w": (6, 5), "b": (5,)}
+
+
+def _jnp(tree: dict) -> dict:
+    return {k: jnp.asarray(v, jnp.float32) for k, v in tree.items()}
+
+
+def _make_step(config: ss.ShampooConfig, traces: list[int] | None = None):  # noqa: ANN202
+    opt = shampoo_jax.shampoo(config)
+
+    def step(p, s, g):  # noqa: ANN001, ANN202
+        if traces is not None:
+            traces.append(1)  # runs only while tracing
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    return opt, jax.jit(step)
+
+
+def test_update_compiles_once_over_root_and_non_root_steps() -> None:
+    traces: list[int] = []
+    opt, step = _make_step(CONFIG, traces)
+    params, grads = stream(SHAPES, steps=10)
+    p = _jnp(params)
+    s = opt.init(p)
+    for g in grads:  # steps 1..10: root steps 2, 3, 6, 9 and non-root steps
+        p, s = step(p, s, _jnp(g))
+    assert len(traces) == 1, f"traced {len(traces)} times"
+    assert step._cache_size() == 1, f"{step._cache_size()} compiled programs"
+    assert int(s.count) == 10
+
+
+def test_checkpoint_round_trip_resumes_bit_identically(tmp_path) -> None:  # noqa: ANN001
+    opt, step = _make_step(CONFIG)
+    params, grads = stream(SHAPES, steps=10)
+    p = _jnp(params)
+    s = opt.init(p)
+    for g in grads[:5]:
+        p, s = step(p, s, _jnp(g))
+    path = tmp_path / "state.npz"
+    arrays = shampoo_jax.state_to_arrays(s)
+    np.savez(path, *arrays, **{f"param_{k}": np.asarray(v) for k, v in p.items()})
+    loaded = np.load(path, allow_pickle=False)
+    s2 = shampoo_jax.state_from_arrays(
+        [loaded[f"arr_{i}"] for i in range(len(arrays))], like=opt.init(p)
+    )
+    p2 = {k: jnp.asarray(loaded[f"param_{k}"]) for k in p}
+    for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    for g in grads[5:]:
+        p, s = step(p, s, _jnp(g))
+        p2, s2 = step(p2, s2, _jnp(g))
+    for k in p:
+        assert np.array_equal(np.asarray(p[k]), np.asarray(p2[k])), k
+    for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nonfinite_block_is_skipped_exactly_as_the_reference(bad: float) -> None:
+    config = dataclasses.replace(
+        CONFIG, failure=ss.FailureConfig(nonfinite_gradient="skip_block"),
+        blocking=ss.BlockingConfig(max_preconditioner_dim=2, merge_dims_up_to=None),
+    )
+    params, grads = stream({"w": (4, 2), "b": (3,)}, steps=8)
+    grads[2]["w"][0, 0] = bad
+    grads[4]["b"][1] = bad
+    want = reference_run(config, params, grads)
+    got = jax_run(config, params, grads, dtype=np.float64)
+    err, where = relative_error(got, want, params)
+    assert err <= 1e-9, f"relative error {err:.2e} at {where}"
+    np.testing.assert_array_equal(got[2]["w"][:2], got[1]["w"][:2])  # masked block unchanged
+    # The counter: the bad w block at step 3 and b's whole (single) block at step 5.
+    opt, step = _make_step(config)
+    p, s = _jnp(params), opt.init(_jnp(params))
+    for g in grads:
+        p, s = step(p, s, _jnp(g))
+    assert int(s.skipped_blocks) == 2
+    for leaf in jax.tree.leaves(s):
+        assert bool(jnp.all(jnp.isfinite(leaf))) if leaf.dtype.kind == "f" else True
+
+
+def test_raise_policy_raises_between_steps_like_the_reference() -> None:
+    config = dataclasses.replace(CONFIG, failure=ss.FailureConfig(nonfinite_gradient="raise"))
+    params, grads = stream(SHAPES, steps=3)
+    grads[1]["w"][0, 0] = np.nan
+    with pytest.raises(RefNonFinite):
+        reference_run(config, params, grads)
+    with pytest.raises(shampoo_jax.NonFiniteGradientError):
+        jax_run(config, params, grads, dtype=np.float64)
+
+
+def test_failed_roots_keep_previous_root_and_are_counted() -> None:
+    # One Newton iteration can never reach error < 1e-9: every root fails and
+    # the roots stay identity (eq. 13), as in the reference.
+    config = dataclasses.replace(
+        CONFIG, root_inverse=ss.CoupledNewtonConfig(max_iterations=1, failure_threshold=1e-9),
+    )
+    params, grads = stream(SHAPES, steps=7)
+    want = reference_run(config, params, grads)
+    got = jax_run(config, params, grads, dtype=np.float64)
+    err, where = relative_error(got, want, params)
+    assert err <= 1e-9, f"relative error {err:.2e} at {where}"
+    opt, step = _make_step(config)
+    p, s = _jnp(params), opt.init(_jnp(params))
+    for g in grads:
+        p, s = step(p, s, _jnp(g))
+    # Root steps 2, 3, 6; factors: w (6,5) in blocks 4x4, 4x1, 2x4, 2x1 -> 8, b -> 2 factors.
+    assert int(s.root_failures) == 3 * 10
+    for gs in s.groups:
+        for r in gs.roots:
+            eye = np.broadcast_to(np.eye(r.shape[-1]), r.shape)
+            np.testing.assert_array_equal(np.asarray(r), eye)
+        assert np.asarray(gs.consecutive_failures).tolist() == [3] * gs.consecutive_failures.size
+    limited = dataclasses.replace(config, failure=ss.FailureConfig(max_consecutive_root_failures=1))
+    with pytest.raises(RefRootFailure):
+        reference_run(limited, params, grads)
+    with pytest.raises(shampoo_jax.RootFailureError):
+        jax_run(limited, params, grads, dtype=np.float64)
+
+
+def test_bfloat16_params_keep_their_dtype_and_track_float32() -> None:
+    opt, step = _make_step(CONFIG)
+    params, grads = stream(SHAPES, steps=6)
+    p16 = {k: jnp.asarray(v, jnp.bfloat16) for k, v in params.items()}
+    s16 = opt.init(p16)
+    p32 = {k: v.astype(jnp.float32) for k, v in p16.items()}
+    s32 = opt.init(p32)
+    for g in grads:
+        p16, s16 = step(p16, s16, {k: jnp.asarray(v, jnp.bfloat16) for k, v in g.items()})
+        p32, s32 = step(p32, s32, {k: jnp.asarray(v, jnp.bfloat16).astype(jnp.float32)
+                                   for k, v in g.items()})
+    for k in p16:
+        assert p16[k].dtype == jnp.bfloat16
+        assert s16.momentum[k].dtype == jnp.float32  # elementwise state in float32
+        a, b = np.asarray(p16[k], np.float32), np.asarray(p32[k])
+        # bf16 keeps 8 bits: each of 6 steps rounds the parameter by <= 2^-9 relative.
+        assert np.linalg.norm(a - b) <= 6 * 2.0**-8 * np.linalg.norm(b), k
+
+
+def test_schedule_learning_rate_and_weight_decay_needs_params() -> None:
+    params, grads = stream(SHAPES, steps=4)
+    fixed = jax_run(CONFIG, params, grads, dtype=np.float32)
+    opt = shampoo_jax.shampoo(CONFIG, learning_rate=optax.constant_schedule(0.1))
+    p, s = _jnp(params), opt.init(_jnp(params))
+    step = jax.jit(lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(
+        *opt.update(g, s, p)))
+    for g in grads:
+        p, s = step(p, s, _jnp(g))
+    for k in p:
+        np.testing.assert_allclose(np.asarray(p[k]), fixed[-1][k], rtol=1e-6, atol=1e-7)
+    decayed = shampoo_jax.shampoo(dataclasses.replace(
+        CONFIG, weight_decay=ss.WeightDecayConfig(value=0.1)))
+    with pytest.raises(ValueError, match="params"):
+        decayed.update(_jnp(grads[0]), decayed.init(_jnp(params)))
