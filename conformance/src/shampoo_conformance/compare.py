@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shampoo_reference import run as reference_run
 from shampoo_spec import ShampooConfig
 
 from .backends import Backend
-from .tolerances import Bound, trajectory_bound
+from .tolerances import Bound, bound_and_reference
 
 Params = Mapping[str, NDArray[Any]]
 
@@ -93,8 +92,7 @@ def assert_matches_reference(
     seed: int | None = None,
 ) -> Bound:
     """Run both and raise AssertionError with a reproduction on divergence."""
-    bound = trajectory_bound(config, params, grads, dtype)
-    ref = reference_run(config, params, grads)
+    bound, ref = bound_and_reference(config, params, grads, dtype)
     ours = backend.run(config, params, grads, dtype=dtype)
     div = first_divergence(ours, ref, params, bound)
     if div is not None:

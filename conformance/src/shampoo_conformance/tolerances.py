@@ -74,10 +74,21 @@ def trajectory_bound(
     dtype: object,
 ) -> Bound:
     """The bound for running ``config`` on this stream in ``dtype`` (see module doc)."""
+    return bound_and_reference(config, params, grads, dtype)[0]
+
+
+def bound_and_reference(
+    config: ShampooConfig,
+    params: dict[str, NDArray[np.float64]],
+    grads: list[dict[str, NDArray[np.float64]]],
+    dtype: object,
+) -> tuple[Bound, list[dict[str, NDArray[np.float64]]]]:
+    """The bound and the reference trajectory it was measured on (one reference run)."""
     opt = ReferenceShampoo(config, params)
     kappa, max_dim = 1.0, 1
+    trajectory = []
     for t, g in enumerate(grads, start=1):
-        opt.step(g)
+        trajectory.append(opt.step(g))
         if not is_root_step(t, config.schedule):
             continue
         for st in opt.state.values():
@@ -99,7 +110,7 @@ def trajectory_bound(
     rtol = SAFETY * max_dim * u * kappa * steps
     if isinstance(config.root_inverse, CoupledNewtonConfig):
         rtol += SAFETY * config.root_inverse.tolerance * steps
-    return Bound(
+    bound = Bound(
         rtol=rtol,
         atol_scale=SAFETY * steps * u,
         kappa=kappa,
@@ -107,3 +118,4 @@ def trajectory_bound(
         steps=steps,
         unit_roundoff=u,
     )
+    return bound, trajectory
