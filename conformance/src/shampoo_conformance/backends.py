@@ -1,9 +1,8 @@
 """The backend protocol (contract 8.2) and the registry of backends.
 
 A backend is any object with ``run(config, params, grads, dtype)`` returning
-the parameters after each step. Built-in backends are named (``"reference"``
-now; ``"torch"``, ``"jax"`` and their distributed variants as those packages
-land); a third-party backend is named ``"package.module:factory"``, where
+the parameters after each step. Built-in backends are named (``"reference"``,
+``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"jax-sharded"``); a third-party backend is named ``"package.module:factory"``, where
 ``factory()`` returns such an object, so anyone can test their own Shampoo
 without editing this package.
 """
@@ -128,6 +127,10 @@ _BUILTIN: dict[str, Callable[[], Backend]] = {
     "reference": ReferenceBackend,
     "torch": lambda: FrameworkBackend("torch", "shampoo_torch.testing"),
     "jax": lambda: FrameworkBackend("jax", "shampoo_jax.testing"),
+    # Two gloo processes on CPU (DESIGN.md 4): rank 0's parameters.
+    "torch-ddp": lambda: FrameworkBackend("torch-ddp", "shampoo_torch.testing_distributed"),
+    # Four host devices in a subprocess (the XLA flag must precede jax's start).
+    "jax-sharded": lambda: FrameworkBackend("jax-sharded", "shampoo_jax.testing_sharded"),
 }
 
 
