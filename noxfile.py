@@ -29,7 +29,8 @@ MEMBERS = tuple(
 FRAMEWORKS = {"torch_impl": ("torch",), "jax_impl": ("jax[cpu]", "optax")}
 #: The conformance property suite, run against every installed backend.
 SUITE = "conformance/src/shampoo_conformance/suite"
-TEST_DIRS = (*(f"{member}/tests" for member in MEMBERS), SUITE)
+#: Member tests, the documentation's runnable examples, and the suite.
+TEST_DIRS = (*(f"{member}/tests" for member in MEMBERS), "docs/tests", SUITE)
 #: Options every pytest run gets: no .pytest_cache (a read-only checkout works).
 PYTEST_OPTIONS = ("-p", "no:cacheprovider")
 
@@ -41,16 +42,21 @@ def install_members(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *frameworks, *editable, *extra)
 
 
+def blas_env() -> dict[str, str]:
+    """``OPENBLAS_NUM_THREADS=1`` unless set: jaxlib 0.10.2's CPU eigh can deadlock
+    against scipy's threaded OpenBLAS (docs/results.md)."""
+    return {"OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+
+
 def hypothesis_env(default_profile: str) -> dict[str, str]:
     """Environment selecting a Hypothesis profile (``HYPOTHESIS_PROFILE`` overrides it).
 
-    ``OPENBLAS_NUM_THREADS=1``: jaxlib 0.10.2's CPU eigh can deadlock against
-    scipy's threaded OpenBLAS (docs/results.md); one BLAS thread avoids it.
+    One BLAS thread as in :func:`blas_env`.
     """
     return {
         "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", default_profile),
         "PYTHONDONTWRITEBYTECODE": "1",
-        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1"),
+        **blas_env(),
     }
 
 
@@ -67,7 +73,7 @@ def tests(session: nox.Session) -> None:
     properties here, since each example compiles a new program; they run
     in ``conformance_deep``. Args go to pytest (and replace the default paths).
     """
-    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    install_members(session, "pytest", "hypothesis", "scikit-learn", "matplotlib")
     env = hypothesis_env("ci")
     if session.posargs:
         session.run("pytest", *PYTEST_OPTIONS, *session.posargs, env=env)
@@ -101,9 +107,22 @@ def mutation(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Shampoo (float64 reference) next to gradient descent on scikit-learn digits."""
-    install_members(session, "scikit-learn")
-    session.run("python", "-m", "shampoo_conformance", "demo", *session.posargs)
+    """The backend report on its embedded default: table, Markdown and PNGs in shampoo-report/."""
+    install_members(session, "scikit-learn", "matplotlib")
+    session.run(
+        "python", "-m", "shampoo_conformance", "demo", "--out", "shampoo-report",
+        *session.posargs, env=blas_env(),
+    )
+
+
+@nox.session
+def convergence(session: nox.Session) -> None:
+    """Convergence benchmark: Shampoo vs tuned AdamW on every problem, 5 seeds (report --full)."""
+    install_members(session, "scikit-learn", "matplotlib")
+    session.run(
+        "python", "-m", "shampoo_conformance", "report", "--full", "--out", "convergence-report",
+        *session.posargs, env=blas_env(),
+    )
 
 
 @nox.session
@@ -114,6 +133,21 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "shampoo_torch.bench", *session.posargs)
     if "jax_impl" in MEMBERS:
         session.run("python", "-m", "shampoo_jax.bench", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with mkdocs, strict (broken links fail). Args go to mkdocs.
+
+    The site's code examples run in ``docs/tests`` (part of ``tests``).
+    """
+    session.install(*CONSTRAINTS, "mkdocs", "mkdocs-material")
+    site = os.path.join(session.create_tmp(), "site")
+    session.run(
+        "mkdocs", "build", "--strict", "--site-dir", site, *session.posargs,
+        # mkdocs-material 9.8 prints an end-of-life banner unless this is set.
+        env={"NO_MKDOCS_2_WARNING": "1"},
+    )
 
 
 @nox.session

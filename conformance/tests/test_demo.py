@@ -1,60 +1,36 @@
-"""`python -m shampoo_conformance demo` runs the reference and prints its table."""
+"""`python -m shampoo_conformance demo` is the backend report on its embedded default."""
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from shampoo_conformance import demo
 from shampoo_conformance.__main__ import build_parser, main
+from shampoo_conformance.report import settings as S
+from shampoo_conformance.report import settings_for
 
 
-def _table_lines(text: str) -> list[list[str]]:
-    """Rows of the table: lines whose first field is a step number."""
-    fields = (line.split() for line in text.splitlines())
-    return [row for row in fields if row and row[0].isdigit()]
+def test_demo_preset_is_small_and_complete() -> None:
+    settings = settings_for("demo")
+    assert settings.problems == S.DEMO_PROBLEMS
+    assert settings.backends == ("reference", "torch", "jax")
+    assert settings.seeds >= 2 and len(settings.grid) >= 5  # medians with a spread, a real grid
+    assert set(S.DEMO_PROBLEMS) <= set(S.available_problems())
 
 
-@pytest.mark.parametrize("problem", sorted(demo.TUNED_LEARNING_RATES))
-def test_demo_prints_a_table(problem: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--problem", problem, "--steps", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "loss shampoo" in out and "loss gd" in out and "time shampoo s" in out
-    rows = _table_lines(out)
-    assert [int(row[0]) for row in rows] == [0, 1, 2, 3]
-    for row in rows:
-        assert len(row) == 5
-        assert all(math.isfinite(float(field)) for field in row)
-    assert rows[0][1] == rows[0][2]  # both start from the same parameters
-
-
-def test_run_demo_rows_match_steps() -> None:
-    result = demo.run_demo("ill_conditioned_least_squares", steps=4)
-    assert [row.step for row in result.rows] == [0, 1, 2, 3, 4]
-    assert result.config.learning_rate == demo.TUNED_LEARNING_RATES[result.problem.name].shampoo
-    seconds = [row.seconds_shampoo for row in result.rows]
-    assert seconds == sorted(seconds)
-    assert all(math.isfinite(row.loss_shampoo) for row in result.rows)
-
-
-def test_shown_steps() -> None:
-    assert demo.steps_to_shown(3) == [0, 1, 2, 3]
-    assert demo.steps_to_shown(40) == [0, 1, 2, 5, 10, 20, 30, 40]
-    assert demo.steps_to_shown(25) == [0, 1, 2, 5, 10, 20, 25]
-
-
-@pytest.mark.parametrize("steps", [0, -1, 2.5, True])
-def test_run_demo_rejects_bad_steps(steps: object) -> None:
-    with pytest.raises(ValueError, match="steps must be an int >= 1"):
-        demo.run_demo(steps=steps)  # type: ignore[arg-type]
+def test_demo_parser_defaults() -> None:
+    args = build_parser().parse_args(["demo"])
+    assert args.preset == "demo" and args.out == str(demo.DEFAULT_OUT)
+    assert args.problems is None and args.backends is None
 
 
 def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["demo", "--steps", "0"], ["demo", "--problem", "mnist"], []):
+    for argv in (["demo", "--steps", "0"], ["demo", "--problems", "mnist"], []):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
@@ -62,15 +38,20 @@ def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
-def test_module_entry_point() -> None:
-    """The real `python -m` path, with a tiny step count."""
+def test_module_entry_point(tmp_path: Path) -> None:
+    """The real `python -m` path, reference only, 3 steps, no plots (fast)."""
     completed = subprocess.run(
-        [sys.executable, "-m", "shampoo_conformance", "demo", "--steps", "2"],
+        [sys.executable, "-m", "shampoo_conformance", "demo", "--out", str(tmp_path),
+         "--backends", "reference", "--steps", "3", "--seeds", "1", "--no-plots"],
         capture_output=True,
         text=True,
         check=False,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        timeout=120,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stderr
-    assert [int(row[0]) for row in _table_lines(completed.stdout)] == [0, 1, 2]
+    assert "steps shampoo" in completed.stdout and "Recommendation:" in completed.stdout
+    assert "done in" in completed.stderr  # progress on stderr, not mixed into the table
+    md = (tmp_path / "report.md").read_text()
+    for problem in S.DEMO_PROBLEMS:
+        assert f"| {problem} | reference | oracle |" in md

@@ -14,32 +14,98 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
+def _comma_list(text: str) -> list[str]:
+    return [item for item in text.replace(",", " ").split() if item]
+
+
+def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
+    from .report import settings as S
+
+    parser.add_argument(
+        "--problems", nargs="+", metavar="NAME",
+        help="problems of shampoo_datasets (space or comma separated; default: the preset's)",
+    )
+    parser.add_argument(
+        "--backends", nargs="+", metavar="NAME",
+        help=f"backends (default: {' '.join(S.DEFAULT_BACKENDS)}; also torch-ddp, jax-sharded)",
+    )
+    parser.add_argument(
+        "--out", default="shampoo-report", help="output folder (default: %(default)s)"
+    )
+    parser.add_argument("--seeds", type=int, help="evaluation seeds (default: the preset's)")
+    parser.add_argument("--steps", type=int, help="step budget for every problem "
+                        "(default: per problem)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.set_defaults(preset=preset)
+
+
+def _report_handler(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from . import report
+    from .backends import available_backends
+    from .report import settings as S
+
+    def handler(args: argparse.Namespace) -> int:
+        for flag, value in (("--seeds", args.seeds), ("--steps", args.steps)):
+            if value is not None and value < 1:
+                parser.error(f"{flag} must be >= 1, got {value}")
+        problems = None if args.problems is None else _flatten(args.problems)
+        backends = None if args.backends is None else _flatten(args.backends)
+        if problems is not None:
+            _check(parser, "--problems", problems, S.available_problems())
+        if backends is not None:
+            _check(parser, "--backends", backends, available_backends())
+        settings = report.settings_for(
+            args.preset, problems=problems, backends=backends, out=args.out,
+            steps=args.steps, seeds=args.seeds,
+        )
+        return report.main(settings, plots=not args.no_plots)
+
+    return handler
+
+
+def _flatten(items: list[str]) -> list[str]:
+    return [name for item in items for name in _comma_list(item)]
+
+
+def _check(
+    parser: argparse.ArgumentParser, flag: str, names: list[str], valid: Sequence[str]
+) -> None:
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        parser.error(
+            f"{flag}: unknown {', '.join(map(repr, unknown))}; valid choices: {', '.join(valid)}"
+        )
+
+
 def _add_demo(subparsers: Any) -> None:
     from . import demo
 
     parser = subparsers.add_parser(
         "demo",
-        help="Shampoo (reference backend) next to gradient descent on a small problem",
+        help="the backend report on a small embedded default (a few minutes)",
         description=demo.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--problem",
-        default=demo.DEFAULT_PROBLEM,
-        choices=sorted(demo.TUNED_LEARNING_RATES),
-        help="problem from shampoo_datasets (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--steps", type=int, default=demo.DEFAULT_STEPS, help="steps (default: %(default)s)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="problem seed (default: 0)")
+    _add_report_arguments(parser, "demo")
+    parser.set_defaults(handler=_report_handler(parser))
 
-    def handler(args: argparse.Namespace) -> int:
-        if args.steps < 1:
-            parser.error(f"--steps must be >= 1, got {args.steps}")
-        return demo.main(args.problem, steps=args.steps, seed=args.seed)
 
-    parser.set_defaults(handler=handler)
+def _add_report(subparsers: Any) -> None:
+    from . import report
+
+    parser = subparsers.add_parser(
+        "report",
+        help="accuracy, step time, memory and convergence of every backend, with plots",
+        description=report.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_report_arguments(parser, "default")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="preset", action="store_const", const="quick",
+                      help="smoke test: demo problems, a quarter of the steps, one seed")
+    size.add_argument("--full", dest="preset", action="store_const", const="full",
+                      help="the convergence benchmark: every problem, 5 seeds, full grid")
+    parser.set_defaults(handler=_report_handler(parser))
 
 
 def _add_run(subparsers: Any) -> None:
@@ -102,7 +168,9 @@ def _add_mutants(subparsers: Any) -> None:
 
 
 #: The subcommands, in the order ``--help`` lists them.
-SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_demo, _add_run, _add_compare, _add_mutants)
+SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
+    _add_demo, _add_report, _add_run, _add_compare, _add_mutants,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,14 +2,22 @@
 
 A backend is any object with ``run(config, params, grads, dtype)`` returning
 the parameters after each step. Built-in backends are named (``"reference"``,
-``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"jax-sharded"``); a third-party backend is named ``"package.module:factory"``, where
-``factory()`` returns such an object, so anyone can test their own Shampoo
+``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"jax-sharded"``); a third-party
+backend is named ``"package.module:factory"``, where ``factory()`` returns
+such an object, so anyone can test their own Shampoo
 without editing this package.
+
+For closed-loop training (the backend report) a backend may also have
+``stepper(optimizer, params, *, lr, config=None, weight_decay=0.0, dtype)``
+returning a :class:`Stepper`: ``"shampoo"`` or ``"adamw"`` stepped one
+gradient at a time, so gradients can be computed at the current parameters.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,6 +52,79 @@ class Backend(Protocol):
     ) -> list[Params]:
         """Parameters (numpy arrays, same shapes) after each of ``len(grads)`` steps."""
         ...
+
+
+@runtime_checkable
+class Stepper(Protocol):
+    """One optimizer, stepped with NumPy gradients (closed loop).
+
+    ``step(grads)`` applies one step and returns the parameters after it;
+    ``last_step_seconds`` is the wall time of the optimizer's own update in
+    the last ``step`` (conversions excluded); ``state_bytes()`` the size of
+    the optimizer state the backend stores.
+    """
+
+    last_step_seconds: float
+
+    def step(self, grads: Mapping[str, NDArray[Any]]) -> Params:
+        """One step with ``grads``: the parameters after it."""
+        ...
+
+    def state_bytes(self) -> int:
+        """Bytes of the optimizer state."""
+        ...
+
+
+class StepperUnavailable(NotImplementedError):
+    """The backend runs open-loop only (``run``); it has no ``stepper``."""
+
+
+OPTIMIZERS = ("shampoo", "adamw")
+
+
+class _ReferenceStepper:
+    """:class:`ReferenceShampoo` or the NumPy :class:`~.first_order.AdamW`, timed per step."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+        self.last_step_seconds = float("nan")
+
+    def step(self, grads: Mapping[str, NDArray[Any]]) -> Params:
+        start = time.perf_counter()
+        out: Params = self._optimizer.step(dict(grads))
+        self.last_step_seconds = time.perf_counter() - start
+        return out
+
+    def state_bytes(self) -> int:
+        state_bytes = getattr(self._optimizer, "state_bytes", None)
+        if state_bytes is not None:
+            return int(state_bytes())
+        return _array_bytes(self._optimizer.state)
+
+
+def _array_bytes(tree: Any) -> int:
+    """Bytes of every NumPy array in nested dicts, lists and dataclasses."""
+    if isinstance(tree, np.ndarray):
+        return int(tree.nbytes)
+    if isinstance(tree, dict):
+        return sum(_array_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_array_bytes(v) for v in tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return sum(_array_bytes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
+    return 0
+
+
+def _check_optimizer(optimizer: object, config: object, weight_decay: float) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer = {optimizer!r} is invalid: allowed one of {OPTIMIZERS}.")
+    if optimizer == "shampoo" and weight_decay != 0.0:
+        raise ValueError(
+            f"weight_decay = {weight_decay!r} is invalid for 'shampoo': allowed 0.0 "
+            "(Shampoo's weight decay is config.weight_decay)."
+        )
+    if optimizer == "adamw" and config is not None:
+        raise ValueError("config is invalid for 'adamw': allowed None (AdamW has no config).")
 
 
 class ReferenceBackend:
@@ -84,6 +165,30 @@ class ReferenceBackend:
             out.append(current)
         return out
 
+    def stepper(
+        self,
+        optimizer: str,
+        params: Mapping[str, NDArray[Any]],
+        *,
+        lr: float,
+        config: ShampooConfig | None = None,
+        weight_decay: float = 0.0,
+        dtype: Any = np.float64,
+    ) -> Stepper:
+        """``"shampoo"``: :class:`ReferenceShampoo` with ``config`` at learning rate
+        ``lr``; ``"adamw"``: :class:`~.first_order.AdamW` (float64 NumPy)."""
+        self._check_dtype(dtype)
+        _check_optimizer(optimizer, config, weight_decay)
+        if optimizer == "adamw":
+            from .first_order import AdamW
+
+            return _ReferenceStepper(AdamW(params, lr=lr, weight_decay=weight_decay))
+        from shampoo_reference import ReferenceShampoo
+
+        config = ShampooConfig() if config is None else config
+        config = dataclasses.replace(config, learning_rate=lr)
+        return _ReferenceStepper(ReferenceShampoo(config, dict(params)))
+
     @staticmethod
     def _check_dtype(dtype: Any) -> None:
         if np.dtype(dtype) != np.float64:
@@ -121,6 +226,36 @@ class FrameworkBackend:
             config, dict(params), [dict(g) for g in grads], dtype=dtype
         )
         return out
+
+    def stepper(
+        self,
+        optimizer: str,
+        params: Mapping[str, NDArray[Any]],
+        *,
+        lr: float,
+        config: ShampooConfig | None = None,
+        weight_decay: float = 0.0,
+        dtype: Any = np.float64,
+    ) -> Stepper:
+        """The package's ``stepper`` (raises :class:`StepperUnavailable` when it has none)."""
+        make = getattr(self._module, "stepper", None)
+        if make is None:
+            raise StepperUnavailable(
+                f"backend {self.name!r} has no stepper ({self._module.__name__}.stepper): "
+                "it runs open-loop only."
+            )
+        _check_optimizer(optimizer, config, weight_decay)
+        out: Stepper = make(
+            optimizer, dict(params), lr=lr, config=config, weight_decay=weight_decay, dtype=dtype
+        )
+        return out
+
+
+def has_stepper(backend: object) -> bool:
+    """Whether ``backend`` can train closed-loop (has a usable ``stepper``)."""
+    if isinstance(backend, FrameworkBackend):
+        return callable(getattr(backend._module, "stepper", None))
+    return callable(getattr(backend, "stepper", None))
 
 
 _BUILTIN: dict[str, Callable[[], Backend]] = {

@@ -6,11 +6,18 @@ CPU in ``dtype`` (float32 or float64; float64 enables x64 for the call) with
 step. Policies that raise in the reference (``failure.nonfinite_gradient =
 "raise"``, ``max_consecutive_root_failures``) raise here too, between
 steps, through :func:`shampoo_jax.check_state`.
+
+``stepper(optimizer, params, lr=..., dtype=...)`` is the closed-loop form
+used by the backend report: Shampoo or ``optax.adamw``, one jitted update
+per NumPy gradient, timed alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import time
 from typing import Any
 
 import jax
@@ -67,4 +74,136 @@ def run(
     return out
 
 
-__all__ = ["run"]
+
+
+class Stepper:
+    """One optimizer stepped with NumPy gradients: the closed-loop twin of :func:`run`.
+
+    Made by :func:`stepper`. ``step(grads)`` runs one jitted update
+    (``optimizer.update`` then ``optax.apply_updates``) and returns the new
+    parameters as NumPy arrays; ``last_step_seconds`` is the wall time of
+    that jitted call alone, up to ``block_until_ready`` (no host transfers;
+    the first call includes compilation). The learning rate and weight
+    decay are traced arguments, so one compiled program serves a whole
+    learning-rate grid. ``state_bytes()`` is the size of every leaf of the
+    optimizer state pytree (padded, stacked blocks included, as stored).
+    """
+
+    def __init__(
+        self,
+        update: Any,
+        state: Any,
+        params: dict[str, Any],
+        hyper: tuple[Any, Any],
+        dtype: np.dtype[Any],
+        config: ShampooConfig | None,
+    ) -> None:
+        self._update = update
+        self._state = state
+        self._params = params
+        self._hyper = hyper
+        self._dtype = dtype
+        self._config = config
+        self.last_step_seconds = float("nan")
+
+    def step(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One step with ``grads``; the parameters after it (NumPy, the stepper's dtype)."""
+        names = sorted(self._params)
+        if set(grads) != set(names):
+            raise ValueError(f"grads have keys {sorted(grads)}; the parameters are {names}.")
+        for k in names:
+            if np.shape(grads[k]) != np.shape(self._params[k]):
+                raise ValueError(
+                    f"gradient of {k!r} has shape {np.shape(grads[k])}, parameter has "
+                    f"{np.shape(self._params[k])}."
+                )
+        with _precision(self._dtype):
+            g = {k: jax.numpy.asarray(np.asarray(grads[k], dtype=self._dtype)) for k in names}
+            jax.block_until_ready(g)
+            start = time.perf_counter()
+            params, state = self._update(self._params, self._state, g, *self._hyper)
+            jax.block_until_ready((params, state))
+            self.last_step_seconds = time.perf_counter() - start
+            if self._config is not None:
+                check_state(state, self._config, previous=self._state)
+            self._params, self._state = params, state
+            return {k: np.array(v) for k, v in params.items()}
+
+    def state_bytes(self) -> int:
+        """Bytes of every array leaf of the optimizer state."""
+        return int(sum(leaf.nbytes for leaf in jax.tree.leaves(self._state)))
+
+
+def _precision(dt: np.dtype[Any]) -> Any:
+    """x64 on for float64 (as :func:`run`), arrays on the CPU."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.enable_x64(dt == np.float64))
+    stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
+    return stack
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_update(optimizer: str, config: ShampooConfig | None) -> Any:
+    """One jitted ``(params, state, grads, lr, weight_decay) -> (params, state)`` per config."""
+
+    def update(p: Any, s: Any, g: Any, lr: Any, weight_decay: Any) -> tuple[Any, Any]:
+        opt = _transformation(optimizer, config, lr, weight_decay)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    return jax.jit(update)
+
+
+def _transformation(
+    optimizer: str, config: ShampooConfig | None, lr: Any, weight_decay: Any
+) -> optax.GradientTransformation:
+    if optimizer == "shampoo":
+        assert config is not None
+        return shampoo(config, learning_rate=lambda count: lr)
+    return optax.adamw(
+        learning_rate=lambda count: lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay
+    )
+
+
+def stepper(
+    optimizer: str,
+    params: dict[str, np.ndarray],
+    *,
+    lr: float,
+    config: ShampooConfig | None = None,
+    weight_decay: float = 0.0,
+    dtype: Any = np.float64,
+) -> Stepper:
+    """A :class:`Stepper` for ``"shampoo"`` or ``"adamw"`` on the CPU in ``dtype``.
+
+    ``"shampoo"``: :func:`shampoo_jax.shampoo` with ``config``
+    (``ShampooConfig()`` when None), learning rate ``lr`` and ``factor_dtype``
+    matched to ``dtype`` (as :func:`run` does); its weight decay is the
+    config's (``weight_decay`` must stay 0). ``"adamw"``:
+    ``optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)``;
+    ``config`` must be None.
+    """
+    dt = np.dtype(dtype)
+    if dt not in _DTYPES:
+        raise ValueError(f"dtype = {dt} is invalid for the jax backend: allowed float32, float64.")
+    if optimizer == "shampoo":
+        if weight_decay != 0.0:
+            raise ValueError(
+                f"weight_decay = {weight_decay!r} is invalid for 'shampoo': allowed 0.0 "
+                "(Shampoo's weight decay is config.weight_decay)."
+            )
+        config = ShampooConfig() if config is None else config
+        config = dataclasses.replace(config, factor_dtype=_DTYPES[dt])
+    elif optimizer == "adamw":
+        if config is not None:
+            raise ValueError("config is invalid for 'adamw': allowed None (AdamW has no config).")
+    else:
+        raise ValueError(f"optimizer = {optimizer!r} is invalid: allowed 'shampoo', 'adamw'.")
+    with _precision(dt):
+        p = {k: jax.numpy.asarray(np.asarray(params[k], dtype=dt)) for k in sorted(params)}
+        state = jax.jit(_transformation(optimizer, config, lr, weight_decay).init)(p)
+        hyper = (jax.numpy.asarray(lr, dtype=dt), jax.numpy.asarray(weight_decay, dtype=dt))
+    return Stepper(_jitted_update(optimizer, config), state, p, hyper, dt, config)
+
+
+__all__ = ["Stepper", "run", "stepper"]

@@ -1,0 +1,192 @@
+"""Run every measurement of the report and gather the results in one :class:`Report`.
+
+Order per problem: convergence (tunes each optimizer's learning rate per
+backend), then accuracy against the reference at Shampoo's tuned rate,
+then timing at both tuned rates. A backend whose framework is missing is
+listed as "not installed"; one without a ``stepper`` (open-loop only) gets
+the accuracy comparison alone; an exception inside one measurement is
+recorded with its message and the report goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, TextIO
+
+import numpy as np
+
+from shampoo_datasets import load_problem
+
+from ..backends import Backend, BackendUnavailable, get_backend, has_stepper
+from . import settings as S
+from .accuracy import AccuracyResult, measure_accuracy
+from .convergence import ConvergenceResult, tune_and_evaluate
+from .progress import Progress
+from .recommend import recommend
+from .timing import TimingResult, measure_timing, timing_steps
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a requested backend could be loaded and what it can do."""
+
+    name: str
+    installed: bool
+    trains: bool  # has a closed-loop stepper (convergence and timing)
+    note: str
+
+
+@dataclass(frozen=True)
+class ProblemInfo:
+    name: str
+    description: str
+    target_loss: float | None
+    loss_floor: float | None
+    steps: int
+
+
+@dataclass
+class Report:
+    """Everything measured, ready to render."""
+
+    settings: S.ReportSettings
+    backends: list[BackendStatus]
+    problems: list[ProblemInfo]
+    convergence: list[ConvergenceResult] = field(default_factory=list)
+    accuracy: list[AccuracyResult] = field(default_factory=list)
+    timing: list[TimingResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    recommendations: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def training_dtype(backend: str) -> Any:
+    """float64 for the reference (float64 by design), else the report's training dtype."""
+    return np.float64 if backend == "reference" else S.TRAINING_DTYPE
+
+
+def load_backends(names: tuple[str, ...]) -> tuple[dict[str, Backend], list[BackendStatus]]:
+    loaded: dict[str, Backend] = {}
+    status = []
+    for name in names:
+        try:
+            backend = get_backend(name)
+        except BackendUnavailable as err:
+            status.append(BackendStatus(name, False, False, f"not installed ({err})"))
+            continue
+        trains = has_stepper(backend)
+        loaded[name] = backend
+        note = "" if trains else "no stepper: accuracy only (open-loop run)"
+        status.append(BackendStatus(name, True, trains, note))
+    return loaded, status
+
+
+def _versions() -> dict[str, str]:
+    out = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": str(os.cpu_count()),
+    }
+    for package in ("numpy", "scipy", "torch", "jax", "jaxlib", "optax"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _total_units(settings: S.ReportSettings, training: int, compared: int) -> int:
+    """Optimizer steps the report will take: the progress bar's total."""
+    units = 0
+    period_steps = timing_steps(settings.config, settings.timing_rounds)
+    for problem in settings.problems:
+        runs = 2 * (len(settings.grid) + settings.seeds - 1)
+        units += training * (runs * settings.steps_for(problem) + period_steps)
+        units += compared * 2 * settings.accuracy_steps
+    return max(units, 1)
+
+
+def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None) -> Report:
+    """Measure everything ``settings`` asks for (progress bar on ``progress_stream``)."""
+    start = time.perf_counter()
+    backends, status = load_backends(settings.backends)
+    training = [n for n in backends if has_stepper(backends[n])]
+    infos = []
+    for name in settings.problems:
+        p = load_problem(name, seed=0)
+        infos.append(ProblemInfo(name, p.description, p.target_loss, p.loss_floor,
+                                 settings.steps_for(name)))
+    report = Report(settings, status, infos, environment=_versions())
+    progress = Progress(
+        _total_units(settings, len(training), len([n for n in backends if n != "reference"])),
+        stream=progress_stream if progress_stream is not None else sys.stderr,
+    )
+    for info in infos:
+        _problem(report, info, backends, training, progress)
+    progress.close()
+    missing = [s.name for s in status if not s.installed]
+    report.recommendations = recommend(
+        report.accuracy, report.timing, report.convergence,
+        problems=settings.problems, missing=missing,
+    )
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _problem(
+    report: Report,
+    info: ProblemInfo,
+    backends: dict[str, Backend],
+    training: list[str],
+    progress: Progress,
+) -> None:
+    settings = report.settings
+    config = settings.config
+    name = info.name
+    for backend_name in training:
+        progress.set_label(f"{name}: convergence on {backend_name}")
+        try:
+            report.convergence.append(tune_and_evaluate(
+                name, backends[backend_name], config=config, grid=settings.grid,
+                steps=info.steps, seeds=settings.seeds,
+                dtype=training_dtype(backend_name), on_step=progress.advance,
+            ))
+        except Exception as err:  # one failed measurement must not end the report
+            report.errors.append(
+                f"convergence {name} / {backend_name}: {type(err).__name__}: {err}"
+            )
+    tuned = {c.backend: c for c in report.convergence if c.problem == name}
+    source = tuned.get("reference") or next(iter(tuned.values()), None)
+    lr = source.shampoo.lr if source is not None else config.learning_rate
+    accuracy_config = config.__class__.from_dict({**config.to_dict(), "learning_rate": lr})
+    problem = load_problem(name, seed=0)
+    for backend_name, backend in backends.items():
+        if backend_name == "reference":
+            continue  # the oracle itself
+        progress.set_label(f"{name}: accuracy of {backend_name}")
+        try:
+            report.accuracy.extend(
+                measure_accuracy(problem, backend, accuracy_config, settings.accuracy_steps)
+            )
+        except Exception as err:
+            report.errors.append(f"accuracy {name} / {backend_name}: {type(err).__name__}: {err}")
+        progress.advance(2 * settings.accuracy_steps)
+    for backend_name in training:
+        progress.set_label(f"{name}: timing on {backend_name}")
+        run = tuned.get(backend_name)
+        try:
+            report.timing.append(measure_timing(
+                problem, backends[backend_name], config,
+                lr_shampoo=run.shampoo.lr if run else config.learning_rate,
+                lr_adamw=run.adamw.lr if run else config.learning_rate,
+                rounds=settings.timing_rounds, dtype=training_dtype(backend_name),
+                on_steps=progress.advance,
+            ))
+        except Exception as err:
+            report.errors.append(f"timing {name} / {backend_name}: {type(err).__name__}: {err}")
