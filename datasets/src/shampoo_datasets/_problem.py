@@ -12,6 +12,7 @@ Array = NDArray[np.float64]
 Params = Mapping[str, Array]
 LossFn = Callable[[Params], float]
 GradFn = Callable[[Params], dict[str, Array]]
+MetricsFn = Callable[[Params], dict[str, float]]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -28,7 +29,11 @@ class Problem:
     safely); use :meth:`copy_init_params` for writable copies.
     ``target_loss`` is the loss at which a benchmark counts the problem as
     solved (``None`` when there is no such agreed level); ``optimum`` and
-    ``loss_floor`` are the minimizer and the minimum where they are known.
+    ``loss_floor`` are the minimizer and the minimum where they are known
+    (``loss_floor`` may also be a population-level floor that the finite
+    training set does not enforce; each problem's description says which).
+    ``metrics(theta)``, where given, returns problem-specific figures such as
+    the training accuracy, keyed by name (``None`` when the problem has none).
     """
 
     name: str
@@ -40,6 +45,7 @@ class Problem:
     optimum: dict[str, Array] | None = None
     loss_floor: float | None = None
     data: Mapping[str, Array] = field(default_factory=dict)
+    metrics: MetricsFn | None = None
 
     def copy_init_params(self) -> dict[str, Array]:
         """Writable float64 copies of ``init_params``."""

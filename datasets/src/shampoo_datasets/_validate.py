@@ -30,3 +30,15 @@ def real_at_least(name: str, value: object, low: float) -> float:
     ):
         raise ValueError(f"{name} must be a finite real number >= {low:g}, got {value!r}")
     return float(value)
+
+
+def positive_real(name: str, value: object) -> float:
+    """A finite real number > 0 (not a bool)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(float(value))
+        or float(value) <= 0.0
+    ):
+        raise ValueError(f"{name} must be a finite real number > 0, got {value!r}")
+    return float(value)

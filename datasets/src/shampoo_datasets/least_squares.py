@@ -23,7 +23,8 @@ whose eigenvalues ``alpha_i^2 beta_j^2`` lie in ``[1/condition_number, 1]``:
 the Hessian's condition number is exactly ``condition_number`` and its
 largest eigenvalue is 1 (so gradient descent is stable for step < 2).
 The minimizer is ``X*`` (entries i.i.d. N(0, 1) from ``seed``), unique, and
-the minimum is 0. The start is ``X_0 = 0``.
+the minimum is 0. The start is ``X_0 = 0``. ``metrics`` gives the relative
+error ``||X - X*||_F / ||X*||_F``.
 
 The Hessian is a Kronecker product, which is the structure Shampoo's left
 (rows x rows) and right (cols x cols) factors model: Shampoo should beat
@@ -102,6 +103,13 @@ def ill_conditioned_least_squares(
     def grad(params: Params) -> dict[str, Array]:
         return {"X": a.T @ residual(params) @ b}
 
+    optimum_norm = float(np.linalg.norm(x_star))
+
+    def metrics(params: Params) -> dict[str, float]:
+        check_params(name, params, shapes)
+        error = np.asarray(params["X"], dtype=np.float64) - x_star
+        return {"relative_error": float(np.linalg.norm(error)) / optimum_norm}
+
     init = {"X": read_only(np.zeros((rows, cols)))}
     return Problem(
         name=name,
@@ -117,4 +125,5 @@ def ill_conditioned_least_squares(
         optimum={"X": x_star},
         loss_floor=0.0,
         data={"A": a, "B": b, "Y": y},
+        metrics=metrics,
     )

@@ -6,12 +6,20 @@ import inspect
 from collections.abc import Callable
 
 from ._problem import Problem
+from .language_model import markov_transformer
 from .least_squares import ill_conditioned_least_squares
+from .linear_regression import diabetes_least_squares
+from .logistic_regression import breast_cancer_logistic
+from .mlp_classifier import digits_mlp
 from .softmax_regression import digits_softmax
 
 _BUILDERS: dict[str, Callable[..., Problem]] = {
     "digits_softmax": digits_softmax,
     "ill_conditioned_least_squares": ill_conditioned_least_squares,
+    "diabetes_least_squares": diabetes_least_squares,
+    "breast_cancer_logistic": breast_cancer_logistic,
+    "digits_mlp": digits_mlp,
+    "markov_transformer": markov_transformer,
 }
 
 #: Names accepted by :func:`load_problem`, in a stable order.

@@ -20,6 +20,8 @@ Gradient::
 ``f`` is convex; the data are (nearly) separable, so there is no finite
 minimizer and ``f`` decreases towards 0. ``W`` is a (64, 10) matrix, so
 Shampoo keeps a 64x64 left and a 10x10 right Kronecker factor for it.
+``metrics`` gives the training accuracy (the fraction of samples whose
+largest logit is at the label).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import _validate
+from . import _bundled, _validate
 from ._problem import Array, Params, Problem, check_params, read_only
+from ._softmax import softmax_and_log_normalizer
 
 N_FEATURES = 64
 N_CLASSES = 10
@@ -39,31 +42,17 @@ DIGITS_TARGET_LOSS = 0.15
 
 
 @lru_cache(maxsize=1)
-def _digits() -> tuple[Array, Array]:
+def _digits_unit_scaled() -> tuple[Array, Array]:
     """Features scaled to [0, 1] and one-hot labels, both read-only float64."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    features = np.asarray(bunch.data, dtype=np.float64) / 16.0
-    labels = np.asarray(bunch.target, dtype=np.int64)
-    onehot = np.zeros((labels.size, N_CLASSES), dtype=np.float64)
-    onehot[np.arange(labels.size), labels] = 1.0
-    return read_only(features), read_only(onehot)
-
-
-def _softmax_and_log_normalizer(logits: Array) -> tuple[Array, Array]:
-    """Row-wise softmax ``P`` and ``logsumexp`` of ``logits``, computed stably."""
-    shift = logits.max(axis=1, keepdims=True)
-    exp = np.exp(logits - shift)
-    total = exp.sum(axis=1, keepdims=True)
-    return exp / total, (np.log(total) + shift)[:, 0]
+    pixels, labels = _bundled.digits()
+    return read_only(pixels / 16.0), read_only(_bundled.one_hot(labels, N_CLASSES))
 
 
 def digits_softmax(*, seed: int = 0, init_scale: float = 0.01) -> Problem:
     """Softmax regression on digits; ``W_0 ~ N(0, init_scale^2)`` from ``seed``, ``b_0 = 0``."""
     seed = _validate.seed(seed)
     init_scale = _validate.real_at_least("init_scale", init_scale, 0.0)
-    features, onehot = _digits()
+    features, onehot = _digits_unit_scaled()
     n = features.shape[0]
     shapes = {"W": (N_FEATURES, N_CLASSES), "b": (N_CLASSES,)}
     name = "digits_softmax"
@@ -76,13 +65,17 @@ def digits_softmax(*, seed: int = 0, init_scale: float = 0.01) -> Problem:
 
     def loss(params: Params) -> float:
         z = logits(params)
-        _, log_normalizer = _softmax_and_log_normalizer(z)
+        _, log_normalizer = softmax_and_log_normalizer(z)
         return float(np.mean(log_normalizer - np.sum(z * onehot, axis=1)))
 
     def grad(params: Params) -> dict[str, Array]:
-        probs, _ = _softmax_and_log_normalizer(logits(params))
+        probs, _ = softmax_and_log_normalizer(logits(params))
         residual = (probs - onehot) / n
         return {"W": features.T @ residual, "b": residual.sum(axis=0)}
+
+    def metrics(params: Params) -> dict[str, float]:
+        predicted = np.argmax(logits(params), axis=1)
+        return {"accuracy": float(np.mean(predicted == np.argmax(onehot, axis=1)))}
 
     rng = np.random.default_rng(seed)
     init = {
@@ -100,4 +93,5 @@ def digits_softmax(*, seed: int = 0, init_scale: float = 0.01) -> Problem:
             "10 classes), mean cross-entropy, full batch; params W (64, 10), b (10,)"
         ),
         data={"features": features, "onehot_labels": onehot},
+        metrics=metrics,
     )
