@@ -3,12 +3,22 @@
 - :class:`ShampooConfig` and its sections (validated, frozen, JSON round trip);
 - :func:`plan_parameter`: squeeze, merge, block, roots (eqs. 4-5, 12);
 - :mod:`schedule`: which work happens at step t (eq. 8);
+- :func:`assign_blocks`, :func:`plan_block_costs`: which rank owns which block
+  (distributed backends);
 - :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
 - :data:`PRESETS`: named configurations.
 
 Equation numbers refer to docs/spec.md. Standard library only.
 """
 
+from .assignment import (
+    ROOT_FLOPS_PER_CUBE,
+    Assignment,
+    BlockCost,
+    assign_blocks,
+    block_cost,
+    plan_block_costs,
+)
 from .config import (
     GRAFTING_TYPES,
     BlockingConfig,
@@ -35,6 +45,9 @@ from .serialization import config_from_dict, config_to_dict
 
 __all__ = [
     "GRAFTING_TYPES",
+    "ROOT_FLOPS_PER_CUBE",
+    "Assignment",
+    "BlockCost",
     "BlockPlan",
     "BlockingConfig",
     "CoupledNewtonConfig",
@@ -53,6 +66,8 @@ __all__ = [
     "ShampooConfig",
     "StatisticsConfig",
     "WeightDecayConfig",
+    "assign_blocks",
+    "block_cost",
     "config_from_dict",
     "config_to_dict",
     "from_google",
@@ -60,6 +75,7 @@ __all__ = [
     "is_root_step",
     "is_statistics_step",
     "merge_dims",
+    "plan_block_costs",
     "plan_parameter",
     "squeeze_shape",
     "uses_preconditioner",

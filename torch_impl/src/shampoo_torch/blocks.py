@@ -15,7 +15,7 @@ batch (a view, no copy, for a bucket of one whole-parameter block) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +31,8 @@ class ParamLayout:
 
     plan: ParameterPlan
     block_slices: tuple[tuple[slice, ...], ...]
-    #: (bucket index, row) of each block; empty when the parameter is not preconditioned.
+    #: (bucket index, row) of each block held here; empty when the parameter is not
+    #: preconditioned (or, distributed, when this rank owns none of its blocks).
     rows: tuple[tuple[int, int], ...]
 
     @property
@@ -92,9 +93,16 @@ def block_slices(plan: ParameterPlan) -> tuple[tuple[slice, ...], ...]:
 
 
 def build_buckets(
-    plans: Sequence[ParameterPlan], devices: Sequence[torch.device], dtype: torch.dtype
+    plans: Sequence[ParameterPlan],
+    devices: Sequence[torch.device],
+    dtype: torch.dtype,
+    owned: Callable[[int, int], bool] | None = None,
 ) -> tuple[list[ParamLayout], list[Bucket]]:
-    """Group the blocks of all preconditioned parameters by (shape, roots, device)."""
+    """Group the blocks of all preconditioned parameters by (shape, roots, device).
+
+    ``owned(position, block)``: only the blocks it accepts get a bucket row
+    (the blocks this rank owns, :mod:`shampoo_torch.distributed`); None: all.
+    """
     buckets: list[Bucket] = []
     index: dict[tuple[object, ...], int] = {}
     layouts = []
@@ -102,6 +110,8 @@ def build_buckets(
         rows = []
         if plan.preconditioned:
             for bi, block in enumerate(plan.blocks):
+                if owned is not None and not owned(pos, bi):
+                    continue
                 key = (block.shape, block.roots, device)
                 if key not in index:
                     index[key] = len(buckets)

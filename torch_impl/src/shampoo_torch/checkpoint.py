@@ -15,6 +15,32 @@ Layout::
                                    ["corrected": T, "corrected_updates": T]}, ...]}},
      "param_groups": [{"lr": float, "config": dict, "params": [index, ...], ...}],
      "metrics": {"root_failures": int, "skipped_blocks": int}}
+
+With ``Shampoo(..., distributed=...)`` :meth:`~shampoo_torch.Shampoo.state_dict`
+is this rank's state (blocks owned elsewhere are ``{}``) and loads at the same
+world size and rank only. The portable form is the *distributed state dict*
+(:func:`distributed_state_dict`, on every rank, one or many), gathered so that
+it holds every block, keyed by parameter name and block index::
+
+    {"format": "shampoo_torch.distributed_state_dict", "version": 1,
+     "state": {name: {"step": int, "graft"|"filtered"|"momentum"|"graft_momentum": T,
+                      "blocks": {block_index: {"factors": {k: T}, "inverse_roots": {k: T},
+                                               "statistics_updates": T,
+                                               "consecutive_failures": T,
+                                               ["corrected": T, "corrected_updates": T]}}}},
+     "param_groups": [{"lr": float, "config": dict, "params": [name, ...], ...}],
+     "metrics": {"root_failures": int, "skipped_blocks": int}}
+
+``name`` is the parameter's name (from ``(name, tensor)`` pairs or the
+group's ``param_names``; else ``"param_groups[g]['params'][i] (shape ...)"``),
+``block_index`` its block in the row-major order of
+``shampoo_spec.plan_parameter`` (eq. 5), ``k`` a preconditioned dim of the
+block; tensors are on the CPU, elementwise state in the parameter's merged
+shape. Nothing depends on the world size, so a dict saved from W ranks loads
+at W' ranks, W' = 1 (plain ``Shampoo``) included, and the run continues bit
+for bit; every rank loads the same dict and keeps its own blocks.
+``root_failures`` is summed over the ranks of a trainer group; after loading
+it is held by the group's rank 0 (the per-rank :attr:`metrics` add up to it).
 """
 
 from __future__ import annotations
@@ -34,7 +60,8 @@ def _block_entries(opt: Shampoo) -> list[list[list[dict[str, Any]]]]:
     out = []
     for gp in opt._plans:
         per_param: list[list[dict[str, Any]]] = [
-            [{} for _ in lay.block_slices] if lay.rows else [] for lay in gp.layouts
+            [{} for _ in lay.block_slices] if lay.plan.preconditioned else []
+            for lay in gp.layouts
         ]
         for bucket in gp.buckets:
             for row, (pos, b) in enumerate(bucket.members):
@@ -176,3 +203,134 @@ def load_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
         for name, value in metrics.items():
             if name in counters:
                 counters[name].fill_(int(value))
+
+
+FORMAT = "shampoo_torch.distributed_state_dict"
+VERSION = 1
+
+
+def _cpu(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: _cpu(v) for k, v in tree.items()}
+    return tree
+
+
+def _held_blocks(opt: Shampoo) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """Live state of the blocks held here, keyed (group, position, block)."""
+    out = {}
+    for gi, per_param in enumerate(_block_entries(opt)):
+        for pos, pblocks in enumerate(per_param):
+            for b, entry in enumerate(pblocks):
+                if entry:  # an empty dict: a block owned by another rank
+                    out[(gi, pos, b)] = entry
+    return out
+
+
+def _names(opt: Shampoo) -> list[list[str]]:
+    names = [list(gp.names) for gp in opt._plans]
+    seen: set[str] = set()
+    for group_names in names:
+        for n in group_names:
+            if n in seen:
+                raise ValueError(f"parameter name {n!r} is not unique: the distributed state "
+                                 "dict is keyed by name, allowed unique names.")
+            seen.add(n)
+    return names
+
+
+def distributed_state_dict(opt: Shampoo) -> dict[str, Any]:
+    """Every block's state gathered on every rank, keyed by name and block (see the module doc).
+
+    A collective when distributed: every rank of the trainer group must call it.
+    """
+    names = _names(opt)
+    local = {key: _cpu(entry) for key, entry in _held_blocks(opt).items()}
+    root_failures = opt.metrics["root_failures"]
+    if opt._dist is not None:
+        merged: dict[tuple[int, int, int], dict[str, Any]] = {}
+        total = 0
+        for part in opt._dist.all_gather_object((local, root_failures)):
+            blocks, failures = part  # type: ignore[misc]
+            merged.update(blocks)
+            total += int(failures)
+        local, root_failures = merged, total
+    state: dict[str, Any] = {}
+    groups = []
+    for gi, (group, gp) in enumerate(zip(opt.param_groups, opt._plans, strict=True)):
+        for pos, p in enumerate(group["params"]):
+            entry = {k: _cpu(v) for k, v in opt.state[p].items()}
+            lay = gp.layouts[pos]
+            count = len(lay.block_slices) if lay.plan.preconditioned else 0
+            entry["blocks"] = {b: local[(gi, pos, b)] for b in range(count)}
+            state[names[gi][pos]] = entry
+        saved = {k: v for k, v in group.items() if k not in ("params", "config", "param_names")}
+        saved["config"] = group["config"].to_dict()
+        saved["params"] = list(names[gi])
+        groups.append(saved)
+    metrics = {"root_failures": root_failures, "skipped_blocks": opt.metrics["skipped_blocks"]}
+    return {"format": FORMAT, "version": VERSION, "state": state, "param_groups": groups,
+            "metrics": metrics}
+
+
+def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
+    """Restore a :func:`distributed_state_dict` at any world size; this rank keeps its blocks.
+
+    Validates everything (names, configs, every block present, shapes)
+    before changing anything; raises ValueError naming what differs.
+    """
+    if not isinstance(sd, dict) or sd.get("format") != FORMAT:
+        _fail("top level", f"expected a dict with format {FORMAT!r} (from "
+              "distributed_state_dict()); use load_state_dict for state_dict()")
+    if sd.get("version") != VERSION:
+        _fail("version", f"{sd.get('version')!r} is not supported: allowed {VERSION}")
+    groups = sd["param_groups"]
+    if len(groups) != len(opt.param_groups):
+        _fail("param_groups", f"{len(groups)} saved groups, this optimizer has "
+              f"{len(opt.param_groups)}")
+    names = _names(opt)
+    held = _held_blocks(opt)
+    pairs = []
+    for gi, (group, saved_group, gp) in enumerate(
+        zip(opt.param_groups, groups, opt._plans, strict=True)
+    ):
+        if saved_group.get("params") != names[gi]:
+            _fail(f"param_groups[{gi}].params", f"saved names {saved_group.get('params')} do "
+                  f"not match {names[gi]}")
+        ours_cfg = group["config"].to_dict()
+        if saved_group.get("config") != ours_cfg:
+            _fail(f"param_groups[{gi}].config",
+                  "the saved config differs from this optimizer's: "
+                  + _config_difference(ours_cfg, saved_group.get("config")))
+        for pos, p in enumerate(group["params"]):
+            name = names[gi][pos]
+            saved = sd["state"].get(name)
+            if not isinstance(saved, dict) or not isinstance(saved.get("blocks"), dict):
+                _fail(f"state[{name!r}]", "missing (or without 'blocks')")
+            lay = gp.layouts[pos]
+            count = len(lay.block_slices) if lay.plan.preconditioned else 0
+            if sorted(saved["blocks"]) != list(range(count)):
+                _fail(f"state[{name!r}]['blocks']", f"block indices {sorted(saved['blocks'])} "
+                      f"do not match the plan's {list(range(count))}")
+            mine = {b: held[(gi, pos, b)] for b in range(count) if (gi, pos, b) in held}
+            ours = dict(opt.state[p])
+            ours["blocks"] = mine
+            subset = dict(saved)
+            subset["blocks"] = {b: saved["blocks"][b] for b in mine}
+            _check_tree(f"state[{name!r}]", ours, subset)
+            pairs.append((p, ours, subset))
+    for p, ours, saved in pairs:
+        _copy_tree(ours, saved)
+        opt.state[p]["step"] = int(saved["step"])
+    for group, saved_group in zip(opt.param_groups, groups, strict=True):
+        for key, value in saved_group.items():
+            if key not in ("params", "config", "param_names"):
+                group[key] = value
+    metrics = sd.get("metrics", {})
+    opt._counters.clear()
+    if opt.param_groups and opt.param_groups[0]["params"]:
+        counters = opt._counter(opt.param_groups[0]["params"][0].device)
+        counters["skipped_blocks"].fill_(int(metrics.get("skipped_blocks", 0)))
+        if opt._dist is None or opt._dist.rank == 0:
+            counters["root_failures"].fill_(int(metrics.get("root_failures", 0)))

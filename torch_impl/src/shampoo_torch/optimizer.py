@@ -13,19 +13,26 @@
 Schedule decisions come from ``shampoo_spec.schedule`` and blocking from
 ``shampoo_spec.plan_parameter``; nothing is re-derived here.
 
+Distributed (``distributed=DistributedConfig(...)``, :mod:`shampoo_torch.distributed`):
+step 3 and the per-block part of step 4 run on the owning rank only, and one
+all-gather between steps 4 and 5 gives every rank every block's direction.
+
 Host-device syncs: none in the default path of step(). Two documented
 exceptions: with ``failure.nonfinite_gradient = "raise"`` one reduction per
 param group per step is read on the host to raise before any state changes
 (use ``"skip_block"`` for a sync-free step), and root steps (amortized) sync
 inside ``torch.linalg.eigh`` on CUDA, in the coupled Newton stopping test, and
 for ``failure.max_consecutive_root_failures``. Counters (:attr:`metrics`)
-are device tensors read lazily.
+are device tensors read lazily. Distributed, the ``"raise"`` check and the
+root-failure limit are all-reduces (so every rank raises together), and the
+direction all-gather waits for every rank of the trainer group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -52,7 +59,9 @@ from .blocks import (
     put,
     take,
 )
+from .distributed import BlockKey, DistributedConfig, Distributor, is_dtensor
 from .errors import NonFiniteGradientError, RootFailureError
+from .invariance import rowwise
 
 _FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _ELEMENTWISE_STATE = ("graft", "filtered", "momentum", "graft_momentum")
@@ -64,9 +73,42 @@ class GroupPlan:
 
     config: ShampooConfig
     layouts: list[ParamLayout]
-    buckets: list[Bucket]
+    buckets: list[Bucket]  # distributed: the blocks this rank owns only
     dtypes: list[torch.dtype]  # per parameter: dtype of its elementwise state and directions
     names: list[str]
+    factor_dtype: torch.dtype
+    #: distributed: the owner (rank in the trainer group) of each (position, block).
+    owners: dict[tuple[int, int], int] | None = None
+
+
+@dataclass
+class _StepInput:
+    """One param group at this step: merged parameters and gradients (eqs. 1-2)."""
+
+    gi: int
+    gp: GroupPlan
+    params: list[torch.Tensor]
+    active: list[int]
+    w: dict[int, torch.Tensor]
+    g: dict[int, torch.Tensor]
+    steps: dict[int, int]
+    lr: float
+
+
+@dataclass
+class _Cohort:
+    """Parameters of a group at the same step t, between the state update and the update."""
+
+    inp: _StepInput
+    t: int
+    positions: list[int]
+    elem_ok: dict[int, torch.Tensor]
+    graft_dir: dict[int, torch.Tensor]
+    use_shampoo: bool
+    #: directions of the blocks held here, keyed (position, block); None: not needed.
+    owned: dict[tuple[int, int], torch.Tensor] | None
+    root_step: bool
+    root_counts: list[tuple[Bucket, list[int], torch.Tensor]]
 
 
 def _norms(x: torch.Tensor) -> torch.Tensor:
@@ -91,6 +133,13 @@ class Shampoo(torch.optim.Optimizer):
             rate is the group's ``"lr"``, else this ``lr``, else the group
             config's ``learning_rate``; it is stored in ``group["lr"]`` so LR
             schedulers work.
+        distributed: spread the block work over the ranks of a
+            ``torch.distributed`` process group (:mod:`shampoo_torch.distributed`):
+            every rank keeps the factors of its own blocks only and the
+            directions are all-gathered; the result equals one process. None:
+            one process. Use it with the parameters of a DistributedDataParallel
+            model (gradients already averaged); every rank passes the same
+            parameters, configs and DistributedConfig.
 
     Parameters may be float32/float64/bfloat16/float16 on any device. Factors
     and roots are kept in ``config.factor_dtype``; elementwise state (graft,
@@ -104,12 +153,19 @@ class Shampoo(torch.optim.Optimizer):
         config: ShampooConfig | None = None,
         *,
         lr: float | None = None,
+        distributed: DistributedConfig | None = None,
     ) -> None:
         config = ShampooConfig() if config is None else config
         if not isinstance(config, ShampooConfig):
             raise TypeError(f"config must be a ShampooConfig, got {type(config).__name__}.")
         if lr is not None:
             _check_lr(lr)
+        if distributed is not None and not isinstance(distributed, DistributedConfig):
+            raise ValueError(
+                f"distributed = {distributed!r} is invalid: allowed a "
+                "shampoo_torch.DistributedConfig or None."
+            )
+        self._dist = None if distributed is None else Distributor(distributed)
         self._lr_override = lr
         self._plans: list[GroupPlan] = []
         self._counters: dict[torch.device, dict[str, torch.Tensor]] = {}
@@ -138,8 +194,29 @@ class Shampoo(torch.optim.Optimizer):
         for p in params:
             if not p.is_floating_point():
                 raise TypeError(f"Shampoo needs floating-point parameters, got {p.dtype}.")
+            if is_dtensor(p):
+                raise TypeError(
+                    "Shampoo does not support DTensor (FSDP2 fully_shard) parameters yet; "
+                    "use DistributedDataParallel with Shampoo(distributed=DistributedConfig())."
+                )
         plans = [plan_parameter(tuple(p.shape), cfg) for p in params]
-        layouts, buckets = build_buckets(plans, [p.device for p in params], fdt)
+        owners = None
+        owned: Callable[[int, int], bool] | None = None
+        if self._dist is not None:
+            first = self.param_groups[0]["params"][0] if self.param_groups else params[0]
+            for p in params:
+                if p.device != first.device:
+                    raise ValueError(
+                        f"parameter device {p.device} is invalid with distributed Shampoo: "
+                        f"allowed one device per rank ({first.device})."
+                    )
+            owners = self._dist.assign(plans, cfg)
+            rank, table = self._dist.rank, owners
+
+            def owned(pos: int, b: int) -> bool:
+                return table[(pos, b)] == rank
+
+        layouts, buckets = build_buckets(plans, [p.device for p in params], fdt, owned)
         init = cfg.epsilon.value if cfg.statistics.initial_value == "epsilon_identity" else 0.0
         for bucket in buckets:
             bucket.allocate(init, cfg.eigenvalue_correction is not None)
@@ -161,7 +238,7 @@ class Shampoo(torch.optim.Optimizer):
             for key in _ELEMENTWISE_STATE:
                 if wanted[key]:
                     st[key] = torch.zeros(lay.merged_shape, dtype=dt, device=p.device)
-        return GroupPlan(cfg, layouts, buckets, dtypes, list(names))
+        return GroupPlan(cfg, layouts, buckets, dtypes, list(names), fdt, owners)
 
     # ----------------------------------------------------------- metrics
     def _counter(self, device: torch.device) -> dict[str, torch.Tensor]:
@@ -178,7 +255,9 @@ class Shampoo(torch.optim.Optimizer):
 
         ``root_failures``: factors whose inverse root failed and kept the
         previous root (eq. 13); ``skipped_blocks``: blocks skipped for a
-        non-finite gradient (eq. 3, ``"skip_block"``).
+        non-finite gradient (eq. 3, ``"skip_block"``). Distributed,
+        ``root_failures`` counts this rank's blocks only (the ranks of a
+        trainer group add up to the single-process count).
         """
         out = {"root_failures": 0, "skipped_blocks": 0}
         for counters in self._counters.values():
@@ -189,22 +268,37 @@ class Shampoo(torch.optim.Optimizer):
     # -------------------------------------------------------------- step
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One Shampoo step for every parameter that has a gradient (eqs. 1-21)."""
+        """One Shampoo step for every parameter that has a gradient (eqs. 1-21).
+
+        Phases, each over every param group: read the gradients and apply the
+        eq. (3) ``"raise"`` check (nothing has changed yet); per cohort update
+        the state and compute the block directions (eqs. 6-18; distributed:
+        the blocks this rank owns); exchange the directions (distributed
+        only: one all-gather); assemble and update (eqs. 18-21).
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group, plan in zip(self.param_groups, self._plans, strict=True):
-            self._step_group(group, plan)
+        inputs = [
+            self._gradients(gi, group, gp)
+            for gi, (group, gp) in enumerate(zip(self.param_groups, self._plans, strict=True))
+        ]
+        self._check_nonfinite(inputs)
+        cohorts = [c for inp in inputs if inp is not None for c in self._begin_cohorts(inp)]
+        self._check_root_failures(cohorts)
+        blocks = self._exchange(cohorts)
+        for c in cohorts:
+            self._finish_cohort(c, blocks)
         return loss
 
-    def _step_group(self, group: dict[str, Any], gp: GroupPlan) -> None:
+    def _gradients(self, gi: int, group: dict[str, Any], gp: GroupPlan) -> _StepInput | None:
+        """Eqs. (1)-(2): the merged parameters and (L2-decayed) gradients; no state changes."""
         cfg = gp.config
         params: list[torch.Tensor] = group["params"]
         active = [i for i, p in enumerate(params) if p.grad is not None]
         if not active:
-            return
-        lr = float(group["lr"])
+            return None
         wd = cfg.weight_decay
         w: dict[int, torch.Tensor] = {}
         g: dict[int, torch.Tensor] = {}
@@ -218,47 +312,75 @@ class Shampoo(torch.optim.Optimizer):
                 grad = grad + wd.value * w[i]  # eq. (2)
             g[i] = grad
         steps = {i: self.state[params[i]]["step"] + 1 for i in active}  # eq. (1)
-        if cfg.failure.nonfinite_gradient == "raise":
-            self._raise_if_nonfinite(gp, active, g, steps)
+        return _StepInput(gi, gp, params, active, w, g, steps, float(group["lr"]))
+
+    def _begin_cohorts(self, inp: _StepInput) -> list[_Cohort]:
         # Parameters that missed steps (no grad) run on their own counter.
         cohorts: dict[int, list[int]] = {}
-        for i in active:
-            cohorts.setdefault(steps[i], []).append(i)
-        for t, positions in cohorts.items():
-            self._step_cohort(params, gp, t, positions, w, g, lr)
+        for i in inp.active:
+            cohorts.setdefault(inp.steps[i], []).append(i)
+        return [self._begin_cohort(inp, t, positions) for t, positions in cohorts.items()]
 
-    def _raise_if_nonfinite(
-        self, gp: GroupPlan, active: list[int], g: dict[int, torch.Tensor], steps: dict[int, int]
-    ) -> None:
-        """Eq. (3), ``"raise"``: one host read per device, before any state changes.
+    # ------------------------------------------------------ eq. (3) raise
+    def _check_nonfinite(self, inputs: list[_StepInput | None]) -> None:
+        """Eq. (3), ``"raise"``: before any state changes, on every rank alike.
+
+        Distributed: one all-reduce over the process group, whenever some
+        param group has the ``"raise"`` policy, so a gradient that is bad on
+        one rank only makes every rank raise the same error.
+        """
+        raising = [
+            inp for inp in inputs
+            if inp is not None and inp.gp.config.failure.nonfinite_gradient == "raise"
+        ]
+        local = None
+        for inp in raising:
+            pos = self._first_nonfinite(inp)
+            if pos is not None:
+                local = (inp.gi, pos)
+                break
+        where = ""
+        if self._dist is not None:
+            if not any(gp.config.failure.nonfinite_gradient == "raise" for gp in self._plans):
+                return
+            found = self._dist.first_flagged(local, 2, self._device(), whole_world=True)
+            if found is None:
+                return
+            rank, local = found
+            where = (f" on rank {rank} of {self._dist.full_world} (every rank raises this "
+                     "error)")
+        if local is None:
+            return
+        gi, pos = local
+        gp = self._plans[gi]
+        step = self.state[self.param_groups[gi]["params"][pos]]["step"] + 1
+        raise NonFiniteGradientError(
+            f"non-finite gradient in parameter {gp.names[pos]!r} at step {step}{where}; "
+            "failure.nonfinite_gradient='raise' (no optimizer state or parameter was "
+            "changed by this step; 'skip_block' skips such blocks instead)."
+        )
+
+    @staticmethod
+    def _first_nonfinite(inp: _StepInput) -> int | None:
+        """The first parameter with a non-finite gradient, or None: one host read per device.
 
         Fast path: a finite sum proves every entry finite (one read pass per
         gradient); only when some sum is not finite (a NaN/inf, or an overflow
         of huge finite values) is each gradient checked entrywise.
         """
         sums: dict[torch.device, list[torch.Tensor]] = {}
-        for i in active:
-            sums.setdefault(g[i].device, []).append(g[i].sum())
+        for i in inp.active:
+            sums.setdefault(inp.g[i].device, []).append(inp.g[i].sum())
         if all(bool(torch.isfinite(torch.stack(s)).all()) for s in sums.values()):
-            return
-        for i in active:
-            if not bool(torch.isfinite(g[i]).all()):
-                raise NonFiniteGradientError(
-                    f"non-finite gradient in parameter {gp.names[i]!r} at step {steps[i]}; "
-                    "failure.nonfinite_gradient='raise' (no optimizer state or parameter was "
-                    "changed by this step; 'skip_block' skips such blocks instead)."
-                )
+            return None
+        for i in inp.active:
+            if not bool(torch.isfinite(inp.g[i]).all()):
+                return i
+        return None
 
-    def _step_cohort(
-        self,
-        params: list[torch.Tensor],
-        gp: GroupPlan,
-        t: int,
-        positions: list[int],
-        w: dict[int, torch.Tensor],
-        g: dict[int, torch.Tensor],
-        lr: float,
-    ) -> None:
+    def _begin_cohort(self, inp: _StepInput, t: int, positions: list[int]) -> _Cohort:
+        """Eqs. (3)-(18) for the parameters at step t: state updates and block directions."""
+        params, gp, g = inp.params, inp.gp, dict(inp.g)
         cfg = gp.config
         # Eq. (3), "skip_block": per-block finite flags, no host sync.
         block_ok: dict[int, list[torch.Tensor]] = {}
@@ -283,34 +405,126 @@ class Shampoo(torch.optim.Optimizer):
 
         # Eqs. (6)-(13), (17): statistics, roots, corrected moment, per bucket.
         selected = self._select_rows(gp, positions, block_ok)
+        root_step = is_root_step(t, cfg.schedule)
+        root_counts = []
         for bi, (members, rows, ok_rows) in selected.items():
             bucket = gp.buckets[bi]
             gb = gather(bucket, gp.layouts, g, members)
             if is_statistics_step(t, cfg.schedule):
                 self._update_statistics(bucket, gb, rows, ok_rows, cfg)
-            if is_root_step(t, cfg.schedule):
-                self._refresh_roots(bucket, rows, ok_rows, members, gp, t)
+            if root_step:
+                updated = self._refresh_roots(bucket, rows, ok_rows, cfg)
+                root_counts.append((bucket, members, updated))
             if cfg.eigenvalue_correction is not None:
                 self._update_corrected_moment(bucket, gb, rows, ok_rows, cfg)
 
-        # Eq. (14c): graft direction; eqs. (16)-(18): Shampoo direction.
+        # Eq. (14c): graft direction; eqs. (16)-(18): Shampoo direction of each block.
         graft_dir = {
             i: grafting.direction(filtered[i], self.state[params[i]].get("graft"), t, cfg.grafting)
             for i in positions
         }
         use_shampoo = uses_preconditioner(t, cfg.schedule)
         separate = "graft_momentum" in self.state[params[positions[0]]]
-        shampoo_dir = None
+        owned = None
         if use_shampoo or separate:
-            shampoo_dir = self._shampoo_directions(gp, positions, selected, filtered, graft_dir)
+            owned = self._block_directions(gp, selected, filtered, graft_dir)
+        return _Cohort(inp, t, positions, elem_ok, graft_dir, use_shampoo, owned, root_step,
+                       root_counts)
 
-        # Eqs. (19)-(21): direction decay, momentum, update.
-        for i in positions:
-            st = self.state[params[i]]
-            st["step"] = t
+    def _finish_cohort(self, c: _Cohort, blocks: dict[BlockKey, torch.Tensor]) -> None:
+        """Eqs. (18)-(21): assemble the directions, momentum, update."""
+        inp, cfg = c.inp, c.inp.gp.config
+        shampoo_dir = None
+        if c.owned is not None:
+            shampoo_dir = self._assemble_directions(inp.gp, inp.gi, c.positions, blocks,
+                                                    c.graft_dir)
+        for i in c.positions:
+            st = self.state[inp.params[i]]
+            st["step"] = c.t
             s_dir = shampoo_dir[i] if shampoo_dir is not None else None
-            u = self._momentum(st, s_dir, graft_dir[i], w[i], use_shampoo, cfg, lr, elem_ok.get(i))
-            self._apply_update(params[i], w[i], u, cfg, lr, elem_ok.get(i))
+            ok = c.elem_ok.get(i)
+            u = self._momentum(st, s_dir, c.graft_dir[i], inp.w[i], c.use_shampoo, cfg, inp.lr,
+                               ok)
+            self._apply_update(inp.params[i], inp.w[i], u, cfg, inp.lr, ok)
+
+    # ---------------------------------------------- eq. (13) failure limit
+    def _check_root_failures(self, cohorts: list[_Cohort]) -> None:
+        """Eq. (13): raise when a block's roots failed more root steps in a row than allowed.
+
+        Checked after every cohort's roots (before any parameter changes);
+        distributed: one all-reduce over the trainer group on root steps, so
+        every rank raises for the same block (named with its owner).
+        """
+        exceeded: tuple[int, ...] | None = None  # (group, position, block, count, step)
+        checked = False
+        for c in cohorts:
+            limit = c.inp.gp.config.failure.max_consecutive_root_failures
+            if limit is None or not c.root_step:
+                continue
+            checked = True
+            for bucket, members, updated in c.root_counts:
+                over = updated > limit
+                if bool(over.any()):  # root steps only (amortized)
+                    j = int(torch.nonzero(over)[0, 0])
+                    pos, block = bucket.members[members[j]]
+                    found = (c.inp.gi, pos, block, int(updated[j]), c.t)
+                    exceeded = found if exceeded is None else min(exceeded, found)
+        where = ""
+        if self._dist is not None and checked:
+            agreed = self._dist.first_flagged(exceeded, 5, self._device(), whole_world=False)
+            exceeded = None if agreed is None else agreed[1]
+            if agreed is not None:
+                where = f" (owned by rank {agreed[0]}; every rank raises this error)"
+        if exceeded is None:
+            return
+        gi, pos, block, count, t = exceeded
+        gp = self._plans[gi]
+        shape = gp.layouts[pos].plan.blocks[block].shape
+        raise RootFailureError(
+            f"inverse roots of block {block} (shape {shape}) of parameter "
+            f"{gp.names[pos]!r} failed on {count} root steps in a row, the last "
+            f"at step {t} (failure.max_consecutive_root_failures="
+            f"{gp.config.failure.max_consecutive_root_failures}){where}."
+        )
+
+    # ------------------------------------------------- direction exchange
+    def _exchange(self, cohorts: list[_Cohort]) -> dict[BlockKey, torch.Tensor]:
+        """Every block's direction, keyed (group, position, block).
+
+        One process: the blocks computed here. Distributed: one all-gather of
+        the owners' directions (:class:`~shampoo_torch.distributed.DirectionExchange`);
+        the gathered values are used on every rank, the owner's included.
+        """
+        wanted = [c for c in cohorts if c.owned is not None]
+        mine = {
+            (c.inp.gi, pos, b): d for c in wanted for (pos, b), d in (c.owned or {}).items()
+        }
+        if self._dist is None or not wanted:
+            return mine
+        order: list[tuple[BlockKey, torch.Size, int]] = []
+        dtypes = []
+        for c in wanted:
+            gp = c.inp.gp
+            assert gp.owners is not None
+            for pos in c.positions:
+                plan = gp.layouts[pos].plan
+                if not plan.preconditioned:
+                    continue
+                dtypes.append(gp.factor_dtype)
+                for b, block in enumerate(plan.blocks):
+                    order.append(((c.inp.gi, pos, b), torch.Size(block.shape),
+                                  gp.owners[(pos, b)]))
+        if not order:
+            return mine
+        dtype = self._dist.comm_dtype
+        if dtype is None:
+            dtype = torch.float64 if torch.float64 in dtypes else torch.float32
+        return self._dist.exchange.run(
+            order, mine, dtype, self._device(), lambda key: self._plans[key[0]].factor_dtype
+        )
+
+    def _device(self) -> torch.device:
+        return self.param_groups[0]["params"][0].device
 
     # ------------------------------------------------------ eq. (3) skip
     @staticmethod
@@ -374,18 +588,29 @@ class Shampoo(torch.optim.Optimizer):
     def _update_statistics(
         bucket: Bucket, gb: torch.Tensor, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig
     ) -> None:
-        """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as one batched GEMM per dim."""
+        """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as one batched GEMM per dim.
+
+        A 1-d block contracts over nothing (``G G^T`` is an outer product);
+        there the update is elementwise, because CPU ``baddbmm`` fuses a
+        rank-1 update differently for one batch row than for several, which
+        would make a block's factor depend on its bucket (:mod:`.invariance`).
+        """
         stats = cfg.statistics
         beta2 = stats.beta2
         weight = 1.0 if (beta2 == 1.0 or stats.ema_weight == "one") else 1.0 - beta2
         in_place = rows is None and ok is None
         for k in bucket.dims:
             a, b = contraction_operands(gb, k)
-            if in_place:
+            if a.shape[-1] == 1:  # rank-1 update: products, scalings and sums entry by entry
+                outer = a * b if weight == 1.0 else weight * (a * b)
+                old = take(bucket.factors[k], rows)
+                new = outer + (old if beta2 == 1.0 else beta2 * old)
+            elif in_place:
                 bucket.factors[k].baddbmm_(a, b, beta=beta2, alpha=weight)
                 continue
-            old = take(bucket.factors[k], rows)
-            new = torch.baddbmm(old, a, b, beta=beta2, alpha=weight)
+            else:
+                old = take(bucket.factors[k], rows)
+                new = torch.baddbmm(old, a, b, beta=beta2, alpha=weight)
             new = _masked(new, old, None if ok is None else ok[:, None, None])
             bucket.factors[k] = put(bucket.factors[k], rows, new)
         assert bucket.statistics_updates is not None
@@ -395,38 +620,45 @@ class Shampoo(torch.optim.Optimizer):
         )
 
     def _refresh_roots(
-        self,
-        bucket: Bucket,
-        rows: Rows,
-        ok: torch.Tensor | None,
-        members: list[int],
-        gp: GroupPlan,
-        t: int,
-    ) -> None:
-        """Eqs. (7), (9)-(13): new roots (or eigenbases) for every factor, failures kept."""
-        cfg = gp.config
+        self, bucket: Bucket, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig
+    ) -> torch.Tensor:
+        """Eqs. (7), (9)-(13): new roots (or eigenbases) for every factor, failures kept.
+
+        Returns the updated consecutive-failure count of each row; the limit
+        is checked by :meth:`_check_root_failures` once every cohort is done.
+        Roots are computed one block per call on CPU (:func:`rowwise`), so a
+        block's root does not depend on the other blocks of its bucket.
+        """
         stats = cfg.statistics
         assert bucket.statistics_updates is not None and bucket.consecutive_failures is not None
         n = take(bucket.statistics_updates, rows)
         bc = None
         if stats.bias_correction and stats.beta2 < 1.0:  # eq. (7)
-            power = torch.pow(stats.beta2, n.to(bucket.dtype))
+            power = rowwise(lambda x: torch.pow(stats.beta2, x), n.to(bucket.dtype))
             bc = torch.where(n > 0, 1.0 - power, torch.ones_like(power))
-        failed_any = torch.zeros(len(members), dtype=torch.bool, device=bucket.device)
+        failed_any = torch.zeros(n.shape[0], dtype=torch.bool, device=bucket.device)
         method = cfg.root_inverse
         counter = self._counter(bucket.device)
         for k in bucket.dims:
             a = take(bucket.factors[k], rows)
             if bc is not None:
                 a = a / bc[:, None, None]
+            root = bucket.roots[k]
             if cfg.eigenvalue_correction is not None:
-                new, good = roots.eigenbasis(a)
+                new, good = rowwise(roots.eigenbasis, a)
             elif isinstance(method, CoupledNewtonConfig):
-                new, good = roots.root_inverse_coupled_newton(
-                    a, int(bucket.roots[k]), cfg.epsilon, method
+                new, good = rowwise(
+                    partial(roots.root_inverse_coupled_newton, root=int(root), eps=cfg.epsilon,
+                            config=method),
+                    a,
                 )
             else:
-                new, good = roots.root_inverse_eigh(a, bucket.roots[k], cfg.epsilon)
+                new, good = rowwise(
+                    partial(roots.root_inverse_eigh, root=root, eps=cfg.epsilon), a
+                )
+            # Row-major, whatever layout the decomposition returned: later matmuls must
+            # pick the same kernel for a block whatever its batch (:mod:`.invariance`).
+            new = new.contiguous()
             failed = ~good if ok is None else (~good & ok)
             keep_new = good if ok is None else (good & ok)
             old = take(bucket.inverse_roots[k], rows)
@@ -440,15 +672,7 @@ class Shampoo(torch.optim.Optimizer):
         if ok is not None:
             updated = torch.where(ok, updated, consecutive)
         bucket.consecutive_failures = put(bucket.consecutive_failures, rows, updated)
-        limit = cfg.failure.max_consecutive_root_failures
-        if limit is not None and bool((updated > limit).any()):  # root steps only
-            j = int(torch.nonzero(updated > limit)[0, 0])
-            pos, block = bucket.members[members[j]]
-            raise RootFailureError(
-                f"inverse roots of block {block} (shape {bucket.shape}) of parameter "
-                f"{gp.names[pos]!r} failed on {int(updated[j])} root steps in a row, the last "
-                f"at step {t} (failure.max_consecutive_root_failures={limit})."
-            )
+        return updated
 
     @staticmethod
     def _rotate(
@@ -482,17 +706,20 @@ class Shampoo(torch.optim.Optimizer):
         )
 
     # -------------------------------------------- eqs. (16)-(18) direction
-    def _shampoo_directions(
+    def _block_directions(
         self,
         gp: GroupPlan,
-        positions: list[int],
         selected: dict[int, tuple[list[int], Rows, torch.Tensor | None]],
         filtered: dict[int, torch.Tensor],
         graft_dir: dict[int, torch.Tensor],
-    ) -> dict[int, torch.Tensor]:
+    ) -> dict[tuple[int, int], torch.Tensor]:
+        """Eqs. (16)-(17) per bucket, and eq. (18) when its scope is the block.
+
+        Keyed (parameter position, block); only the blocks held here (all of
+        them in one process, the owned ones when distributed).
+        """
         cfg = gp.config
         graft = cfg.grafting
-        grafted = graft.type != "none"
         per_block: dict[tuple[int, int], torch.Tensor] = {}
         for bi, (members, rows, _) in selected.items():
             bucket = gp.buckets[bi]
@@ -503,20 +730,32 @@ class Shampoo(torch.optim.Optimizer):
                 pb = fb
                 for k in bucket.dims:  # eq. (16)
                     pb = mode_product(pb, take(bucket.inverse_roots[k], rows), k)
-            if grafted and graft.norm_scope == "block":  # eq. (18), per block
+            if graft.type != "none" and graft.norm_scope == "block":  # eq. (18), per block
                 gd = gather(bucket, gp.layouts, graft_dir, members)
                 pb = pb * (_norms(gd) / (_norms(pb) + graft.norm_epsilon))
             for j, r in enumerate(members):
                 per_block[bucket.members[r]] = pb[j]
+        return per_block
+
+    def _assemble_directions(
+        self,
+        gp: GroupPlan,
+        gi: int,
+        positions: list[int],
+        blocks: dict[BlockKey, torch.Tensor],
+        graft_dir: dict[int, torch.Tensor],
+    ) -> dict[int, torch.Tensor]:
+        """Each parameter's Shampoo direction from its blocks, eq. (18) per parameter."""
+        graft = gp.config.grafting
         out = {}
         for i in positions:
             lay = gp.layouts[i]
             if not lay.plan.preconditioned:
                 out[i] = graft_dir[i]  # skip rules: the graft direction (eq. 18)
                 continue
-            pi = assemble(lay, [per_block[(i, b)] for b in range(len(lay.block_slices))],
+            pi = assemble(lay, [blocks[(gi, i, b)] for b in range(len(lay.block_slices))],
                           gp.dtypes[i])
-            if grafted and graft.norm_scope == "parameter":  # eq. (18), whole parameter
+            if graft.type != "none" and graft.norm_scope == "parameter":  # eq. (18)
                 scale = torch.linalg.vector_norm(graft_dir[i]) / (
                     torch.linalg.vector_norm(pi) + graft.norm_epsilon
                 )
@@ -534,11 +773,13 @@ class Shampoo(torch.optim.Optimizer):
         d = take(bucket.corrected, rows)
         if ec.bias_correction and ec.beta2 < 1.0:
             n = take(bucket.corrected_updates, rows)
-            power = torch.pow(ec.beta2, n.to(bucket.dtype))
+            power = rowwise(lambda x: torch.pow(ec.beta2, x), n.to(bucket.dtype))
             bc = torch.where(n > 0, 1.0 - power, torch.ones_like(power))
             d = d / bc.view(-1, *([1] * (d.dim() - 1)))
         rotated = self._rotate(bucket, fb, rows, transpose=True)
-        scaled = rotated / (d ** (1.0 / ec.root) + ec.epsilon)
+        # sqrt is correctly rounded (batch invariant); other roots one block per call.
+        root_d = torch.sqrt(d) if ec.root == 2 else rowwise(lambda x: x ** (1.0 / ec.root), d)
+        scaled = rotated / (root_d + ec.epsilon)
         return self._rotate(bucket, scaled, rows, transpose=False)
 
     # ---------------------------------------- eqs. (19)-(21) momentum, update
@@ -619,6 +860,23 @@ class Shampoo(torch.optim.Optimizer):
         counts, configs or any state shape differ from this optimizer's.
         """
         checkpoint.load_state_dict(self, state_dict)
+
+    def distributed_state_dict(self) -> dict[str, Any]:
+        """Every block's state, keyed by parameter name and block, loadable at any world size.
+
+        Gathered over the trainer group when distributed (a collective: call it
+        on every rank; every rank gets the whole dict, save it on one). The
+        format is in :mod:`shampoo_torch.checkpoint`.
+        """
+        return checkpoint.distributed_state_dict(self)
+
+    def load_distributed_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a :meth:`distributed_state_dict` saved at any world size (1 included).
+
+        Each rank keeps the blocks it owns; raises ValueError (changing
+        nothing) when names, configs, blocks or shapes differ.
+        """
+        checkpoint.load_distributed_state_dict(self, state_dict)
 
 
 def _check_lr(lr: object) -> None:
