@@ -78,13 +78,15 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         session.run("pytest", *PYTEST_OPTIONS, *session.posargs, env=env)
         return
-    eager = ["reference"] + (["torch"] if "torch_impl" in MEMBERS else [])
+    # torch-ddp: two gloo worker processes, started once and reused by the suite.
+    eager = ["reference"] + (["torch", "torch-ddp"] if "torch_impl" in MEMBERS else [])
     session.run(
         "pytest", *PYTEST_OPTIONS, *TEST_DIRS, *(f"--backend={b}" for b in eager), env=env
     )
     if "jax_impl" in MEMBERS:
         session.run(
-            "pytest", *PYTEST_OPTIONS, SUITE, "--backend=jax", "-m", "not random_configs",
+            "pytest", *PYTEST_OPTIONS, SUITE, "--backend=jax", "--backend=jax-sharded",
+            "-m", "not random_configs",
             env={**env, "XLA_FLAGS": os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)},
         )
 
@@ -134,6 +136,7 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "shampoo_torch.bench_distributed", *session.posargs)
     if "jax_impl" in MEMBERS:
         session.run("python", "-m", "shampoo_jax.bench", *session.posargs)
+        session.run("python", "-m", "shampoo_jax.bench_sharded", *session.posargs)
 
 
 @nox.session

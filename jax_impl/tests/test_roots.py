@@ -55,3 +55,28 @@ def test_nonfinite_or_failed_root_is_reported_per_matrix() -> None:
         assert ok.tolist() == [True, False]
         _, ok = compute_root(jnp.asarray(good[None]), 3, config)  # 1 iteration: error too big
         assert ok.tolist() == [False]
+
+
+@pytest.mark.parametrize("method", ["eigh", "coupled_newton", "eigenbasis"])
+def test_inactive_matrices_are_skipped_without_touching_the_others(method: str) -> None:
+    """``active`` (masked blocks, sharding's padding) changes nothing for the active ones.
+
+    Inactive matrices are not decomposed (their results are discarded by the
+    caller): a NaN-free identity-like result, bitwise-equal active results.
+    """
+    config = ss.ShampooConfig(
+        epsilon=ss.EpsilonConfig(value=1e-6, scale="relative"),
+        root_inverse=ss.CoupledNewtonConfig() if method == "coupled_newton" else ss.EighConfig(),
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig() if method == "eigenbasis" else None,
+    )
+    mats = jnp.asarray(np.stack([spd(6, c, s) for s, c in enumerate((1.0, 1e2, 1e3, 10.0))]),
+                       jnp.float32)
+    active = jnp.asarray([True, False, True, False])
+    x_all, ok_all = jax.jit(lambda a: compute_root(a, 4, config))(mats)
+    x, ok = jax.jit(lambda a, m: compute_root(a, 4, config, m))(mats, active)
+    for i in (0, 2):
+        np.testing.assert_array_equal(np.asarray(x[i]), np.asarray(x_all[i]))
+        assert bool(ok[i]) and bool(ok_all[i])
+    assert bool(jnp.all(jnp.isfinite(x)))
+    for i in (1, 3):  # really skipped: not the decomposition of the matrix
+        assert not np.allclose(np.asarray(x[i]), np.asarray(x_all[i]), atol=1e-3)

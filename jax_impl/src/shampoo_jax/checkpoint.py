@@ -6,6 +6,12 @@ structure of a freshly initialised state (``opt.init(params)``). The round
 trip is bit-identical, so training resumes exactly (tests/test_checkpoint.py).
 Store the list with ``numpy.savez`` and load it with ``numpy.load``
 (``allow_pickle=False``).
+
+Sharded states (:mod:`shampoo_jax.sharded`) are saved in the single-device
+layout: ``sharded_state_to_arrays`` drops the padding, so the arrays equal
+those of the same state on one device, and ``sharded_state_from_arrays``
+pads and places them for any device count. A state saved on N devices
+resumes on N' (or on one device with ``state_from_arrays``) exactly.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .sharded import ShardingConfig, shard_state, unshard_state
 
 
 def state_to_arrays(state: Any) -> list[np.ndarray]:
@@ -39,4 +47,31 @@ def state_from_arrays(arrays: list[np.ndarray], like: Any) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
-__all__ = ["state_from_arrays", "state_to_arrays"]
+def sharded_state_to_arrays(
+    state: Any, like: Any, sharding: ShardingConfig
+) -> list[np.ndarray]:
+    """A state sharded by ``sharding`` -> the arrays of the single-device layout.
+
+    ``like``: the single-device state or its shapes,
+    ``jax.eval_shape(shampoo(config).init, params)``. Padding is dropped.
+    """
+    return state_to_arrays(unshard_state(state, like, sharding))
+
+
+def sharded_state_from_arrays(
+    arrays: list[np.ndarray], like: Any, sharding: ShardingConfig, params: Any | None = None
+) -> Any:
+    """Single-device-layout arrays -> a state padded and placed for ``sharding``.
+
+    ``like`` as in :func:`sharded_state_to_arrays`; ``params`` (optional):
+    elementwise states take their NamedShardings.
+    """
+    return shard_state(state_from_arrays(arrays, like), sharding, params)
+
+
+__all__ = [
+    "sharded_state_from_arrays",
+    "sharded_state_to_arrays",
+    "state_from_arrays",
+    "state_to_arrays",
+]

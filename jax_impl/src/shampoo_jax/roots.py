@@ -38,16 +38,34 @@ def _eye_like(a: Array) -> Array:
     return jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
 
 
-def _eigh(a: Array) -> tuple[Array, Array]:
+def _eigh(a: Array, active: Array | None = None) -> tuple[Array, Array]:
     """``jnp.linalg.eigh`` over a stack; on CPU one matrix at a time (``lax.map``).
 
     jaxlib's CPU kernel spreads a batch over XLA's thread pool and calls the
     (scipy-bundled) OpenBLAS from several threads at once; with a
     multithreaded OpenBLAS that deadlocks on large matrices (jaxlib 0.10.2, 2
     cores). One call at a time is safe and LAPACK still threads inside it.
+
+    ``active`` (``[b]`` bools, optional): on the one-at-a-time path a matrix
+    with ``active = False`` is not decomposed (``lax.cond``); it gets
+    eigenvalues 1 and the identity as eigenvectors. Its caller discards it:
+    a block masked by eq. (3), or a padding block of the sharded state. The
+    batched path decomposes every matrix.
     """
     if a.shape[0] > 1 and jax.default_backend() == "cpu":
-        return lax.map(lambda m: jnp.linalg.eigh(m, symmetrize_input=False), a)
+        def one(m: Array) -> tuple[Array, Array]:
+            lam, q = jnp.linalg.eigh(m, symmetrize_input=False)
+            return lam, q
+
+        if active is None:
+            return lax.map(one, a)
+
+        def skip(m: Array) -> tuple[Array, Array]:
+            # zeros_like(m): the result varies over a mesh axis like m (shard_map).
+            eye = jnp.zeros_like(m) + jnp.eye(m.shape[-1], dtype=m.dtype)
+            return jnp.ones_like(m[0]), eye
+
+        return lax.map(lambda mo: lax.cond(mo[1], one, skip, mo[0]), (a, active))
     return jnp.linalg.eigh(a, symmetrize_input=False)
 
 
@@ -56,11 +74,11 @@ def all_finite(a: Array) -> Array:
     return jnp.all(jnp.isfinite(a), axis=(-2, -1))
 
 
-def effective_epsilon(a: Array, eps: EpsilonConfig) -> Array:
+def effective_epsilon(a: Array, eps: EpsilonConfig, active: Array | None = None) -> Array:
     """Eq. (9): ``value``, or ``value * max(lambda_max(A), relative_floor)``; shape ``[b]``."""
     if eps.scale == "absolute":
-        return jnp.full(a.shape[:-2], eps.value, dtype=a.dtype)
-    lam_max = _eigh(symmetrize(a))[0][..., -1]
+        return jnp.full_like(a[..., 0, 0], eps.value)  # varies with ``a`` under shard_map
+    lam_max = _eigh(symmetrize(a), active)[0][..., -1]
     return eps.value * jnp.maximum(lam_max, eps.relative_floor)
 
 
@@ -75,19 +93,21 @@ def regularized_eigenvalues(lam: Array, eps: Array, placement: str) -> Array:
     return jnp.maximum(lam, e)  # "floor" and "ridge_floor"
 
 
-def root_inverse_eigh(a: Array, root: float, eps: Array, placement: str) -> Array:
-    """Eq. (10): ``X = Q diag(lambda'^(-1/root)) Q^T`` for each matrix."""
+def root_inverse_eigh(
+    a: Array, root: float, eps: Array, placement: str, active: Array | None = None
+) -> Array:
+    """Eq. (10): ``X = Q diag(lambda'^(-1/root)) Q^T`` for each matrix (``active``: see _eigh)."""
     a = symmetrize(a)
     if placement in ("ridge", "ridge_floor"):
         a = a + eps[..., None, None] * _eye_like(a)
-    lam, q = _eigh(a)
+    lam, q = _eigh(a, active)
     lam = regularized_eigenvalues(lam, eps, placement)
     return _matmul(q * lam[..., None, :] ** (-1.0 / root), jnp.swapaxes(q, -1, -2))
 
 
-def eigenbasis(a: Array) -> Array:
+def eigenbasis(a: Array, active: Array | None = None) -> Array:
     """Eq. (17): orthonormal eigenvectors (columns, ascending eigenvalues)."""
-    return _eigh(symmetrize(a))[1]
+    return _eigh(symmetrize(a), active)[1]
 
 
 def matrix_power(a: Array, n: int) -> Array:
@@ -127,7 +147,7 @@ def _newton_start(a: Array, root: int) -> tuple[Array, Array, Array, Array]:
 
 
 def root_inverse_coupled_newton(
-    a: Array, root: int, eps: Array, config: CoupledNewtonConfig
+    a: Array, root: int, eps: Array, config: CoupledNewtonConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
     """``(A + eps I)^(-1/root)`` by eq. (11), retries included: ``(X, final error)``.
 
@@ -150,9 +170,14 @@ def root_inverse_coupled_newton(
         x, m, error, bad = _newton_start(a + ridge[..., None, None] * eye, root)
         return x, m, error, ~bad & (error > tol)
 
-    x, m, error, active = start(eps)
-    zeros = jnp.zeros(error.shape, jnp.int32)
-    carry = (x, m, error, active, jnp.zeros(error.shape, bool), zeros, zeros, eps)
+    x, m, error, started = start(eps)
+    wanted = jnp.ones_like(started) if active is None else active
+    # zeros_like, not zeros(shape): under shard_map the carry then varies over
+    # the mesh axis like the stack it belongs to (while_loop needs equal types).
+    zeros = jnp.zeros_like(error, jnp.int32)
+    # A matrix not wanted (``active`` False: discarded by the caller) is done
+    # from the start; the loop stops when the wanted ones are.
+    carry = (x, m, error, started & wanted, ~wanted, zeros, zeros, eps)
 
     def cond(carry: tuple[Array, ...]) -> Array:
         return ~jnp.all(carry[4])
@@ -192,29 +217,35 @@ def root_inverse_coupled_newton(
     return x, error
 
 
-def compute_root(a: Array, root: float, config: ShampooConfig) -> tuple[Array, Array]:
+def compute_root(
+    a: Array, root: float, config: ShampooConfig, active: Array | None = None
+) -> tuple[Array, Array]:
     """Eq. (10)/(11)/(17) for one stack of (bias-corrected) factors: ``(root, ok)``.
 
     ``ok`` is False where the input or output is non-finite or the coupled
     Newton iteration failed (eq. 11); the caller keeps the previous root there
     (eq. 13). Non-finite inputs are replaced by the identity before the
     decomposition so that they cannot disturb the batched LAPACK call.
+    ``active`` (optional ``[b]`` bools): matrices the caller will discard
+    whatever comes out (eq. 3's masked blocks, padding); where the method
+    allows it (one-at-a-time eigh on CPU, coupled Newton) they are not
+    decomposed, and their ``ok`` is meaningless.
     """
     finite_in = all_finite(a)
     a = jnp.where(finite_in[..., None, None], a, _eye_like(a))
     ok = finite_in
     if config.eigenvalue_correction is not None:
-        x = eigenbasis(a)
+        x = eigenbasis(a, active)
     else:
-        eps = effective_epsilon(a, config.epsilon)
+        eps = effective_epsilon(a, config.epsilon, active)
         method = config.root_inverse
         if isinstance(method, CoupledNewtonConfig):
-            x, error = root_inverse_coupled_newton(a, int(root), eps, method)
+            x, error = root_inverse_coupled_newton(a, int(root), eps, method, active)
             ok = ok & jnp.isfinite(error)
             if method.failure_threshold is not None:
                 ok = ok & (error < method.failure_threshold)
         else:
-            x = root_inverse_eigh(a, root, eps, config.epsilon.placement)
+            x = root_inverse_eigh(a, root, eps, config.epsilon.placement, active)
     ok = ok & all_finite(x)
     return x, ok
 

@@ -11,6 +11,10 @@
    (eqs. 16-18);
 6. direction decay, momentum, learning rate, update decay (eqs. 19-21).
 
+Steps 4-5's per-block work is one function, :func:`block_step`, so that the
+sharded transformation (:mod:`shampoo_jax.sharded`) can run it on each
+device's blocks; the single-device update calls it on all blocks.
+
 Static structure (blocks, groups, which options are on) is decided at trace
 time from ``shampoo_spec``; step-dependent decisions are traced booleans,
 so ``jax.jit`` compiles the update once per config and parameter shapes.
@@ -31,6 +35,7 @@ from shampoo_spec import ShampooConfig
 from . import blocks as B
 from . import grafting, schedule
 from .roots import compute_root
+from .sharded import ShardingConfig, shard_state, sharded_block_step
 
 
 class BlockGroupState(NamedTuple):
@@ -121,6 +126,8 @@ def _init_group(grp: B.GroupLayout, config: ShampooConfig, fdt: Any) -> BlockGro
 def shampoo(
     config: ShampooConfig,
     learning_rate: float | optax.Schedule | None = None,
+    *,
+    sharding: ShardingConfig | None = None,
 ) -> optax.GradientTransformation:
     """Shampoo (docs/spec.md, eqs. 1-21) as an optax transformation.
 
@@ -138,14 +145,23 @@ def shampoo(
     ``consecutive_failures``. :func:`check_state` raises, on the host, the
     errors the reference raises (``"raise"``,
     ``max_consecutive_root_failures``).
+
+    ``sharding`` (a :class:`shampoo_jax.ShardingConfig`) shards the block
+    state over a mesh axis and has each device compute the statistics, roots
+    and preconditioned blocks of its shard (:mod:`shampoo_jax.sharded`);
+    the numerics are those of the single-device transformation, with no
+    step of lag. None (default): one device.
     """
+    if sharding is not None and not isinstance(sharding, ShardingConfig):
+        raise ValueError(
+            f"sharding = {sharding!r} is invalid: allowed None or a shampoo_jax.ShardingConfig."
+        )
     lr = config.learning_rate if learning_rate is None else learning_rate
     sched = config.schedule
     graft_cfg = config.grafting
     filt = config.gradient_filter
     mom = config.momentum
     wd = config.weight_decay
-    ec = config.eigenvalue_correction
 
     def init(params: Any) -> ShampooState:
         fdt = factor_dtype(config)
@@ -156,7 +172,7 @@ def shampoo(
             return jax.tree.map(lambda p: jnp.zeros(p.shape, elementwise_dtype(p.dtype)), params)
 
         uses_momentum = mom.momentum != 0.0
-        return ShampooState(
+        state = ShampooState(
             count=jnp.zeros((), jnp.int32),
             groups=tuple(_init_group(g, config, fdt) for g in layout.groups),
             graft=zeros() if grafting.needs_state(graft_cfg) else None,
@@ -166,6 +182,9 @@ def shampoo(
             root_failures=jnp.zeros((), jnp.int32),
             skipped_blocks=jnp.zeros((), jnp.int32),
         )
+        if sharding is None:
+            return state
+        return shard_state(state, sharding, params)
 
     def update(
         updates: Any, state: ShampooState, params: Any | None = None
@@ -241,12 +260,6 @@ def shampoo(
                 for f, f_, x in zip(finite, old, g, strict=False)
             ]
 
-        # Eqs. (6)-(13), (17): block groups.
-        groups = _update_statistics(state.groups, layout, g_blocks, block_ok, t, config)
-        groups, failures = _refresh_roots(groups, layout, block_ok, t, config)
-        if ec is not None:
-            groups = _update_corrected_moment(groups, layout, g_blocks, block_ok, config)
-
         # Eq. (14c): graft direction.
         graft_dir = [
             grafting.direction(u, v, t, graft_cfg)
@@ -254,12 +267,26 @@ def shampoo(
                 used, graft_state if graft_state is not None else [None] * len(used), strict=True
             )
         ]
-        # Eqs. (16)-(18): Shampoo direction.
         use_shampoo = schedule.uses_preconditioner(t, sched)
         need_shampoo = use_shampoo is not False or state.graft_momentum is not None
+        f_blocks = gd_blocks = None
+        if need_shampoo:
+            f_blocks = B.gather(used, layout, fdt)
+            if config.grafting.type != "none" and config.grafting.norm_scope == "block":
+                gd_blocks = B.gather(graft_dir, layout, fdt)
+
+        # Eqs. (6)-(13), (16)-(17): the per-block work, on one device or on the
+        # devices that own the blocks (sharded.py).
+        inputs = BlockInputs(g_blocks, block_ok, f_blocks, gd_blocks)
+        if sharding is None:
+            groups, failures, stacks = block_step(state.groups, inputs, t, layout, config)
+        else:
+            groups, failures, stacks = sharded_block_step(
+                block_step, state.groups, inputs, t, layout, config, sharding
+            )
+        # Eq. (18): reassemble the Shampoo direction.
         shampoo_dir = (
-            _shampoo_direction(groups, layout, used, graft_dir, config, fdt)
-            if need_shampoo else None
+            _assemble_direction(stacks, layout, graft_dir, config) if stacks is not None else None
         )
 
         # Eqs. (19)-(21).
@@ -333,6 +360,47 @@ def shampoo(
     return optax.GradientTransformation(init, update)
 
 
+# ------------------------------------------------------ the block work
+class BlockInputs(NamedTuple):
+    """Per group, stacks ``[nb, *block_shape]`` (``[nb]`` for flags) in the factor dtype.
+
+    ``grads``: the masked gradient blocks (eq. 6); ``ok``: finite-gradient
+    flags (eq. 3); ``filtered``: the blocks of the (filtered) gradient to
+    precondition (eq. 16), None when the Shampoo direction is not needed;
+    ``graft``: the graft direction's blocks for ``norm_scope = "block"``
+    (eq. 18), else None.
+    """
+
+    grads: list[Array]
+    ok: list[Array]
+    filtered: list[Array] | None
+    graft: list[Array] | None
+
+
+def block_step(
+    groups: tuple[BlockGroupState, ...],
+    inputs: BlockInputs,
+    t: Array,
+    layout: B.Layout,
+    config: ShampooConfig,
+) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
+    """Everything that needs the block state: ``(groups, failed roots, preconditioned stacks)``.
+
+    Statistics (eq. 6), roots (eqs. 7, 9-13), the corrected moment (eq. 17)
+    and the preconditioned, block-rescaled stacks (eqs. 16-18). Every
+    operation is per block, so the same function runs on any slice of the
+    stacks: the sharded transformation calls it on each device's shard.
+    """
+    groups = _update_statistics(groups, layout, inputs.grads, inputs.ok, t, config)
+    groups, failures = _refresh_roots(groups, layout, inputs.ok, t, config)
+    if config.eigenvalue_correction is not None:
+        groups = _update_corrected_moment(groups, layout, inputs.grads, inputs.ok, config)
+    stacks = None
+    if inputs.filtered is not None:
+        stacks = _precondition_blocks(groups, layout, inputs.filtered, inputs.graft, config)
+    return groups, failures, stacks
+
+
 # --------------------------------------------------------------- eq. (6)
 def _update_statistics(
     groups: tuple[BlockGroupState, ...],
@@ -394,6 +462,7 @@ def _refresh_roots(
         # Eq. (7): bias-corrected factors; then batch every factor of one size
         # and root, from every group and dim, into one decomposition.
         batches: dict[tuple[int, float], list[tuple[int, int, Array]]] = {}
+        wanted: dict[tuple[int, float], list[Array]] = {}
         for gi, (grp, gs) in enumerate(zip(layout.groups, groups, strict=False)):
             n = gs.statistics_updates
             for i, (k, lk) in enumerate(zip(grp.preconditioned_dims, gs.factors, strict=False)):
@@ -403,10 +472,15 @@ def _refresh_roots(
                     bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(lk.dtype), 1.0)
                     a = lk / bc[:, None, None]
                 batches.setdefault((grp.shape[k], grp.roots[k]), []).append((gi, i, a))
+                wanted.setdefault((grp.shape[k], grp.roots[k]), []).append(block_ok[gi])
         results: dict[tuple[int, int], tuple[Array, Array]] = {}
         token: Array | None = None
-        for (_, root), items in batches.items():
+        for key, items in batches.items():
+            root = key[1]
             a = jnp.concatenate([a for _, _, a in items])
+            # Blocks masked this step (eq. 3; padding when sharded) keep their
+            # roots below whatever comes out: not decomposed where skippable.
+            active = jnp.concatenate(wanted[key])
             if token is not None:
                 # One batched decomposition at a time: jaxlib's CPU LAPACK kernels
                 # split a batch over the thread pool that also runs independent
@@ -414,7 +488,7 @@ def _refresh_roots(
                 # every thread of a small pool and deadlock (jaxlib 0.10.2, 2
                 # cores). The barrier only orders them; it changes no value.
                 token, a = lax.optimization_barrier((token, a))
-            x, good = compute_root(a, root, config)
+            x, good = compute_root(a, root, config, active)
             token = x
             offset = 0
             for gi, i, a in items:
@@ -422,25 +496,34 @@ def _refresh_roots(
                 results[(gi, i)] = (x[offset:offset + nb], good[offset:offset + nb])
                 offset += nb
         # Eq. (13): keep the previous root where the new one failed.
-        new, failures = [], zero
+        new, failures = [], []
         for gi, (gs, ok) in enumerate(zip(groups, block_ok, strict=False)):
             roots = []
             any_failed = jnp.zeros(ok.shape, bool)
+            failed_factors = jnp.zeros(ok.shape, jnp.int32)
             for i, xk in enumerate(gs.roots):
                 x, good = results[(gi, i)]
                 failed = ok & ~good
                 roots.append(jnp.where((ok & good)[:, None, None], x, xk))
                 any_failed = any_failed | failed
-                failures = failures + jnp.sum(failed).astype(jnp.int32)
+                failed_factors = failed_factors + failed.astype(jnp.int32)
             consecutive = jnp.where(
                 ok, jnp.where(any_failed, gs.consecutive_failures + 1, 0), gs.consecutive_failures
             )
             new.append(gs._replace(roots=tuple(roots), consecutive_failures=consecutive))
+            failures.append(failed_factors)
         return tuple(new), failures
 
+    def keep(operand: tuple[tuple[BlockGroupState, ...], list[Array]]) -> tuple[Any, list[Array]]:
+        # Per-block zeros (not one scalar): under shard_map both branches then
+        # vary over the mesh axis alike.
+        return operand[0], [jnp.zeros_like(ok, jnp.int32) for ok in operand[1]]
+
     if on is True:
-        return run((groups, block_ok))
-    return lax.cond(on, run, lambda op: (op[0], zero), (groups, block_ok))
+        groups, failed = run((groups, block_ok))
+    else:
+        groups, failed = lax.cond(on, run, keep, (groups, block_ok))
+    return groups, sum((jnp.sum(f) for f in failed), zero)
 
 
 # ------------------------------------------------------------- eq. (17)
@@ -488,20 +571,15 @@ def _corrected_direction(gs: BlockGroupState, grp: B.GroupLayout, fb: Array,
 
 
 # ------------------------------------------------------- eqs. (16)-(18)
-def _shampoo_direction(
+def _precondition_blocks(
     groups: tuple[BlockGroupState, ...],
     layout: B.Layout,
-    used: list[Array],
-    graft_dir: list[Array],
+    f_blocks: list[Array],
+    gd_blocks: list[Array] | None,
     config: ShampooConfig,
-    fdt: Any,
 ) -> list[Array]:
-    """Eqs. (16)-(18): precondition each group, rescale to the graft norm, reassemble."""
-    graft_on = config.grafting.type != "none"
-    scope_block = graft_on and config.grafting.norm_scope == "block"
+    """Eqs. (16)-(17) per block, and eq. (18)'s rescale to the graft norm of each block."""
     ne = config.grafting.norm_epsilon
-    f_blocks = B.gather(used, layout, fdt)
-    gd_blocks = B.gather(graft_dir, layout, fdt) if scope_block else None
     stacks = []
     for gi, (grp, gs, fb) in enumerate(zip(layout.groups, groups, f_blocks, strict=False)):
         if config.eigenvalue_correction is not None:
@@ -514,6 +592,18 @@ def _shampoo_direction(
             scale = B.block_norms(gd_blocks[gi]) / (B.block_norms(pb) + ne)
             pb = pb * B.expand(scale, pb)
         stacks.append(pb)
+    return stacks
+
+
+def _assemble_direction(
+    stacks: list[Array],
+    layout: B.Layout,
+    graft_dir: list[Array],
+    config: ShampooConfig,
+) -> list[Array]:
+    """Eq. (18): reassemble each leaf from its blocks; parameter-scope graft rescale."""
+    graft_on = config.grafting.type != "none"
+    ne = config.grafting.norm_epsilon
     out = []
     for i, leaf in enumerate(layout.leaves):
         if not leaf.refs:
@@ -567,9 +657,11 @@ def check_state(
 
 __all__ = [
     "BlockGroupState",
+    "BlockInputs",
     "NonFiniteGradientError",
     "RootFailureError",
     "ShampooState",
+    "block_step",
     "check_state",
     "shampoo",
 ]

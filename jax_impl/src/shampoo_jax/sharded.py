@@ -1,0 +1,347 @@
+"""Block state and root work sharded over a mesh axis, with no step of lag.
+
+``shampoo(config, sharding=ShardingConfig(mesh, axis))`` keeps each block
+group's stacked state (factors, roots, corrected moment, per-block counters;
+the leading axis is the blocks) padded to a multiple of the axis size and
+sharded along it with ``NamedSharding(mesh, P(axis))``, so a device holds
+``ceil(nb / N)`` blocks of every group. In each step, inside
+``jax.shard_map``, every device runs :func:`shampoo_jax.transform.block_step`
+on its own blocks: statistics (eq. 6), roots on root steps (eqs. 7, 9-13),
+the corrected moment (eq. 17) and the preconditioned, block-rescaled blocks
+(eqs. 16-18). The preconditioned blocks are then gathered (``all_gather``)
+and the rest of the step (reassembly, parameter-scope grafting, momentum,
+eqs. 18-21) runs in the global view with the parameters' own sharding.
+
+Same numerics as one device: roots computed at step t precondition step t
+(Google's sharded mode applies them a step late; this does not), and every
+operation in ``block_step`` is per block, so a device computes exactly what
+the single-device program computes for those blocks.
+
+Padding: the padded blocks hold identity factors and roots and zero
+counters, get a zero gradient and ``ok = False`` (eq. 3's mask), so their
+state never changes, their roots are discarded (eq. 13's "keep the previous
+root") and they count neither as skipped blocks nor as root failures; where
+the root method allows it (one-matrix-at-a-time eigh on CPU, coupled Newton)
+they are not even decomposed. Placement (:func:`placement`): device d owns
+slots ``[d c, (d + 1) c)`` of each padded group stack; the real blocks are
+put into slots largest root cost (sum of ``n^3``) first, each on the device
+with the least root work so far that has a free slot in its group, so the
+padding is spread and the root work balanced across devices and groups.
+
+Supported: parameters replicated (data parallelism: the gradient of a
+jitted global-view loss is already the mean over the batch, XLA inserts the
+all-reduce) or sharded by their own ``NamedSharding`` over any mesh axes
+(e.g. ``P(None, "model")`` on a ``("data", "model")`` mesh), with the blocks
+sharded over one axis or several (``axis=("data", "model")``). The update
+must be called under ``jax.jit`` in the global view, not inside a user's
+``shard_map`` with per-device gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from shampoo_spec import ShampooConfig
+
+from . import blocks as B
+
+if TYPE_CHECKING:
+    from .transform import BlockGroupState, BlockInputs, ShampooState
+
+
+@dataclass(frozen=True)
+class ShardingConfig:
+    """Where the block state lives: ``mesh`` and the mesh ``axis`` (or axes) of the blocks."""
+
+    mesh: Mesh
+    axis: str | tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mesh, Mesh):
+            raise ValueError(
+                f"ShardingConfig.mesh = {self.mesh!r} is invalid: allowed a jax.sharding.Mesh."
+            )
+        names = (self.axis,) if isinstance(self.axis, str) else self.axis
+        if (
+            not isinstance(names, tuple)
+            or not names
+            or not all(isinstance(a, str) for a in names)
+            or len(set(names)) != len(names)
+        ):
+            raise ValueError(
+                f"ShardingConfig.axis = {self.axis!r} is invalid: allowed a mesh axis name or "
+                f"a non-empty tuple of distinct names from {tuple(self.mesh.axis_names)}."
+            )
+        for a in names:
+            if a not in self.mesh.axis_names:
+                raise ValueError(
+                    f"ShardingConfig.axis = {self.axis!r} is invalid: {a!r} is not an axis of "
+                    f"the mesh; allowed {tuple(self.mesh.axis_names)}."
+                )
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return (self.axis,) if isinstance(self.axis, str) else self.axis
+
+    @property
+    def size(self) -> int:
+        """N: the number of shards of the block axis."""
+        return math.prod(int(self.mesh.shape[a]) for a in self.axis_names)
+
+    def padded(self, num_blocks: int) -> int:
+        """``num_blocks`` rounded up to a multiple of N (at least N)."""
+        return max(1, -(-num_blocks // self.size)) * self.size
+
+    @property
+    def spec(self) -> PartitionSpec:
+        names = self.axis_names
+        return PartitionSpec(names[0] if len(names) == 1 else names)
+
+    @property
+    def blocks(self) -> NamedSharding:
+        """The sharding of every stacked block-state array."""
+        return NamedSharding(self.mesh, self.spec)
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+
+# ------------------------------------------------------------- placement
+@functools.lru_cache(maxsize=256)
+def placement(
+    sizes: tuple[int, ...], costs: tuple[float, ...], devices: int
+) -> tuple[tuple[int, ...], ...]:
+    """Per group, the slot of each real block in its padded stack (static, cached).
+
+    ``sizes[g]`` blocks of root cost ``costs[g]`` (sum of ``n^3`` over the
+    group's factors) per group; a group is padded to ``c * devices`` slots
+    and device d owns slots ``[d c, (d + 1) c)``. Largest cost first, each
+    block goes to the device with the least work so far (ties: the lowest
+    index) that has a free slot in its group: the longest-processing-time
+    rule, within the per-group capacity c.
+    """
+    load = [0.0] * devices
+    used = [[0] * devices for _ in sizes]
+    slots = [[0] * nb for nb in sizes]
+    blocks = sorted(
+        ((costs[g], g, j) for g, nb in enumerate(sizes) for j in range(nb)),
+        key=lambda b: (-b[0], b[1], b[2]),
+    )
+    for cost, g, j in blocks:
+        per = -(-sizes[g] // devices)
+        d = min((d for d in range(devices) if used[g][d] < per), key=lambda d: (load[d], d))
+        slots[g][j] = d * per + used[g][d]
+        used[g][d] += 1
+        load[d] += cost
+    return tuple(tuple(s) for s in slots)
+
+
+def group_costs(groups: tuple[Any, ...]) -> tuple[float, ...]:
+    """Root cost of one block of each group: the sum of ``n^3`` over its factors."""
+    return tuple(float(sum(int(f.shape[-1]) ** 3 for f in gs.factors)) for gs in groups)
+
+
+def _slots(sharding: ShardingConfig, sizes: tuple[int, ...],
+           groups: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:
+    return placement(sizes, group_costs(groups), sharding.size)
+
+
+def _spread(x: Array, size: int, fill: Array | float | bool, slots: tuple[int, ...]) -> Array:
+    """A stack of ``size`` entries: ``x[j]`` at ``slots[j]``, ``fill`` elsewhere."""
+    if size == x.shape[0] and slots == tuple(range(size)):
+        return x
+    out = jnp.broadcast_to(jnp.asarray(fill, x.dtype), (size, *x.shape[1:]))
+    return out.at[np.asarray(slots)].set(x)
+
+
+def _eye_fill(x: Array) -> Array:
+    return jnp.eye(x.shape[-1], dtype=x.dtype)
+
+
+def pad_group(gs: BlockGroupState, size: int, slots: tuple[int, ...]) -> BlockGroupState:
+    """A group's stacks spread to ``size`` slots: padding has identity factors and roots."""
+    def opt(x: Array | None, fill: float) -> Array | None:
+        return None if x is None else _spread(x, size, fill, slots)
+
+    return gs._replace(
+        factors=tuple(_spread(f, size, _eye_fill(f), slots) for f in gs.factors),
+        roots=tuple(_spread(r, size, _eye_fill(r), slots) for r in gs.roots),
+        statistics_updates=_spread(gs.statistics_updates, size, 0, slots),
+        consecutive_failures=_spread(gs.consecutive_failures, size, 0, slots),
+        corrected_moment=opt(gs.corrected_moment, 0.0),
+        corrected_updates=opt(gs.corrected_updates, 0),
+    )
+
+
+def _leaf_sharding(sharding: ShardingConfig, like: Any) -> NamedSharding:
+    """A concrete parameter's NamedSharding on the same mesh, else replicated."""
+    found = getattr(like, "sharding", None) if isinstance(like, jax.Array) else None
+    try:
+        if isinstance(found, NamedSharding) and found.mesh == sharding.mesh:
+            return found
+    except AttributeError:  # pragma: no cover - abstract meshes compare differently
+        pass
+    return sharding.replicated
+
+
+def shard_state(
+    state: ShampooState, sharding: ShardingConfig, params: Any | None = None
+) -> ShampooState:
+    """The single-device state -> padded and placed for ``sharding`` (works under jit too).
+
+    Block stacks are padded to a multiple of N and constrained to
+    ``sharding.blocks``; elementwise states take the sharding of the
+    matching (concrete) parameter when it is a NamedSharding on the mesh,
+    else they are replicated, as are the scalar counters.
+    """
+    def place(x: Array, where: NamedSharding) -> Array:
+        return lax.with_sharding_constraint(x, where)
+
+    sizes = tuple(int(gs.statistics_updates.shape[0]) for gs in state.groups)
+    slots = _slots(sharding, sizes, state.groups)
+    groups = tuple(
+        jax.tree.map(lambda x: place(x, sharding.blocks),
+                     pad_group(gs, sharding.padded(nb), sl))
+        for gs, nb, sl in zip(state.groups, sizes, slots, strict=True)
+    )
+
+    def elementwise(tree: Any) -> Any:
+        if tree is None:
+            return None
+        if params is None:
+            return jax.tree.map(lambda x: place(x, sharding.replicated), tree)
+        return jax.tree.map(lambda x, p: place(x, _leaf_sharding(sharding, p)), tree, params)
+
+    rep = sharding.replicated
+    return state._replace(
+        count=place(state.count, rep),
+        groups=groups,
+        graft=elementwise(state.graft),
+        filtered=elementwise(state.filtered),
+        momentum=elementwise(state.momentum),
+        graft_momentum=elementwise(state.graft_momentum),
+        root_failures=place(state.root_failures, rep),
+        skipped_blocks=place(state.skipped_blocks, rep),
+    )
+
+
+def unshard_state(
+    state: ShampooState, like: ShampooState, sharding: ShardingConfig
+) -> ShampooState:
+    """A state sharded by ``sharding`` -> the single-device layout on the host (NumPy).
+
+    ``like`` is the single-device state or its shapes
+    (``jax.eval_shape(shampoo(config).init, params)``); with ``sharding``
+    it says which slots hold the real blocks. Padding is dropped, so the
+    result does not depend on the device count it came from.
+    """
+    if len(state.groups) != len(like.groups):
+        raise ValueError(
+            f"state has {len(state.groups)} block groups; like has {len(like.groups)}: "
+            "they must come from the same config and parameter shapes."
+        )
+    sizes = tuple(int(gs.statistics_updates.shape[0]) for gs in like.groups)
+    slots = _slots(sharding, sizes, like.groups)
+    groups = []
+    for i, (gs, nb, sl) in enumerate(zip(state.groups, sizes, slots, strict=True)):
+        have = int(gs.statistics_updates.shape[0])
+        if have != sharding.padded(nb):
+            raise ValueError(
+                f"state.groups[{i}] has {have} blocks; {nb} blocks sharded over "
+                f"{sharding.size} devices have {sharding.padded(nb)}: pass the sharding the "
+                "state was made with."
+            )
+        groups.append(jax.tree.map(lambda x, sl=sl: np.asarray(x)[np.asarray(sl, int)], gs))
+    host = jax.tree.map(np.asarray, state._replace(groups=()))
+    return host._replace(groups=tuple(groups))
+
+
+# ---------------------------------------------------------------- update
+def sharded_block_step(
+    block_step: Callable[..., tuple[Any, Array, list[Array] | None]],
+    groups: tuple[BlockGroupState, ...],
+    inputs: BlockInputs,
+    t: Array,
+    layout: B.Layout,
+    config: ShampooConfig,
+    sharding: ShardingConfig,
+) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
+    """:func:`shampoo_jax.transform.block_step` with each device on its own blocks.
+
+    The inputs (global view, ``[nb, ...]`` per group) are padded to the
+    state's ``padded(nb)`` blocks and split over the axis; every device runs
+    ``block_step`` on its shard; the failure count is summed (``psum``) and
+    the preconditioned stacks are gathered (``all_gather``) and unpadded.
+    """
+    for i, (grp, gs) in enumerate(zip(layout.groups, groups, strict=True)):
+        have, want = int(gs.statistics_updates.shape[0]), sharding.padded(grp.size)
+        if have != want:
+            raise ValueError(
+                f"state.groups[{i}] has {have} blocks; sharding over {sharding.size} devices "
+                f"needs {want} ({grp.size} padded): init the state with this transformation "
+                "or place it with shampoo_jax.shard_state."
+            )
+    if not layout.groups:
+        return block_step(groups, inputs, t, layout, config)
+    sizes = [sharding.padded(grp.size) for grp in layout.groups]
+    slots = _slots(sharding, tuple(grp.size for grp in layout.groups), groups)
+
+    def pad_all(xs: list[Array] | None, fill: float | bool) -> list[Array] | None:
+        # The stacks are made whole (replicated) before they are split: otherwise
+        # XLA propagates the block sharding back into the elementwise ops that
+        # produce them and splits those into pieces whose vectorized loops round
+        # differently (FMA in the vector body, not in the scalar tail), which
+        # would break bitwise equality with one device.
+        if xs is None:
+            return None
+        return [
+            _spread(lax.with_sharding_constraint(x, sharding.replicated), n, fill, sl)
+            for x, n, sl in zip(xs, sizes, slots, strict=True)
+        ]
+
+    padded = inputs._replace(
+        grads=pad_all(inputs.grads, 0.0),
+        ok=pad_all(inputs.ok, False),  # padded blocks are masked like eq. (3)'s
+        filtered=pad_all(inputs.filtered, 0.0),
+        graft=pad_all(inputs.graft, 0.0),
+    )
+    names = sharding.axis_names
+
+    def local(
+        groups: tuple[BlockGroupState, ...], inputs: BlockInputs, t: Array
+    ) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
+        groups, failures, stacks = block_step(groups, inputs, t, layout, config)
+        failures = lax.psum(failures, names)
+        if stacks is not None:
+            stacks = [lax.all_gather(s, names, tiled=True, to="invarying") for s in stacks]
+        return groups, failures, stacks
+
+    spec, rep = sharding.spec, PartitionSpec()
+    groups, failures, stacks = jax.shard_map(
+        local, mesh=sharding.mesh, in_specs=(spec, spec, rep), out_specs=(spec, rep, rep)
+    )(groups, padded, t)
+    if stacks is not None:
+        stacks = [s[np.asarray(sl, int)] for s, sl in zip(stacks, slots, strict=True)]
+    return groups, failures, stacks
+
+
+__all__ = [
+    "ShardingConfig",
+    "group_costs",
+    "pad_group",
+    "placement",
+    "shard_state",
+    "sharded_block_step",
+    "unshard_state",
+]

@@ -1,0 +1,95 @@
+"""Running the single-device and the sharded transformation side by side."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh
+
+import shampoo_jax
+import shampoo_spec as ss
+from shampoo_jax.sharded import group_costs, placement
+
+AXIS = "blocks"
+
+
+def devices(n: int) -> list[jax.Device]:
+    found = jax.devices("cpu")
+    if len(found) < n:
+        pytest.fail(
+            f"{n} host devices needed, {len(found)} found: XLA_FLAGS must hold "
+            "--xla_force_host_platform_device_count=4 before jax starts (tests/conftest.py)."
+        )
+    return found[:n]
+
+
+def mesh_1d(n: int) -> Mesh:
+    return Mesh(np.array(devices(n)), (AXIS,))
+
+
+def sharding_1d(n: int) -> shampoo_jax.ShardingConfig:
+    return shampoo_jax.ShardingConfig(mesh_1d(n), AXIS)
+
+
+@functools.cache
+def transformation(
+    config: ss.ShampooConfig, n: int | None
+) -> tuple[optax.GradientTransformation, Any]:
+    """``(opt, jitted step)`` for one device (n = None) or sharded over n devices (cached)."""
+    opt = shampoo_jax.shampoo(config, sharding=None if n is None else sharding_1d(n))
+
+    def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    return opt, jax.jit(step)
+
+
+def place(tree: dict[str, np.ndarray], n: int | None, dtype: Any = jnp.float32) -> Any:
+    arrays = {k: jnp.asarray(v, dtype) for k, v in tree.items()}
+    if n is None:
+        return arrays
+    return jax.device_put(arrays, sharding_1d(n).replicated)
+
+
+def trajectory(
+    config: ss.ShampooConfig,
+    params: dict[str, np.ndarray],
+    grads: list[dict[str, np.ndarray]],
+    n: int | None,
+    state: Any = None,
+) -> tuple[list[dict[str, np.ndarray]], Any]:
+    """Parameters after each step (NumPy) and the final state."""
+    opt, step = transformation(config, n)
+    p = place(params, n)
+    s = opt.init(p) if state is None else state
+    out = []
+    for g in grads:
+        p, s = step(p, s, place(g, n))
+        out.append({k: np.asarray(v) for k, v in p.items()})
+    return out, s
+
+
+def padding(groups: tuple[Any, ...], n: int) -> list[np.ndarray]:
+    """Per group (single-device state), the mask of padding slots when sharded over n."""
+    sizes = tuple(int(gs.statistics_updates.shape[0]) for gs in groups)
+    masks = []
+    for nb, slots in zip(sizes, placement(sizes, group_costs(groups), n), strict=True):
+        mask = np.ones(-(-nb // n) * n, bool)
+        mask[list(slots)] = False
+        masks.append(mask)
+    return masks
+
+
+def assert_bitwise(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> None:
+    for t, (a, b) in enumerate(zip(got, want, strict=True), start=1):
+        for k in b:
+            if not np.array_equal(a[k], b[k]):
+                diff = np.max(np.abs(a[k] - b[k]))
+                raise AssertionError(f"param {k!r} differs at step {t} by up to {diff:.3e}")
