@@ -382,6 +382,13 @@ def dtensor_rejected(rank: int, world: int) -> str:
     return ""
 
 
+def trainer_groups(rank: int, world: int) -> dict[str, Any]:
+    """``trainers_per_group = world // 2``: two groups, blocks split within each."""
+    out = equality(rank, world, trainers_per_group=world // 2, only="rich_float32")
+    dist.barrier()
+    return out["rich_float32"]
+
+
 def world_sizes_and_replicas(rank: int, world: int) -> dict[str, Any]:
     """Everything a spawn at this world size checks, in one process start."""
     out: dict[str, Any] = {"equality": equality(rank, world),

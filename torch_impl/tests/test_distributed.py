@@ -124,6 +124,25 @@ def test_replicated_trainer_groups_and_ddp() -> None:
         assert np.array_equal(a, b)
 
 
+def test_two_trainer_groups_of_two() -> None:
+    """World 4 as two groups of 2: each group splits the blocks like a world of 2,
+    the groups replicate each other, and every rank equals one process."""
+    results = spawn(f"{SCENARIOS}:trainer_groups", 4, timeout_s=400.0,
+                    collective_timeout_s=120.0)
+    for rank, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise AssertionError(f"rank {rank} of 4 raised: {r!r}") from r
+    for rank, r in enumerate(results):
+        assert_identical(r["distributed"], r["single"], f"two groups, rank {rank}")
+    per_rank = [r["bytes"] for r in results]
+    whole = results[0]["single_bytes"]
+    assert per_rank[0] + per_rank[1] == whole and per_rank[2] + per_rank[3] == whole
+    assert per_rank[:2] == per_rank[2:] and max(per_rank) < whole
+    # Two ranks per group: the all-gather carries the segments of 2 ranks, as at world 2.
+    assert results[0]["exchanged_bytes"] == outcome(2)[0]["equality"]["rich_float32"][
+        "exchanged_bytes"]
+
+
 def test_every_rank_raises_the_same_error() -> None:
     ranks = [r["failures"] for r in outcome(2)]
     messages = {r["nonfinite"] for r in ranks}
