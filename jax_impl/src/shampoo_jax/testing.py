@@ -24,11 +24,15 @@ import jax
 import numpy as np
 import optax
 
-from shampoo_spec import ShampooConfig
+from shampoo_spec import ShampooConfig, check_run_inputs
 
 from .transform import check_state, shampoo
 
 _DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+
+
+def _arrays(tree: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in tree.items()}
 
 
 def run(
@@ -38,20 +42,8 @@ def run(
     dtype: Any = np.float64,
 ) -> list[dict[str, np.ndarray]]:
     dt = np.dtype(dtype)
-    if dt not in _DTYPES:
-        raise ValueError(f"dtype = {dt} is invalid for the jax backend: allowed float32, float64.")
+    check_run_inputs("jax", _arrays(params), [_arrays(g) for g in grads], dt.name)
     names = sorted(params)
-    for t, g in enumerate(grads, start=1):
-        if set(g) != set(params):
-            raise ValueError(
-                f"grads of step {t} have keys {sorted(g)}; the parameters are {names}."
-            )
-        for k in names:
-            if np.shape(g[k]) != np.shape(params[k]):
-                raise ValueError(
-                    f"gradient of {k!r} at step {t} has shape {np.shape(g[k])}, "
-                    f"parameter has {np.shape(params[k])}."
-                )
     config = dataclasses.replace(config, factor_dtype=_DTYPES[dt])
     cpu = jax.devices("cpu")[0]
     with jax.enable_x64(dt == np.float64), jax.default_device(cpu):

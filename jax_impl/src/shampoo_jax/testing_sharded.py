@@ -36,7 +36,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from shampoo_spec import ShampooConfig, config_from_dict
+from shampoo_spec import ShampooConfig, check_run_inputs, config_from_dict
 
 DEVICES = 4
 AXIS = "blocks"
@@ -87,22 +87,9 @@ def run_local(
     from .transform import check_state, shampoo
 
     dt = np.dtype(dtype)
-    if dt not in _DTYPES:
-        raise ValueError(
-            f"dtype = {dt} is invalid for the jax-sharded backend: allowed float32, float64."
-        )
+    arrays = [{k: np.asarray(v) for k, v in tree.items()} for tree in (params, *grads)]
+    check_run_inputs("jax-sharded", arrays[0], arrays[1:], dt.name)
     names = sorted(params)
-    for t, g in enumerate(grads, start=1):
-        if set(g) != set(params):
-            raise ValueError(
-                f"grads of step {t} have keys {sorted(g)}; the parameters are {names}."
-            )
-        for k in names:
-            if np.shape(g[k]) != np.shape(params[k]):
-                raise ValueError(
-                    f"gradient of {k!r} at step {t} has shape {np.shape(g[k])}, "
-                    f"parameter has {np.shape(params[k])}."
-                )
     cpus = jax.devices("cpu")
     if len(cpus) < devices:
         raise RuntimeError(

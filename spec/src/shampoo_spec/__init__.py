@@ -6,7 +6,9 @@
 - :func:`assign_blocks`, :func:`plan_block_costs`: which rank owns which block
   (distributed backends);
 - :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
-- :data:`PRESETS`: named configurations.
+- :data:`PRESETS`: named configurations;
+- :func:`check_run_inputs`: the input checks of every backend's ``run``
+  (contract 8.2).
 
 Equation numbers refer to docs/spec.md. Standard library only.
 """
@@ -40,12 +42,14 @@ from .config import (
 )
 from .importers import from_google, from_meta
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
+from .run_inputs import RUN_DTYPES, check_run_inputs
 from .schedule import is_root_step, is_statistics_step, uses_preconditioner
 from .serialization import config_from_dict, config_to_dict
 
 __all__ = [
     "GRAFTING_TYPES",
     "ROOT_FLOPS_PER_CUBE",
+    "RUN_DTYPES",
     "Assignment",
     "BlockCost",
     "BlockPlan",
@@ -68,6 +72,7 @@ __all__ = [
     "WeightDecayConfig",
     "assign_blocks",
     "block_cost",
+    "check_run_inputs",
     "config_from_dict",
     "config_to_dict",
     "from_google",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shampoo_spec import ShampooConfig
+from shampoo_spec import ShampooConfig, check_run_inputs
 
 from .optimizer import Shampoo
 
@@ -27,6 +27,10 @@ _DTYPES: dict[Any, tuple[torch.dtype, str]] = {
     np.dtype(np.float64): (torch.float64, "float64"),
     np.dtype(np.float32): (torch.float32, "float32"),
 }
+
+
+def _arrays(tree: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in tree.items()}
 
 
 def run(
@@ -37,8 +41,7 @@ def run(
 ) -> list[dict[str, np.ndarray]]:
     """The parameters (as ``dtype`` arrays) after each step of ``grads``."""
     key = np.dtype(dtype)
-    if key not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported: allowed are float32, float64.")
+    check_run_inputs("torch", _arrays(params), [_arrays(g) for g in grads], key.name)
     tdtype, factor_dtype = _DTYPES[key]
     config = dataclasses.replace(config, factor_dtype=factor_dtype)
     names = list(params)
@@ -48,18 +51,8 @@ def run(
     opt = Shampoo([(n, tensors[n]) for n in names], config)
     out = []
     for step in grads:
-        if set(step) != set(names):
-            raise ValueError(
-                f"grads keys {sorted(step)} do not match parameter names {sorted(names)}."
-            )
         for n in names:
-            g = np.asarray(step[n])
-            if g.shape != tuple(tensors[n].shape):
-                raise ValueError(
-                    f"gradient of {n!r} has shape {g.shape}, parameter has "
-                    f"{tuple(tensors[n].shape)}."
-                )
-            tensors[n].grad = torch.tensor(g, dtype=tdtype)
+            tensors[n].grad = torch.tensor(np.asarray(step[n]), dtype=tdtype)
         opt.step()
         out.append({n: tensors[n].detach().numpy().copy() for n in names})
     return out
@@ -138,8 +131,7 @@ def stepper(
     weight_decay=weight_decay)``; ``config`` must be None.
     """
     key = np.dtype(dtype)
-    if key not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported: allowed are float32, float64.")
+    check_run_inputs("torch", _arrays(params), [], key.name)
     tdtype, factor_dtype = _DTYPES[key]
     tensors = {
         n: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=tdtype)) for n, v in params.items()

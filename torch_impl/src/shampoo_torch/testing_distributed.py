@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from shampoo_spec import ShampooConfig
+from shampoo_spec import ShampooConfig, check_run_inputs
 
 from .distributed import DistributedConfig
 from .optimizer import Shampoo
@@ -89,20 +89,8 @@ def _check_inputs(
     params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]], dtype: Any
 ) -> None:
     """The errors of :func:`shampoo_torch.testing.run`, raised here before any worker runs."""
-    if np.dtype(dtype) not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported: allowed are float32, float64.")
-    names = list(params)
-    for step in grads:
-        if set(step) != set(names):
-            raise ValueError(
-                f"grads keys {sorted(step)} do not match parameter names {sorted(names)}."
-            )
-        for n in names:
-            g, w = np.asarray(step[n]), np.asarray(params[n])
-            if g.shape != w.shape:
-                raise ValueError(
-                    f"gradient of {n!r} has shape {g.shape}, parameter has {w.shape}."
-                )
+    arrays = [{k: np.asarray(v) for k, v in tree.items()} for tree in (params, *grads)]
+    check_run_inputs("torch-ddp", arrays[0], arrays[1:], np.dtype(dtype).name)
 
 
 def run_rank(

@@ -1,0 +1,51 @@
+"""The input checks of contract 8.2's ``run(config, params, grads, dtype)``.
+
+Every backend adapter (``shampoo_torch.testing``, ``shampoo_jax.testing`` and
+their distributed variants) takes the same inputs, so it rejects bad ones
+with the same words: one function, here. Arrays are read only through their
+``shape`` (a 0-d parameter may be a Python float: shape ``()``), so this
+stays free of numpy like the rest of the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Parameter dtypes the framework adapters run (the reference is float64 only).
+RUN_DTYPES = ("float32", "float64")
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(getattr(x, "shape", ()))
+
+
+def check_run_inputs(
+    backend: str,
+    params: Mapping[str, Any],
+    grads: Sequence[Mapping[str, Any]],
+    dtype_name: str,
+) -> None:
+    """Raise ``ValueError`` naming the problem unless the inputs fit contract 8.2.
+
+    ``dtype_name`` must be one of :data:`RUN_DTYPES`; every step of ``grads``
+    must have exactly the parameters' names, each gradient the shape of its
+    parameter.
+    """
+    if dtype_name not in RUN_DTYPES:
+        raise ValueError(
+            f"dtype = {dtype_name} is invalid for the {backend} backend: "
+            f"allowed {', '.join(RUN_DTYPES)}."
+        )
+    names = sorted(params)
+    for t, step in enumerate(grads, start=1):
+        if set(step) != set(params):
+            raise ValueError(
+                f"grads of step {t} have keys {sorted(step)}; the parameters are {names}."
+            )
+        for name in names:
+            got, want = _shape(step[name]), _shape(params[name])
+            if got != want:
+                raise ValueError(
+                    f"gradient of {name!r} at step {t} has shape {got}, parameter has {want}."
+                )
