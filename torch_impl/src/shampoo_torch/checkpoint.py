@@ -161,6 +161,33 @@ def _config_difference(ours: dict[str, Any], saved: object) -> str:
     )
 
 
+def _apply(
+    opt: Shampoo,
+    pairs: list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]],
+    groups: list[dict[str, Any]],
+    metrics: dict[str, Any],
+) -> None:
+    """Copy validated state, group hyperparameters and counters into ``opt``.
+
+    Called only after every check passed, so a bad checkpoint changes nothing.
+    ``root_failures`` is a sum over ranks (each counts its own blocks), so
+    only rank 0 of a distributed optimizer takes the saved total.
+    """
+    for p, ours, saved in pairs:
+        _copy_tree(ours, saved)
+        opt.state[p]["step"] = int(saved["step"])
+    for group, saved_group in zip(opt.param_groups, groups, strict=True):
+        for key, value in saved_group.items():
+            if key not in ("params", "config", "param_names"):
+                group[key] = value
+    opt._counters.clear()
+    if opt.param_groups and opt.param_groups[0]["params"]:
+        counters = opt._counter(opt.param_groups[0]["params"][0].device)
+        counters["skipped_blocks"].fill_(int(metrics.get("skipped_blocks", 0)))
+        if opt._dist is None or opt._dist.rank == 0:
+            counters["root_failures"].fill_(int(metrics.get("root_failures", 0)))
+
+
 def load_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
     if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
         _fail("top level", "expected a dict with 'state' and 'param_groups'")
@@ -189,20 +216,7 @@ def load_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
             ours["blocks"] = pblocks
             _check_tree(f"param_groups[{gi}] parameter {j} (state[{pid}])", ours, sd["state"][pid])
             pairs.append((p, ours, sd["state"][pid]))
-    for p, ours, saved in pairs:
-        _copy_tree(ours, saved)
-        opt.state[p]["step"] = int(saved["step"])
-    for group, saved_group in zip(opt.param_groups, groups, strict=True):
-        for key, value in saved_group.items():
-            if key not in ("params", "config", "param_names"):
-                group[key] = value
-    metrics = sd.get("metrics", {})
-    opt._counters.clear()
-    if opt.param_groups and opt.param_groups[0]["params"]:
-        counters = opt._counter(opt.param_groups[0]["params"][0].device)
-        for name, value in metrics.items():
-            if name in counters:
-                counters[name].fill_(int(value))
+    _apply(opt, pairs, groups, sd.get("metrics", {}))
 
 
 FORMAT = "shampoo_torch.distributed_state_dict"
@@ -320,17 +334,4 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
             subset["blocks"] = {b: saved["blocks"][b] for b in mine}
             _check_tree(f"state[{name!r}]", ours, subset)
             pairs.append((p, ours, subset))
-    for p, ours, saved in pairs:
-        _copy_tree(ours, saved)
-        opt.state[p]["step"] = int(saved["step"])
-    for group, saved_group in zip(opt.param_groups, groups, strict=True):
-        for key, value in saved_group.items():
-            if key not in ("params", "config", "param_names"):
-                group[key] = value
-    metrics = sd.get("metrics", {})
-    opt._counters.clear()
-    if opt.param_groups and opt.param_groups[0]["params"]:
-        counters = opt._counter(opt.param_groups[0]["params"][0].device)
-        counters["skipped_blocks"].fill_(int(metrics.get("skipped_blocks", 0)))
-        if opt._dist is None or opt._dist.rank == 0:
-            counters["root_failures"].fill_(int(metrics.get("root_failures", 0)))
+    _apply(opt, pairs, groups, sd.get("metrics", {}))
