@@ -197,8 +197,22 @@ def test_timing_measures_both_optimizers() -> None:
                        lr_shampoo=0.3, lr_adamw=0.3, rounds=2, dtype=np.float64,
                        on_steps=steps.append)
     assert t.shampoo_seconds > 0 and t.adamw_seconds > 0
-    assert t.period == 10 and sum(steps) == 2 * (11 + 2 * 10)
+    assert t.period == 10 and sum(steps) == 2 * (11 + 3 * 10)  # warm-up, 2 rounds, peak
     assert t.memory_ratio == pytest.approx((2 * (64 + 36) + 2 * 48) / (2 * 48))
+    assert t.shampoo_peak_bytes is None and t.peak_ratio is None  # the reference has no peak
+
+
+def test_timing_peak_on_a_framework_backend() -> None:
+    try:
+        backend = get_backend("torch")
+    except BackendUnavailable:
+        pytest.skip("torch not installed")
+    t = measure_timing(load_problem(LS, seed=0), backend, report_shampoo_config(),
+                       lr_shampoo=0.3, lr_adamw=0.3, rounds=1, dtype=np.float64)
+    assert t.shampoo_peak_bytes is not None and t.adamw_peak_bytes is not None
+    assert t.shampoo_peak_bytes >= t.shampoo_state_bytes
+    assert t.adamw_peak_bytes >= t.adamw_state_bytes
+    assert t.peak_ratio is not None and t.peak_ratio > 1.0  # factors and roots vs m and v
 
 
 # ------------------------------------------------------------- progress

@@ -82,6 +82,52 @@ def test_reference_state_bytes_closed_form() -> None:
     assert shampoo.state_bytes() == (2 * (64 + 36) + 2 * 48) * 8
 
 
+@pytest.mark.parametrize("name", ["torch", "jax"])
+def test_peak_bytes_bracket_the_state(name: str) -> None:
+    """AdamW's peak holds its state (JAX: in and out, no donation) and at most a few
+    parameter-sized temporaries; Shampoo's peak holds its state, above AdamW's."""
+    backend = _backend(name)
+    params, grads = _stream(11, seed=2)
+    n_bytes = sum(int(np.prod(s)) for s in SHAPES.values()) * 8
+    adamw = backend.stepper("adamw", params, lr=0.01)
+    shampoo = backend.stepper("shampoo", params, lr=0.01, config=report_shampoo_config())
+    adamw_peaks, shampoo_peaks = [], []
+    for g in grads:
+        adamw_peaks.append(adamw.step_with_peak(g)[1])
+        shampoo_peaks.append(shampoo.step_with_peak(g)[1])
+    state = adamw.state_bytes()
+    live_copies = 2 if name == "jax" else 1
+    assert all(live_copies * state <= p <= 2 * state + 4 * n_bytes for p in adamw_peaks[1:])
+    assert all(p >= shampoo.state_bytes() for p in shampoo_peaks[1:])
+    assert max(shampoo_peaks) > max(adamw_peaks)
+
+
+def test_torch_allocation_peak_closed_form() -> None:
+    """A step that allocates 8000 + 4000 bytes, frees 8000, allocates 800: peak 12000 + state."""
+    torch = pytest.importorskip("torch")
+    from shampoo_torch.testing import Stepper
+
+    class Allocating(torch.optim.Optimizer):
+        def __init__(self, params):  # type: ignore[no-untyped-def]
+            super().__init__(params, {})
+
+        def step(self, closure=None):  # type: ignore[no-untyped-def]
+            for p in self.param_groups[0]["params"]:
+                self.state[p].setdefault("kept", torch.zeros(25, dtype=torch.float64))
+            a = torch.empty(1000, dtype=torch.float64)
+            b = torch.empty(500, dtype=torch.float64)
+            del a
+            c = torch.empty(100, dtype=torch.float64)
+            del b, c
+
+    p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    stepper = Stepper(Allocating([p]), {"p": p})
+    _, first = stepper.step_with_peak({"p": np.ones(3)})
+    _, second = stepper.step_with_peak({"p": np.ones(3)})
+    assert first == 200 + 12000  # the state is allocated inside the first step
+    assert second == 200 + 12000  # then held before it (state_bytes) and not reallocated
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

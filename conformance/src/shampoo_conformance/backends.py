@@ -62,6 +62,11 @@ class Stepper(Protocol):
     ``last_step_seconds`` is the wall time of the optimizer's own update in
     the last ``step`` (conversions excluded); ``state_bytes()`` the size of
     the optimizer state the backend stores.
+
+    Optional: ``step_with_peak(grads) -> (params, peak_bytes | None)``, one
+    untimed step and the most bytes the optimizer held during it (state plus
+    temporaries; parameters and gradients excluded). The report shows peak
+    memory for the steppers that have it.
     """
 
     last_step_seconds: float

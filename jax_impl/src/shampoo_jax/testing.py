@@ -97,6 +97,7 @@ class Stepper:
         self._dtype = dtype
         self._config = config
         self.last_step_seconds = float("nan")
+        self._peak: int | None = None  # bytes, computed once (-1: no analysis)
 
     def step(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One step with ``grads``; the parameters after it (NumPy, the stepper's dtype)."""
@@ -123,7 +124,38 @@ class Stepper:
 
     def state_bytes(self) -> int:
         """Bytes of every array leaf of the optimizer state."""
-        return int(sum(leaf.nbytes for leaf in jax.tree.leaves(self._state)))
+        return _nbytes(self._state)
+
+    def step_with_peak(
+        self, grads: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], int | None]:
+        """One step (as :meth:`step`) and the optimizer's peak bytes in the compiled update.
+
+        From XLA's buffer assignment of the jitted update
+        (``compiled.memory_analysis()``): arguments + outputs + temporaries
+        - aliased bytes, less the parameters (in and out), the gradients
+        and the two hyperparameter scalars: the state in and out (the
+        update does not donate its state, so both are live) plus the
+        temporaries at their highest point. Every step runs the same
+        program (roots behind ``lax.cond``), so one figure covers root
+        steps too. None where the platform gives no analysis.
+        """
+        if self._peak is None:
+            with _precision(self._dtype):
+                g = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in self._params.items()}
+                compiled = self._update.lower(self._params, self._state, g, *self._hyper).compile()
+                stats = compiled.memory_analysis()
+            if stats is None:
+                self._peak = -1
+            else:
+                whole = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+                         + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+                self._peak = whole - 3 * _nbytes(self._params) - _nbytes(self._hyper)
+        return self.step(grads), (None if self._peak < 0 else self._peak)
+
+
+def _nbytes(tree: Any) -> int:
+    return int(sum(leaf.nbytes for leaf in jax.tree.leaves(tree)))
 
 
 def _precision(dt: np.dtype[Any]) -> Any:

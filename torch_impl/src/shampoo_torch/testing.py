@@ -13,7 +13,9 @@ NumPy gradient at a time, with the optimizer step timed alone.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,6 +82,28 @@ class Stepper:
 
     def step(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One step with ``grads``; the parameters after it (NumPy, the stepper's dtype)."""
+        self._set_grads(grads)
+        start = time.perf_counter()
+        self.optimizer.step()
+        self.last_step_seconds = time.perf_counter() - start
+        return {n: p.detach().numpy().copy() for n, p in self._tensors.items()}
+
+    def step_with_peak(self, grads: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """One step (as :meth:`step`, untimed) and the optimizer's peak bytes during it.
+
+        Peak = bytes of the state before the step (:meth:`state_bytes`) +
+        the highest point of the bytes allocated minus freed since the step
+        began, read from the CPU allocator's events under ``torch.profiler``
+        (``profile_memory=True``; the workspaces of ATen kernels included).
+        Gradients and parameters are allocated before the step, so they
+        are not counted.
+        """
+        self._set_grads(grads)
+        held = self.state_bytes()
+        rise = _allocation_peak(self.optimizer.step)
+        return {n: p.detach().numpy().copy() for n, p in self._tensors.items()}, held + rise
+
+    def _set_grads(self, grads: dict[str, np.ndarray]) -> None:
         names = list(self._tensors)
         if set(grads) != set(names):
             raise ValueError(
@@ -92,14 +116,46 @@ class Stepper:
                     f"gradient of {n!r} has shape {g.shape}, parameter has {tuple(p.shape)}."
                 )
             p.grad = torch.tensor(g, dtype=p.dtype)
-        start = time.perf_counter()
-        self.optimizer.step()
-        self.last_step_seconds = time.perf_counter() - start
-        return {n: p.detach().numpy().copy() for n, p in self._tensors.items()}
 
     def state_bytes(self) -> int:
         """Bytes of the tensors in ``optimizer.state_dict()["state"]``."""
         return _tensor_bytes(self.optimizer.state_dict()["state"])
+
+
+def _allocation_peak(fn: Callable[[], object]) -> int:
+    """Highest point of (bytes allocated - bytes freed) on the CPU while ``fn()`` runs.
+
+    Reads the allocation events that ``torch.profiler`` records with
+    ``profile_memory=True`` (signed sizes, in time order). The event tree is
+    the profiler's experimental interface (the one its memory timeline is
+    built on); a torch without it raises ``RuntimeError`` naming the cause.
+    """
+    # Kineto logs every profiler start/stop to stderr at its default level;
+    # level 6 silences that (it would tear through the report's progress bar).
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    try:
+        from torch._C._profiler import _EventType
+
+        roots = prof.profiler.kineto_results.experimental_event_tree()
+    except (ImportError, AttributeError) as err:
+        raise RuntimeError(f"this torch ({torch.__version__}) does not expose the profiler's "
+                           f"allocation events: {err}") from err
+    events: list[tuple[int, int]] = []
+    stack = list(reversed(roots))  # preorder: ties in time keep the recorded order
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and str(node.extra_fields.device) == "cpu":
+            events.append((node.start_time_ns, int(node.extra_fields.alloc_size)))
+        stack.extend(reversed(node.children))
+    live = peak = 0
+    for _, size in sorted(events, key=lambda e: e[0]):  # stable
+        live += size
+        peak = max(peak, live)
+    return peak
 
 
 def _tensor_bytes(tree: Any) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -65,6 +66,10 @@ def main(
     when no requested backend is installed or a measurement raised.
     """
     stdout = sys.stdout if stdout is None else stdout
+    # torch's C++ log reads this at import (before a backend imports torch):
+    # its one-time allocator warning under the profiler (peak memory) would
+    # otherwise break the progress line. Errors still print.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if plots:  # fail before minutes of measuring, not after
         from .plots import _pyplot
 

@@ -90,11 +90,12 @@ def choose_backend(
                     )
                 faster = [o.backend for o in timed if o.shampoo_seconds < t.shampoo_seconds]
                 skipped = f"; faster but not exact enough: {', '.join(faster)}" if faster else ""
+                peak = "" if t.peak_ratio is None else f", peak {t.peak_ratio:.1f}x"
                 return t, dtype, (
                     f"use **{t.backend}** in {dtype}{note}: deviation from the reference "
                     f"{worst:.1e} of the displacement (<= {PRACTICAL_RTOL:g}), Shampoo step "
                     f"{_ms(t.shampoo_seconds)} = {t.time_ratio:.2f}x AdamW's, optimizer state "
-                    f"{t.memory_ratio:.1f}x AdamW's{skipped}."
+                    f"{t.memory_ratio:.1f}x AdamW's{peak}{skipped}."
                 )
     rows = [r for r in accuracy if r.problem == problem and r.backend != "reference"]
     worst_text = ""

@@ -69,7 +69,7 @@ def _timing(rows: Sequence[TimingResult], problem: str, backend: str) -> TimingR
 
 
 SUMMARY_HEADER = (
-    "problem", "backend", "dev f64", "dev f32", "shampoo ms", "time x", "state x",
+    "problem", "backend", "dev f64", "dev f32", "shampoo ms", "time x", "state x", "peak x",
     "steps shampoo", "steps adamw", "ratio",
 )
 
@@ -81,7 +81,7 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
         for status in report.backends:
             name = status.name
             if not status.installed:
-                rows.append((info.name, name, "not installed", *("",) * 7))
+                rows.append((info.name, name, "not installed", *("",) * 8))
                 continue
             dev64 = "oracle" if name == "reference" else _deviation(
                 report.accuracy, info.name, name, "float64")
@@ -95,11 +95,20 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
                 f"{t.shampoo_seconds * 1e3:.3g}" if t else "-",
                 f"{t.time_ratio:.2f}" if t else "-",
                 f"{t.memory_ratio:.1f}" if t else "-",
+                _ratio(t.peak_ratio) if t else "-",
                 steps_text(conv.shampoo.steps_to_target) if conv else "-",
                 steps_text(conv.adamw.steps_to_target) if conv else "-",
                 ratio_text(conv) if conv else "-",
             ))
     return rows
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _kib(x: int | None) -> str:
+    return "-" if x is None else f"{x / 1024:.1f}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -119,9 +128,9 @@ def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 LEGEND = (
     "dev: max deviation from the float64 reference relative to the parameters' displacement "
     f"(! = outside the derived bound or above {PRACTICAL_RTOL:g}); shampoo ms: median optimizer "
-    "step; time x / state x: Shampoo / AdamW step time and optimizer-state bytes, same "
-    "framework; steps: median steps to the target loss [min-max over seeds], ratio = "
-    "Shampoo / AdamW."
+    "step; time x / state x / peak x: Shampoo / AdamW step time, optimizer-state bytes and "
+    "peak optimizer bytes during an update (state + temporaries), same framework; steps: "
+    "median steps to the target loss [min-max over seeds], ratio = Shampoo / AdamW."
 )
 
 
@@ -161,21 +170,26 @@ def _timing_section(report: Report) -> list[str]:
     rows = [
         (t.problem, t.backend, t.dtype, f"{t.shampoo_seconds * 1e3:.3g}",
          f"{t.adamw_seconds * 1e3:.3g}", f"{t.time_ratio:.2f}",
-         f"{t.shampoo_state_bytes / 1024:.1f}", f"{t.adamw_state_bytes / 1024:.1f}",
-         f"{t.memory_ratio:.1f}")
+         _kib(t.shampoo_state_bytes), _kib(t.adamw_state_bytes), _ratio(t.memory_ratio),
+         _kib(t.shampoo_peak_bytes), _kib(t.adamw_peak_bytes), _ratio(t.peak_ratio))
         for t in report.timing
     ]
     period = report.settings.config.schedule.precondition_frequency
     return [
-        "## Step time and optimizer state",
+        "## Step time and optimizer memory",
         "",
         f"The optimizer update alone (gradients given), median over "
         f"{report.settings.timing_rounds} interleaved rounds of {period} steps per optimizer "
         "(each Shampoo round holds one root step, so its time is amortized). State: bytes of "
-        "the optimizer state arrays the backend stores (not the process's peak memory).",
+        "the optimizer state arrays the backend stores between steps. Peak: the most bytes "
+        f"the optimizer holds during an update, state plus temporaries, over {period} more "
+        "(untimed) steps including a root step; torch: the CPU allocator's events under "
+        "torch.profiler; JAX: XLA's buffer assignment of the compiled update (state in and "
+        "out both live); '-' where the backend cannot measure it.",
         "",
         _markdown_table(("problem", "backend", "dtype", "Shampoo ms", "AdamW ms", "ratio",
-                         "Shampoo state KiB", "AdamW state KiB", "ratio"), rows)
+                         "Shampoo state KiB", "AdamW state KiB", "ratio",
+                         "Shampoo peak KiB", "AdamW peak KiB", "ratio"), rows)
         if rows else "(nothing timed)",
         "",
     ]

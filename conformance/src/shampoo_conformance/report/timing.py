@@ -13,12 +13,18 @@ step each) with the same number of AdamW steps. Each round gives a mean
 step time per optimizer; the figure is the median over rounds, and the
 ratio compares medians measured side by side on the same machine state.
 
-Memory: ``state_bytes`` is the size of the optimizer state arrays the
-backend stores (torch: the tensors of ``optimizer.state_dict()["state"]``;
-JAX: the leaves of the optax state; reference: the NumPy arrays), measured
-after warm-up. It is not the process's peak memory (temporaries of the
-root computation are not counted); on CPU that is what can be measured
-per optimizer without noise from the rest of the process.
+Memory, two figures per optimizer, both measured after warm-up:
+
+- ``state_bytes``: the optimizer state arrays the backend stores (torch:
+  the tensors of ``optimizer.state_dict()["state"]``; JAX: the leaves of the
+  optax state; reference: the NumPy arrays): what stays between steps.
+- ``peak_bytes``: the most the optimizer holds at any moment of an update,
+  state plus temporaries (parameters and gradients excluded), the maximum
+  over one more amortization period (so a root step is in it), from the
+  stepper's ``step_with_peak`` (torch: the CPU allocator's events under
+  ``torch.profiler``; JAX: XLA's buffer assignment of the compiled update).
+  None for a backend whose stepper cannot measure it (the reference).
+  These steps are not timed: profiling slows them.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class TimingResult:
     adamw_seconds: float
     shampoo_state_bytes: int
     adamw_state_bytes: int
+    shampoo_peak_bytes: int | None = None
+    adamw_peak_bytes: int | None = None
 
     @property
     def time_ratio(self) -> float:
@@ -56,7 +64,15 @@ class TimingResult:
 
     @property
     def memory_ratio(self) -> float:
+        """Shampoo / AdamW optimizer-state bytes."""
         return self.shampoo_state_bytes / self.adamw_state_bytes
+
+    @property
+    def peak_ratio(self) -> float | None:
+        """Shampoo / AdamW peak optimizer bytes during an update; None if unmeasured."""
+        if self.shampoo_peak_bytes is None or self.adamw_peak_bytes is None:
+            return None
+        return self.shampoo_peak_bytes / self.adamw_peak_bytes
 
 
 class _Runner:
@@ -75,11 +91,24 @@ class _Runner:
             total += self.stepper.last_step_seconds
         return total
 
+    def peak(self, steps: int) -> int | None:
+        """Most optimizer bytes over ``steps`` untimed updates (None: not measurable)."""
+        step_with_peak = getattr(self.stepper, "step_with_peak", None)
+        if step_with_peak is None:
+            return None
+        most = 0
+        for _ in range(steps):
+            self.params, peak = step_with_peak(self.problem.grad(self.params))
+            if peak is None:
+                return None
+            most = max(most, int(peak))
+        return most
+
 
 def timing_steps(config: ShampooConfig, rounds: int) -> int:
     """Optimizer steps :func:`measure_timing` takes (for progress accounting)."""
     period = config.schedule.precondition_frequency
-    return 2 * (_warmup(config) + rounds * period)
+    return 2 * (_warmup(config) + (rounds + 1) * period)
 
 
 def _warmup(config: ShampooConfig) -> int:
@@ -115,6 +144,11 @@ def measure_timing(
             times[name].append(runner.run(period) / period)
             if on_steps is not None:
                 on_steps(period)
+    peaks = {}
+    for name, runner in (("shampoo", shampoo), ("adamw", adamw)):
+        peaks[name] = runner.peak(period)
+        if on_steps is not None:
+            on_steps(period)
     return TimingResult(
         problem=problem.name,
         backend=backend.name,
@@ -125,4 +159,6 @@ def measure_timing(
         adamw_seconds=statistics.median(times["adamw"]),
         shampoo_state_bytes=shampoo.stepper.state_bytes(),
         adamw_state_bytes=adamw.stepper.state_bytes(),
+        shampoo_peak_bytes=peaks["shampoo"],
+        adamw_peak_bytes=peaks["adamw"],
     )
