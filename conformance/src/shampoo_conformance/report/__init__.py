@@ -5,7 +5,7 @@ embedded default) runs one Shampoo configuration (:mod:`.settings`) through
 every requested backend and measures
 
 - :mod:`.accuracy`: deviation from the float64 reference, float64 and float32;
-- :mod:`.timing`: optimizer step time and state size vs AdamW, same framework;
+- :mod:`.timing`: optimizer step time, state size and peak memory vs AdamW, same framework;
 - :mod:`.convergence`: steps to the target loss and final loss for Shampoo and
   AdamW, each at its tuned learning rate, over several seeds;
 
