@@ -128,6 +128,17 @@ def test_torch_allocation_peak_closed_form() -> None:
     assert second == 200 + 12000  # then held before it (state_bytes) and not reallocated
 
 
+def test_torch_peak_is_none_without_the_profiler_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch without the allocation-event interface: the step still happens, peak None."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.delattr(torch._C._profiler, "_EventType")
+    backend = _backend("torch")
+    params, grads = _stream(1, seed=3)
+    got, peak = backend.stepper("adamw", params, lr=0.1).step_with_peak(grads[0])
+    assert peak is None
+    assert not np.allclose(got["w"], params["w"])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

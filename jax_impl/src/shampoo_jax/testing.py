@@ -78,7 +78,9 @@ class Stepper:
     the first call includes compilation). The learning rate and weight
     decay are traced arguments, so one compiled program serves a whole
     learning-rate grid. ``state_bytes()`` is the size of every leaf of the
-    optimizer state pytree (padded, stacked blocks included, as stored).
+    optimizer state pytree (padded, stacked blocks included, as stored);
+    ``step_with_peak(grads)`` also returns the compiled update's peak
+    optimizer bytes.
     """
 
     def __init__(
