@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from shampoo_spec import RUN_DTYPES, check_run_inputs
+from shampoo_spec import RUN_DTYPES, STEPPER_OPTIMIZERS, check_run_inputs, check_stepper_arguments
 
 
 @dataclass
@@ -42,3 +42,24 @@ def test_wrong_shape_names_parameter_step_and_shapes() -> None:
     with pytest.raises(ValueError, match=r"gradient of 'w' at step 1 has shape \(3, 2\), "
                                          r"parameter has \(2, 3\)"):
         check_run_inputs("x", PARAMS, [{"w": _Array((3, 2)), "s": 1.0}], "float64")
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "config", "weight_decay", "match"),
+    [
+        ("sgd", None, 0.0, "optimizer = 'sgd' is invalid: allowed one of"),
+        ("shampoo", None, 0.1, "weight_decay = 0.1 is invalid for 'shampoo'"),
+        ("adamw", object(), 0.0, "config is invalid for 'adamw'"),
+    ],
+)
+def test_stepper_arguments_rejected(
+    optimizer: str, config: object, weight_decay: float, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_stepper_arguments(optimizer, config, weight_decay)
+
+
+def test_stepper_arguments_accepted() -> None:
+    assert STEPPER_OPTIMIZERS == ("shampoo", "adamw")
+    check_stepper_arguments("shampoo", None, 0.0)
+    check_stepper_arguments("adamw", None, 0.1)

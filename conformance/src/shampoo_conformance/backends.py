@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from shampoo_spec import ShampooConfig
+from shampoo_spec import ShampooConfig, check_stepper_arguments
 
 Params = dict[str, NDArray[Any]]
 
@@ -84,9 +84,6 @@ class StepperUnavailable(NotImplementedError):
     """The backend runs open-loop only (``run``); it has no ``stepper``."""
 
 
-OPTIMIZERS = ("shampoo", "adamw")
-
-
 class _ReferenceStepper:
     """:class:`ReferenceShampoo` or the NumPy :class:`~.first_order.AdamW`, timed per step."""
 
@@ -118,18 +115,6 @@ def _array_bytes(tree: Any) -> int:
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         return sum(_array_bytes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
     return 0
-
-
-def _check_optimizer(optimizer: object, config: object, weight_decay: float) -> None:
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer = {optimizer!r} is invalid: allowed one of {OPTIMIZERS}.")
-    if optimizer == "shampoo" and weight_decay != 0.0:
-        raise ValueError(
-            f"weight_decay = {weight_decay!r} is invalid for 'shampoo': allowed 0.0 "
-            "(Shampoo's weight decay is config.weight_decay)."
-        )
-    if optimizer == "adamw" and config is not None:
-        raise ValueError("config is invalid for 'adamw': allowed None (AdamW has no config).")
 
 
 class ReferenceBackend:
@@ -183,7 +168,7 @@ class ReferenceBackend:
         """``"shampoo"``: :class:`ReferenceShampoo` with ``config`` at learning rate
         ``lr``; ``"adamw"``: :class:`~.first_order.AdamW` (float64 NumPy)."""
         self._check_dtype(dtype)
-        _check_optimizer(optimizer, config, weight_decay)
+        check_stepper_arguments(optimizer, config, weight_decay)
         if optimizer == "adamw":
             from .first_order import AdamW
 
@@ -249,7 +234,7 @@ class FrameworkBackend:
                 f"backend {self.name!r} has no stepper ({self._module.__name__}.stepper): "
                 "it runs open-loop only."
             )
-        _check_optimizer(optimizer, config, weight_decay)
+        check_stepper_arguments(optimizer, config, weight_decay)
         out: Stepper = make(
             optimizer, dict(params), lr=lr, config=config, weight_decay=weight_decay, dtype=dtype
         )

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import optax
 
-from shampoo_spec import ShampooConfig, check_run_inputs
+from shampoo_spec import ShampooConfig, check_run_inputs, check_stepper_arguments
 
 from .transform import check_state, shampoo
 
@@ -210,21 +210,11 @@ def stepper(
     ``config`` must be None.
     """
     dt = np.dtype(dtype)
-    if dt not in _DTYPES:
-        raise ValueError(f"dtype = {dt} is invalid for the jax backend: allowed float32, float64.")
+    check_run_inputs("jax", _arrays(params), [], dt.name)
+    check_stepper_arguments(optimizer, config, weight_decay)
     if optimizer == "shampoo":
-        if weight_decay != 0.0:
-            raise ValueError(
-                f"weight_decay = {weight_decay!r} is invalid for 'shampoo': allowed 0.0 "
-                "(Shampoo's weight decay is config.weight_decay)."
-            )
         config = ShampooConfig() if config is None else config
         config = dataclasses.replace(config, factor_dtype=_DTYPES[dt])
-    elif optimizer == "adamw":
-        if config is not None:
-            raise ValueError("config is invalid for 'adamw': allowed None (AdamW has no config).")
-    else:
-        raise ValueError(f"optimizer = {optimizer!r} is invalid: allowed 'shampoo', 'adamw'.")
     with _precision(dt):
         p = {k: jax.numpy.asarray(np.asarray(params[k], dtype=dt)) for k in sorted(params)}
         state = jax.jit(_transformation(optimizer, config, lr, weight_decay).init)(p)

@@ -7,8 +7,8 @@
   (distributed backends);
 - :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
 - :data:`PRESETS`: named configurations;
-- :func:`check_run_inputs`: the input checks of every backend's ``run``
-  (contract 8.2).
+- :func:`check_run_inputs`, :func:`check_stepper_arguments`: the input
+  checks of every backend's ``run`` and ``stepper`` (contract 8.2).
 
 Equation numbers refer to docs/spec.md. Standard library only.
 """
@@ -42,7 +42,7 @@ from .config import (
 )
 from .importers import from_google, from_meta
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
-from .run_inputs import RUN_DTYPES, check_run_inputs
+from .run_inputs import RUN_DTYPES, STEPPER_OPTIMIZERS, check_run_inputs, check_stepper_arguments
 from .schedule import is_root_step, is_statistics_step, uses_preconditioner
 from .serialization import config_from_dict, config_to_dict
 
@@ -50,6 +50,7 @@ __all__ = [
     "GRAFTING_TYPES",
     "ROOT_FLOPS_PER_CUBE",
     "RUN_DTYPES",
+    "STEPPER_OPTIMIZERS",
     "Assignment",
     "BlockCost",
     "BlockPlan",
@@ -73,6 +74,7 @@ __all__ = [
     "assign_blocks",
     "block_cost",
     "check_run_inputs",
+    "check_stepper_arguments",
     "config_from_dict",
     "config_to_dict",
     "from_google",

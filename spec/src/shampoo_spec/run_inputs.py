@@ -1,4 +1,4 @@
-"""The input checks of contract 8.2's ``run(config, params, grads, dtype)``.
+"""The input checks of contract 8.2's ``run(config, params, grads, dtype)`` and ``stepper``.
 
 Every backend adapter (``shampoo_torch.testing``, ``shampoo_jax.testing`` and
 their distributed variants) takes the same inputs, so it rejects bad ones
@@ -14,6 +14,9 @@ from typing import Any
 
 #: Parameter dtypes the framework adapters run (the reference is float64 only).
 RUN_DTYPES = ("float32", "float64")
+
+#: Optimizers a closed-loop ``stepper`` builds (the backend report's pair).
+STEPPER_OPTIMIZERS = ("shampoo", "adamw")
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -49,3 +52,23 @@ def check_run_inputs(
                 raise ValueError(
                     f"gradient of {name!r} at step {t} has shape {got}, parameter has {want}."
                 )
+
+
+def check_stepper_arguments(optimizer: object, config: object, weight_decay: float) -> None:
+    """Raise ``ValueError`` naming the argument unless a ``stepper`` call is consistent.
+
+    ``optimizer`` is one of :data:`STEPPER_OPTIMIZERS`; Shampoo takes its
+    weight decay from its config (``weight_decay`` stays 0); AdamW has no
+    config (``config`` stays None).
+    """
+    if optimizer not in STEPPER_OPTIMIZERS:
+        raise ValueError(
+            f"optimizer = {optimizer!r} is invalid: allowed one of {STEPPER_OPTIMIZERS}."
+        )
+    if optimizer == "shampoo" and weight_decay != 0.0:
+        raise ValueError(
+            f"weight_decay = {weight_decay!r} is invalid for 'shampoo': allowed 0.0 "
+            "(Shampoo's weight decay is config.weight_decay)."
+        )
+    if optimizer == "adamw" and config is not None:
+        raise ValueError("config is invalid for 'adamw': allowed None (AdamW has no config).")

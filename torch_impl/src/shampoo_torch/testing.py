@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shampoo_spec import ShampooConfig, check_run_inputs
+from shampoo_spec import ShampooConfig, check_run_inputs, check_stepper_arguments
 
 from .optimizer import Shampoo
 
@@ -192,26 +192,18 @@ def stepper(
     """
     key = np.dtype(dtype)
     check_run_inputs("torch", _arrays(params), [], key.name)
+    check_stepper_arguments(optimizer, config, weight_decay)
     tdtype, factor_dtype = _DTYPES[key]
     tensors = {
         n: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=tdtype)) for n, v in params.items()
     }
     opt: torch.optim.Optimizer
     if optimizer == "shampoo":
-        if weight_decay != 0.0:
-            raise ValueError(
-                f"weight_decay = {weight_decay!r} is invalid for 'shampoo': allowed 0.0 "
-                "(Shampoo's weight decay is config.weight_decay)."
-            )
         config = ShampooConfig() if config is None else config
         config = dataclasses.replace(config, factor_dtype=factor_dtype)
         opt = Shampoo(list(tensors.items()), config, lr=lr)
-    elif optimizer == "adamw":
-        if config is not None:
-            raise ValueError("config is invalid for 'adamw': allowed None (AdamW has no config).")
+    else:
         opt = torch.optim.AdamW(
             tensors.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay
         )
-    else:
-        raise ValueError(f"optimizer = {optimizer!r} is invalid: allowed 'shampoo', 'adamw'.")
     return Stepper(opt, tensors)
