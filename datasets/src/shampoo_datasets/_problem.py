@@ -59,6 +59,15 @@ def read_only(array: Array) -> Array:
     return out
 
 
+def linear_model_start(seed: int, n_features: int, init_scale: float) -> dict[str, Array]:
+    """Start of a linear model ``X w + b``: ``w ~ init_scale * N(0, I)`` (``seed``), ``b = 0``."""
+    rng = np.random.default_rng(seed)
+    return {
+        "w": read_only(init_scale * rng.standard_normal(n_features)),
+        "b": read_only(np.zeros(1)),
+    }
+
+
 def check_params(problem_name: str, params: Params, shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Raise ``ValueError`` unless ``params`` has exactly the expected names and shapes."""
     if not isinstance(params, Mapping):

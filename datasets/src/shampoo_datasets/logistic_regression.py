@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import _bundled, _validate
-from ._problem import Array, Params, Problem, check_params, read_only
+from ._problem import Array, Params, Problem, check_params, linear_model_start, read_only
 
 N_FEATURES = 30
 #: Solved when the loss is within this relative gap of the minimum. Measured
@@ -144,14 +144,9 @@ def breast_cancer_logistic(
     w_star, b_star = _minimizer(l2)
     optimum = {"w": w_star, "b": b_star}
     floor = loss(optimum)
-    rng = np.random.default_rng(seed)
-    init = {
-        "w": read_only(init_scale * rng.standard_normal(N_FEATURES)),
-        "b": read_only(np.zeros(1)),
-    }
     return Problem(
         name=name,
-        init_params=init,
+        init_params=linear_model_start(seed, N_FEATURES, init_scale),
         loss=loss,
         grad=grad,
         target_loss=floor * (1.0 + RELATIVE_GAP),
