@@ -24,13 +24,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from shampoo_spec import ShampooConfig, check_stepper_arguments
+from shampoo_spec import BackendUnavailable, ShampooConfig, StepperUnavailable
+
+from .adapters.inputs import check_stepper_arguments
 
 Params = dict[str, NDArray[Any]]
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend's framework is not installed: report as skipped, not failed."""
 
 
 @runtime_checkable
@@ -78,10 +76,6 @@ class Stepper(Protocol):
     def state_bytes(self) -> int:
         """Bytes of the optimizer state."""
         ...
-
-
-class StepperUnavailable(NotImplementedError):
-    """The backend runs open-loop only (``run``); it has no ``stepper``."""
 
 
 class _ReferenceStepper:

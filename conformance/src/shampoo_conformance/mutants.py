@@ -23,14 +23,14 @@ from shampoo_spec import ShampooConfig
 class _WrongDefaultRoot(ReferenceShampoo):
     """Uses the square root for every factor (root 2), whatever the order."""
 
-    def _root(self, a: Array, root: float) -> Array | None:
-        return super()._root(a, 2.0)
+    def _inverse_root(self, a: Array, root: float) -> Array | None:
+        return super()._inverse_root(a, 2.0)
 
 
 class _EpsilonAfterRoot(ReferenceShampoo):
     """Adds epsilon after the root, X = (A^(1/r) + eps I)^(-1), not to A before."""
 
-    def _root(self, a: Array, root: float) -> Array | None:
+    def _inverse_root(self, a: Array, root: float) -> Array | None:
         lam, q = np.linalg.eigh(0.5 * (a + a.T))
         lam = np.maximum(lam, 0.0) ** (1.0 / root) + self.config.epsilon.value
         out: Array = (q / lam) @ q.T
@@ -51,7 +51,7 @@ class _MomentumBeforeGrafting(ReferenceShampoo):
     def _momentum(self, st, shampoo_dir, graft_dir, w, use_shampoo, finite):  # type: ignore[no-untyped-def]
         chosen = shampoo_dir if use_shampoo else graft_dir
         wd = self.config.weight_decay
-        if wd.type == "direction" and wd.value != 0.0:
+        if wd.applies("direction"):
             chosen = chosen + wd.value * w
         return chosen
 

@@ -24,7 +24,8 @@ import jax
 import numpy as np
 import optax
 
-from shampoo_spec import ShampooConfig, check_run_inputs, check_stepper_arguments
+from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
+from shampoo_spec import ShampooConfig
 
 from .transform import check_state, shampoo
 

@@ -36,7 +36,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from shampoo_spec import ShampooConfig, check_run_inputs, config_from_dict
+from shampoo_conformance.adapters.inputs import check_run_inputs
+from shampoo_spec import ShampooConfig, config_from_dict
 
 DEVICES = 4
 AXIS = "blocks"
@@ -248,7 +249,7 @@ atexit.register(_close)
 
 
 def _errors() -> dict[str, type[Exception]]:
-    from .transform import NonFiniteGradientError, RootFailureError
+    from shampoo_spec import NonFiniteGradientError, RootFailureError
 
     return {
         "ValueError": ValueError,

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 from jax import Array, lax
 
-from shampoo_spec import ShampooConfig
+from shampoo_spec import NonFiniteGradientError, RootFailureError, ShampooConfig
 
 from . import blocks as B
 from . import grafting, schedule
@@ -617,14 +617,6 @@ def _assemble_direction(
 
 
 # ------------------------------------------------------------ host side
-class NonFiniteGradientError(FloatingPointError):
-    """A gradient held NaN or inf under ``failure.nonfinite_gradient = "raise"``."""
-
-
-class RootFailureError(FloatingPointError):
-    """A block's roots failed more root steps in a row than allowed (eq. 13)."""
-
-
 def check_state(
     state: ShampooState, config: ShampooConfig, previous: ShampooState | None = None
 ) -> None:

@@ -14,16 +14,9 @@ from shampoo_spec import GraftingConfig
 
 Array = NDArray[np.float64]
 
-_NEEDS_STATE = ("adagrad", "rmsprop", "adam", "adagrad_normalized", "rmsprop_normalized")
-
-
-def needs_state(graft: GraftingConfig) -> bool:
-    return graft.type in _NEEDS_STATE
-
-
 def graft_input(gradient: Array, graft: GraftingConfig) -> Array:
     """The gradient the graft state sees: normalised for ``*_normalized`` (eq. 14a)."""
-    if graft.type.endswith("_normalized"):
+    if graft.normalizes_input:
         return gradient / (np.linalg.norm(gradient) + graft.normalize_epsilon)
     return gradient
 
@@ -33,7 +26,7 @@ def update_state(state: Array, gradient: Array, graft: GraftingConfig) -> Array:
     g = graft_input(gradient, graft)
     if graft.beta2 == 1.0:
         return state + g * g
-    return graft.beta2 * state + (1.0 - graft.beta2) * g * g
+    return graft.beta2 * state + graft.update_weight * g * g
 
 
 def direction(x: Array, state: Array | None, t: int, graft: GraftingConfig) -> Array:
@@ -51,5 +44,4 @@ def direction(x: Array, state: Array | None, t: int, graft: GraftingConfig) -> A
         return np.sign(x)
     assert state is not None
     x = graft_input(x, graft)
-    bc = 1.0 - graft.beta2**t if (graft.bias_correction and graft.beta2 < 1.0) else 1.0
-    return x / (np.sqrt(state / bc) + graft.epsilon)
+    return x / (np.sqrt(state / graft.bias_correction_factor(t)) + graft.epsilon)

@@ -16,7 +16,9 @@ from numpy.typing import NDArray
 
 from shampoo_spec import (
     CoupledNewtonConfig,
+    NonFiniteGradientError,
     ParameterPlan,
+    RootFailureError,
     ShampooConfig,
     is_root_step,
     is_statistics_step,
@@ -37,20 +39,12 @@ from .linalg import (
 Array = NDArray[np.float64]
 
 
-class NonFiniteGradientError(FloatingPointError):
-    """A gradient holds NaN or inf and the failure policy is ``"raise"``."""
-
-
-class RootFailureError(FloatingPointError):
-    """A factor's inverse root failed more times in a row than allowed."""
-
-
 @dataclass
 class BlockState:
     """Per-block state: factors L_k, inverse roots X_k (or eigenbases Q_k)."""
 
     factors: list[Array | None]
-    roots: list[Array | None]
+    inverse_roots: list[Array | None]
     statistics_updates: int = 0
     consecutive_failures: int = 0
     corrected_second_moment: Array | None = None
@@ -97,32 +91,31 @@ class ReferenceShampoo:
     def _init_parameter(self, shape: tuple[int, ...]) -> ParameterState:
         cfg = self.config
         plan = plan_parameter(shape, cfg)
-        init_eps = cfg.epsilon.value if cfg.statistics.initial_value == "epsilon_identity" else 0.0
+        init_eps = cfg.initial_factor_scale
         blocks = []
         for b in plan.blocks:
             factors: list[Array | None] = []
-            roots: list[Array | None] = []
+            inverse_roots: list[Array | None] = []
             for n, r in zip(b.shape, b.roots, strict=True):
                 if r == 0:
                     factors.append(None)
-                    roots.append(None)
+                    inverse_roots.append(None)
                 else:
                     factors.append(init_eps * np.eye(n))
-                    roots.append(np.eye(n))  # identity before the first root (eq. 13)
+                    inverse_roots.append(np.eye(n))  # identity before the first root (eq. 13)
             corrected = np.zeros(b.shape) if cfg.eigenvalue_correction is not None else None
             blocks.append(
                 BlockState(
                     factors=factors,
-                    roots=roots,
+                    inverse_roots=inverse_roots,
                     corrected_second_moment=corrected,
                 )
             )
         size_shape = plan.merged_shape
-        graft = np.zeros(size_shape) if grafting.needs_state(cfg.grafting) else None
-        filtered = np.zeros(size_shape) if cfg.gradient_filter.beta1 != 0.0 else None
-        momentum = np.zeros(size_shape) if cfg.momentum.momentum != 0.0 else None
-        separate = cfg.momentum.buffers == "separate" and momentum is not None
-        graft_momentum = np.zeros(size_shape) if separate else None
+        graft = np.zeros(size_shape) if cfg.grafting.has_state else None
+        filtered = np.zeros(size_shape) if cfg.gradient_filter.enabled else None
+        momentum = np.zeros(size_shape) if cfg.momentum.enabled else None
+        graft_momentum = np.zeros(size_shape) if cfg.momentum.separate_buffers else None
         return ParameterState(plan, blocks, graft, filtered, momentum, graft_momentum)
 
     # ----------------------------------------------------------------- step
@@ -151,7 +144,7 @@ class ReferenceShampoo:
         g = _as_merged(g_orig, plan)
 
         # Eq. (2): L2 weight decay enters the gradient (and so the statistics).
-        if cfg.weight_decay.type == "l2" and cfg.weight_decay.value != 0.0:
+        if cfg.weight_decay.applies("l2"):
             g = g + cfg.weight_decay.value * w
 
         # Eq. (3): a block with a non-finite gradient never touches the state.
@@ -189,9 +182,9 @@ class ReferenceShampoo:
 
         # Eqs. (19)-(21): weight decay, momentum, update.
         step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
-        lr = 1.0 if cfg.momentum.learning_rate_placement == "before_momentum" else cfg.learning_rate
+        lr = 1.0 if cfg.momentum.lr_before_momentum else cfg.learning_rate
         new_w = w - lr * step
-        if cfg.weight_decay.type == "update" and cfg.weight_decay.value != 0.0:
+        if cfg.weight_decay.applies("update"):
             new_w = new_w - cfg.learning_rate * cfg.weight_decay.value * w  # eq. (21)
         new_w = np.where(finite, new_w, w)
         return new_w.reshape(plan.shape)
@@ -202,10 +195,10 @@ class ReferenceShampoo:
         f = self.config.gradient_filter
         if st.filtered is None:
             return g
-        beta3 = f.beta1 if f.beta3 is None else f.beta3
+        beta3 = f.direction_beta
         used = beta3 * st.filtered + (1.0 - beta3) * g
         if f.bias_correction:
-            used = used / (1.0 - beta3 * f.beta1 ** (self.t - 1))
+            used = used / f.bias_correction_factor(self.t)
         st.filtered = np.where(finite, f.beta1 * st.filtered + (1.0 - f.beta1) * g, st.filtered)
         return used
 
@@ -214,11 +207,11 @@ class ReferenceShampoo:
         cfg, t = self.config, self.t
         stats = cfg.statistics
         if is_statistics_step(t, cfg.schedule):
-            w = 1.0 if (stats.beta2 == 1.0 or stats.ema_weight == "one") else 1.0 - stats.beta2
+            w = stats.update_weight
             for k, lk in enumerate(bs.factors):
                 if lk is None:
                     continue
-                decayed = lk if stats.beta2 == 1.0 else stats.beta2 * lk
+                decayed = stats.beta2 * lk if stats.decays else lk
                 bs.factors[k] = decayed + w * factor_contraction(gb, k)
             bs.statistics_updates += 1
         if is_root_step(t, cfg.schedule):
@@ -230,21 +223,18 @@ class ReferenceShampoo:
     def _refresh_roots(self, name: str, roots: tuple[float, ...], bs: BlockState) -> None:
         """Eqs. (7), (9)-(13): recompute every factor's root; count block failures."""
         cfg, t = self.config, self.t
-        stats = cfg.statistics
-        # Eq. (7): bias correction of the factors.
-        n = bs.statistics_updates
-        bc = 1.0 - stats.beta2**n if (stats.bias_correction and stats.beta2 < 1.0 and n) else 1.0
+        bc = cfg.statistics.bias_correction_factor(bs.statistics_updates)  # eq. (7)
         failed = []
         for k, lk in enumerate(bs.factors):
             if lk is None:
                 continue
-            new_root = self._root(lk / bc, roots[k])
-            if new_root is None or not np.all(np.isfinite(new_root)):
+            new = self._inverse_root(lk / bc, roots[k])
+            if new is None or not np.all(np.isfinite(new)):
                 # Eq. (13): keep the previous root, count the failure.
                 self.metrics.root_failures += 1
                 failed.append(k)
                 continue
-            bs.roots[k] = new_root
+            bs.inverse_roots[k] = new
         bs.consecutive_failures = bs.consecutive_failures + 1 if failed else 0
         limit = cfg.failure.max_consecutive_root_failures
         if limit is not None and bs.consecutive_failures > limit:
@@ -254,8 +244,11 @@ class ReferenceShampoo:
                 f"(failure.max_consecutive_root_failures={limit})."
             )
 
-    def _root(self, a: Array, root: float) -> Array | None:
-        """Eq. (10) or (11) for one factor; None when the method fails."""
+    def _inverse_root(self, a: Array, root: float) -> Array | None:
+        """Eq. (10) or (11) for one factor: ``A^(-1/root)`` (or its eigenbasis, eq. 17).
+
+        None when the method fails.
+        """
         cfg = self.config
         if not np.all(np.isfinite(a)):
             return None
@@ -281,7 +274,7 @@ class ReferenceShampoo:
 
     # -------------------------------------------- eq. (17) eigenvalue-corrected
     def _rotate(self, bs: BlockState, x: Array, transpose: bool) -> Array:
-        for k, q in enumerate(bs.roots):
+        for k, q in enumerate(bs.inverse_roots):
             if q is not None:
                 x = mode_product(x, q.T if transpose else q, k)
         return x
@@ -291,7 +284,7 @@ class ReferenceShampoo:
         assert ec is not None and bs.corrected_second_moment is not None
         rotated = self._rotate(bs, gb, transpose=True)
         d = bs.corrected_second_moment
-        if ec.beta2 == 1.0:
+        if not ec.decays:
             bs.corrected_second_moment = d + rotated**2
         else:
             bs.corrected_second_moment = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2
@@ -305,14 +298,14 @@ class ReferenceShampoo:
             # Skipped parameters take the graft direction (eq. 18, skip rule).
             return graft_dir.copy()
         out = np.zeros(plan.merged_shape)
-        scope_block = cfg.grafting.type != "none" and cfg.grafting.norm_scope == "block"
+        scope_block = cfg.grafting.rescale_scope == "block"
         for b, bs in zip(plan.blocks, st.blocks, strict=True):
             fb = filtered[b.slices]
             if cfg.eigenvalue_correction is not None:
                 pb = self._corrected_direction(bs, fb)
             else:
                 pb = fb
-                for k, xk in enumerate(bs.roots):
+                for k, xk in enumerate(bs.inverse_roots):
                     if xk is not None:
                         pb = mode_product(pb, xk, k)
             if scope_block:
@@ -320,7 +313,7 @@ class ReferenceShampoo:
                     np.linalg.norm(pb) + cfg.grafting.norm_epsilon
                 )
             out[b.slices] = pb
-        if cfg.grafting.type != "none" and cfg.grafting.norm_scope == "parameter":
+        if cfg.grafting.rescale_scope == "parameter":
             scale = np.linalg.norm(graft_dir) / (np.linalg.norm(out) + cfg.grafting.norm_epsilon)
             out = out * scale
         return out
@@ -328,9 +321,7 @@ class ReferenceShampoo:
     def _corrected_direction(self, bs: BlockState, fb: Array) -> Array:
         ec = self.config.eigenvalue_correction
         assert ec is not None and bs.corrected_second_moment is not None
-        n = bs.corrected_updates
-        bc = 1.0 - ec.beta2**n if (ec.bias_correction and ec.beta2 < 1.0 and n) else 1.0
-        d = bs.corrected_second_moment / bc
+        d = bs.corrected_second_moment / ec.bias_correction_factor(bs.corrected_updates)
         rotated = self._rotate(bs, fb, transpose=True)
         scaled = rotated / (d ** (1.0 / ec.root) + ec.epsilon)
         return self._rotate(bs, scaled, transpose=False)
@@ -348,12 +339,11 @@ class ReferenceShampoo:
         cfg = self.config
         mom = cfg.momentum
         wd = cfg.weight_decay
-        lr_first = mom.learning_rate_placement == "before_momentum"
 
         def prepare(p: Array) -> Array:
-            if lr_first:
+            if mom.lr_before_momentum:
                 p = cfg.learning_rate * p
-            if wd.type == "direction" and wd.value != 0.0:
+            if wd.applies("direction"):
                 p = p + wd.value * w  # eq. (19)
             return p
 
@@ -362,7 +352,7 @@ class ReferenceShampoo:
         p = prepare(chosen)
         if st.momentum is None:
             return p
-        mu, damp = mom.momentum, 1.0 - mom.dampening
+        mu, damp = mom.momentum, mom.direction_weight
         if st.graft_momentum is None:
             st.momentum = np.where(finite, mu * st.momentum + damp * p, st.momentum)
             m = st.momentum

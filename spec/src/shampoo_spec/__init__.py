@@ -7,8 +7,7 @@
   (distributed backends);
 - :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
 - :data:`PRESETS`: named configurations;
-- :func:`check_run_inputs`, :func:`check_stepper_arguments`: the input
-  checks of every backend's ``run`` and ``stepper`` (contract 8.2).
+- :mod:`errors`: every exception of the project (re-exported by backends).
 
 Equation numbers refer to docs/spec.md. Standard library only.
 """
@@ -23,6 +22,7 @@ from .assignment import (
 )
 from .config import (
     GRAFTING_TYPES,
+    GRAFTING_TYPES_WITH_STATE,
     BlockingConfig,
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
@@ -40,18 +40,23 @@ from .config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
+from .errors import (
+    BackendUnavailable,
+    NonFiniteGradientError,
+    RootFailureError,
+    StepperUnavailable,
+)
 from .importers import from_google, from_meta
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
-from .run_inputs import RUN_DTYPES, STEPPER_OPTIMIZERS, check_run_inputs, check_stepper_arguments
 from .schedule import is_root_step, is_statistics_step, uses_preconditioner
 from .serialization import config_from_dict, config_to_dict
 
 __all__ = [
     "GRAFTING_TYPES",
+    "GRAFTING_TYPES_WITH_STATE",
     "ROOT_FLOPS_PER_CUBE",
-    "RUN_DTYPES",
-    "STEPPER_OPTIMIZERS",
     "Assignment",
+    "BackendUnavailable",
     "BlockCost",
     "BlockPlan",
     "BlockingConfig",
@@ -64,17 +69,18 @@ __all__ = [
     "GradientFilterConfig",
     "GraftingConfig",
     "MomentumConfig",
+    "NonFiniteGradientError",
     "OrderOverride",
     "ParameterPlan",
+    "RootFailureError",
     "RootInverseConfig",
     "ScheduleConfig",
     "ShampooConfig",
     "StatisticsConfig",
+    "StepperUnavailable",
     "WeightDecayConfig",
     "assign_blocks",
     "block_cost",
-    "check_run_inputs",
-    "check_stepper_arguments",
     "config_from_dict",
     "config_to_dict",
     "from_google",

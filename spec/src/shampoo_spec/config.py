@@ -36,6 +36,15 @@ GRAFTING_TYPES: tuple[str, ...] = (
     "rmsprop_normalized",
 )
 
+#: Grafting types that keep a second-moment state V (eq. 14b).
+GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
+    "adagrad",
+    "rmsprop",
+    "adam",
+    "adagrad_normalized",
+    "rmsprop_normalized",
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class StatisticsConfig:
@@ -60,6 +69,29 @@ class StatisticsConfig:
         v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
         v.boolean(o, "bias_correction", self.bias_correction)
         v.choice(o, "initial_value", self.initial_value, ("zero", "epsilon_identity"))
+
+    @property
+    def update_weight(self) -> float:
+        """``w`` of eq. (6): 1 for a sum (beta2 = 1) or ``ema_weight="one"``, else 1 - beta2."""
+        if self.beta2 == 1.0 or self.ema_weight == "one":
+            return 1.0
+        return 1.0 - self.beta2
+
+    @property
+    def decays(self) -> bool:
+        """Whether eq. (6) multiplies the old factor by ``beta2`` (skipped when it is 1)."""
+        return self.beta2 != 1.0
+
+    @property
+    def corrects_bias(self) -> bool:
+        """Whether eq. (7) divides the factor by ``1 - beta2^n`` (only an EMA has a bias)."""
+        return self.bias_correction and self.beta2 < 1.0
+
+    def bias_correction_factor(self, updates: int) -> float:
+        """Eq. (7): ``1 - beta2^n`` after ``n = updates`` statistics updates (1 when none)."""
+        if self.corrects_bias and updates:
+            return 1.0 - self.beta2**updates
+        return 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,6 +251,22 @@ class EigenvalueCorrectionConfig:
         v.boolean(o, "bias_correction", self.bias_correction)
         v.real(o, "root", self.root, low=0.0, low_open=True)
 
+    @property
+    def decays(self) -> bool:
+        """Whether eq. (17) is an EMA (``beta2 < 1``) rather than a sum."""
+        return self.beta2 != 1.0
+
+    @property
+    def corrects_bias(self) -> bool:
+        """Whether eq. (17) divides D by ``1 - beta2^n`` (only an EMA has a bias)."""
+        return self.bias_correction and self.beta2 < 1.0
+
+    def bias_correction_factor(self, updates: int) -> float:
+        """Eq. (17): ``1 - beta2^n`` after ``n = updates`` updates of D (1 when none)."""
+        if self.corrects_bias and updates:
+            return 1.0 - self.beta2**updates
+        return 1.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class GraftingConfig:
@@ -256,6 +304,35 @@ class GraftingConfig:
         v.real(o, "norm_epsilon", self.norm_epsilon, low=0.0)
         v.real(o, "normalize_epsilon", self.normalize_epsilon, low=0.0)
 
+    @property
+    def has_state(self) -> bool:
+        """Whether the graft keeps a second-moment state V (eq. 14b): the adaptive types."""
+        return self.type in GRAFTING_TYPES_WITH_STATE
+
+    @property
+    def normalizes_input(self) -> bool:
+        """Whether eq. (14a) divides the gradient by its norm first (``*_normalized``)."""
+        return self.type.endswith("_normalized")
+
+    @property
+    def update_weight(self) -> float:
+        """``w`` of eq. (14b): 1 for a sum (``beta2 == 1``, AdaGrad), else ``1 - beta2``."""
+        return 1.0 if self.beta2 == 1.0 else 1.0 - self.beta2
+
+    @property
+    def corrects_bias(self) -> bool:
+        """Whether eq. (14c) divides V by ``1 - beta2^t`` (only an EMA has a bias)."""
+        return self.bias_correction and self.beta2 < 1.0
+
+    def bias_correction_factor(self, t: int) -> float:
+        """Eq. (14c): ``1 - beta2^t`` at step t, or 1 without bias correction."""
+        return 1.0 - self.beta2**t if self.corrects_bias else 1.0
+
+    @property
+    def rescale_scope(self) -> Literal["block", "parameter"] | None:
+        """Where eq. (18) takes the norms: per block, per parameter, or None (no graft)."""
+        return None if self.type == "none" else self.norm_scope
+
 
 @dataclass(frozen=True, kw_only=True)
 class GradientFilterConfig:
@@ -277,6 +354,22 @@ class GradientFilterConfig:
         if self.beta3 is not None:
             v.real(o, "beta3", self.beta3, low=0.0, high=1.0, high_open=True)
         v.boolean(o, "bias_correction", self.bias_correction)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether eq. (15) filters at all (``beta1 != 0``); otherwise F = G."""
+        return self.beta1 != 0.0
+
+    @property
+    def direction_beta(self) -> float:
+        """``beta3`` of eq. (15): the weight of ``F_{t-1}`` in the direction (beta1 if None)."""
+        return self.beta1 if self.beta3 is None else self.beta3
+
+    def bias_correction_factor(self, t: int) -> float:
+        """Eq. (15): ``1 - beta3 * beta1^(t-1)`` at step t, or 1 without bias correction."""
+        if self.bias_correction:
+            return 1.0 - self.direction_beta * self.beta1 ** (t - 1)
+        return 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +403,26 @@ class MomentumConfig:
             ("after_momentum", "before_momentum"),
         )
 
+    @property
+    def enabled(self) -> bool:
+        """Whether eq. (20) keeps a momentum buffer (``momentum != 0``)."""
+        return self.momentum != 0.0
+
+    @property
+    def separate_buffers(self) -> bool:
+        """Whether eq. (20) keeps a Shampoo buffer and a graft buffer (Google)."""
+        return self.enabled and self.buffers == "separate"
+
+    @property
+    def direction_weight(self) -> float:
+        """``1 - dampening``: the weight of the new direction P in eq. (20)."""
+        return 1.0 - self.dampening
+
+    @property
+    def lr_before_momentum(self) -> bool:
+        """Whether P is scaled by the learning rate before momentum (eq. 19)."""
+        return self.learning_rate_placement == "before_momentum"
+
 
 @dataclass(frozen=True, kw_only=True)
 class WeightDecayConfig:
@@ -332,6 +445,10 @@ class WeightDecayConfig:
         o = "weight_decay"
         v.real(o, "value", self.value, low=0.0)
         v.choice(o, "type", self.type, ("l2", "direction", "update"))
+
+    def applies(self, kind: Literal["l2", "direction", "update"]) -> bool:
+        """Whether decay of this ``kind`` is on: eq. (2) l2, (19) direction, (21) update."""
+        return self.type == kind and self.value != 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -493,6 +610,13 @@ class ShampooConfig:
                         "exponents.overrides_by_order[]", "roots", item.roots,
                         "integer roots with root_inverse.method='coupled_newton'",
                     )
+
+    @property
+    def initial_factor_scale(self) -> float:
+        """``c`` of the initial factor ``L_k = c I`` (eq. 6): the epsilon or zero."""
+        if self.statistics.initial_value == "epsilon_identity":
+            return self.epsilon.value
+        return 0.0
 
     # JSON round trip -------------------------------------------------------
     def to_dict(self) -> dict[str, object]:

@@ -12,8 +12,9 @@
 Equation numbers in docstrings refer to docs/spec.md.
 """
 
+from shampoo_spec import NonFiniteGradientError, RootFailureError
+
 from .distributed import DistributedConfig
-from .errors import NonFiniteGradientError, RootFailureError
 from .optimizer import Shampoo
 
 __all__ = ["DistributedConfig", "NonFiniteGradientError", "RootFailureError", "Shampoo"]

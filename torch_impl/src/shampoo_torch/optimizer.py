@@ -39,6 +39,8 @@ import torch
 
 from shampoo_spec import (
     CoupledNewtonConfig,
+    NonFiniteGradientError,
+    RootFailureError,
     ShampooConfig,
     is_root_step,
     is_statistics_step,
@@ -60,7 +62,6 @@ from .blocks import (
     take,
 )
 from .distributed import BlockKey, DistributedConfig, Distributor, is_dtensor
-from .errors import NonFiniteGradientError, RootFailureError
 from .invariance import rowwise
 
 _FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from shampoo_spec import ShampooConfig, check_run_inputs, check_stepper_arguments
+from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
+from shampoo_spec import ShampooConfig
 
 from .optimizer import Shampoo
 

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from shampoo_spec import ShampooConfig, check_run_inputs
+from shampoo_conformance.adapters.inputs import check_run_inputs
+from shampoo_spec import ShampooConfig
 
 from .distributed import DistributedConfig
 from .optimizer import Shampoo

@@ -1,10 +1,10 @@
 """The input checks of contract 8.2's ``run(config, params, grads, dtype)`` and ``stepper``.
 
-Every backend adapter (``shampoo_torch.testing``, ``shampoo_jax.testing`` and
-their distributed variants) takes the same inputs, so it rejects bad ones
-with the same words: one function, here. Arrays are read only through their
-``shape`` (a 0-d parameter may be a Python float: shape ``()``), so this
-stays free of numpy like the rest of the spec.
+Every backend adapter of this package (reference, torch, torch_ddp, jax,
+jax_sharded) takes the same inputs, so it rejects bad ones with the same
+words: one function, here. Arrays are read only through their ``shape`` (a
+0-d parameter may be a Python float: shape ``()``), so the check needs no
+framework.
 """
 
 from __future__ import annotations

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from shampoo_spec import RUN_DTYPES, STEPPER_OPTIMIZERS, check_run_inputs, check_stepper_arguments
+from shampoo_conformance.adapters.inputs import (
+    RUN_DTYPES,
+    STEPPER_OPTIMIZERS,
+    check_run_inputs,
+    check_stepper_arguments,
+)
 
 
 @dataclass

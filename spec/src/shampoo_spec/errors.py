@@ -1,0 +1,37 @@
+"""Every exception the project defines, in one place (docs/spec.md eqs. 3, 13).
+
+Backends re-export them (``shampoo_reference.NonFiniteGradientError is
+shampoo_torch.NonFiniteGradientError``), so one ``except`` clause catches a
+failure whatever framework raised it. Invalid configurations raise the
+built-in ``ValueError`` (naming the field, the value and what is allowed);
+nothing here replaces that.
+"""
+
+from __future__ import annotations
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A gradient holds NaN or inf and ``failure.nonfinite_gradient = "raise"`` (eq. 3)."""
+
+
+class RootFailureError(FloatingPointError):
+    """A block's inverse roots failed more root steps in a row than allowed (eq. 13)."""
+
+
+class BackendUnavailable(RuntimeError):
+    """A conformance backend's framework or library is not installed (contract 8.2).
+
+    The suite and the report show such a backend as skipped, never as failed.
+    """
+
+
+class StepperUnavailable(NotImplementedError):
+    """A conformance backend runs open-loop only (``run``); it has no ``stepper``."""
+
+
+__all__ = [
+    "BackendUnavailable",
+    "NonFiniteGradientError",
+    "RootFailureError",
+    "StepperUnavailable",
+]
