@@ -2,7 +2,7 @@
 
 ``ci``   - small and derandomized: the same examples on every run, no example
            database, so CI is reproducible and a read-only checkout works.
-``deep`` - many more examples for the ``conformance_deep`` nox session.
+``deep`` - many more examples for the ``conformance(backend=...)`` nox sessions.
 
 The profile named by ``HYPOTHESIS_PROFILE`` is loaded (default ``ci``); nox
 sets it per session. The definitions live in shampoo_conformance's pytest

@@ -71,7 +71,7 @@ def tests(session: nox.Session) -> None:
 
     Hypothesis profile "ci". Compiled backends (jax) skip the random-config
     properties here, since each example compiles a new program; they run
-    in ``conformance_deep``. Args go to pytest (and replace the default paths).
+    in the ``conformance`` sessions. Args go to pytest (and replace the default paths).
     """
     install_members(session, "pytest", "hypothesis", "scikit-learn", "matplotlib")
     env = hypothesis_env("ci")
@@ -91,12 +91,24 @@ def tests(session: nox.Session) -> None:
         )
 
 
+#: The backends of the property suite, one ``conformance`` session each.
+SUITE_BACKENDS = ("reference", "torch", "torch-ddp", "jax", "jax-sharded")
+
+
 @nox.session
-def conformance_deep(session: nox.Session) -> None:
-    """The conformance suite on every installed backend, Hypothesis profile "deep"."""
+@nox.parametrize("backend", SUITE_BACKENDS)
+def conformance(session: nox.Session, backend: str) -> None:
+    """The whole conformance suite on one backend, Hypothesis profile "deep".
+
+    ``nox -s "conformance(backend='torch')"``; ``nox -s conformance`` runs
+    every backend. ``HYPOTHESIS_PROFILE=ci`` makes it quick. Args go to pytest.
+    """
     install_members(session, "pytest", "hypothesis", "scikit-learn")
+    env = hypothesis_env("deep")
+    if backend.startswith("jax"):
+        env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
     session.run(
-        "pytest", *PYTEST_OPTIONS, SUITE, *session.posargs, env=hypothesis_env("deep"),
+        "pytest", *PYTEST_OPTIONS, SUITE, f"--backend={backend}", *session.posargs, env=env,
     )
 
 
@@ -163,8 +175,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """Type-check the spec, reference and datasets sources with mypy (root pyproject.toml)."""
-    session.install(*CONSTRAINTS, "mypy", "-e", "spec", "-e", "reference", "-e", "datasets")
-    session.run(
-        "mypy", *(session.posargs or ["spec/src", "reference/src", "datasets/src"])
-    )
+    """Type-check every member's sources with mypy (root pyproject.toml). Args go to mypy.
+
+    The frameworks are installed so that their own type information is used.
+    """
+    install_members(session, "mypy", "pytest", "hypothesis", "scikit-learn", "matplotlib")
+    sources = [f"{member}/src" for member in MEMBERS]
+    session.run("mypy", *(session.posargs or sources))

@@ -132,12 +132,12 @@ def _add_run(subparsers: Any) -> None:
 
 
 def _add_compare(subparsers: Any) -> None:
-    from . import comparison
+    from . import compare
 
     parser = subparsers.add_parser(
         "compare",
         help="one config through every installed backend: error table vs the reference",
-        description=comparison.__doc__,
+        description=compare.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="JSON file of a ShampooConfig (default: defaults)")
@@ -149,10 +149,10 @@ def _add_compare(subparsers: Any) -> None:
         if args.steps < 1:
             parser.error(f"--steps must be >= 1, got {args.steps}")
         try:
-            config = comparison.load_config(args.config)
+            config = compare.load_config(args.config)
         except ValueError as err:
             parser.error(str(err))
-        return comparison.compare(config, args.steps, args.seed, args.backend)
+        return compare.compare(config, args.steps, args.seed, args.backend)
 
     parser.set_defaults(handler=handler)
 

@@ -12,6 +12,7 @@ frameworks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -135,8 +136,13 @@ class AdamW:
 
 
 def _check_real(name: str, value: object, *, low: float, below: float | None = None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and np.isfinite(value) and value >= low and (below is None or value < below)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= low
+        and (below is None or value < below)
+    )
     if not ok:
         allowed = f"a finite real >= {low}" + ("" if below is None else f" and < {below}")
         raise ValueError(f"{name} = {value!r} is invalid: allowed {allowed}.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -105,7 +105,7 @@ def _graft_norm_per_parameter(config: ShampooConfig) -> ShampooConfig:
 
 
 def _schedule_off_by_one(config: ShampooConfig) -> ShampooConfig:
-    anchor = "start" if config.schedule.period_anchor == "end" else "end"
+    anchor: Literal["end", "start"] = "start" if config.schedule.period_anchor == "end" else "end"
     return replace(config, schedule=replace(config.schedule, period_anchor=anchor))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import DTypeLike, NDArray
 
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference.linalg import effective_epsilon, regularized_eigenvalues
@@ -31,8 +31,8 @@ from shampoo_spec import CoupledNewtonConfig, ShampooConfig, is_root_step
 SAFETY = 4.0
 
 
-def unit_roundoff(dtype: object) -> float:
-    return float(np.finfo(np.dtype(dtype)).eps) / 2.0  # type: ignore[arg-type]
+def unit_roundoff(dtype: DTypeLike) -> float:
+    return float(np.finfo(np.dtype(dtype)).eps) / 2.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Bound:
 
 def _factor_kappa(config: ShampooConfig, a: NDArray[np.float64]) -> float:
     a = 0.5 * (a + a.T)
-    lam = np.linalg.eigvalsh(a)
+    lam = np.asarray(np.linalg.eigvalsh(a), dtype=np.float64)
     if config.eigenvalue_correction is not None:
         gaps = np.diff(lam)
         gap = float(gaps.min()) if gaps.size else float("inf")
@@ -71,7 +71,7 @@ def trajectory_bound(
     config: ShampooConfig,
     params: dict[str, NDArray[np.float64]],
     grads: list[dict[str, NDArray[np.float64]]],
-    dtype: object,
+    dtype: DTypeLike,
 ) -> Bound:
     """The bound for running ``config`` on this stream in ``dtype`` (see module doc)."""
     return bound_and_reference(config, params, grads, dtype)[0]
@@ -81,7 +81,7 @@ def bound_and_reference(
     config: ShampooConfig,
     params: dict[str, NDArray[np.float64]],
     grads: list[dict[str, NDArray[np.float64]]],
-    dtype: object,
+    dtype: DTypeLike,
 ) -> tuple[Bound, list[dict[str, NDArray[np.float64]]]]:
     """The bound and the reference trajectory it was measured on (one reference run)."""
     opt = ReferenceShampoo(config, params)

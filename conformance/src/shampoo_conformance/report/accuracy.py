@@ -8,11 +8,11 @@ dtype, and the trajectories are compared step by step, exactly as
 
     error = max_t max_param ||theta_t - theta_t^ref|| / ||theta_t^ref - theta_0||
 
-(:func:`~shampoo_conformance.comparison.max_relative_error`), next to the
+(:func:`~shampoo_conformance.compare.max_relative_error`), next to the
 tolerance derived from dtype, factor conditioning and step count
 (:func:`~shampoo_conformance.tolerances.bound_and_reference`, docs/spec.md
 section 5); ``within`` is the suite's own verdict
-(:func:`~shampoo_conformance.compare.first_divergence` finds no step out of
+(:func:`~shampoo_conformance.divergence.first_divergence` finds no step out of
 bounds). The bound grows with kappa; with the report's relative epsilon of
 1e-6 kappa can reach 1e6, which makes the float32 bound loose (the table
 shows it), so the recommendation also asks for a practical accuracy.
@@ -30,8 +30,8 @@ from shampoo_datasets import Problem
 from shampoo_spec import ShampooConfig
 
 from ..backends import Backend, ReferenceBackend
-from ..compare import first_divergence
-from ..comparison import max_relative_error
+from ..compare import max_relative_error
+from ..divergence import first_divergence
 from ..tolerances import bound_and_reference
 
 
@@ -76,9 +76,11 @@ def measure_accuracy(
     """One :class:`AccuracyResult` per dtype the backend runs (float64 and float32 by default)."""
     grads = reference_gradients(problem, config, steps)
     params = problem.copy_init_params()
-    dtypes = dtypes or getattr(backend, "dtypes", (np.float64, np.float32))
+    run_dtypes: tuple[Any, ...] = tuple(
+        dtypes or getattr(backend, "dtypes", None) or (np.float64, np.float32)
+    )
     out = []
-    for dtype in dtypes:
+    for dtype in run_dtypes:
         bound, ref = bound_and_reference(config, params, grads, dtype)
         name = np.dtype(dtype).name
         try:

@@ -8,7 +8,6 @@ target loss as a dashed line (and the known minimum when it is above 0).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +99,3 @@ def plot_convergence(report: Report, out_dir: Path) -> list[str]:
         plt.close(fig)
         names.append(name)
     return names
-
-
-def plot_names(problems: Sequence[str]) -> list[str]:
-    """The file names :func:`plot_convergence` writes for these problems."""
-    return [f"convergence_{p}.png" for p in problems]

@@ -75,7 +75,7 @@ def choose_backend(
     for dtype in (TRAINING_DTYPE, "float64"):
         for t in timed:
             if exact_enough(accuracy, problem, t.backend, dtype):
-                worst = max(
+                deviation = max(
                     r.max_relative_error for r in accuracy
                     if (r.problem, r.backend, r.dtype) == (problem, t.backend, dtype)
                 )
@@ -93,7 +93,7 @@ def choose_backend(
                 peak = "" if t.peak_ratio is None else f", peak {t.peak_ratio:.1f}x"
                 return t, dtype, (
                     f"use **{t.backend}** in {dtype}{note}: deviation from the reference "
-                    f"{worst:.1e} of the displacement (<= {PRACTICAL_RTOL:g}), Shampoo step "
+                    f"{deviation:.1e} of the displacement (<= {PRACTICAL_RTOL:g}), Shampoo step "
                     f"{_ms(t.shampoo_seconds)} = {t.time_ratio:.2f}x AdamW's, optimizer state "
                     f"{t.memory_ratio:.1f}x AdamW's{peak}{skipped}."
                 )

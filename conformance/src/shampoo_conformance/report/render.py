@@ -76,7 +76,7 @@ SUMMARY_HEADER = (
 
 def summary_rows(report: Report) -> list[tuple[str, ...]]:
     """One row per problem and requested backend (missing ones say so)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for info in report.problems:
         for status in report.backends:
             name = status.name

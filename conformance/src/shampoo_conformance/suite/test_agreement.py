@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from shampoo_conformance import strategies as S
 from shampoo_conformance.backends import Backend
 from shampoo_conformance.cases import named_cases
-from shampoo_conformance.compare import assert_matches_reference
+from shampoo_conformance.divergence import assert_matches_reference
 
 CASES = {case.name: case for case in named_cases()}
 FLOAT32_CASES = [

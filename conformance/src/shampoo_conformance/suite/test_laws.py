@@ -7,6 +7,7 @@ a backend even where the reference could share its mistake.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import pytest
@@ -17,8 +18,9 @@ import shampoo_spec as ss
 from shampoo_conformance import first_order
 from shampoo_conformance import strategies as S
 from shampoo_conformance.backends import Backend
-from shampoo_conformance.compare import first_divergence
+from shampoo_conformance.divergence import first_divergence
 from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_spec.config import GraftingType
 
 HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 F64 = np.float64
@@ -38,8 +40,8 @@ def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type:
 @settings(suppress_health_check=HEALTH)
 @given(config=S.configs(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
 def test_rotation_equivariance(
-    backend: Backend, config: ss.ShampooConfig, seed: int, shape
-) -> None:  # type: ignore[no-untyped-def]
+    backend: Backend, config: ss.ShampooConfig, seed: int, shape: tuple[int, ...]
+) -> None:
     """G -> U G V^T maps the trajectory W -> U W V^T (full blocks, SGD or no graft, W0 = 0).
 
     Google's Newton safeguards (stop on error growth, retries) test the
@@ -77,8 +79,8 @@ def test_rotation_equivariance(
     shape=st.sampled_from([(3, 4), (4, 4), (2, 3, 4)]),
 )
 def test_gradient_scale_invariance(
-    backend: Backend, config: ss.ShampooConfig, seed: int, scale: float, shape
-) -> None:  # type: ignore[no-untyped-def]
+    backend: Backend, config: ss.ShampooConfig, seed: int, scale: float, shape: tuple[int, ...]
+) -> None:
     """eps = 0, sum statistics, no grafting: G -> cG (c > 0) leaves the trajectory unchanged.
 
     Each step's factors have full rank from step 1 (every dim <= the product
@@ -114,7 +116,7 @@ def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: in
     are replaced by their plain forms here.
     """
     graft = config.grafting
-    plain = graft.type.removesuffix("_normalized")
+    plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
     config = replace(
         config,
         blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
@@ -178,8 +180,8 @@ def test_never_start_is_the_grafting_optimizer(
 @settings(suppress_health_check=HEALTH)
 @given(config=S.configs(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))
 def test_parameter_order_changes_nothing(
-    backend: Backend, config: ss.ShampooConfig, shapes, seed: int
-) -> None:  # type: ignore[no-untyped-def]
+    backend: Backend, config: ss.ShampooConfig, shapes: dict[str, tuple[int, ...]], seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     params = {k: rng.standard_normal(s) for k, s in shapes.items()}
     grads = S.gradient_stream(shapes, 3, seed, "normal")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 import shampoo_spec as ss
 from shampoo_conformance.backends import Backend
@@ -20,13 +21,15 @@ from shampoo_conformance.strategies import spd_matrix
 from shampoo_conformance.tolerances import SAFETY, unit_roundoff
 
 N = 6
-METHODS = {
+METHODS: dict[str, ss.RootInverseConfig] = {
     "eigh": ss.EighConfig(),
     "coupled_newton": ss.CoupledNewtonConfig(tolerance=1e-12, max_iterations=500),
 }
 
 
-def _recover_root(backend: Backend, method: str, p: int, cond: float, dtype: type) -> tuple:  # type: ignore[type-arg]
+def _recover_root(
+    backend: Backend, method: str, p: int, cond: float, dtype: type
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     a = spd_matrix(N, cond, seed=p)
     lam, q = np.linalg.eigh(a)
     grads = [np.sqrt(max(lam[i], 0.0)) * q[:, i] for i in range(N)] + list(np.eye(N))
@@ -52,8 +55,9 @@ def test_root_inverse_float64(backend: Backend, method: str, p: int, cond: float
     err = np.linalg.norm(x - want) / np.linalg.norm(want)
     # Plus rounding of the parameters, which carry the steps' sum: u * ||W|| per step.
     allowed = SAFETY * N * unit_roundoff(np.float64) * cond * 2 * N
-    if method == "coupled_newton":
-        allowed += SAFETY * METHODS[method].tolerance  # type: ignore[attr-defined]
+    newton = METHODS[method]
+    if isinstance(newton, ss.CoupledNewtonConfig):
+        allowed += SAFETY * newton.tolerance
     assert err <= allowed, f"{method} p={p} cond={cond:g}: relative error {err:.3e} > {allowed:.3e}"
 
 
