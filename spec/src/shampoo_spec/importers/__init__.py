@@ -1,0 +1,19 @@
+"""Import the anchors' arguments into a :class:`ShampooConfig` (contract 8.1).
+
+``from_meta(kwargs)`` takes the keyword arguments of Meta's
+``DistributedShampoo(...)`` in JSON form; ``from_google(kwargs)`` those of
+Google's ``distributed_shampoo(...)``. Missing keys take that library's
+defaults, and running the result reproduces that library's numerics (Meta:
+single device; Google: the non-sharded path). Options we do not implement
+raise ``NotImplementedError`` naming the key; malformed values raise
+``ValueError``. docs/spec.md section 4 tabulates every mapping.
+
+Layout: :mod:`._parse` reads values (shared by both), :mod:`.meta` and
+:mod:`.google` each build the config one section at a time, one helper per
+section of the anchor's arguments.
+"""
+
+from .google import from_google
+from .meta import from_meta
+
+__all__ = ["from_google", "from_meta"]

@@ -1,0 +1,342 @@
+"""Google's ``distributed_shampoo(...)`` arguments as a :class:`ShampooConfig`.
+
+Rules settled from Google's source, docs/spec.md section 4.2 (one table row
+per argument). :func:`from_google` refuses what we do not implement, reads
+the values several sections share, then builds the config one section at a
+time; each ``_section`` helper reads only its own arguments, so a new
+argument goes in the helper of the section it configures (and in
+:data:`KEYS`).
+
+Sections are read in the order of the ``from_*`` body: when several
+sections hold a bad value, the first one's error is raised.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
+
+from ..config import (
+    BlockingConfig,
+    CoupledNewtonConfig,
+    EighConfig,
+    EpsilonConfig,
+    ExponentConfig,
+    FailureConfig,
+    GradientFilterConfig,
+    GraftingConfig,
+    GraftingType,
+    MomentumConfig,
+    RootInverseConfig,
+    ScheduleConfig,
+    ShampooConfig,
+    StatisticsConfig,
+    WeightDecayConfig,
+)
+from ._parse import UNBOUNDED, Args, choice, dim_limit
+
+#: The keyword arguments of ``distributed_shampoo`` (``precondtioner_type``: Google's spelling).
+KEYS = {
+    "learning_rate",
+    "block_size",
+    "beta1",
+    "beta2",
+    "diagonal_epsilon",
+    "matrix_epsilon",
+    "weight_decay",
+    "start_preconditioning_step",
+    "preconditioning_compute_steps",
+    "statistics_compute_steps",
+    "decay_preconditioning_compute_steps",
+    "end_preconditioning_compute_steps",
+    "best_effort_shape_interpretation",
+    "graft_type",
+    "nesterov",
+    "exponent_override",
+    "batch_axis_name",
+    "statistics_partition_spec",
+    "preconditioner_partition_spec",
+    "num_devices_for_pjit",
+    "shard_optimizer_states",
+    "best_effort_memory_usage_reduction",
+    "inverse_failure_threshold",
+    "moving_average_for_momentum",
+    "skip_preconditioning_dim_size_gt",
+    "clip_by_scaled_gradient_norm",
+    "precision",
+    "tensordot_precision",
+    "relative_matrix_epsilon",
+    "merge_small_dims_block_size",
+    "lobpcg_topk_precondition",
+    "lobpcg_max_iter",
+    "precondtioner_type",
+    "preconditioner_type",
+    "generate_fd_metrics",
+    "compression_rank",
+    "frequent_directions",
+    "reset_preconditioner",
+    "average_grad",
+    "skip_preconditioning_rank_lt",
+    "decoupled_learning_rate",
+    "decoupled_weight_decay",
+    "generate_training_metrics",
+    "reuse_preconditioner",
+    "eigh",
+}
+
+#: Keys whose non-default values we do not implement: key -> (default, what it does).
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "decay_preconditioning_compute_steps": (False, "a decaying root frequency"),
+    "end_preconditioning_compute_steps": (None, "a decaying root frequency"),
+    "batch_axis_name": (None, "pmap sharding; the caller averages gradients"),
+    "statistics_partition_spec": (None, "pjit sharding"),
+    "preconditioner_partition_spec": (None, "pjit sharding"),
+    "num_devices_for_pjit": (None, "pjit sharding"),
+    "shard_optimizer_states": (False, "pjit sharding (roots one step late)"),
+    "best_effort_memory_usage_reduction": (False, "quantized int8/int16 states"),
+    "clip_by_scaled_gradient_norm": (None, "clipping of the RMSProp graft"),
+    "lobpcg_topk_precondition": (0, "LOBPCG"),
+    "lobpcg_max_iter": (0, "LOBPCG"),
+    "generate_fd_metrics": (False, "frequent-directions sketching"),
+    "compression_rank": (0, "frequent-directions sketching"),
+    "frequent_directions": (False, "frequent-directions sketching"),
+    "reset_preconditioner": (False, "frequent-directions sketching"),
+    "average_grad": (False, "frequent-directions sketching"),
+    "best_effort_shape_interpretation": (True, "no squeezing or merging of dims"),
+}
+
+#: ``graft_type`` (GraftingType member names) -> ``grafting.type``.
+GRAFTS: dict[str, GraftingType] = {
+    "NONE": "none",
+    "SGD": "sgd",
+    "ADAGRAD": "adagrad",
+    "RMSPROP": "rmsprop",
+    "RMSPROP_NORMALIZED": "rmsprop_normalized",
+    "SQRT_N": "sign",
+    "ADAGRAD_NORMALIZED": "adagrad_normalized",
+}
+
+PreconditionedDims = Literal["all", "all_but_last", "last"]
+
+#: ``preconditioner_type`` (PreconditionerType member names) -> ``blocking.preconditioned_dims``.
+SIDES: dict[str, PreconditionedDims] = {"ALL": "all", "INPUT": "all_but_last", "OUTPUT": "last"}
+
+
+class Preconditioner(NamedTuple):
+    """The sections :func:`_preconditioner` returns."""
+
+    statistics: StatisticsConfig
+    epsilon: EpsilonConfig
+    root_inverse: RootInverseConfig
+    exponents: ExponentConfig
+
+
+def from_google(kwargs: Mapping[str, Any]) -> ShampooConfig:
+    """Config equal to Google's ``distributed_shampoo(**kwargs)``, non-sharded path.
+
+    Rules settled from Google's source (docs/spec.md section 4.2): 0-based
+    count (so ``period_anchor="start"``, statistics at count % s == 0, roots
+    at count % f == 0 from the first step, Shampoo from count >= start),
+    statistics from ``matrix_epsilon * I`` without bias correction, one root
+    ``2 * (preconditioned dims)`` per parameter, coupled Newton with
+    tolerance 1e-6, growth stop 1.2, five retries at 10x ridge while the
+    error > 0.05 and failure at ``inverse_failure_threshold``, graft norm
+    over the whole parameter with 1e-25, heavy-ball momentum in two buffers
+    with Nesterov. ``learning_rate`` must be a number (schedules belong to
+    the framework backends). ``decoupled_weight_decay`` follows the current
+    source (total decay lr * wd * x), not precondition-opt 0.3.0 (lr^2).
+    """
+    a = Args("from_google", kwargs, KEYS)
+    _require(a, "learning_rate")
+    _require(a, "block_size")
+    _unsupported(a)
+    lr = a.number("learning_rate", None)
+    # Shared: beta2 by the statistics (eq. 6) and the RMSPROP graft (eq. 14b);
+    # decoupled_learning_rate by the grafting check and the momentum (eq. 20).
+    beta2 = a.number("beta2", 0.999)
+    decoupled_lr = a.flag("decoupled_learning_rate", True)
+    grafting = _grafting(a, beta2, decoupled_lr)
+    pre = _preconditioner(a, beta2)
+    return ShampooConfig(
+        learning_rate=lr,
+        statistics=pre.statistics,
+        epsilon=pre.epsilon,
+        root_inverse=pre.root_inverse,
+        exponents=pre.exponents,
+        grafting=grafting,
+        gradient_filter=GradientFilterConfig(beta1=0.0),  # Google filters nothing (eq. 15).
+        momentum=_momentum(a, grafting.type, decoupled_lr),
+        weight_decay=_weight_decay(a),
+        blocking=_blocking(a),
+        schedule=_schedule(a),
+        failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=None),
+        factor_dtype="float64",
+    )
+
+
+def _require(a: Args, key: str) -> None:
+    """Refuses kwargs without ``key`` (``learning_rate``, ``block_size``: no default)."""
+    if key not in a:
+        raise ValueError(f"{key} is required (Google's distributed_shampoo has no default).")
+
+
+def _unsupported(a: Args) -> None:
+    """Reads every key of :data:`UNSUPPORTED`; returns nothing.
+
+    Refuses a non-default value of what we do not implement: pmap/pjit
+    sharding, quantized states, graft clipping, LOBPCG, frequent directions,
+    a decaying root frequency, ``best_effort_shape_interpretation=False``.
+    """
+    for key, (default, what) in UNSUPPORTED.items():
+        a.unsupported(key, default, what)
+
+
+def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
+    """Reads ``diagonal_epsilon``, ``graft_type`` (with ``beta2``, ``decoupled_learning_rate``).
+
+    Returns ``grafting`` (eqs. 14, 18): norms over the whole parameter with
+    1e-25, no bias correction; RMSPROP with beta2 = 1 is AdaGrad; NONE with
+    ``decoupled_learning_rate=False`` is refused.
+    """
+    diag_eps = a.number("diagonal_epsilon", 1e-10)
+    graft_type = choice("graft_type", a.get("graft_type", "SGD"), GRAFTS)
+    if graft_type in ("rmsprop", "rmsprop_normalized") and beta2 == 1.0:
+        graft_type = "adagrad" if graft_type == "rmsprop" else "adagrad_normalized"
+    if graft_type == "none" and not decoupled_lr:
+        raise NotImplementedError(
+            "decoupled_learning_rate = False with graft_type = 'NONE' is not supported: "
+            "Google then applies no learning rate to the Shampoo direction at all."
+        )
+    return GraftingConfig(
+        type=graft_type,
+        beta2=beta2 if graft_type in ("rmsprop", "rmsprop_normalized") else 1.0,
+        epsilon=diag_eps,
+        bias_correction=False,
+        norm_scope="parameter",
+        norm_epsilon=1e-25,
+        normalize_epsilon=1e-25,
+    )
+
+
+def _preconditioner(a: Args, beta2: float) -> Preconditioner:
+    """Reads ``matrix_epsilon``, ``eigh``, ``relative_matrix_epsilon``,
+    ``inverse_failure_threshold``, ``exponent_override`` (with ``beta2``).
+
+    Returns ``statistics`` (eq. 6 from ``matrix_epsilon * I``, no bias
+    correction, eq. 7), ``epsilon`` (eq. 9, relative with floor 1e-25
+    (Newton) or 1e-6 (eigh), ``"ridge_floor"``), ``root_inverse`` (eigh,
+    eq. 10, or Google's coupled Newton, eq. 11) and ``exponents`` (eq. 12:
+    2 * preconditioned dims, or ``exponent_override`` when > 0).
+    """
+    eps = a.number("matrix_epsilon", 1e-6)
+    use_eigh = a.flag("eigh", False)
+    relative = a.flag("relative_matrix_epsilon", True)
+    if use_eigh:
+        root_inverse: RootInverseConfig = EighConfig()
+    else:
+        root_inverse = CoupledNewtonConfig(
+            max_iterations=100,
+            tolerance=1e-6,
+            error_growth_limit=1.2,
+            retries=5,
+            retry_epsilon_factor=10.0,
+            retry_error_threshold=0.05,
+            failure_threshold=a.number("inverse_failure_threshold", 0.1),
+        )
+    override = a.number("exponent_override", 0)
+    return Preconditioner(
+        statistics=StatisticsConfig(
+            beta2=beta2, bias_correction=False, initial_value="epsilon_identity"
+        ),
+        epsilon=EpsilonConfig(
+            value=eps,
+            scale="relative" if relative else "absolute",
+            # Newton's ridge floor is 1e-25; the eigh path floors lambda_max at 1e-6.
+            relative_floor=1e-6 if use_eigh else 1e-25,
+            placement="ridge_floor",
+        ),
+        root_inverse=root_inverse,
+        exponents=ExponentConfig(default="preconditioned_dims", override=max(override, 0.0)),
+    )
+
+
+def _momentum(a: Args, graft_type: str, decoupled_lr: bool) -> MomentumConfig:
+    """Reads ``beta1``, ``moving_average_for_momentum``, ``nesterov``
+    (with ``decoupled_learning_rate``).
+
+    Returns ``momentum`` (eq. 20): heavy ball (dampening beta1 with the
+    moving average), separate Shampoo and graft buffers when there is a graft
+    and beta1 > 0, lr after momentum unless ``decoupled_learning_rate=False``.
+    """
+    beta1 = a.number("beta1", 0.9)
+    return MomentumConfig(
+        momentum=beta1,
+        dampening=beta1 if a.get("moving_average_for_momentum", False) else 0.0,
+        nesterov=a.flag("nesterov", True),
+        buffers="separate" if graft_type != "none" and beta1 > 0 else "shared",
+        learning_rate_placement="after_momentum" if decoupled_lr else "before_momentum",
+    )
+
+
+def _weight_decay(a: Args) -> WeightDecayConfig:
+    """Reads ``weight_decay``, ``decoupled_weight_decay``.
+
+    Returns ``weight_decay``: ``"direction"`` (eq. 19, added before
+    momentum), or ``"update"`` when decoupled (eq. 21, lr * wd * x).
+    """
+    return WeightDecayConfig(
+        value=a.number("weight_decay", 0.0),
+        type="update" if a.get("decoupled_weight_decay", False) else "direction",
+    )
+
+
+def _blocking(a: Args) -> BlockingConfig:
+    """Reads ``block_size``, ``preconditioner_type`` (or ``precondtioner_type``),
+    ``skip_preconditioning_rank_lt``, ``skip_preconditioning_dim_size_gt``,
+    ``merge_small_dims_block_size``.
+
+    Returns ``blocking`` (eqs. 4-5): dims merged from the first, blocks of
+    block_size (<= 0: unbounded), parameters skipped by rank or by an
+    original dim, one-sided preconditioning (INPUT, OUTPUT).
+    """
+    block = int(a.number("block_size", None))
+    side = choice(
+        "preconditioner_type",
+        a.get("preconditioner_type", a.get("precondtioner_type", "ALL")),
+        SIDES,
+    )
+    rank_lt = int(a.number("skip_preconditioning_rank_lt", 1))
+    if rank_lt < 1:
+        raise NotImplementedError(
+            f"skip_preconditioning_rank_lt = {rank_lt} is not supported yet (Google then "
+            "preconditions 0-d parameters with no factor at all)."
+        )
+    skip_gt = a.number("skip_preconditioning_dim_size_gt", 4096)
+    return BlockingConfig(
+        max_preconditioner_dim=block if block > 0 else UNBOUNDED,
+        merge_dims_up_to=dim_limit(
+            "merge_small_dims_block_size", a.get("merge_small_dims_block_size", 4096)
+        ),
+        merge_direction="first_to_last",
+        skip_dim_size_gt=UNBOUNDED if skip_gt == math.inf else int(skip_gt),
+        skip_rank_lt=rank_lt,
+        preconditioned_dims=side,
+    )
+
+
+def _schedule(a: Args) -> ScheduleConfig:
+    """Reads ``start_preconditioning_step``, ``preconditioning_compute_steps``,
+    ``statistics_compute_steps``.
+
+    Returns ``schedule`` (eq. 8) for Google's 0-based count: anchored at the
+    start, roots from the first step, the Shampoo direction from start + 1.
+    """
+    start = int(a.number("start_preconditioning_step", 5))
+    return ScheduleConfig(
+        precondition_frequency=int(a.number("preconditioning_compute_steps", 1)),
+        statistics_frequency=int(a.number("statistics_compute_steps", 1)),
+        start_preconditioning_step=start + 1,
+        period_anchor="start",
+        roots_before_start=True,
+    )

@@ -1,0 +1,502 @@
+"""Meta's ``DistributedShampoo(...)`` arguments as a :class:`ShampooConfig`.
+
+Rules settled from Meta's source, docs/spec.md section 4.1 (one table row
+per argument). :func:`from_meta` reads the values several sections share
+(:func:`_shared`), then builds the config one section at a time; each
+``_section`` helper reads only its own arguments, so a new argument goes in
+the helper of the section it configures (and in :data:`KEYS`).
+
+Sections are read in the order of the ``from_*`` body: when several
+sections hold a bad value, the first one's error is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
+
+from ..config import (
+    BlockingConfig,
+    CoupledNewtonConfig,
+    EigenvalueCorrectionConfig,
+    EighConfig,
+    EpsilonConfig,
+    ExponentConfig,
+    FailureConfig,
+    GradientFilterConfig,
+    GraftingConfig,
+    MomentumConfig,
+    OrderOverride,
+    RootInverseConfig,
+    ScheduleConfig,
+    ShampooConfig,
+    StatisticsConfig,
+    WeightDecayConfig,
+)
+from ._parse import Args, dim_limit, number, type_of
+
+#: The keyword arguments of ``DistributedShampoo`` (besides ``params``).
+KEYS = {
+    "lr",
+    "betas",
+    "beta3",
+    "epsilon",
+    "momentum",
+    "dampening",
+    "use_nesterov",
+    "weight_decay",
+    "weight_decay_type",
+    "use_decoupled_weight_decay",
+    "max_preconditioner_dim",
+    "precondition_frequency",
+    "start_preconditioning_step",
+    "use_bias_correction",
+    "iterate_averaging_config",
+    "grafting_config",
+    "use_pin_memory",
+    "shampoo_pt2_compile_config",
+    "distributed_config",
+    "preconditioner_config",
+    "shampoo_runtime_config",
+    "use_merge_dims",
+}
+
+#: The keys of ``preconditioner_config`` (any of Meta's Shampoo preconditioner configs).
+PRECONDITIONER_KEYS = {
+    "amortized_computation_config",
+    "num_tolerated_failed_amortized_computations",
+    "factor_matrix_dtype",
+    "inv_factor_matrix_dtype",
+    "corrected_eigenvalues_dtype",
+    "inverse_exponent_override",
+    "ignored_basis_change_dims",
+    "use_symmetric_packing",
+    "use_trace_scaling",
+    "trace_scaling_exponent",
+    "drop_weighting_factor_on_gsquare",
+}
+
+#: The keys of ``preconditioner_config.amortized_computation_config``.
+AMORTIZED_KEYS = {
+    "max_iterations",
+    "tolerance",
+    "rank_deficient_stability_config",
+    "retry_double_precision",
+    "exponent_multiplier",
+    "enhance_stability",
+}
+
+#: Preconditioner config classes we refuse, with what they are.
+UNSUPPORTED_PRECONDITIONERS = {
+    "EigendecomposedShampooPreconditionerConfig": "eigendecomposed Shampoo",
+    "KLShampooPreconditionerConfig": "KL-Shampoo",
+    "SignDescentPreconditionerConfig": "sign descent",
+    "SpectralDescentPreconditionerConfig": "spectral descent",
+    "SGDPreconditionerConfig": "SGD as the preconditioner",
+    "AdaGradPreconditionerConfig": "AdaGrad as the preconditioner",
+    "RMSpropPreconditionerConfig": "RMSprop as the preconditioner",
+    "AdamPreconditionerConfig": "Adam as the preconditioner",
+}
+
+Placement = Literal["ridge", "shift_after"]
+FactorDtype = Literal["float32", "float64"]
+_FACTOR_DTYPES: dict[str, FactorDtype] = {"float32": "float32", "float64": "float64"}
+
+
+class Shared(NamedTuple):
+    """The top-level values that more than one section reads."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    beta3: float | None
+    epsilon: float
+    bias_correction: bool
+
+
+class Preconditioner(NamedTuple):
+    """The sections :func:`_preconditioner` returns."""
+
+    statistics: StatisticsConfig
+    epsilon: EpsilonConfig
+    root_inverse: RootInverseConfig
+    exponents: ExponentConfig
+    eigenvalue_correction: EigenvalueCorrectionConfig | None
+    factor_dtype: FactorDtype
+    failure: FailureConfig
+
+
+def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
+    """Config equal to Meta's ``DistributedShampoo(**kwargs)`` on a single device.
+
+    Rules settled from Meta's source (docs/spec.md section 4.1): merging to
+    one dim from the last while the product <= max_preconditioner_dim,
+    root 2 * (merged block order), override values are exponents (root =
+    1/e, 0 = not preconditioned), roots at t = start and t % f == 0 after it,
+    per-block graft norm with 1e-16, one ``use_bias_correction`` for the
+    filter and the factors, zero-initialised momentum, decoupled decay added
+    to the direction before momentum. CORRECTED and INDEPENDENT decay are
+    imported for a constant learning rate (lr = peak_lr).
+    """
+    a = Args("from_meta", kwargs, KEYS)
+    shared = _shared(a)
+    weight_decay = _weight_decay(a, shared.lr)
+    momentum = _momentum(a)
+    _distribution(a)
+    pre = _preconditioner(a, shared)
+    schedule = _schedule(a)
+    blocking = _blocking(a)
+    return ShampooConfig(
+        learning_rate=shared.lr,
+        statistics=pre.statistics,
+        epsilon=pre.epsilon,
+        root_inverse=pre.root_inverse,
+        exponents=pre.exponents,
+        eigenvalue_correction=pre.eigenvalue_correction,
+        grafting=_grafting(a.get("grafting_config", None)),
+        gradient_filter=_gradient_filter(shared),
+        momentum=momentum,
+        weight_decay=weight_decay,
+        blocking=blocking,
+        schedule=schedule,
+        failure=pre.failure,
+        factor_dtype=pre.factor_dtype,
+    )
+
+
+def _shared(a: Args) -> Shared:
+    """Reads ``lr``, ``betas``, ``beta3``, ``epsilon``, ``use_bias_correction``.
+
+    Returns the values several sections share: ``betas[1]``, ``epsilon`` and
+    ``use_bias_correction`` serve the statistics (eqs. 6-7, 9) and the
+    eigenvalue correction (eq. 17); ``betas[0]``, ``beta3`` (-1: None, i.e.
+    beta1) and ``use_bias_correction`` the gradient filter (eq. 15); ``lr``
+    the learning rate and INDEPENDENT weight decay.
+    """
+    lr = a.number("lr", 1e-2)
+    betas = a.get("betas", (0.9, 1.0))
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+        raise ValueError(f"betas = {betas!r} is invalid: allowed a pair [beta1, beta2].")
+    beta1, beta2 = number("betas[0]", betas[0]), number("betas[1]", betas[1])
+    beta3 = a.number("beta3", -1.0)
+    eps = a.number("epsilon", 1e-12)
+    if eps <= 0:
+        raise ValueError(f"epsilon = {eps!r} is invalid: allowed a number > 0.")
+    return Shared(
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        beta3=None if beta3 == -1.0 else beta3,
+        epsilon=eps,
+        bias_correction=a.flag("use_bias_correction", True),
+    )
+
+
+def _weight_decay(a: Args, lr: float) -> WeightDecayConfig:
+    """Reads ``weight_decay``, ``weight_decay_type`` (or the legacy ``use_decoupled_weight_decay``).
+
+    Returns ``weight_decay``: L2 -> ``"l2"`` (eq. 2); DECOUPLED and CORRECTED
+    -> ``"direction"`` (eq. 19); INDEPENDENT -> ``"direction"`` with value
+    wd / lr (exact for a constant learning rate).
+    """
+    wd = a.number("weight_decay", 0.0)
+    if "weight_decay_type" in a:
+        wd_type = a.get("weight_decay_type", "DECOUPLED")
+    else:
+        wd_type = "DECOUPLED" if a.get("use_decoupled_weight_decay", True) else "L2"
+    if wd_type == "L2":
+        return WeightDecayConfig(value=wd, type="l2")
+    if wd_type in ("DECOUPLED", "CORRECTED"):
+        return WeightDecayConfig(value=wd, type="direction")
+    if wd_type == "INDEPENDENT":
+        if lr <= 0:
+            raise ValueError("weight_decay_type = 'INDEPENDENT' needs lr > 0 (it divides by lr).")
+        return WeightDecayConfig(value=wd / lr, type="direction")
+    raise ValueError(
+        f"weight_decay_type = {wd_type!r} is invalid: allowed one of "
+        "'L2', 'DECOUPLED', 'CORRECTED', 'INDEPENDENT'."
+    )
+
+
+def _momentum(a: Args) -> MomentumConfig:
+    """Reads ``iterate_averaging_config`` or the legacy ``momentum``/``dampening``/``use_nesterov``.
+
+    Returns ``momentum`` (eq. 20), one zero-initialised buffer.
+    ``ClassicMomentumConfig`` (momentum in (0, 1), default 0.5) replaces the
+    legacy keys; GPA and Schedule-Free are refused.
+    """
+    averaging = a.get("iterate_averaging_config", None)
+    kind = type_of("iterate_averaging_config", averaging)
+    if kind is None:
+        return MomentumConfig(
+            momentum=a.number("momentum", 0.0),
+            dampening=a.number("dampening", 0.0),
+            nesterov=a.flag("use_nesterov", False),
+        )
+    if kind == "ClassicMomentumConfig":
+        m = Args("iterate_averaging_config", averaging, {"momentum", "dampening", "use_nesterov"})
+        mu = m.number("momentum", 0.5)
+        if not 0 < mu < 1:
+            raise ValueError(
+                f"iterate_averaging_config.momentum = {mu!r} is invalid: allowed (0, 1)."
+            )
+        return MomentumConfig(
+            momentum=mu,
+            dampening=m.number("dampening", 0.0),
+            nesterov=m.flag("use_nesterov", False),
+        )
+    raise NotImplementedError(
+        f"iterate_averaging_config.type = {kind!r} is not supported yet "
+        "(GPA and Schedule-Free)."
+    )
+
+
+def _distribution(a: Args) -> None:
+    """Reads ``distributed_config``, ``use_merge_dims``; returns nothing.
+
+    Accepts only the layouts whose numerics are single-device ones (none,
+    SingleDevice, DDP, with ``target_parameter_dimensionality`` 1, dims
+    merged); FSDP/HSDP and the rest are refused.
+    """
+    dist = a.get("distributed_config", None)
+    kind = type_of("distributed_config", dist)
+    if kind not in (None, "SingleDeviceDistributedConfig", "DDPDistributedConfig"):
+        raise NotImplementedError(
+            f"distributed_config.type = {kind!r} is not supported yet (FSDP/HSDP "
+            "block by shard)."
+        )
+    target = (dist or {}).get("target_parameter_dimensionality", 1)
+    if target != 1:
+        raise NotImplementedError(
+            f"distributed_config.target_parameter_dimensionality = {target!r} is not "
+            "supported yet (only 1)."
+        )
+    if a.get("use_merge_dims", True) is not True:
+        raise NotImplementedError("use_merge_dims = False is not supported yet.")
+
+
+def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
+    """Reads ``preconditioner_config`` (its type and every key in it).
+
+    Returns ``statistics`` (eqs. 6-7: beta2 = betas[1], zero start),
+    ``epsilon`` (eq. 9, absolute; placement from the root method, eq. 10),
+    ``root_inverse`` (eqs. 10-11, :func:`_root_inverse`), ``exponents``
+    (eq. 12, :func:`_exponents`), ``eigenvalue_correction`` (eq. 17, for
+    ``EigenvalueCorrectedShampooPreconditionerConfig``), ``factor_dtype`` and
+    ``failure`` (eq. 13, ``num_tolerated_failed_amortized_computations``).
+    """
+    pc = a.get("preconditioner_config", None)
+    kind = type_of("preconditioner_config", pc) or "RootInvShampooPreconditionerConfig"
+    if kind in UNSUPPORTED_PRECONDITIONERS:
+        raise NotImplementedError(
+            f"preconditioner_config.type = {kind!r} is not supported yet "
+            f"({UNSUPPORTED_PRECONDITIONERS[kind]})."
+        )
+    p = Args("preconditioner_config", pc or {}, PRECONDITIONER_KEYS)
+    p.unsupported("use_trace_scaling", False, "trace scaling of the factors")
+    p.unsupported("drop_weighting_factor_on_gsquare", False, "factor EMA without 1 - beta2")
+    root_inverse, placement = _root_inverse(p.get("amortized_computation_config", None))
+    correction = None
+    if kind == "RootInvShampooPreconditionerConfig":
+        p.unsupported("ignored_basis_change_dims", {}, "only for eigenvalue-corrected Shampoo")
+        exponents = _exponents(p.get("inverse_exponent_override", {}))
+    elif kind == "EigenvalueCorrectedShampooPreconditionerConfig":
+        correction = _eigenvalue_correction(p, shared, root_inverse, placement)
+        exponents = _exponents({}, p.get("ignored_basis_change_dims", {}))
+    else:
+        raise NotImplementedError(f"preconditioner_config.type = {kind!r} is not supported.")
+    dtype = str(p.get("factor_matrix_dtype", "float32")).replace("torch.", "")
+    if dtype not in _FACTOR_DTYPES:
+        raise NotImplementedError(f"preconditioner_config.factor_matrix_dtype = {dtype!r}.")
+    tolerated = int(
+        number(
+            "num_tolerated_failed_amortized_computations",
+            p.get("num_tolerated_failed_amortized_computations", 3),
+        )
+    )
+    return Preconditioner(
+        statistics=StatisticsConfig(
+            beta2=shared.beta2, bias_correction=shared.bias_correction, initial_value="zero"
+        ),
+        epsilon=EpsilonConfig(value=shared.epsilon, scale="absolute", placement=placement),
+        root_inverse=root_inverse,
+        exponents=exponents,
+        eigenvalue_correction=correction,
+        factor_dtype=_FACTOR_DTYPES[dtype],
+        failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=tolerated),
+    )
+
+
+def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
+    """Reads ``preconditioner_config.amortized_computation_config``.
+
+    Returns ``root_inverse`` and the epsilon placement: ``EigenConfig`` /
+    ``EighEigendecompositionConfig`` -> eigh (eq. 10) with ``"ridge"``, or
+    ``"shift_after"`` when ``perturb_before_computation`` is False;
+    ``CoupledNewtonConfig`` -> coupled Newton (eq. 11; max_iterations 100,
+    tolerance 1e-6) with the ridge.
+    """
+    kind = type_of("amortized_computation_config", cfg) or "EigenConfig"
+    args = Args("amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
+    if kind in ("EigenConfig", "EighEigendecompositionConfig"):
+        args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal criterion")
+        stab = args.get("rank_deficient_stability_config", None)
+        stab_kind = type_of("rank_deficient_stability_config", stab) or "PerturbationConfig"
+        if stab_kind != "PerturbationConfig":
+            raise NotImplementedError(
+                f"rank_deficient_stability_config.type = {stab_kind!r} is not supported yet "
+                "(pseudo-inverse roots)."
+            )
+        before = bool((stab or {}).get("perturb_before_computation", True))
+        return EighConfig(), ("ridge" if before else "shift_after")
+    if kind == "CoupledNewtonConfig":
+        return (
+            CoupledNewtonConfig(
+                max_iterations=int(args.get("max_iterations", 100)),
+                tolerance=args.number("tolerance", 1e-6),
+            ),
+            "ridge",
+        )
+    raise NotImplementedError(
+        f"amortized_computation_config.type = {kind!r} is not supported yet "
+        "(supported: EigenConfig, CoupledNewtonConfig)."
+    )
+
+
+def _exponents(overrides: Any, ignored: Any = None) -> ExponentConfig:
+    """Reads ``inverse_exponent_override`` and ``ignored_basis_change_dims``.
+
+    Returns ``exponents`` (eq. 12): Meta's override maps order -> exponent e
+    (or {dim: e}), root = 1/e, e = 0 -> root 0 (not preconditioned); an
+    ignored dim gets root 0. Order 0 is skipped (0-d blocks only exist with
+    ``target_parameter_dimensionality`` = inf).
+    """
+    if overrides in (None, {}) and ignored in (None, {}):
+        return ExponentConfig()
+    if not isinstance(overrides or {}, Mapping):
+        raise ValueError(
+            f"inverse_exponent_override = {overrides!r} is invalid: allowed an object "
+            "mapping order -> exponent or order -> {dim: exponent}."
+        )
+    items: list[OrderOverride] = []
+    orders = {int(k) for k in (overrides or {})} | {int(k) for k in (ignored or {})}
+    for order in sorted(orders):
+        if order == 0:
+            continue
+        value = (overrides or {}).get(order, (overrides or {}).get(str(order), {}))
+        default = 1.0 / (2.0 * order)
+        if isinstance(value, Mapping):
+            per_dim = {int(k): number("inverse_exponent_override", e) for k, e in value.items()}
+            exps = [per_dim.get(d, default) for d in range(order)]
+        else:
+            exps = [number("inverse_exponent_override", value)] * order
+        skip = set((ignored or {}).get(order, (ignored or {}).get(str(order), [])))
+        roots = tuple(0.0 if (e == 0 or d in skip) else 1.0 / e for d, e in enumerate(exps))
+        items.append(OrderOverride(order=order, roots=roots))
+    return ExponentConfig(overrides_by_order=tuple(items))
+
+
+def _eigenvalue_correction(
+    p: Args, shared: Shared, root_inverse: RootInverseConfig, placement: Placement
+) -> EigenvalueCorrectionConfig:
+    """Reads ``inverse_exponent_override`` of ``EigenvalueCorrectedShampooPreconditionerConfig``.
+
+    Returns ``eigenvalue_correction`` (eq. 17): beta2 = betas[1], epsilon,
+    bias correction = use_bias_correction, root = 1/e for the one exponent e
+    of every order (default 0.5). Needs eigh roots with the ridge placement.
+    """
+    if not isinstance(root_inverse, EighConfig) or placement != "ridge":
+        raise NotImplementedError(
+            "preconditioner_config.amortized_computation_config: eigenvalue-corrected "
+            "Shampoo is supported with EighEigendecompositionConfig only."
+        )
+    overrides = p.get("inverse_exponent_override", {}) or {}
+    exps = {number("inverse_exponent_override", e) for e in overrides.values()}
+    if len(exps) > 1:
+        raise NotImplementedError(
+            "preconditioner_config.inverse_exponent_override with different exponents "
+            "per order is not supported yet for eigenvalue-corrected Shampoo."
+        )
+    exponent = exps.pop() if exps else 0.5
+    return EigenvalueCorrectionConfig(
+        beta2=shared.beta2,
+        epsilon=shared.epsilon,
+        bias_correction=shared.bias_correction,
+        root=1.0 / exponent,
+    )
+
+
+def _schedule(a: Args) -> ScheduleConfig:
+    """Reads ``precondition_frequency``, ``start_preconditioning_step``.
+
+    Returns ``schedule`` (eq. 8): roots at t = start and at t % f == 0 after
+    it (``period_anchor="end"``, ``roots_before_start=False``); start -1
+    means f, and a start below f is refused.
+    """
+    freq = int(a.number("precondition_frequency", 1))
+    start = int(a.number("start_preconditioning_step", -1))
+    if start == -1:
+        start = freq
+    if start < freq:
+        raise ValueError(
+            f"start_preconditioning_step = {start} is invalid: allowed -1 or an integer >= "
+            f"precondition_frequency ({freq})."
+        )
+    return ScheduleConfig(
+        precondition_frequency=freq,
+        start_preconditioning_step=start,
+        period_anchor="end",
+        roots_before_start=False,
+    )
+
+
+def _blocking(a: Args) -> BlockingConfig:
+    """Reads ``max_preconditioner_dim`` (an integer or inf).
+
+    Returns ``blocking`` (eqs. 4-5): dims merged from the last while the
+    product <= max_preconditioner_dim, then blocks of that size.
+    """
+    mpd = dim_limit("max_preconditioner_dim", a.get("max_preconditioner_dim", 1024))
+    return BlockingConfig(
+        max_preconditioner_dim=mpd,
+        merge_dims_up_to=mpd,
+        merge_direction="last_to_first",
+    )
+
+
+def _grafting(cfg: Any) -> GraftingConfig:
+    """Reads ``grafting_config`` (null or a Meta preconditioner config).
+
+    Returns ``grafting`` (eqs. 14, 18; per-block norms with 1e-16): SGD;
+    AdaGrad (eps 1e-10); RMSprop (beta2 0.99, eps 1e-10); Adam (beta2 0.999,
+    eps 1e-10, bias-corrected); null -> none.
+    """
+    kind = type_of("grafting_config", cfg)
+    if kind is None:
+        return GraftingConfig(type="none")
+    args = Args("grafting_config", cfg, {"epsilon", "beta2", "drop_weighting_factor_on_gsquare"})
+    args.unsupported("drop_weighting_factor_on_gsquare", False, "graft EMA without 1 - beta2")
+    if kind == "SGDPreconditionerConfig":
+        return GraftingConfig(type="sgd")
+    if kind == "AdaGradPreconditionerConfig":
+        return GraftingConfig(type="adagrad", epsilon=args.number("epsilon", 1e-10))
+    if kind in ("RMSpropPreconditionerConfig", "AdamPreconditionerConfig"):
+        adam = kind == "AdamPreconditionerConfig"
+        return GraftingConfig(
+            type="adam" if adam else "rmsprop",
+            beta2=args.number("beta2", 0.999 if adam else 0.99),
+            epsilon=args.number("epsilon", 1e-10),
+            bias_correction=adam,
+        )
+    raise NotImplementedError(f"grafting_config.type = {kind!r} is not supported yet.")
+
+
+def _gradient_filter(shared: Shared) -> GradientFilterConfig:
+    """From ``betas[0]``, ``beta3``, ``use_bias_correction`` (read by :func:`_shared`).
+
+    Returns ``gradient_filter`` (eq. 15): betas[0] filters the gradient (it is
+    not momentum), beta3 weighs the direction, bias-corrected with the factors.
+    """
+    return GradientFilterConfig(
+        beta1=shared.beta1, beta3=shared.beta3, bias_correction=shared.bias_correction
+    )

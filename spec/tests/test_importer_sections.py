@@ -1,0 +1,408 @@
+"""Each section helper of the importers, on its own (docs/spec.md section 4).
+
+Every helper maps its anchor arguments to one section of the config, takes
+the anchor's default when a key is missing, and refuses a bad value naming
+the key. The whole importers are tested in test_importers.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import shampoo_spec as ss
+from shampoo_spec import importers
+from shampoo_spec.importers import _parse, google, meta
+
+
+def m(**kwargs: Any) -> _parse.Args:
+    return _parse.Args("from_meta", kwargs, meta.KEYS)
+
+
+def g(**kwargs: Any) -> _parse.Args:
+    return _parse.Args("from_google", kwargs, google.KEYS)
+
+
+SHARED = meta.Shared(lr=0.5, beta1=0.9, beta2=0.99, beta3=None, epsilon=1e-8, bias_correction=True)
+
+
+# ----------------------------------------------------------------- package
+def test_package_keeps_the_public_names() -> None:
+    from shampoo_spec import from_google, from_meta
+
+    assert from_meta is importers.from_meta is meta.from_meta
+    assert from_google is importers.from_google is google.from_google
+    assert set(importers.__all__) == {"from_meta", "from_google"}
+    assert {"from_meta", "from_google"} <= set(ss.__all__)
+
+
+# ------------------------------------------------------------------ _parse
+def test_args_refuses_unknown_keys_listing_the_allowed_ones() -> None:
+    unknown = r"unknown key\(s\) \['x'\].*allowed keys are \['a', 'b'\]"
+    with pytest.raises(ValueError, match=unknown):
+        _parse.Args("cfg", {"a": 1, "x": 2}, {"a", "b"})
+    with pytest.raises(ValueError, match="cfg = 3 is invalid"):
+        _parse.Args("cfg", 3, {"a"})
+    args = _parse.Args("cfg", {"a": 0, "type": "T"}, {"a", "b"})  # "type" is always allowed
+    assert "a" in args and "b" not in args
+    assert args.get("b", 7) == 7 and args.number("a", 1) == 0.0 and args.flag("b", True)
+
+
+def test_args_unsupported_names_owner_key_and_value() -> None:
+    args = _parse.Args("cfg", {"a": True, "b": None}, {"a", "b"})
+    args.unsupported("b", False, "x")  # None means the default
+    with pytest.raises(NotImplementedError, match=r"cfg\.a = True is not supported yet \(why\)"):
+        args.unsupported("a", False, "why")
+
+
+def test_number_dim_limit_choice_type_of() -> None:
+    assert _parse.number("k", 3) == 3.0 and _parse.number("k", "inf") == float("inf")
+    for bad in (True, "3", None):
+        with pytest.raises(ValueError, match="k = .* allowed a number"):
+            _parse.number("k", bad)
+    assert _parse.dim_limit("k", 8.0) == 8 and _parse.dim_limit("k", "inf") == _parse.UNBOUNDED
+    for not_a_dim in (0, 2.5):
+        with pytest.raises(ValueError, match="k = .* allowed an integer >= 1 or inf"):
+            _parse.dim_limit("k", not_a_dim)
+    assert _parse.choice("k", "A", {"A": 1, "B": 2}) == 1
+    with pytest.raises(ValueError, match=r"k = 'C' is invalid: allowed one of \['A', 'B'\]"):
+        _parse.choice("k", "C", {"B": 2, "A": 1})
+    assert _parse.type_of("k", None) is None and _parse.type_of("k", {"type": "T"}) == "T"
+    with pytest.raises(ValueError, match="k = .* 'type' key"):
+        _parse.type_of("k", {"x": 1})
+
+
+# -------------------------------------------------------------------- Meta
+def test_meta_shared_defaults_and_values() -> None:
+    assert meta._shared(m()) == meta.Shared(
+        lr=1e-2, beta1=0.9, beta2=1.0, beta3=None, epsilon=1e-12, bias_correction=True
+    )
+    s = meta._shared(m(lr=0.5, betas=[0.0, 0.99], beta3=0.5, epsilon=1e-8,
+                       use_bias_correction=False))
+    assert s == meta.Shared(lr=0.5, beta1=0.0, beta2=0.99, beta3=0.5, epsilon=1e-8,
+                            bias_correction=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [({"betas": [0.9]}, "betas"), ({"betas": [0.9, "x"]}, r"betas\[1\]"),
+     ({"epsilon": 0.0}, "epsilon"), ({"lr": "fast"}, "lr"), ({"beta3": None}, "beta3")],
+)
+def test_meta_shared_refuses(kwargs: dict[str, Any], key: str) -> None:
+    with pytest.raises(ValueError, match=f"^{key} = "):
+        meta._shared(m(**kwargs))
+
+
+def test_meta_weight_decay() -> None:
+    assert meta._weight_decay(m(), 1.0) == ss.WeightDecayConfig(value=0.0, type="direction")
+    assert meta._weight_decay(m(weight_decay=0.1, weight_decay_type="L2"), 1.0).type == "l2"
+    assert meta._weight_decay(m(weight_decay_type="CORRECTED"), 1.0).type == "direction"
+    # The legacy flag, unless weight_decay_type is given.
+    assert meta._weight_decay(m(use_decoupled_weight_decay=False), 1.0).type == "l2"
+    assert meta._weight_decay(
+        m(use_decoupled_weight_decay=False, weight_decay_type="DECOUPLED"), 1.0
+    ).type == "direction"
+    # INDEPENDENT decays by wd, not lr * wd: value wd / lr.
+    independent = meta._weight_decay(m(weight_decay=0.1, weight_decay_type="INDEPENDENT"), 0.5)
+    assert independent == ss.WeightDecayConfig(value=0.2, type="direction")
+    with pytest.raises(ValueError, match="weight_decay_type = 'INDEPENDENT' needs lr > 0"):
+        meta._weight_decay(m(weight_decay_type="INDEPENDENT"), 0.0)
+    with pytest.raises(ValueError, match="weight_decay_type = 'SOMETIMES'"):
+        meta._weight_decay(m(weight_decay_type="SOMETIMES"), 1.0)
+    with pytest.raises(ValueError, match="weight_decay.value"):
+        meta._weight_decay(m(weight_decay=-1.0), 1.0)
+
+
+def test_meta_momentum() -> None:
+    assert meta._momentum(m()) == ss.MomentumConfig()
+    assert meta._momentum(m(momentum=0.9, dampening=0.1, use_nesterov=True)) == ss.MomentumConfig(
+        momentum=0.9, dampening=0.1, nesterov=True
+    )
+    classic = {"type": "ClassicMomentumConfig"}
+    assert meta._momentum(m(iterate_averaging_config=classic)).momentum == 0.5  # Meta's default
+    classic_nesterov = {**classic, "momentum": 0.8, "use_nesterov": True}
+    c = meta._momentum(m(iterate_averaging_config=classic_nesterov))
+    assert (c.momentum, c.nesterov, c.buffers) == (0.8, True, "shared")
+    with pytest.raises(ValueError, match=r"iterate_averaging_config\.momentum = 1\.0"):
+        meta._momentum(m(iterate_averaging_config={**classic, "momentum": 1.0}))
+    with pytest.raises(ValueError, match=r"iterate_averaging_config has unknown key\(s\) \['mu'\]"):
+        meta._momentum(m(iterate_averaging_config={**classic, "mu": 0.9}))
+    with pytest.raises(NotImplementedError, match=r"iterate_averaging_config\.type = 'Schedule"):
+        meta._momentum(m(iterate_averaging_config={"type": "ScheduleFreeConfig"}))
+
+
+def test_meta_distribution() -> None:
+    for dist in (None, {"type": "DDPDistributedConfig"}, {"type": "SingleDeviceDistributedConfig"}):
+        meta._distribution(m(distributed_config=dist))
+    with pytest.raises(NotImplementedError, match=r"distributed_config\.type = 'HSDP"):
+        meta._distribution(m(distributed_config={"type": "HSDPDistributedConfig"}))
+    with pytest.raises(NotImplementedError, match="target_parameter_dimensionality = 2"):
+        meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
+                                                 "target_parameter_dimensionality": 2}))
+    with pytest.raises(NotImplementedError, match="use_merge_dims"):
+        meta._distribution(m(use_merge_dims=False))
+
+
+def test_meta_preconditioner_defaults() -> None:
+    p = meta._preconditioner(m(), SHARED)
+    assert p.statistics == ss.StatisticsConfig(beta2=0.99, bias_correction=True,
+                                               initial_value="zero")
+    assert p.epsilon == ss.EpsilonConfig(value=1e-8, scale="absolute", placement="ridge")
+    assert p.root_inverse == ss.EighConfig()
+    assert p.exponents == ss.ExponentConfig() and p.eigenvalue_correction is None
+    assert p.factor_dtype == "float32" and p.failure.max_consecutive_root_failures == 3
+
+
+def test_meta_preconditioner_values() -> None:
+    p = meta._preconditioner(m(preconditioner_config={
+        "type": "RootInvShampooPreconditionerConfig",
+        "amortized_computation_config": {"type": "CoupledNewtonConfig", "max_iterations": 20},
+        "inverse_exponent_override": {"1": 0.25},
+        "factor_matrix_dtype": "torch.float64",
+        "num_tolerated_failed_amortized_computations": 0,
+    }), SHARED)
+    assert p.root_inverse == ss.CoupledNewtonConfig(max_iterations=20, tolerance=1e-6)
+    assert p.exponents.overrides_by_order == (ss.OrderOverride(order=1, roots=(4.0,)),)
+    assert p.factor_dtype == "float64" and p.failure.max_consecutive_root_failures == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [({"type": "KLShampooPreconditionerConfig"}, r"preconditioner_config\.type = 'KL"),
+     ({"type": "MyConfig"}, r"preconditioner_config\.type = 'MyConfig'"),
+     ({"use_trace_scaling": True}, r"preconditioner_config\.use_trace_scaling = True"),
+     ({"factor_matrix_dtype": "bfloat16"}, r"preconditioner_config\.factor_matrix_dtype"),
+     ({"ignored_basis_change_dims": {"1": [0]}}, "ignored_basis_change_dims")],
+)
+def test_meta_preconditioner_refuses(config: dict[str, Any], match: str) -> None:
+    config = {"type": "RootInvShampooPreconditionerConfig", **config}
+    with pytest.raises(NotImplementedError, match=match):
+        meta._preconditioner(m(preconditioner_config=config), SHARED)
+    with pytest.raises(ValueError, match=r"preconditioner_config has unknown key\(s\) \['x'\]"):
+        meta._preconditioner(m(preconditioner_config={"x": 1, "type": "T"}), SHARED)
+
+
+def test_meta_root_inverse() -> None:
+    assert meta._root_inverse(None) == (ss.EighConfig(), "ridge")
+    after = {"type": "EigenConfig",
+             "rank_deficient_stability_config": {"type": "PerturbationConfig",
+                                                 "perturb_before_computation": False}}
+    assert meta._root_inverse(after) == (ss.EighConfig(), "shift_after")
+    assert meta._root_inverse({"type": "CoupledNewtonConfig"}) == (
+        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), "ridge"
+    )
+    with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.tolerance"):
+        meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01})
+    with pytest.raises(NotImplementedError, match=r"rank_deficient_stability_config\.type"):
+        meta._root_inverse({"type": "EigenConfig",
+                            "rank_deficient_stability_config": {"type": "PseudoInverseConfig"}})
+    with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.type = 'QR"):
+        meta._root_inverse({"type": "QREigendecompositionConfig"})
+
+
+def test_meta_exponents() -> None:
+    assert meta._exponents({}) == ss.ExponentConfig() == meta._exponents(None, {})
+    # Values are exponents e (root 1/e); a per-dim dict keeps the default 1/(2 order) elsewhere.
+    e = meta._exponents({"1": 0.5, "2": {"1": 0.125}, "3": 0})
+    assert e.overrides_by_order == (
+        ss.OrderOverride(order=1, roots=(2.0,)),
+        ss.OrderOverride(order=2, roots=(4.0, 8.0)),
+        ss.OrderOverride(order=3, roots=(0.0, 0.0, 0.0)),  # e = 0: not preconditioned
+    )
+    # Ignored basis-change dims get root 0, the others the default root 2 * order.
+    assert meta._exponents({}, {"2": [0]}).overrides_by_order == (
+        ss.OrderOverride(order=2, roots=(0.0, 4.0)),
+    )
+    with pytest.raises(ValueError, match="inverse_exponent_override = .* allowed an object"):
+        meta._exponents([0.5])
+    with pytest.raises(ValueError, match="inverse_exponent_override = 'x' is invalid"):
+        meta._exponents({"1": "x"})
+
+
+def test_meta_eigenvalue_correction() -> None:
+    corrected = {"type": "EigenvalueCorrectedShampooPreconditionerConfig"}
+    p = meta._preconditioner(m(preconditioner_config=corrected), SHARED)
+    assert p.eigenvalue_correction == ss.EigenvalueCorrectionConfig(
+        beta2=0.99, epsilon=1e-8, bias_correction=True, root=2.0
+    )
+    same = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.25}}
+    assert meta._preconditioner(m(preconditioner_config=same), SHARED).eigenvalue_correction
+    args = _parse.Args("preconditioner_config", same, meta.PRECONDITIONER_KEYS)
+    assert meta._eigenvalue_correction(args, SHARED, ss.EighConfig(), "ridge").root == 4.0
+    different = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.5}}
+    with pytest.raises(NotImplementedError, match="inverse_exponent_override with different"):
+        meta._preconditioner(m(preconditioner_config=different), SHARED)
+    newton = {**corrected, "amortized_computation_config": {"type": "CoupledNewtonConfig"}}
+    with pytest.raises(NotImplementedError, match="amortized_computation_config: eigenvalue"):
+        meta._preconditioner(m(preconditioner_config=newton), SHARED)
+
+
+def test_meta_schedule() -> None:
+    assert meta._schedule(m()) == ss.ScheduleConfig(
+        precondition_frequency=1, start_preconditioning_step=1, period_anchor="end",
+        roots_before_start=False,
+    )
+    s = meta._schedule(m(precondition_frequency=10))  # start -1 means the frequency
+    assert (s.precondition_frequency, s.start_preconditioning_step) == (10, 10)
+    assert meta._schedule(m(precondition_frequency=10,
+                            start_preconditioning_step=25)).start_preconditioning_step == 25
+    with pytest.raises(ValueError, match="start_preconditioning_step = 5 .* >= precondition"):
+        meta._schedule(m(precondition_frequency=10, start_preconditioning_step=5))
+    with pytest.raises(ValueError, match="precondition_frequency = 'x'"):
+        meta._schedule(m(precondition_frequency="x"))
+
+
+def test_meta_blocking() -> None:
+    assert meta._blocking(m()) == ss.BlockingConfig(
+        max_preconditioner_dim=1024, merge_dims_up_to=1024, merge_direction="last_to_first"
+    )
+    b = meta._blocking(m(max_preconditioner_dim="inf"))
+    assert b.max_preconditioner_dim == b.merge_dims_up_to == _parse.UNBOUNDED
+    with pytest.raises(ValueError, match="max_preconditioner_dim = 2.5"):
+        meta._blocking(m(max_preconditioner_dim=2.5))
+
+
+def test_meta_grafting() -> None:
+    assert meta._grafting(None) == ss.GraftingConfig(type="none")
+    assert meta._grafting({"type": "SGDPreconditionerConfig"}).type == "sgd"
+    assert meta._grafting({"type": "AdaGradPreconditionerConfig"}) == ss.GraftingConfig(
+        type="adagrad", epsilon=1e-10
+    )
+    assert meta._grafting({"type": "RMSpropPreconditionerConfig"}) == ss.GraftingConfig(
+        type="rmsprop", beta2=0.99, epsilon=1e-10, bias_correction=False
+    )
+    adam = meta._grafting({"type": "AdamPreconditionerConfig", "epsilon": 1e-8})
+    assert adam == ss.GraftingConfig(type="adam", beta2=0.999, epsilon=1e-8, bias_correction=True)
+    assert adam.norm_scope == "block" and adam.norm_epsilon == 1e-16
+    with pytest.raises(ValueError, match="grafting_config = 'adam'"):
+        meta._grafting("adam")
+    with pytest.raises(ValueError, match=r"grafting_config has unknown key\(s\) \['beta1'\]"):
+        meta._grafting({"type": "AdamPreconditionerConfig", "beta1": 0.9})
+    with pytest.raises(NotImplementedError, match=r"grafting_config\.type = 'Lion'"):
+        meta._grafting({"type": "Lion"})
+    with pytest.raises(NotImplementedError, match=r"drop_weighting_factor_on_gsquare = True"):
+        meta._grafting({"type": "AdamPreconditionerConfig",
+                        "drop_weighting_factor_on_gsquare": True})
+
+
+def test_meta_gradient_filter() -> None:
+    assert meta._gradient_filter(SHARED) == ss.GradientFilterConfig(
+        beta1=0.9, beta3=None, bias_correction=True
+    )
+    f = meta._gradient_filter(SHARED._replace(beta1=0.0, beta3=0.5, bias_correction=False))
+    assert f == ss.GradientFilterConfig(beta1=0.0, beta3=0.5, bias_correction=False)
+
+
+# ------------------------------------------------------------------ Google
+def test_google_require_and_unsupported() -> None:
+    google._require(g(learning_rate=0.1), "learning_rate")
+    with pytest.raises(ValueError, match="block_size is required"):
+        google._require(g(learning_rate=0.1), "block_size")
+    google._unsupported(g(**{key: default for key, (default, _) in google.UNSUPPORTED.items()}))
+
+
+@pytest.mark.parametrize("key", sorted(google.UNSUPPORTED))
+def test_google_unsupported_refuses_naming_the_key(key: str) -> None:
+    default, what = google.UNSUPPORTED[key]
+    value = "x" if default is None else (not default if isinstance(default, bool) else 4)
+    with pytest.raises(NotImplementedError, match=f"from_google.{key} = .*{what[:10]}"):
+        google._unsupported(g(**{key: value}))
+
+
+def test_google_grafting() -> None:
+    sgd = google._grafting(g(), 0.999, True)
+    assert sgd == ss.GraftingConfig(type="sgd", beta2=1.0, epsilon=1e-10, norm_scope="parameter",
+                                    norm_epsilon=1e-25, normalize_epsilon=1e-25)
+    rms = google._grafting(g(graft_type="RMSPROP", diagonal_epsilon=1e-8), 0.9, True)
+    assert (rms.type, rms.beta2, rms.epsilon, rms.bias_correction) == ("rmsprop", 0.9, 1e-8, False)
+    assert google._grafting(g(graft_type="RMSPROP"), 1.0, True).type == "adagrad"
+    assert google._grafting(g(graft_type="RMSPROP_NORMALIZED"), 1.0, True).type == (
+        "adagrad_normalized"
+    )
+    assert google._grafting(g(graft_type="SQRT_N"), 0.999, True).type == "sign"
+    assert google._grafting(g(graft_type="ADAGRAD"), 0.9, True).beta2 == 1.0
+    assert google._grafting(g(graft_type="NONE"), 0.999, True).type == "none"
+    with pytest.raises(NotImplementedError, match="decoupled_learning_rate = False"):
+        google._grafting(g(graft_type="NONE"), 0.999, False)
+    with pytest.raises(ValueError, match="graft_type = 'ADAM' is invalid"):
+        google._grafting(g(graft_type="ADAM"), 0.999, True)
+
+
+def test_google_preconditioner() -> None:
+    p = google._preconditioner(g(), 0.95)
+    assert p.statistics == ss.StatisticsConfig(beta2=0.95, bias_correction=False,
+                                               initial_value="epsilon_identity")
+    assert p.epsilon == ss.EpsilonConfig(value=1e-6, scale="relative", relative_floor=1e-25,
+                                         placement="ridge_floor")
+    assert isinstance(p.root_inverse, ss.CoupledNewtonConfig)
+    assert (p.root_inverse.retries, p.root_inverse.failure_threshold) == (5, 0.1)
+    assert p.exponents == ss.ExponentConfig(default="preconditioned_dims", override=0.0)
+    e = google._preconditioner(g(eigh=True, relative_matrix_epsilon=False, matrix_epsilon=1e-4,
+                                 exponent_override=4), 0.95)
+    assert e.root_inverse == ss.EighConfig() and e.exponents.override == 4.0
+    assert (e.epsilon.value, e.epsilon.scale, e.epsilon.relative_floor) == (1e-4, "absolute", 1e-6)
+    assert google._preconditioner(g(exponent_override=-2), 0.95).exponents.override == 0.0
+    with pytest.raises(ValueError, match="matrix_epsilon = 'small'"):
+        google._preconditioner(g(matrix_epsilon="small"), 0.95)
+    with pytest.raises(ValueError, match="root_inverse.failure_threshold"):
+        google._preconditioner(g(inverse_failure_threshold=0), 0.95)
+
+
+def test_google_momentum() -> None:
+    assert google._momentum(g(), "sgd", True) == ss.MomentumConfig(
+        momentum=0.9, dampening=0.0, nesterov=True, buffers="separate",
+        learning_rate_placement="after_momentum",
+    )
+    assert google._momentum(g(), "none", True).buffers == "shared"  # no graft, one buffer
+    assert google._momentum(g(beta1=0.0), "sgd", True).buffers == "shared"
+    c = google._momentum(g(moving_average_for_momentum=True, nesterov=False), "sgd", False)
+    assert (c.dampening, c.nesterov, c.learning_rate_placement) == (0.9, False, "before_momentum")
+    with pytest.raises(ValueError, match="momentum.momentum = 1.5"):
+        google._momentum(g(beta1=1.5), "sgd", True)
+
+
+def test_google_weight_decay() -> None:
+    assert google._weight_decay(g()) == ss.WeightDecayConfig(value=0.0, type="direction")
+    assert google._weight_decay(g(weight_decay=0.1, decoupled_weight_decay=True)) == (
+        ss.WeightDecayConfig(value=0.1, type="update")
+    )
+    with pytest.raises(ValueError, match="weight_decay = 'x'"):
+        google._weight_decay(g(weight_decay="x"))
+
+
+def test_google_blocking() -> None:
+    assert google._blocking(g(block_size=128)) == ss.BlockingConfig(
+        max_preconditioner_dim=128, merge_dims_up_to=4096, merge_direction="first_to_last",
+        skip_dim_size_gt=4096, skip_rank_lt=1, preconditioned_dims="all",
+    )
+    b = google._blocking(g(block_size=0, skip_preconditioning_dim_size_gt="inf",
+                           merge_small_dims_block_size=1, preconditioner_type="INPUT"))
+    assert b.max_preconditioner_dim == b.skip_dim_size_gt == _parse.UNBOUNDED
+    assert (b.merge_dims_up_to, b.preconditioned_dims) == (1, "all_but_last")
+    # Google's own misspelling is accepted.
+    assert google._blocking(g(block_size=8, precondtioner_type="OUTPUT")).preconditioned_dims == (
+        "last"
+    )
+    with pytest.raises(ValueError, match="preconditioner_type = 'BOTH'"):
+        google._blocking(g(block_size=8, preconditioner_type="BOTH"))
+    with pytest.raises(NotImplementedError, match="skip_preconditioning_rank_lt = 0"):
+        google._blocking(g(block_size=8, skip_preconditioning_rank_lt=0))
+    with pytest.raises(ValueError, match="merge_small_dims_block_size = 0"):
+        google._blocking(g(block_size=8, merge_small_dims_block_size=0))
+    with pytest.raises(ValueError, match="block_size = None"):
+        google._blocking(g())
+
+
+def test_google_schedule() -> None:
+    assert google._schedule(g()) == ss.ScheduleConfig(
+        precondition_frequency=1, statistics_frequency=1, start_preconditioning_step=6,
+        period_anchor="start", roots_before_start=True,
+    )
+    s = google._schedule(g(start_preconditioning_step=0, preconditioning_compute_steps=10,
+                           statistics_compute_steps=2))
+    assert (s.start_preconditioning_step, s.precondition_frequency, s.statistics_frequency) == (
+        1, 10, 2
+    )
+    with pytest.raises(ValueError, match="statistics_compute_steps = 'x'"):
+        google._schedule(g(statistics_compute_steps="x"))
