@@ -105,7 +105,7 @@ def test_peak_bytes_bracket_the_state(name: str) -> None:
 def test_torch_allocation_peak_closed_form() -> None:
     """A step that allocates 8000 + 4000 bytes, frees 8000, allocates 800: peak 12000 + state."""
     torch = pytest.importorskip("torch")
-    from shampoo_torch.testing import Stepper
+    from shampoo_conformance.adapters.torch import Stepper
 
     class Allocating(torch.optim.Optimizer):
         def __init__(self, params):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""Per-rank bodies of the distributed tests, run by ``shampoo_torch.testing_distributed.spawn``.
+"""Per-rank bodies of the distributed tests, run by ``shampoo_torch.processes.spawn``.
 
 Each function runs on every rank of a gloo group (one thread per process)
 and returns plain data (numpy arrays, strings) for the test to assert on.
@@ -33,10 +33,9 @@ from shampoo_spec import (
     WeightDecayConfig,
 )
 from shampoo_torch import DistributedConfig, NonFiniteGradientError, RootFailureError, Shampoo
-from shampoo_torch.testing_distributed import factor_state_bytes
 
 # "m": 20 blocks of one shape, so batched elementwise kernels run vectorized; "b*": with
-# large blocks, a bucket of three 24-vectors whose statistics take the MKL paths
+# large blocks, a block group of three 24-vectors whose statistics take the MKL paths
 # (shampoo_torch.invariance says why both matter).
 SHAPES = {"w": (6, 9), "v": (9,), "t": (2, 3, 4), "s": (), "r": (1, 5), "m": (16, 20),
           "b1": (24,), "b2": (24,), "b3": (24,)}
@@ -191,9 +190,9 @@ def equality(rank: int, world: int, trainers_per_group: int | None = None,
         _run(opt, ps, grads)
         out[case] = {
             "distributed": _numpy(ps), "single": _numpy(sps), "metrics": opt.metrics,
-            "bytes": factor_state_bytes(opt), "single_bytes": factor_state_bytes(single),
-            "blocks": sum(len(b) for gp in opt._plans for b in gp.buckets),
-            "exchanged_bytes": opt._dist.exchange.last_bytes if opt._dist else 0,
+            "bytes": opt.block_state_bytes(), "single_bytes": single.block_state_bytes(),
+            "blocks": sum(1 for view in opt.blocks() if view.held),
+            "exchanged_bytes": opt.exchange_bytes,
         }
     if only is not None:
         return out
@@ -227,7 +226,7 @@ def one_block_model(rank: int, world: int) -> dict[str, Any]:
     _run(single, single_ps, grads)
     _run(opt, ps, grads)
     return {"distributed": _numpy(ps), "single": _numpy(single_ps),
-            "bytes": factor_state_bytes(opt)}
+            "bytes": opt.block_state_bytes()}
 
 
 # --------------------------------------------------------------- resume
@@ -354,7 +353,7 @@ def failures(rank: int, world: int) -> dict[str, Any]:
         out["root"] = None
     except RootFailureError as err:
         out["root"] = str(err)
-    out["owners"] = dict(opt._plans[0].owners or {})
+    out["owners"] = {(v.parameter, v.block): v.owner for v in opt.blocks()}
     return out
 
 

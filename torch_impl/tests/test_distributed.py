@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from shampoo_torch import DistributedConfig, Shampoo
-from shampoo_torch.testing_distributed import spawn
+from shampoo_torch.processes import spawn
 
 SCENARIOS = str(Path(__file__).with_name("distributed_scenarios.py"))
 WORLD_SIZES = (1, 2, 3)

@@ -1,9 +1,9 @@
-"""A block's result does not depend on which other blocks share its bucket.
+"""A block's result does not depend on which other blocks share its block group.
 
 The distributed optimizer batches only the blocks a rank owns, so its
-buckets differ from the single-process ones; bit-for-bit equality between
+block groups differ from the single-process ones; bit-for-bit equality between
 the two rests on this property (``shampoo_torch.invariance``). Checked in one
-process: a parameter stepped alone (a bucket of one row) against the same
+process: a parameter stepped alone (a block group of one row) against the same
 parameter stepped with siblings of its block shape (several rows), with one
 thread as in the distributed tests. Blocks are large enough (n * n * K >=
 400) that torch's CPU kernels take their optimized, batch-size-dependent
@@ -61,7 +61,7 @@ def one_thread():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.usefixtures("one_thread")
-def test_block_result_independent_of_bucket(name: str, shape: tuple[int, ...]) -> None:
+def test_block_result_independent_of_block_group(name: str, shape: tuple[int, ...]) -> None:
     config = CONFIGS[name]
     gen = torch.Generator().manual_seed(0)
     init = [torch.randn(shape, generator=gen) for _ in range(3)]
@@ -69,7 +69,8 @@ def test_block_result_independent_of_bucket(name: str, shape: tuple[int, ...]) -
     crowd = [torch.nn.Parameter(x.clone()) for x in init]
     alone = torch.nn.Parameter(init[1].clone())
     opt_crowd, opt_alone = Shampoo(crowd, config), Shampoo([alone], config)
-    assert len(opt_crowd._plans[0].buckets[0]) == 3 and len(opt_alone._plans[0].buckets[0]) == 1
+    assert len(opt_crowd._plans[0].block_groups[0]) == 3
+    assert len(opt_alone._plans[0].block_groups[0]) == 1
     for step in grads:
         for p, g in zip(crowd, step, strict=True):
             p.grad = g

@@ -26,6 +26,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from shampoo_conformance.adapters.torch import run as torch_run
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 from shampoo_reference.linalg import effective_epsilon
@@ -47,7 +48,6 @@ from shampoo_spec import (
     from_google,
     from_meta,
 )
-from shampoo_torch.testing import run as torch_run
 
 SHAPES = {"w": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": (), "o": (1, 5, 1)}
 STEPS = 20

@@ -2,12 +2,22 @@
 
 - :class:`Shampoo`: every option of ``shampoo_spec.ShampooConfig``, equal to
   the float64 reference (``shampoo_reference``) within docs/spec.md section 5;
+  :meth:`Shampoo.blocks` yields a read-only :class:`BlockView` of each block's
+  Kronecker state;
 - :class:`DistributedConfig`: ``Shampoo(..., distributed=DistributedConfig())``
   spreads the block work over torch.distributed ranks, equal to one process;
 - :class:`NonFiniteGradientError`, :class:`RootFailureError`: the failure policy;
-- :func:`shampoo_torch.testing.run`: numpy in, numpy out (conformance contract 8.2);
 - ``python -m shampoo_torch.bench``: step time against AdamW, FLOP rate;
 - ``python -m shampoo_torch.bench_distributed``: 2 ranks vs 1 (root time, memory).
+
+Modules: :mod:`.optimizer` (the step's phases), :mod:`.preconditioner` (the
+maths of one block group: statistics, inverse roots, directions),
+:mod:`.blocks` (block groups: equal-shape blocks stacked), :mod:`.roots`,
+:mod:`.grafting`, :mod:`.elementwise`, :mod:`.distributed`,
+:mod:`.checkpoint`, :mod:`.processes` (fresh gloo processes for tests and
+benchmarks). The conformance adapters (numpy in, numpy out, contract 8.2)
+are ``shampoo_conformance.adapters.torch`` and ``.torch_ddp``; this package
+never imports shampoo_conformance.
 
 Equation numbers in docstrings refer to docs/spec.md.
 """
@@ -16,5 +26,12 @@ from shampoo_spec import NonFiniteGradientError, RootFailureError
 
 from .distributed import DistributedConfig
 from .optimizer import Shampoo
+from .state import BlockView
 
-__all__ = ["DistributedConfig", "NonFiniteGradientError", "RootFailureError", "Shampoo"]
+__all__ = [
+    "BlockView",
+    "DistributedConfig",
+    "NonFiniteGradientError",
+    "RootFailureError",
+    "Shampoo",
+]

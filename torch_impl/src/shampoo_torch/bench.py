@@ -21,9 +21,12 @@ never asserts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 import torch
 
@@ -31,8 +34,9 @@ from shampoo_spec import ShampooConfig, from_meta, is_root_step, plan_parameter
 
 from .optimizer import Shampoo
 
-SIZES = (512, 1024, 1024, 1024, 10)
+SIZES: tuple[int, ...] = (512, 1024, 1024, 1024, 10)
 BATCH = 512
+Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
 
 
 def make_model(seed: int = 0) -> torch.nn.Sequential:
@@ -45,8 +49,10 @@ def make_model(seed: int = 0) -> torch.nn.Sequential:
     return torch.nn.Sequential(*layers)
 
 
-def shampoo_config() -> ShampooConfig:
-    return from_meta({
+def shampoo_config(period: int = 100) -> ShampooConfig:
+    """Meta's defaults (AdaGrad grafting, blocks up to 1024); inverse roots every
+    ``period`` steps, used from step ``period`` on."""
+    config = from_meta({
         "lr": 1e-3,
         "betas": [0.0, 1.0],
         "epsilon": 1e-12,
@@ -54,6 +60,9 @@ def shampoo_config() -> ShampooConfig:
         "precondition_frequency": 100,
         "grafting_config": {"type": "AdaGradPreconditionerConfig", "epsilon": 1e-10},
     })
+    schedule = dataclasses.replace(config.schedule, precondition_frequency=period,
+                                   start_preconditioning_step=period)
+    return dataclasses.replace(config, schedule=schedule)
 
 
 def step_flops(model: torch.nn.Module, config: ShampooConfig) -> float:
@@ -85,13 +94,15 @@ def matmul_rate(n: int = 1024, repeats: int = 10, trials: int = 5) -> float:
     return 2.0 * n**3 * repeats / best
 
 
-class Trainer:
+class Trainer(Generic[Opt]):
     """One model + optimizer; times whole training steps and opt.step() alone."""
 
-    def __init__(self, name: str, make_opt: object, seed: int = 0) -> None:
+    def __init__(
+        self, name: str, make_opt: Callable[[Iterator[torch.nn.Parameter]], Opt], seed: int = 0
+    ) -> None:
         self.name = name
         self.model = make_model(seed)
-        self.opt = make_opt(self.model.parameters())  # type: ignore[operator]
+        self.opt = make_opt(self.model.parameters())
         gen = torch.Generator().manual_seed(seed + 1)
         self.x = torch.randn(BATCH, SIZES[0], generator=gen)
         self.y = torch.randint(0, SIZES[-1], (BATCH,), generator=gen)
@@ -123,10 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    config = shampoo_config()
-    config = ShampooConfig.from_dict({**config.to_dict(), "schedule": {
-        **config.to_dict()["schedule"], "precondition_frequency": args.period,  # type: ignore[dict-item]
-        "start_preconditioning_step": args.period}})
+    config = shampoo_config(args.period)
     shampoo = Trainer("Shampoo", lambda p: Shampoo(p, config))
     adamw = Trainer("AdamW", lambda p: torch.optim.AdamW(p, lr=1e-3))
     n_params = sum(p.numel() for p in shampoo.model.parameters())

@@ -12,13 +12,15 @@ machines. Each configuration runs in fresh processes with one thread each:
 after DistributedDataParallel's averaging, without its all-reduce).
 
 Per rank it reports: the time inside the root computation (eqs. 7-13, timed
-around ``Shampoo._refresh_roots``), per root step and amortized per step, as
+around :func:`shampoo_torch.preconditioner.refresh_inverse_roots`, which the
+optimizer calls through its module), per root step and amortized per step, as
 CPU time of the rank's one compute thread (the work, robust on a shared
 machine) and as wall time; the same two for the median non-root
 ``opt.step()`` (the wall time includes the all-gather and waiting for the
 other rank);
-the bytes of factor state held (factors, roots, counters); the bytes one
-all-gather moves into every rank per step. The
+the bytes of block state held (``Shampoo.block_state_bytes()``: factors,
+inverse roots, counters); the bytes one all-gather moves into every rank per
+step (``Shampoo.exchange_bytes``). The
 targets (DESIGN.md 9, issue 6) are <= 0.6x root time and <= 0.6x factor
 memory on the busier rank. It also checks that the 2-rank parameters equal
 the 1-process ones bit for bit. It prints and never asserts.
@@ -34,20 +36,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from shampoo_spec import ShampooConfig, is_root_step
+from shampoo_spec import is_root_step
 
-from . import bench
+from . import bench, preconditioner
 from .distributed import DistributedConfig
 from .optimizer import Shampoo
-from .testing_distributed import factor_state_bytes, spawn
-
-
-def _config(period: int) -> ShampooConfig:
-    config = bench.shampoo_config()
-    d = config.to_dict()
-    d["schedule"] = {**d["schedule"], "precondition_frequency": period,  # type: ignore[dict-item]
-                     "start_preconditioning_step": period}
-    return ShampooConfig.from_dict(d)
+from .processes import spawn
 
 
 def bench_rank(rank: int, world: int, distributed: bool, period: int, periods: int,
@@ -56,12 +50,12 @@ def bench_rank(rank: int, world: int, distributed: bool, period: int, periods: i
     torch.set_num_threads(threads)
     if small:
         bench.SIZES = tuple(max(s // 2, 10) for s in bench.SIZES)  # the module-level model widths
-    config = _config(period)
+    config = bench.shampoo_config(period)
     trainer = bench.Trainer("Shampoo", lambda p: Shampoo(
         p, config, distributed=DistributedConfig() if distributed else None))
-    opt: Shampoo = trainer.opt  # type: ignore[assignment]
+    opt = trainer.opt
     root_time = [0.0, 0.0]  # wall, CPU of this (the only compute) thread
-    refresh = opt._refresh_roots
+    refresh = preconditioner.refresh_inverse_roots
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -71,7 +65,7 @@ def bench_rank(rank: int, world: int, distributed: bool, period: int, periods: i
             root_time[0] += time.perf_counter() - wall
             root_time[1] += time.thread_time() - cpu
 
-    opt._refresh_roots = timed  # type: ignore[method-assign]
+    preconditioner.refresh_inverse_roots = timed  # this process only runs this benchmark
     step_cpu: list[float] = []
     step = opt.step
 
@@ -88,15 +82,14 @@ def bench_rank(rank: int, world: int, distributed: bool, period: int, periods: i
     plain_cpu = [dt for (t, _), dt in zip(trainer.opt_times, step_cpu, strict=True)
                  if not is_root_step(t, config.schedule)]
     root_steps = [t for t, _ in trainer.opt_times if is_root_step(t, config.schedule)]
-    dist_ = opt._dist
     return {
         "root_s": root_time[0],
         "root_cpu_s": root_time[1],
         "root_steps": len(root_steps),
         "steps": len(trainer.opt_times),
-        "factor_bytes": factor_state_bytes(opt),
-        "gather_bytes": dist_.exchange.last_bytes if dist_ is not None else 0,
-        "blocks": sum(len(b) for gp in opt._plans for b in gp.buckets),
+        "factor_bytes": opt.block_state_bytes(),
+        "gather_bytes": opt.exchange_bytes,
+        "blocks": sum(1 for view in opt.blocks() if view.held),
         "plain_step_s": statistics.median(plain),
         "plain_step_cpu_s": statistics.median(plain_cpu),
         "params": [p.detach().numpy().copy() for p in trainer.model.parameters()],

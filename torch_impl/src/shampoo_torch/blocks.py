@@ -2,38 +2,37 @@
 
 Every parameter of a param group is cut into the blocks of
 ``shampoo_spec.plan_parameter`` (eqs. 4-5). Blocks that share a shape, a
-tuple of roots (eq. 12) and a device are grouped into one :class:`Bucket`
-whatever parameter they come from; a bucket keeps its per-block state
+tuple of roots r_k (eq. 12) and a device form one :class:`BlockGroup`
+whatever parameter they come from; a block group keeps its per-block state
 stacked along a leading batch dim (factors ``[B, n_k, n_k]``, inverse roots
 or eigenbases, the corrected second moment ``[B, *shape]``), so statistics,
-roots and preconditioning run as batched matmuls over all of its blocks.
+inverse roots and preconditioning run as batched matmuls over all of its
+blocks (:mod:`shampoo_torch.preconditioner`).
 
-:func:`gather` stacks the blocks of per-parameter tensors into a bucket's
-batch (a view, no copy, for a bucket of one whole-parameter block) and
-:func:`assemble` puts per-block results back into per-parameter tensors.
+:func:`gather` stacks the blocks of per-parameter tensors into a block
+group's batch (a view, no copy, for a group of one whole-parameter block)
+and :func:`assemble` puts per-block results back into per-parameter tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from shampoo_spec import ParameterPlan
 
-Rows = torch.Tensor | None  # indices of the bucket rows taking part; None = all rows
+Rows = torch.Tensor | None  # indices of the block-group rows taking part; None = all rows
 
 
 @dataclass(frozen=True)
 class ParamLayout:
-    """Where the blocks of one parameter live: its plan, block slices, bucket rows."""
+    """Where the blocks of one parameter live: its plan and its block slices."""
 
     plan: ParameterPlan
     block_slices: tuple[tuple[slice, ...], ...]
-    #: (bucket index, row) of each block held here; empty when the parameter is not
-    #: preconditioned (or, distributed, when this rank owns none of its blocks).
-    rows: tuple[tuple[int, int], ...]
 
     @property
     def merged_shape(self) -> tuple[int, ...]:
@@ -43,18 +42,24 @@ class ParamLayout:
     def single_block(self) -> bool:
         return len(self.block_slices) == 1
 
+    @property
+    def num_blocks(self) -> int:
+        """Blocks that carry Kronecker state: 0 when the parameter is not preconditioned."""
+        return len(self.block_slices) if self.plan.preconditioned else 0
+
 
 @dataclass
-class Bucket:
+class BlockGroup:
     """Stacked state of every block with one (shape, roots, device) in a param group.
 
-    ``members[row] = (parameter position in the group, block index)``.
-    ``factors[k]`` (eq. 6) and ``inverse_roots[k]`` (eqs. 10-11; the eigenbasis
-    Q_k with eigenvalue correction, eq. 17) exist for each preconditioned dim k.
+    ``members[row] = (parameter position in the param group, block index)``.
+    ``factors[k]`` (eq. 6) and ``inverse_roots[k]`` (eqs. 10-11; the
+    eigenbasis Q_k with eigenvalue correction, eq. 17) exist for each
+    preconditioned dim k, i.e. each dim whose root r_k is not 0.
     """
 
     shape: tuple[int, ...]
-    roots: tuple[float, ...]
+    roots: tuple[float, ...]  # the exponents r_k of eq. (12)
     device: torch.device
     dtype: torch.dtype
     members: list[tuple[int, int]]
@@ -74,7 +79,7 @@ class Bucket:
         return len(self.members)
 
     def allocate(self, initial_value: float, eigenvalue_correction: bool) -> None:
-        """Zero (or eps * I) factors, identity roots (eq. 13), zero counters."""
+        """``c I`` factors (eq. 6), identity inverse roots (eq. 13), zero counters."""
         b, dev, dt = len(self.members), self.device, self.dtype
         for k in self.dims:
             n = self.shape[k]
@@ -87,61 +92,122 @@ class Bucket:
             self.corrected = torch.zeros((b, *self.shape), dtype=dt, device=dev)
             self.corrected_updates = torch.zeros(b, dtype=torch.int64, device=dev)
 
+    def row_state(self, row: int) -> dict[str, Any]:
+        """One block's state as views into the stacks (no copy; a copy into them writes).
 
-def block_slices(plan: ParameterPlan) -> tuple[tuple[slice, ...], ...]:
-    return tuple(b.slices for b in plan.blocks)
+        Keys: ``factors`` and ``inverse_roots`` (dicts by dim), the counters
+        ``statistics_updates`` and ``consecutive_failures`` and, with
+        eigenvalue correction, ``corrected`` and ``corrected_updates``.
+        """
+        out: dict[str, Any] = {
+            "factors": {k: f[row] for k, f in self.factors.items()},
+            "inverse_roots": {k: x[row] for k, x in self.inverse_roots.items()},
+        }
+        for name in ("statistics_updates", "consecutive_failures", "corrected_updates",
+                     "corrected"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value[row]
+        return out
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every stacked tensor of the group (factors, inverse roots, moments, counters)."""
+        extra = (self.statistics_updates, self.consecutive_failures, self.corrected,
+                 self.corrected_updates)
+        return [*self.factors.values(), *self.inverse_roots.values(),
+                *(t for t in extra if t is not None)]
 
 
-def build_buckets(
+def build_block_groups(
     plans: Sequence[ParameterPlan],
     devices: Sequence[torch.device],
     dtype: torch.dtype,
     owned: Callable[[int, int], bool] | None = None,
-) -> tuple[list[ParamLayout], list[Bucket]]:
+) -> tuple[list[ParamLayout], list[BlockGroup]]:
     """Group the blocks of all preconditioned parameters by (shape, roots, device).
 
-    ``owned(position, block)``: only the blocks it accepts get a bucket row
-    (the blocks this rank owns, :mod:`shampoo_torch.distributed`); None: all.
+    ``owned(position, block)``: only the blocks it accepts get a block-group
+    row (the blocks this rank owns, :mod:`shampoo_torch.distributed`); None: all.
     """
-    buckets: list[Bucket] = []
+    groups: list[BlockGroup] = []
     index: dict[tuple[object, ...], int] = {}
     layouts = []
     for pos, (plan, device) in enumerate(zip(plans, devices, strict=True)):
-        rows = []
         if plan.preconditioned:
             for bi, block in enumerate(plan.blocks):
                 if owned is not None and not owned(pos, bi):
                     continue
                 key = (block.shape, block.roots, device)
                 if key not in index:
-                    index[key] = len(buckets)
-                    buckets.append(Bucket(block.shape, block.roots, device, dtype, []))
-                bucket = buckets[index[key]]
-                rows.append((index[key], len(bucket.members)))
-                bucket.members.append((pos, bi))
-        layouts.append(ParamLayout(plan, block_slices(plan), tuple(rows)))
-    return layouts, buckets
+                    index[key] = len(groups)
+                    groups.append(BlockGroup(block.shape, block.roots, device, dtype, []))
+                groups[index[key]].members.append((pos, bi))
+        layouts.append(ParamLayout(plan, tuple(b.slices for b in plan.blocks)))
+    return layouts, groups
+
+
+def select_rows(
+    groups: Sequence[BlockGroup],
+    positions: Sequence[int],
+    block_ok: Mapping[int, Sequence[torch.Tensor]],
+) -> dict[int, tuple[list[int], Rows, torch.Tensor | None]]:
+    """Per block group (by index): the rows of the parameters ``positions``.
+
+    Each entry is ``(rows as a list, their index tensor or None for all rows,
+    their finite flags stacked from block_ok or None when block_ok is empty)``;
+    block groups without such rows are left out.
+    """
+    chosen = set(positions)
+    out: dict[int, tuple[list[int], Rows, torch.Tensor | None]] = {}
+    for index, bg in enumerate(groups):
+        members = [r for r, (pos, _) in enumerate(bg.members) if pos in chosen]
+        if not members:
+            continue
+        rows = None
+        if len(members) != len(bg):
+            rows = torch.tensor(members, dtype=torch.int64, device=bg.device)
+        ok_rows = None
+        if block_ok:
+            flags = [block_ok[pos][b] for pos, b in (bg.members[r] for r in members)]
+            ok_rows = torch.stack(flags)
+        out[index] = (members, rows, ok_rows)
+    return out
+
+
+def finite_blocks(
+    layout: ParamLayout, g: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Eq. (3), ``"skip_block"``: a 0-d finite flag per block, and the flags per entry."""
+    finite = torch.isfinite(g)
+    if layout.single_block:
+        ok = finite.all()
+        return [ok], ok
+    flags = [finite[sl].all() for sl in layout.block_slices]
+    elem = torch.empty_like(finite)
+    for sl, flag in zip(layout.block_slices, flags, strict=True):
+        elem[sl] = flag
+    return flags, elem
 
 
 def gather(
-    bucket: Bucket,
+    bg: BlockGroup,
     layouts: Sequence[ParamLayout],
     tensors: Mapping[int, torch.Tensor],
     members: Sequence[int],
 ) -> torch.Tensor:
-    """Stack the blocks ``members`` (bucket rows) of per-parameter merged tensors.
+    """Stack the blocks ``members`` (block-group rows) of per-parameter merged tensors.
 
-    Returns ``[len(members), *bucket.shape]`` in the bucket dtype; a single
-    whole-parameter block is returned as a view.
+    Returns ``[len(members), *bg.shape]`` in the block group's dtype; a
+    single whole-parameter block is returned as a view.
     """
     views = []
     for row in members:
-        pos, bi = bucket.members[row]
+        pos, bi = bg.members[row]
         lay = layouts[pos]
         x = tensors[pos]
         views.append(x if lay.single_block else x[lay.block_slices[bi]])
     out = views[0].unsqueeze(0) if len(views) == 1 else torch.stack(views)
-    return out.to(bucket.dtype)
+    return out.to(bg.dtype)
 
 
 def assemble(
@@ -157,7 +223,7 @@ def assemble(
 
 
 def take(x: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Rows of a stacked bucket state (all of them when ``rows`` is None)."""
+    """Rows of a stacked block-group state (all of them when ``rows`` is None)."""
     return x if rows is None else x.index_select(0, rows)
 
 

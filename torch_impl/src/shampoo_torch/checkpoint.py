@@ -3,9 +3,14 @@
 The saved dict holds only tensors, ints, floats, strings, dicts and lists, so
 it loads with ``torch.load(..., weights_only=True)``; each group's config is
 stored as ``config.to_dict()`` (JSON form). Block state lives stacked in
-buckets at run time (see :mod:`shampoo_torch.blocks`); here it is cut back
-into one entry per block of each parameter, so the checkpoint does not
+block groups at run time (see :mod:`shampoo_torch.blocks`); here it is cut
+back into one entry per block of each parameter, so the checkpoint does not
 depend on how blocks were batched.
+
+The optimizer gives this module a small internal API (its ``_checkpoint_*``
+and ``_restore_metrics`` methods): the live state of every block as views
+into the block groups, the parameter names, an all-gather over the trainer
+group, and the counters; nothing else of its internals is read here.
 
 Layout::
 
@@ -45,39 +50,18 @@ it is held by the group's rank 0 (the per-rank :attr:`metrics` add up to it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 if TYPE_CHECKING:
     from .optimizer import Shampoo
 
-_BLOCK_COUNTERS = ("statistics_updates", "consecutive_failures", "corrected_updates")
-
 
 def _block_entries(opt: Shampoo) -> list[list[list[dict[str, Any]]]]:
-    """Per group, per parameter, per block: live tensor views into the buckets."""
-    out = []
-    for gp in opt._plans:
-        per_param: list[list[dict[str, Any]]] = [
-            [{} for _ in lay.block_slices] if lay.plan.preconditioned else []
-            for lay in gp.layouts
-        ]
-        for bucket in gp.buckets:
-            for row, (pos, b) in enumerate(bucket.members):
-                entry: dict[str, Any] = {
-                    "factors": {k: f[row] for k, f in bucket.factors.items()},
-                    "inverse_roots": {k: x[row] for k, x in bucket.inverse_roots.items()},
-                }
-                for name in _BLOCK_COUNTERS:
-                    value = getattr(bucket, name)
-                    if value is not None:
-                        entry[name] = value[row]
-                if bucket.corrected is not None:
-                    entry["corrected"] = bucket.corrected[row]
-                per_param[pos][b] = entry
-        out.append(per_param)
-    return out
+    """Per group, per parameter, per block: live tensor views ({} for another rank's block)."""
+    return [[[{} if entry is None else entry for entry in per_param] for per_param in group]
+            for group in opt._checkpoint_blocks()]
 
 
 def _clone(tree: Any) -> Any:
@@ -170,8 +154,8 @@ def _apply(
     """Copy validated state, group hyperparameters and counters into ``opt``.
 
     Called only after every check passed, so a bad checkpoint changes nothing.
-    ``root_failures`` is a sum over ranks (each counts its own blocks), so
-    only rank 0 of a distributed optimizer takes the saved total.
+    ``root_failures`` is a sum over ranks (each counts its own blocks): only
+    rank 0 of a distributed optimizer takes the saved total.
     """
     for p, ours, saved in pairs:
         _copy_tree(ours, saved)
@@ -180,12 +164,7 @@ def _apply(
         for key, value in saved_group.items():
             if key not in ("params", "config", "param_names"):
                 group[key] = value
-    opt._counters.clear()
-    if opt.param_groups and opt.param_groups[0]["params"]:
-        counters = opt._counter(opt.param_groups[0]["params"][0].device)
-        counters["skipped_blocks"].fill_(int(metrics.get("skipped_blocks", 0)))
-        if opt._dist is None or opt._dist.rank == 0:
-            counters["root_failures"].fill_(int(metrics.get("root_failures", 0)))
+    opt._restore_metrics(metrics)
 
 
 def load_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
@@ -242,8 +221,13 @@ def _held_blocks(opt: Shampoo) -> dict[tuple[int, int, int], dict[str, Any]]:
     return out
 
 
+def _block_counts(opt: Shampoo) -> list[list[int]]:
+    """Per group, per parameter: its number of blocks (0 when not preconditioned)."""
+    return [[len(per_param) for per_param in group] for group in opt._checkpoint_blocks()]
+
+
 def _names(opt: Shampoo) -> list[list[str]]:
-    names = [list(gp.names) for gp in opt._plans]
+    names = opt._checkpoint_names()
     seen: set[str] = set()
     for group_names in names:
         for n in group_names:
@@ -262,22 +246,20 @@ def distributed_state_dict(opt: Shampoo) -> dict[str, Any]:
     names = _names(opt)
     local = {key: _cpu(entry) for key, entry in _held_blocks(opt).items()}
     root_failures = opt.metrics["root_failures"]
-    if opt._dist is not None:
-        merged: dict[tuple[int, int, int], dict[str, Any]] = {}
-        total = 0
-        for part in opt._dist.all_gather_object((local, root_failures)):
-            blocks, failures = part  # type: ignore[misc]
-            merged.update(blocks)
-            total += int(failures)
-        local, root_failures = merged, total
+    merged: dict[tuple[int, int, int], dict[str, Any]] = {}
+    total = 0
+    for part in opt._checkpoint_gather((local, root_failures)):
+        blocks, failures = cast(tuple[dict[tuple[int, int, int], dict[str, Any]], int], part)
+        merged.update(blocks)
+        total += failures
+    local, root_failures = merged, total
     state: dict[str, Any] = {}
     groups = []
-    for gi, (group, gp) in enumerate(zip(opt.param_groups, opt._plans, strict=True)):
+    counts = _block_counts(opt)
+    for gi, group in enumerate(opt.param_groups):
         for pos, p in enumerate(group["params"]):
             entry = {k: _cpu(v) for k, v in opt.state[p].items()}
-            lay = gp.layouts[pos]
-            count = len(lay.block_slices) if lay.plan.preconditioned else 0
-            entry["blocks"] = {b: local[(gi, pos, b)] for b in range(count)}
+            entry["blocks"] = {b: local[(gi, pos, b)] for b in range(counts[gi][pos])}
             state[names[gi][pos]] = entry
         saved = {k: v for k, v in group.items() if k not in ("params", "config", "param_names")}
         saved["config"] = group["config"].to_dict()
@@ -305,10 +287,9 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
               f"{len(opt.param_groups)}")
     names = _names(opt)
     held = _held_blocks(opt)
+    counts = _block_counts(opt)
     pairs = []
-    for gi, (group, saved_group, gp) in enumerate(
-        zip(opt.param_groups, groups, opt._plans, strict=True)
-    ):
+    for gi, (group, saved_group) in enumerate(zip(opt.param_groups, groups, strict=True)):
         if saved_group.get("params") != names[gi]:
             _fail(f"param_groups[{gi}].params", f"saved names {saved_group.get('params')} do "
                   f"not match {names[gi]}")
@@ -322,8 +303,7 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
             saved = sd["state"].get(name)
             if not isinstance(saved, dict) or not isinstance(saved.get("blocks"), dict):
                 _fail(f"state[{name!r}]", "missing (or without 'blocks')")
-            lay = gp.layouts[pos]
-            count = len(lay.block_slices) if lay.plan.preconditioned else 0
+            count = counts[gi][pos]
             if sorted(saved["blocks"]) != list(range(count)):
                 _fail(f"state[{name!r}]['blocks']", f"block indices {sorted(saved['blocks'])} "
                       f"do not match the plan's {list(range(count))}")

@@ -11,7 +11,7 @@ communication. Per step:
 2. every rank updates the elementwise state (graft, filter; eqs. 14-15), which
    is replicated: it is cheap, and the per-parameter graft rescale (eq. 18)
    needs whole parameters;
-3. the owner of a block alone updates its factors (eq. 6), roots (eqs. 7-13),
+3. the owner of a block alone updates its factors (eq. 6), inverse roots (eqs. 7-13),
    corrected moment (eq. 17) and computes its direction (eqs. 16-17) with the
    per-block graft rescale (eq. 18, ``norm_scope="block"``, which needs only
    the block) in exactly the batched order of the single-process optimizer;
@@ -26,7 +26,7 @@ Factor state exists only for owned blocks, so optimizer memory per rank
 shrinks with the world size. With ``trainers_per_group = k`` the world is cut
 into groups of ``k`` consecutive ranks: blocks are distributed within a group
 and the computation is replicated across groups (for large jobs where one
-all-gather over every rank would cost more than the roots it saves).
+all-gather over every rank would cost more than the root work it saves).
 
 Equality with one process: with float32/float64 communication (at least the
 factor dtype) every parameter equals the single-process :class:`Shampoo` bit
@@ -35,7 +35,7 @@ What makes it hold on CPU: a block's result must not depend on which other
 blocks share its batch. Matmuls, ``eigh`` and row reductions are computed
 per batch row; but elementwise CPU kernels vectorize all but a tail of each
 call and ``pow``'s vectorized and scalar code differ in the last bit, so the
-optimizer computes roots (eqs. 9-11) one block per call on CPU and uses
+optimizer computes inverse roots (eqs. 9-11) one block per call on CPU and uses
 :func:`shampoo_torch.invariance.rowwise` for the other ``pow`` s.
 
 Assumptions: every rank steps the same parameters (the same ``grad is
@@ -46,9 +46,9 @@ supported yet: they raise at construction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -113,7 +113,8 @@ class Distributor:
                 "torch.distributed.init_process_group first."
             )
         self.config = config
-        self.group = config.process_group or dist.group.WORLD
+        # WORLD is typed Optional (it is None before init_process_group, checked above).
+        self.group = cast(dist.ProcessGroup, config.process_group or dist.group.WORLD)
         full_world = dist.get_world_size(self.group)
         full_rank = dist.get_rank(self.group)
         k = config.trainers_per_group or full_world
@@ -179,6 +180,39 @@ class Distributor:
             if row[0]:
                 return r, tuple(int(x) for x in row[1:])
         return None
+
+    # ------------------------------------------------------- directions
+    def exchange_directions(
+        self,
+        parts: Sequence[
+            tuple[int, Mapping[int, ParameterPlan], Mapping[tuple[int, int], int], torch.dtype]
+        ],
+        mine: dict[BlockKey, torch.Tensor],
+        device: torch.device,
+    ) -> dict[BlockKey, torch.Tensor]:
+        """Step 4 of the module doc: every block's direction on every rank.
+
+        ``parts``: per cohort taking part, ``(param group index, plan of each
+        parameter stepping by position, owner of each (position, block),
+        factor dtype)``, the same on every rank; ``mine``: the directions of
+        the blocks this rank owns. The result is in each group's factor dtype.
+        """
+        order: list[tuple[BlockKey, torch.Size, int]] = []
+        dtypes, out_dtypes = [], {}
+        for gi, plans, owners, factor_dtype in parts:
+            out_dtypes[gi] = factor_dtype
+            for pos, plan in plans.items():
+                if not plan.preconditioned:
+                    continue
+                dtypes.append(factor_dtype)
+                for b, block in enumerate(plan.blocks):
+                    order.append(((gi, pos, b), torch.Size(block.shape), owners[(pos, b)]))
+        if not order:
+            return mine
+        dtype = self.comm_dtype
+        if dtype is None:
+            dtype = torch.float64 if torch.float64 in dtypes else torch.float32
+        return self.exchange.run(order, mine, dtype, device, lambda key: out_dtypes[key[0]])
 
     # ------------------------------------------------------- checkpoints
     def all_gather_object(self, obj: object) -> list[object]:

@@ -2,7 +2,9 @@
 
 The graft state V has one entry per parameter entry, so it lives in the
 parameter's (merged) layout, not in the blocks; only the norm of the
-rescaling (eq. 18) depends on the block or parameter scope.
+rescaling (eq. 18, :mod:`shampoo_torch.preconditioner`) depends on the
+block or parameter scope. Whether there is a state at all is
+``GraftingConfig.has_state``.
 """
 
 from __future__ import annotations
@@ -11,17 +13,12 @@ import torch
 
 from shampoo_spec import GraftingConfig
 
-_NEEDS_STATE = ("adagrad", "rmsprop", "adam", "adagrad_normalized", "rmsprop_normalized")
-
-
-def needs_state(graft: GraftingConfig) -> bool:
-    return graft.type in _NEEDS_STATE
-
 
 def graft_input(x: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:
-    """``x / (||x|| + normalize_epsilon)`` for the ``*_normalized`` types, else x (eq. 14)."""
-    if graft.type.endswith("_normalized"):
-        return x / (torch.linalg.vector_norm(x) + graft.normalize_epsilon)
+    """``x / (||x|| + normalize_epsilon)`` for the ``*_normalized`` types, else x (eq. 14a)."""
+    if graft.normalizes_input:
+        out: torch.Tensor = x / (torch.linalg.vector_norm(x) + graft.normalize_epsilon)
+        return out
     return x
 
 
@@ -30,7 +27,7 @@ def update_state(state: torch.Tensor, g: torch.Tensor, graft: GraftingConfig) ->
     g = graft_input(g, graft)
     if graft.beta2 == 1.0:
         return state + g * g
-    return graft.beta2 * state + (1.0 - graft.beta2) * g * g
+    return graft.beta2 * state + graft.update_weight * g * g
 
 
 def direction(
@@ -44,6 +41,6 @@ def direction(
         return torch.sign(x)
     assert state is not None
     x = graft_input(x, graft)
-    if graft.bias_correction and graft.beta2 < 1.0:
-        state = state / (1.0 - graft.beta2**t)
+    if graft.corrects_bias:
+        state = state / graft.bias_correction_factor(t)
     return x / (torch.sqrt(state) + graft.epsilon)

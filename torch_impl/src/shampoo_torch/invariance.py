@@ -1,6 +1,6 @@
 """Batch invariance: a block's result must not depend on the other blocks in its batch.
 
-The optimizer stacks equal-shape blocks into buckets (:mod:`shampoo_torch.blocks`)
+The optimizer stacks equal-shape blocks into block groups (:mod:`shampoo_torch.blocks`)
 and the distributed optimizer stacks only the blocks a rank owns, so the same
 block sits at different batch positions in the two. Matmuls (``bmm``,
 ``baddbmm``), ``eigh`` and row reductions compute each batch row alone
@@ -12,11 +12,11 @@ on CPU, so every block goes through the same code whatever its position.
 On CUDA every element runs the same device code; there it is one call.
 
 Two more traps, found by ``torch_impl/tests/test_distributed_invariance.py``
-and handled in the optimizer: CPU ``baddbmm`` fuses a rank-1 update (the
+and handled in :mod:`shampoo_torch.preconditioner`: CPU ``baddbmm`` fuses a rank-1 update (the
 statistics of a 1-d block) differently for one batch row than for several,
 so that update is done elementwise; and ``bmm`` picks its kernel by the
 operands' memory layout, and ``eigh`` returns column-major eigenvectors, so
-stored roots and eigenbases are made row-major. On CUDA, cuBLAS may choose
+stored inverse roots and eigenbases are made row-major. On CUDA, cuBLAS may choose
 kernels by batch count, so bit-for-bit equality is only claimed (and
 tested) on CPU.
 """
@@ -41,5 +41,5 @@ def rowwise(fn: Callable[[torch.Tensor], Out], x: torch.Tensor) -> Out:
         return fn(x)
     parts = [fn(x[j:j + 1]) for j in range(x.shape[0])]
     if isinstance(parts[0], torch.Tensor):
-        return torch.cat(parts)  # type: ignore[return-value, arg-type]
-    return tuple(torch.cat(col) for col in zip(*parts, strict=True))  # type: ignore[return-value]
+        return torch.cat(parts)
+    return tuple(torch.cat(col) for col in zip(*parts, strict=True))

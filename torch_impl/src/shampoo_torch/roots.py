@@ -1,8 +1,11 @@
 """Batched inverse roots of stacked factors (docs/spec.md eqs. 9-11, 13, 17).
 
 Every function takes a stack ``[B, n, n]`` of (bias-corrected, eq. 7)
-factors and returns the new roots together with a per-row ``ok`` mask; the
-caller keeps the previous root wherever ``ok`` is False (eq. 13). Rows with
+factors and returns the new inverse roots ``A^(-1/r)`` (or eigenbases)
+together with a per-row ``ok`` mask; the caller
+(:func:`shampoo_torch.preconditioner.refresh_inverse_roots`) keeps the
+previous inverse root wherever ``ok`` is False (eq. 13). ``root`` arguments
+are the exponents r of eq. (12). Rows with
 non-finite entries are replaced by the identity before any decomposition so
 that one bad factor never poisons (or aborts) the batch.
 

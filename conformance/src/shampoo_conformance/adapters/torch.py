@@ -1,4 +1,4 @@
-"""Numpy in, numpy out: the torch backend for the conformance adapter (DESIGN.md 8.2).
+"""The ``torch`` backend: ``shampoo_torch`` NumPy in, NumPy out (contract 8.2 of DESIGN.md).
 
 ``run(config, params, grads, dtype)`` steps :class:`~shampoo_torch.Shampoo`
 on CPU with parameters in ``dtype`` and factors in the same precision
@@ -16,17 +16,16 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
 from shampoo_spec import ShampooConfig
+from shampoo_torch import Shampoo
 
-from .optimizer import Shampoo
-
-_DTYPES: dict[Any, tuple[torch.dtype, str]] = {
+_DTYPES: dict[Any, tuple[torch.dtype, Literal["float32", "float64"]]] = {
     np.dtype(np.float64): (torch.float64, "float64"),
     np.dtype(np.float32): (torch.float32, "float32"),
 }

@@ -1,7 +1,7 @@
-"""Numpy in, numpy out over 2 gloo processes: the ``torch-ddp`` conformance adapter.
+"""The ``torch-ddp`` backend: NumPy in, NumPy out over 2 gloo processes (contract 8.2).
 
 ``run(config, params, grads, dtype)`` has the contract of
-:func:`shampoo_torch.testing.run` (DESIGN.md 8.2): it steps
+:func:`shampoo_conformance.adapters.torch.run` (DESIGN.md 8.2): it steps
 ``Shampoo(..., distributed=DistributedConfig())`` on two CPU processes joined
 by gloo, every rank fed the same gradients (as after DistributedDataParallel's
 averaging), and returns rank 0's parameters after each step; it also checks
@@ -12,28 +12,20 @@ The two worker processes form a persistent pool: started on the first call
 down at exit. Every wait has a timeout, so a broken or hung worker fails the
 call (and the pool is restarted on the next) instead of hanging the caller.
 
-:func:`spawn` is the general tool the tests and the benchmark use: it runs
-``target(rank, world_size, *args)`` on ``world_size`` fresh gloo processes and
-returns each rank's result (or the exception it raised).
+The gloo plumbing (:func:`shampoo_torch.processes.init_gloo` and friends) is
+shampoo_torch's own; its :func:`~shampoo_torch.processes.spawn` runs the
+distributed tests and benchmark in fresh processes.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
-import datetime
-import importlib
-import importlib.util
-import multiprocessing as std_mp
 import os
-import queue
-import socket
 import subprocess
 import sys
-import traceback
-from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -41,9 +33,8 @@ import torch.distributed as dist
 
 from shampoo_conformance.adapters.inputs import check_run_inputs
 from shampoo_spec import ShampooConfig
-
-from .distributed import DistributedConfig
-from .optimizer import Shampoo
+from shampoo_torch import DistributedConfig, Shampoo
+from shampoo_torch.processes import free_port, init_gloo, portable_exception
 
 WORLD_SIZE = 2
 #: Seconds a call waits for the pool (first call: also its start) before failing.
@@ -51,45 +42,17 @@ CALL_TIMEOUT_S = float(os.environ.get("SHAMPOO_DDP_TIMEOUT", "300"))
 #: gloo's own timeout for a collective (a rank that never arrives).
 COLLECTIVE_TIMEOUT_S = 120.0
 
-_DTYPES: dict[Any, tuple[torch.dtype, str]] = {
+_DTYPES: dict[Any, tuple[torch.dtype, Literal["float32", "float64"]]] = {
     np.dtype(np.float64): (torch.float64, "float64"),
     np.dtype(np.float32): (torch.float32, "float32"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:
-    """Join a gloo group on 127.0.0.1 with one thread per process (deterministic)."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-
-
-def factor_state_bytes(opt: Shampoo) -> int:
-    """Bytes of the block state this rank holds: factors, roots, corrected moments, counters."""
-    total = 0
-    for gp in opt._plans:
-        for bucket in gp.buckets:
-            tensors = [*bucket.factors.values(), *bucket.inverse_roots.values()]
-            tensors += [t for t in (bucket.corrected, bucket.statistics_updates,
-                                    bucket.consecutive_failures, bucket.corrected_updates)
-                        if t is not None]
-            total += sum(t.numel() * t.element_size() for t in tensors)
-    return total
 
 
 # ------------------------------------------------------------------ run()
 def _check_inputs(
     params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]], dtype: Any
 ) -> None:
-    """The errors of :func:`shampoo_torch.testing.run`, raised here before any worker runs."""
+    """The errors of :func:`.torch.run`, raised here before any worker runs."""
     arrays = [{k: np.asarray(v) for k, v in tree.items()} for tree in (params, *grads)]
     check_run_inputs("torch-ddp", arrays[0], arrays[1:], np.dtype(dtype).name)
 
@@ -120,7 +83,7 @@ def run_rank(
 
 
 def _pool_worker(rank: int, port: int) -> None:
-    """``python -m shampoo_torch.testing_distributed RANK PORT``: one rank of the pool.
+    """``python -m shampoo_conformance.adapters.torch_ddp RANK PORT``: one rank of the pool.
 
     Jobs arrive pickled on stdin and results leave on stdout (the real
     stdout is moved to stderr first, so prints cannot corrupt the channel);
@@ -133,7 +96,7 @@ def _pool_worker(rank: int, port: int) -> None:
         init_gloo(rank, WORLD_SIZE, port, COLLECTIVE_TIMEOUT_S)
         writer.send(("ready", True, None))
     except BaseException as err:  # noqa: BLE001 - reported to the parent
-        writer.send(("ready", False, _portable(err)))
+        writer.send(("ready", False, portable_exception(err)))
         return
     while True:
         try:
@@ -147,22 +110,9 @@ def _pool_worker(rank: int, port: int) -> None:
             value: Any = run_rank(ShampooConfig.from_dict(config_dict), params, grads, dtype)
             ok = True
         except BaseException as err:  # noqa: BLE001 - reported to the parent
-            value, ok = _portable(err), False
+            value, ok = portable_exception(err), False
         writer.send((job_id, ok, value))
     dist.destroy_process_group()
-
-
-def _portable(err: BaseException) -> BaseException:
-    """The exception (with its worker traceback as a note) when it pickles, else a RuntimeError."""
-    import pickle
-
-    text = "".join(traceback.format_exception(err))
-    try:
-        err.add_note(f"worker traceback:\n{text}")
-        pickle.loads(pickle.dumps(err))
-        return err
-    except Exception:  # noqa: BLE001
-        return RuntimeError(f"{type(err).__name__} in a worker:\n{text}")
 
 
 class _Pool:
@@ -176,7 +126,7 @@ class _Pool:
         port = free_port()
         self.procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "shampoo_torch.testing_distributed", str(r), str(port)],
+                [sys.executable, "-m", "shampoo_conformance.adapters.torch_ddp", str(r), str(port)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
             for r in range(WORLD_SIZE)
@@ -299,80 +249,6 @@ def run(
                 )
     out: list[dict[str, np.ndarray]] = first
     return out
-
-
-# ---------------------------------------------------------------- spawn()
-def _load_target(target: str) -> Callable[..., Any]:
-    where, _, name = target.rpartition(":")
-    if where.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"_spawned_{abs(hash(where))}", where)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
-    fn: Callable[..., Any] = getattr(module, name)
-    return fn
-
-
-def _spawned(rank: int, world_size: int, port: int, target: str, args: tuple[Any, ...],
-             results: Any, collective_timeout_s: float) -> None:
-    try:
-        init_gloo(rank, world_size, port, collective_timeout_s)
-        value, ok = _load_target(target)(rank, world_size, *args), True
-    except BaseException as err:  # noqa: BLE001 - reported to the parent
-        value, ok = _portable(err), False
-    results.put((rank, ok, value))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def spawn(
-    target: str,
-    world_size: int,
-    args: tuple[Any, ...] = (),
-    timeout_s: float = 180.0,
-    collective_timeout_s: float = 60.0,
-) -> list[Any]:
-    """``target(rank, world_size, *args)`` on ``world_size`` new gloo processes (1 thread each).
-
-    ``target`` is ``"package.module:function"`` or ``"/path/to/file.py:function"``.
-    Processes start with multiprocessing's "spawn", so a calling script needs
-    the ``if __name__ == "__main__":`` guard (pytest and ``python -m`` are fine).
-    Returns each rank's return value, or the exception it raised (as an
-    object, so callers can check that every rank failed alike). Raises
-    TimeoutError (after killing the processes) when not all ranks report
-    within ``timeout_s``.
-    """
-    ctx = std_mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_spawned, args=(r, world_size, port, target, args, results,
-                                           collective_timeout_s), daemon=True)
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
-    try:
-        while len(got) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=timeout_s)
-            except queue.Empty:
-                raise TimeoutError(
-                    f"{target}: ranks {sorted(set(range(world_size)) - set(got))} gave no "
-                    f"result within {timeout_s} s."
-                ) from None
-            got[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-    return [got[r] for r in range(world_size)]
 
 
 if __name__ == "__main__":

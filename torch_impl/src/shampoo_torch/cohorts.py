@@ -1,0 +1,107 @@
+"""The bookkeeping of one :meth:`Shampoo.step <shampoo_torch.Shampoo.step>`.
+
+:class:`StepInput`: one param group's merged parameters and gradients at
+this step (eqs. 1-2). :class:`Cohort`: the parameters of a param group at
+the same step t (parameters that missed steps run on their own counter),
+which the phases of the step fill in turn: finite flags and filtered
+gradients, the block-group rows taking part, root-step failure counts,
+graft and block directions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shampoo_spec import ShampooConfig, is_root_step, uses_preconditioner
+
+from .blocks import BlockGroup, Rows
+from .state import ParamGroupPlan
+
+
+@dataclass
+class StepInput:
+    """One param group at this step: merged parameters and gradients (eqs. 1-2)."""
+
+    gi: int
+    gp: ParamGroupPlan
+    params: list[torch.Tensor]
+    active: list[int]
+    w: dict[int, torch.Tensor]
+    g: dict[int, torch.Tensor]
+    steps: dict[int, int]
+    lr: float
+
+
+@dataclass
+class Cohort:
+    """The parameters of a param group at the same step t, filled in phase by phase."""
+
+    inp: StepInput
+    t: int
+    positions: list[int]
+    g: dict[int, torch.Tensor]  # the gradients; "skip_block" zeroes non-finite entries
+    block_ok: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    elem_ok: dict[int, torch.Tensor] = field(default_factory=dict)
+    filtered: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: per block group index: its rows here, their index tensor, their finite flags.
+    selected: dict[int, tuple[list[int], Rows, torch.Tensor | None]] = field(default_factory=dict)
+    #: per block group of a root step: its rows here and their consecutive failures.
+    root_counts: list[tuple[BlockGroup, list[int], torch.Tensor]] = field(default_factory=list)
+    graft_dir: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: directions of the blocks held here, keyed (position, block); None: not needed.
+    owned: dict[tuple[int, int], torch.Tensor] | None = None
+
+    @property
+    def config(self) -> ShampooConfig:
+        return self.inp.gp.config
+
+    @property
+    def use_shampoo(self) -> bool:
+        return uses_preconditioner(self.t, self.config.schedule)
+
+    @property
+    def root_step(self) -> bool:
+        return is_root_step(self.t, self.config.schedule)
+
+
+def read_gradients(
+    gi: int, group: dict[str, Any], gp: ParamGroupPlan, state: Mapping[torch.Tensor, Any]
+) -> StepInput | None:
+    """Eqs. (1)-(2) for param group ``gi``: merged parameters and (L2-decayed) gradients.
+
+    Only the parameters with a gradient take part (None when there are
+    none); ``state`` (the optimizer's) gives each one's step counter.
+    Nothing is changed.
+    """
+    wd = gp.config.weight_decay
+    params: list[torch.Tensor] = group["params"]
+    w: dict[int, torch.Tensor] = {}
+    g: dict[int, torch.Tensor] = {}
+    for i, p in enumerate(params):
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse:
+            raise TypeError("Shampoo does not support sparse gradients.")
+        shape, dt = gp.layouts[i].merged_shape, gp.dtypes[i]
+        w[i] = p.detach().reshape(shape).to(dt)
+        grad = p.grad.detach().reshape(shape).to(dt)
+        if wd.applies("l2"):
+            grad = grad + wd.value * w[i]  # eq. (2)
+        g[i] = grad
+    if not g:
+        return None
+    steps = {i: state[params[i]]["step"] + 1 for i in g}  # eq. (1)
+    return StepInput(gi, gp, params, list(g), w, g, steps, float(group["lr"]))
+
+
+def split_cohorts(inp: StepInput) -> list[Cohort]:
+    """The parameters of ``inp`` by step: those that missed steps run on their own counter."""
+    by_step: dict[int, list[int]] = {}
+    for i in inp.active:
+        by_step.setdefault(inp.steps[i], []).append(i)
+    return [Cohort(inp, t, positions, {i: inp.g[i] for i in positions})
+            for t, positions in by_step.items()]

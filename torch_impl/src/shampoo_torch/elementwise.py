@@ -1,0 +1,145 @@
+"""The elementwise part of a step: finite check, filter, momentum, update (eqs. 3, 15, 19-21).
+
+These run per parameter in its merged shape (eq. 4), on every rank alike
+when distributed; the graft state (eq. 14) is in :mod:`shampoo_torch.grafting`.
+``st`` is the parameter's ``optimizer.state[p]``; ``ok`` is its per-entry
+finite mask of eq. (3) ``"skip_block"`` (None: all finite), and entries where
+it is False keep their state and parameter value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shampoo_spec import GradientFilterConfig, ShampooConfig
+
+
+def init_state(
+    st: dict[str, Any], cfg: ShampooConfig, shape: tuple[int, ...], dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """A new parameter's ``step`` (0) and the zero elementwise state its config keeps.
+
+    ``graft`` (eq. 14b), ``filtered`` (eq. 15), ``momentum`` and with
+    separate buffers ``graft_momentum`` (eq. 20), in the merged ``shape``.
+    """
+    st["step"] = 0
+    wanted = {
+        "graft": cfg.grafting.has_state,
+        "filtered": cfg.gradient_filter.enabled,
+        "momentum": cfg.momentum.enabled,
+        "graft_momentum": cfg.momentum.separate_buffers,
+    }
+    for key, present in wanted.items():
+        if present:
+            st[key] = torch.zeros(shape, dtype=dtype, device=device)
+
+
+def first_nonfinite(g: dict[int, torch.Tensor]) -> int | None:
+    """Eq. (3): the first position with a non-finite gradient, or None; one host read per device.
+
+    Fast path: a finite sum proves every entry finite (one read pass per
+    gradient); only when some sum is not finite (a NaN/inf, or an overflow
+    of huge finite values) is each gradient checked entrywise.
+    """
+    sums: dict[torch.device, list[torch.Tensor]] = {}
+    for x in g.values():
+        sums.setdefault(x.device, []).append(x.sum())
+    if all(bool(torch.isfinite(torch.stack(s)).all()) for s in sums.values()):
+        return None
+    for i, x in g.items():
+        if not bool(torch.isfinite(x).all()):
+            return i
+    return None
+
+
+def masked(new: torch.Tensor, old: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
+    """``new`` where ``ok`` (everywhere when None), else ``old`` (eq. 3, ``"skip_block"``)."""
+    return new if ok is None else torch.where(ok, new, old)
+
+
+def filter_gradient(
+    st: dict[str, Any], g: torch.Tensor, t: int, f: GradientFilterConfig,
+    ok: torch.Tensor | None,
+) -> torch.Tensor:
+    """Eq. (15): stores ``F_t = beta1 F + (1 - beta1) G``; returns the F the step uses.
+
+    That is ``beta3 F_{t-1} + (1 - beta3) G`` (``F_t`` itself when beta3 is
+    beta1), bias corrected when configured; G itself when the filter is off.
+    """
+    if not f.enabled:
+        return g
+    beta3 = f.direction_beta
+    old = st["filtered"]
+    new = f.beta1 * old + (1.0 - f.beta1) * g
+    used: torch.Tensor = new if beta3 == f.beta1 else beta3 * old + (1.0 - beta3) * g
+    if f.bias_correction:
+        used = used / f.bias_correction_factor(t)
+    st["filtered"] = masked(new, old, ok)
+    return used
+
+
+def momentum(
+    st: dict[str, Any],
+    shampoo_dir: torch.Tensor | None,
+    graft_dir: torch.Tensor,
+    w: torch.Tensor,
+    use_shampoo: bool,
+    cfg: ShampooConfig,
+    lr: float,
+    ok: torch.Tensor | None,
+) -> torch.Tensor:
+    """Eqs. (19)-(20): the step U from the chosen direction P (Shampoo or graft).
+
+    P is scaled by lr first with ``lr_before_momentum``, then takes the
+    direction weight decay (eq. 19); with separate buffers both directions
+    update their own buffer every step (``shampoo_dir`` is then required).
+    """
+    mom, wd = cfg.momentum, cfg.weight_decay
+
+    def prepare(p: torch.Tensor) -> torch.Tensor:
+        if mom.lr_before_momentum:
+            p = lr * p
+        if wd.applies("direction"):
+            p = p + wd.value * w  # eq. (19)
+        return p
+
+    chosen = shampoo_dir if use_shampoo else graft_dir
+    assert chosen is not None
+    p = prepare(chosen)
+    if not mom.enabled:
+        return p
+    mu, damp = mom.momentum, mom.direction_weight
+    if not mom.separate_buffers:  # eq. (20), one shared buffer
+        st["momentum"] = masked(mu * st["momentum"] + damp * p, st["momentum"], ok)
+        m = st["momentum"]
+    else:  # eq. (20), separate Shampoo and graft buffers, both updated every step
+        assert shampoo_dir is not None
+        ps = p if use_shampoo else prepare(shampoo_dir)
+        pg = prepare(graft_dir) if use_shampoo else p
+        st["momentum"] = masked(mu * st["momentum"] + damp * ps, st["momentum"], ok)
+        st["graft_momentum"] = masked(
+            mu * st["graft_momentum"] + damp * pg, st["graft_momentum"], ok
+        )
+        m = st["momentum"] if use_shampoo else st["graft_momentum"]
+    out: torch.Tensor = damp * p + mu * m if mom.nesterov else m
+    return out
+
+
+def apply_update(
+    p: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    cfg: ShampooConfig,
+    lr: float,
+    ok: torch.Tensor | None,
+) -> None:
+    """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype."""
+    wd = cfg.weight_decay
+    step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
+    new_w = w - step_lr * u
+    if wd.applies("update"):
+        new_w = new_w - lr * wd.value * w
+    p.copy_(masked(new_w, w, ok).view(p.shape))

@@ -1,0 +1,223 @@
+"""The Kronecker preconditioner, one block group at a time (docs/spec.md eqs. 6-18).
+
+Every function works on one :class:`~shampoo_torch.blocks.BlockGroup` (the
+equal-shape blocks of a param group, stacked ``[B, ...]``) and on ``rows``,
+the rows of it taking part this step (None: all; see
+:func:`~shampoo_torch.blocks.select_rows`). ``ok`` is the per-row finite flag
+of eq. (3) ``"skip_block"`` (None: every row is finite); a row whose flag is
+False keeps its state unchanged. The stacked state is replaced or written in
+place (:func:`~shampoo_torch.blocks.put`).
+
+Batch invariance (:mod:`shampoo_torch.invariance`): a block's result does not
+depend on the other rows of its group, so one process and the distributed
+optimizer (which stacks only a rank's blocks) agree bit for bit. Hence the
+elementwise rank-1 statistics update, the ``rowwise`` inverse roots and
+powers, and the row-major inverse roots below.
+
+The optimizer calls these functions through this module
+(``preconditioner.refresh_inverse_roots(...)``), so a benchmark can time a
+phase by wrapping the module attribute (``python -m shampoo_torch.bench_distributed``
+times :func:`refresh_inverse_roots` that way).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from shampoo_spec import (
+    CoupledNewtonConfig,
+    EigenvalueCorrectionConfig,
+    ShampooConfig,
+    StatisticsConfig,
+)
+
+from . import roots
+from .blocks import BlockGroup, Rows, contraction_operands, mode_product, put, take
+from .invariance import rowwise
+
+
+def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` of shape [B] viewed to broadcast against a stack ``like`` [B, ...]."""
+    return x.view(-1, *([1] * (like.dim() - 1)))
+
+
+def _count(counter: torch.Tensor, rows: Rows, ok: torch.Tensor | None) -> torch.Tensor:
+    """``counter[rows] + 1`` (only where ``ok``), written back; the new stacked counter."""
+    n = take(counter, rows)
+    return put(counter, rows, n + (1 if ok is None else ok.long()))
+
+
+def update_statistics(
+    bg: BlockGroup, gb: torch.Tensor, rows: Rows, ok: torch.Tensor | None,
+    stats: StatisticsConfig,
+) -> None:
+    """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as one batched GEMM per dim.
+
+    ``gb`` is the rows' gradient blocks ``[len(rows), *bg.shape]``; ``n`` of
+    eq. (7) counts the update. A 1-d block contracts over nothing (``G G^T``
+    is an outer product); there the update is elementwise, because CPU
+    ``baddbmm`` fuses a rank-1 update differently for one batch row than for
+    several, which would make a block's factor depend on its group.
+    """
+    beta2, weight = stats.beta2, stats.update_weight
+    in_place = rows is None and ok is None
+    for k in bg.dims:
+        a, b = contraction_operands(gb, k)
+        if a.shape[-1] == 1:  # rank-1 update: products, scalings and sums entry by entry
+            outer = a * b if weight == 1.0 else weight * (a * b)
+            old = take(bg.factors[k], rows)
+            new = outer + (beta2 * old if stats.decays else old)
+        elif in_place:
+            bg.factors[k].baddbmm_(a, b, beta=beta2, alpha=weight)
+            continue
+        else:
+            old = take(bg.factors[k], rows)
+            new = torch.baddbmm(old, a, b, beta=beta2, alpha=weight)
+        if ok is not None:
+            new = torch.where(ok[:, None, None], new, old)
+        bg.factors[k] = put(bg.factors[k], rows, new)
+    assert bg.statistics_updates is not None
+    bg.statistics_updates = _count(bg.statistics_updates, rows, ok)
+
+
+def refresh_inverse_roots(
+    bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs. (7), (9)-(13): new inverse roots (or eigenbases, eq. 17) of every factor.
+
+    Each factor is bias corrected (eq. 7), then ``X_k = (L_k + eps)^(-1/r_k)``
+    by eigendecomposition (eqs. 9-10) or coupled Newton (eq. 11); with
+    eigenvalue correction the eigenbasis Q_k instead. A failed or non-finite
+    result keeps the previous one (eq. 13). Computed one block per call on
+    CPU (:func:`~shampoo_torch.invariance.rowwise`) and stored row-major, so
+    later matmuls pick the same kernel for a block whatever its batch.
+
+    Returns ``(consecutive failures of each row after this root step,
+    the number of factors that failed)``, both device tensors; the limit of
+    eq. (13) is checked by the caller.
+    """
+    stats = cfg.statistics
+    assert bg.statistics_updates is not None and bg.consecutive_failures is not None
+    n = take(bg.statistics_updates, rows)
+    bc = None
+    if stats.corrects_bias:  # eq. (7), one power per row (batch invariance)
+        power = rowwise(lambda x: torch.pow(stats.beta2, x), n.to(bg.dtype))
+        bc = torch.where(n > 0, 1.0 - power, torch.ones_like(power))
+    failed_any = torch.zeros(n.shape[0], dtype=torch.bool, device=bg.device)
+    failures = torch.zeros((), dtype=torch.int64, device=bg.device)
+    method = cfg.root_inverse
+    for k in bg.dims:
+        a = take(bg.factors[k], rows)
+        if bc is not None:
+            a = a / bc[:, None, None]
+        if cfg.eigenvalue_correction is not None:
+            new, good = rowwise(roots.eigenbasis, a)
+        elif isinstance(method, CoupledNewtonConfig):
+            new, good = rowwise(
+                partial(roots.root_inverse_coupled_newton, root=int(bg.roots[k]),
+                        eps=cfg.epsilon, config=method),
+                a,
+            )
+        else:
+            new, good = rowwise(
+                partial(roots.root_inverse_eigh, root=bg.roots[k], eps=cfg.epsilon), a
+            )
+        # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
+        new = new.contiguous()
+        failed = ~good if ok is None else (~good & ok)
+        keep_new = good if ok is None else (good & ok)
+        old = take(bg.inverse_roots[k], rows)
+        bg.inverse_roots[k] = put(
+            bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
+        )
+        failures = failures + failed.sum()
+        failed_any |= failed
+    consecutive = take(bg.consecutive_failures, rows)
+    updated = torch.where(failed_any, consecutive + 1, torch.zeros_like(consecutive))
+    if ok is not None:
+        updated = torch.where(ok, updated, consecutive)
+    bg.consecutive_failures = put(bg.consecutive_failures, rows, updated)
+    return updated, failures
+
+
+def rotate(bg: BlockGroup, x: torch.Tensor, rows: Rows, transpose: bool) -> torch.Tensor:
+    """Eq. (17): ``X x_k Q_k^T`` (``transpose``, into the eigenbasis) or ``X x_k Q_k`` (back)."""
+    for k in bg.dims:
+        x = mode_product(x, take(bg.inverse_roots[k], rows), k, transpose=transpose)
+    return x
+
+
+def update_corrected_moment(
+    bg: BlockGroup, gb: torch.Tensor, rows: Rows, ok: torch.Tensor | None,
+    ec: EigenvalueCorrectionConfig,
+) -> None:
+    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the current basis (a sum
+    when ``beta2 == 1``)."""
+    assert bg.corrected is not None and bg.corrected_updates is not None
+    rotated = rotate(bg, gb, rows, transpose=True)
+    old = take(bg.corrected, rows)
+    if ec.decays:
+        new = ec.beta2 * old + (1.0 - ec.beta2) * rotated**2
+    else:
+        new = old + rotated**2
+    if ok is not None:
+        new = torch.where(_per_row(ok, new), new, old)
+    bg.corrected = put(bg.corrected, rows, new)
+    bg.corrected_updates = _count(bg.corrected_updates, rows, ok)
+
+
+def corrected_direction(
+    bg: BlockGroup, fb: torch.Tensor, rows: Rows, ec: EigenvalueCorrectionConfig
+) -> torch.Tensor:
+    """Eq. (17): ``((F x_k Q_k^T) / ((D / bc)^(1/root) + eps)) x_k Q_k``."""
+    assert bg.corrected is not None and bg.corrected_updates is not None
+    d = take(bg.corrected, rows)
+    if ec.corrects_bias:  # one power per row (batch invariance)
+        n = take(bg.corrected_updates, rows)
+        power = rowwise(lambda x: torch.pow(ec.beta2, x), n.to(bg.dtype))
+        bc = torch.where(n > 0, 1.0 - power, torch.ones_like(power))
+        d = d / _per_row(bc, d)
+    rotated = rotate(bg, fb, rows, transpose=True)
+    # sqrt is correctly rounded (batch invariant); other exponents one block per call.
+    root_d = torch.sqrt(d) if ec.root == 2 else rowwise(lambda x: x ** (1.0 / ec.root), d)
+    scaled = rotated / (root_d + ec.epsilon)
+    return rotate(bg, scaled, rows, transpose=False)
+
+
+def shampoo_direction(
+    bg: BlockGroup, fb: torch.Tensor, rows: Rows, cfg: ShampooConfig
+) -> torch.Tensor:
+    """The preconditioned direction of each row from its filtered gradient blocks ``fb``.
+
+    Eq. (16): ``P = F x_1 X_1 x_2 X_2 ...`` over the preconditioned dims, or
+    eq. (17) with eigenvalue correction.
+    """
+    if cfg.eigenvalue_correction is not None:
+        return corrected_direction(bg, fb, rows, cfg.eigenvalue_correction)
+    pb = fb
+    for k in bg.dims:
+        pb = mode_product(pb, take(bg.inverse_roots[k], rows), k)
+    return pb
+
+
+def rescale_blocks_to_graft(
+    pb: torch.Tensor, gd: torch.Tensor, norm_epsilon: float
+) -> torch.Tensor:
+    """Eq. (18) per block: ``P * ||graft(F)|| / (||P|| + norm_epsilon)`` for each row."""
+    return pb * (_norms(gd) / (_norms(pb) + norm_epsilon))
+
+
+def rescale_to_graft(
+    p: torch.Tensor, graft_dir: torch.Tensor, norm_epsilon: float
+) -> torch.Tensor:
+    """Eq. (18) per parameter: the same rescale with the norms of the whole parameter."""
+    scale = torch.linalg.vector_norm(graft_dir) / (torch.linalg.vector_norm(p) + norm_epsilon)
+    out: torch.Tensor = p * scale
+    return out
+
+
+def _norms(x: torch.Tensor) -> torch.Tensor:
+    """Frobenius norm of each block of a stack ``[B, ...]``, shaped to broadcast."""
+    return _per_row(torch.linalg.vector_norm(x.flatten(1), dim=1), x)

@@ -1,0 +1,194 @@
+"""What :class:`~shampoo_torch.Shampoo` keeps besides ``optimizer.state``.
+
+:class:`ParamGroupPlan`: everything fixed about one torch param group (its
+config, the parameters' block layouts, the :class:`~shampoo_torch.blocks.BlockGroup`
+s holding the Kronecker state, names, dtypes, owners when distributed).
+
+:class:`BlockView`: the public, read-only view of one block's state that
+:meth:`Shampoo.blocks() <shampoo_torch.Shampoo.blocks>` yields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from shampoo_spec import ShampooConfig, plan_parameter
+
+from .blocks import BlockGroup, ParamLayout, build_block_groups
+from .distributed import Distributor, is_dtensor
+
+FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class ParamGroupPlan:
+    """Everything fixed about one param group: config, layouts, block groups, dtypes, names."""
+
+    config: ShampooConfig
+    layouts: list[ParamLayout]
+    block_groups: list[BlockGroup]  # distributed: the blocks this rank owns only
+    dtypes: list[torch.dtype]  # per parameter: dtype of its elementwise state and directions
+    names: list[str]
+    factor_dtype: torch.dtype
+    #: distributed: the owner (rank in the trainer group) of each (position, block).
+    owners: dict[tuple[int, int], int] | None = None
+
+    def held_rows(self) -> dict[tuple[int, int], tuple[BlockGroup, int]]:
+        """(position, block) -> (its block group, row) for every block held here."""
+        return {member: (bg, row) for bg in self.block_groups
+                for row, member in enumerate(bg.members)}
+
+    def block_states(self) -> list[list[dict[str, Any] | None]]:
+        """Per parameter, per block (eq. 5): the live state of the block, None if not held.
+
+        Views into its block group (:meth:`BlockGroup.row_state`): copying
+        into them writes the state. A parameter that is not preconditioned
+        has no blocks.
+        """
+        held = self.held_rows()
+        out: list[list[dict[str, Any] | None]] = []
+        for pos, lay in enumerate(self.layouts):
+            rows = [held.get((pos, b)) for b in range(lay.num_blocks)]
+            out.append([None if r is None else r[0].row_state(r[1]) for r in rows])
+        return out
+
+
+def build_param_group_plan(
+    gi: int, group: dict[str, Any], dist: Distributor | None, first_device: torch.device | None
+) -> ParamGroupPlan:
+    """Plan param group ``gi`` (eqs. 4-5, 12) and allocate its block state (eqs. 6, 13).
+
+    Distributed, the blocks are assigned to owners (continuing the balance
+    of the earlier groups) and only this rank's get block-group rows; every
+    parameter must be on ``first_device`` (one device per rank).
+    """
+    cfg: ShampooConfig = group["config"]
+    params: list[torch.Tensor] = group["params"]
+    fdt = FACTOR_DTYPES[cfg.factor_dtype]
+    for p in params:
+        if not p.is_floating_point():
+            raise TypeError(f"Shampoo needs floating-point parameters, got {p.dtype}.")
+        if is_dtensor(p):
+            raise TypeError(
+                "Shampoo does not support DTensor (FSDP2 fully_shard) parameters yet; "
+                "use DistributedDataParallel with Shampoo(distributed=DistributedConfig())."
+            )
+    plans = [plan_parameter(tuple(p.shape), cfg) for p in params]
+    owners = None
+    owned: Callable[[int, int], bool] | None = None
+    if dist is not None:
+        first = params[0].device if first_device is None else first_device
+        for p in params:
+            if p.device != first:
+                raise ValueError(
+                    f"parameter device {p.device} is invalid with distributed Shampoo: "
+                    f"allowed one device per rank ({first})."
+                )
+        owners = dist.assign(plans, cfg)
+        rank, table = dist.rank, owners
+
+        def owned(pos: int, b: int) -> bool:
+            return table[(pos, b)] == rank
+
+    layouts, block_groups = build_block_groups(plans, [p.device for p in params], fdt, owned)
+    for bg in block_groups:
+        bg.allocate(cfg.initial_factor_scale, cfg.eigenvalue_correction is not None)
+    dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
+    names = group.get("param_names") or [
+        f"param_groups[{gi}]['params'][{i}] (shape {tuple(p.shape)})"
+        for i, p in enumerate(params)
+    ]
+    return ParamGroupPlan(cfg, layouts, block_groups, dtypes, list(names), fdt, owners)
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """One block of a preconditioned parameter, read-only (:meth:`Shampoo.blocks`).
+
+    Attributes:
+        param_group: index of the parameter's group in ``optimizer.param_groups``.
+        parameter: position of the parameter in that group's ``"params"``.
+        name: the parameter's name (as in errors and distributed checkpoints).
+        block: the block's index in the row-major order of
+            ``shampoo_spec.plan_parameter`` (eq. 5).
+        shape: the block's shape, a piece of the parameter's merged shape (eq. 4).
+        roots: the exponent r_k of each block dim (eq. 12); 0 means dim k is
+            not preconditioned.
+        owner: distributed, the rank (in the trainer group) that holds the
+            block's state; None in one process.
+        factors: per block dim k, the statistics ``L_k`` (eq. 6), or None where
+            ``r_k = 0``; the field is None when another rank holds the block.
+        inverse_roots: per block dim k, ``X_k = (L_k / bc + eps)^(-1/r_k)``
+            (eqs. 7-11; the identity before the first root step, eq. 13), or
+            with eigenvalue correction the eigenbasis ``Q_k`` (eq. 17); None
+            like ``factors``.
+        statistics_updates: n of eq. (7), the statistics updates so far.
+        consecutive_failures: root steps in a row on which some factor's
+            inverse root failed (eq. 13).
+        corrected: with eigenvalue correction, the second moment D in the
+            eigenbasis (eq. 17, the block's shape); else None.
+        corrected_updates: with eigenvalue correction, the updates of D.
+
+    The counters are None when another rank holds the block. The tensors
+    are the optimizer's own (no copy, on its device, in ``factor_dtype``):
+    do not modify them, and ``clone()`` what you keep past the next
+    ``step()``, which may replace or overwrite them.
+    """
+
+    param_group: int
+    parameter: int
+    name: str
+    block: int
+    shape: tuple[int, ...]
+    roots: tuple[float, ...]
+    owner: int | None
+    factors: tuple[torch.Tensor | None, ...] | None
+    inverse_roots: tuple[torch.Tensor | None, ...] | None
+    statistics_updates: int | None
+    consecutive_failures: int | None
+    corrected: torch.Tensor | None = None
+    corrected_updates: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the block's state (always, in one process)."""
+        return self.factors is not None
+
+
+def block_views(plans: Sequence[ParamGroupPlan]) -> Iterator[BlockView]:
+    """The :class:`BlockView` of every block of every preconditioned parameter, in order."""
+    for gi, gp in enumerate(plans):
+        held = gp.held_rows()
+        for pos, lay in enumerate(gp.layouts):
+            for b in range(lay.num_blocks):
+                block = lay.plan.blocks[b]
+                owner = None if gp.owners is None else gp.owners[(pos, b)]
+                where = held.get((pos, b))
+                view = BlockView(
+                    param_group=gi, parameter=pos, name=gp.names[pos], block=b,
+                    shape=tuple(block.shape), roots=tuple(block.roots), owner=owner,
+                    factors=None, inverse_roots=None, statistics_updates=None,
+                    consecutive_failures=None,
+                )
+                if where is not None:
+                    view = _held_view(view, *where)
+                yield view
+
+
+def _held_view(view: BlockView, bg: BlockGroup, row: int) -> BlockView:
+    st = bg.row_state(row)
+
+    def per_dim(d: dict[int, torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+        return tuple(d.get(k) for k in range(len(bg.shape)))
+
+    corrected_updates = st.get("corrected_updates")
+    return replace(
+        view, factors=per_dim(st["factors"]), inverse_roots=per_dim(st["inverse_roots"]),
+        statistics_updates=int(st["statistics_updates"]),
+        consecutive_failures=int(st["consecutive_failures"]), corrected=st.get("corrected"),
+        corrected_updates=None if corrected_updates is None else int(corrected_updates),
+    )
