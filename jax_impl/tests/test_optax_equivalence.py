@@ -14,7 +14,7 @@ import optax
 import pytest
 
 import shampoo_spec as ss
-from shampoo_jax.testing import run as jax_run
+from shampoo_conformance.adapters.jax import run as jax_run
 
 from .helpers import stream
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_jax.testing import run as jax_run
+from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_reference import run as reference_run
 
 from .helpers import relative_error, stream

@@ -15,7 +15,7 @@ import pytest
 import scipy.linalg
 
 import shampoo_spec as ss
-from shampoo_jax.roots import compute_root
+from shampoo_jax.roots import compute_inverse_root
 
 
 def spd(n: int, cond: float, seed: int) -> np.ndarray:
@@ -35,7 +35,7 @@ def test_roots_match_fractional_matrix_power(method: str) -> None:
     mats = np.stack([spd(12, c, s) for s, c in enumerate((1.0, 1e2, 1e4))])
     with jax.enable_x64(True):
         for p in (1, 2, 3, 4, 5, 6, 8):
-            x, ok = compute_root(jnp.asarray(mats), p, config)
+            x, ok = compute_inverse_root(jnp.asarray(mats), p, config)
             assert bool(jnp.all(ok)), f"p = {p}: reported failure"
             for a, xi in zip(mats, np.asarray(x), strict=True):
                 want = np.real(scipy.linalg.fractional_matrix_power(a, -1.0 / p))
@@ -51,9 +51,10 @@ def test_nonfinite_or_failed_root_is_reported_per_matrix() -> None:
     with jax.enable_x64(True):
         bad = good.copy()
         bad[0, 0] = np.nan
-        _, ok = compute_root(jnp.asarray(np.stack([good, bad])), 3, ss.ShampooConfig())
+        _, ok = compute_inverse_root(jnp.asarray(np.stack([good, bad])), 3, ss.ShampooConfig())
         assert ok.tolist() == [True, False]
-        _, ok = compute_root(jnp.asarray(good[None]), 3, config)  # 1 iteration: error too big
+        # 1 iteration: the error is too big.
+        _, ok = compute_inverse_root(jnp.asarray(good[None]), 3, config)
         assert ok.tolist() == [False]
 
 
@@ -72,8 +73,8 @@ def test_inactive_matrices_are_skipped_without_touching_the_others(method: str) 
     mats = jnp.asarray(np.stack([spd(6, c, s) for s, c in enumerate((1.0, 1e2, 1e3, 10.0))]),
                        jnp.float32)
     active = jnp.asarray([True, False, True, False])
-    x_all, ok_all = jax.jit(lambda a: compute_root(a, 4, config))(mats)
-    x, ok = jax.jit(lambda a, m: compute_root(a, 4, config, m))(mats, active)
+    x_all, ok_all = jax.jit(lambda a: compute_inverse_root(a, 4, config))(mats)
+    x, ok = jax.jit(lambda a, m: compute_inverse_root(a, 4, config, m))(mats, active)
     for i in (0, 2):
         np.testing.assert_array_equal(np.asarray(x[i]), np.asarray(x_all[i]))
         assert bool(ok[i]) and bool(ok_all[i])

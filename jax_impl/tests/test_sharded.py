@@ -2,7 +2,7 @@
 
 Every operation on the block state is per block and each device runs the
 single-device program's ops on its own blocks, so the block work
-(``block_step``: statistics, roots, corrected moment, preconditioned blocks)
+(``block_step``: statistics, inverse roots, corrected moment, preconditioned blocks)
 is compared *bitwise*, uneven block counts included (6 blocks of one shape
 on 4 devices are padded to 8).
 
@@ -29,11 +29,11 @@ import pytest
 
 import shampoo_jax
 import shampoo_spec as ss
-from shampoo_conformance.compare import first_divergence
+from shampoo_conformance.divergence import first_divergence
 from shampoo_conformance.tolerances import trajectory_bound
 from shampoo_jax.blocks import make_layout
+from shampoo_jax.preconditioner import BlockInputs, block_step
 from shampoo_jax.sharded import group_costs, placement, shard_state, sharded_block_step
-from shampoo_jax.transform import BlockInputs, block_step
 
 from .helpers import stream
 from .sharded_helpers import (
@@ -111,7 +111,7 @@ def test_sharded_block_work_is_bitwise_the_single_device_work(
     """``block_step`` on each device's shard == on all blocks: bitwise (Newton: its tolerance)."""
     config = CONFIGS[name]
     params, grads = data
-    _, s1 = trajectory(config, params, grads[:4], None)  # a state with non-trivial roots
+    _, s1 = trajectory(config, params, grads[:4], None)  # a state with non-trivial inverse roots
     layout = make_layout(
         tuple(tuple(np.shape(params[k])) for k in sorted(params)), config)
     rng = np.random.default_rng(7)
@@ -128,7 +128,7 @@ def test_sharded_block_work_is_bitwise_the_single_device_work(
     for n in (2, 3, 4):  # (one device: the whole-step test)
         sh = sharding_1d(n)
         sharded = jax.jit(lambda g, i, t, sh=sh: sharded_block_step(
-            block_step, g, i, t, layout, config, sh))
+            g, i, t, layout, config, sh))
         groups = shard_state(s1, sh).groups
         for t in (5, 6):  # a non-root step and a root step (frequency 3 or 2)
             tt = jnp.asarray(t, jnp.int32)
@@ -146,7 +146,7 @@ def test_sharded_block_work_is_bitwise_the_single_device_work(
                     # XLA's CPU dot emitter inside the while_loop depends on the
                     # batch size (a stack of 1-3 small matrices takes another
                     # kernel than 4+): the per-device stacks round differently.
-                    # Both roots meet the stopping rule max|M - I| <= tolerance,
+                    # Both inverse roots meet the stopping rule max|M - I| <= tolerance,
                     # so they differ by at most ~tolerance / r relative.
                     tol = config.root_inverse.tolerance * max(1.0, float(np.max(np.abs(b))))
                     np.testing.assert_allclose(a, b, rtol=0, atol=tol, err_msg=f"{t=} {n=}")
@@ -199,9 +199,9 @@ def test_state_is_padded_sharded_and_shrinks_per_device(data) -> None:  # noqa: 
         padded_total = sum(x.nbytes for gs in s.groups for x in jax.tree.leaves(gs))
         assert on_dev0 * n == padded_total
         assert on_dev0 < total  # the padding never costs more than it saves here
-        # Padding: identity factors and roots, zero counters.
+        # Padding: identity factors and inverse roots, zero counters.
         for gs, pad in zip(s.groups, padding(s1.groups, n), strict=True):
-            for f in (*gs.factors, *gs.roots):
+            for f in (*gs.factors, *gs.inverse_roots):
                 tail = np.asarray(f)[pad]
                 eye = np.broadcast_to(np.eye(f.shape[-1]), tail.shape)
                 np.testing.assert_array_equal(tail, eye)

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import shampoo_jax
 import shampoo_spec as ss
-from shampoo_conformance.compare import first_divergence
+from shampoo_conformance.divergence import first_divergence
 from shampoo_conformance.tolerances import trajectory_bound
 
 from .helpers import stream

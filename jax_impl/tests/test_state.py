@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 
 import shampoo_jax
 import shampoo_spec as ss
-from shampoo_jax.testing import run as jax_run
+from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_reference import NonFiniteGradientError as RefNonFinite
 from shampoo_reference import RootFailureError as RefRootFailure
 from shampoo_reference import run as reference_run
@@ -85,6 +86,40 @@ def test_checkpoint_round_trip_resumes_bit_identically(tmp_path) -> None:  # noq
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+class _GroupBeforeRename(NamedTuple):
+    """``BlockGroupState`` as it was before ``roots`` became ``inverse_roots``."""
+
+    factors: tuple
+    roots: tuple
+    statistics_updates: object
+    consecutive_failures: object
+    corrected_moment: object
+    corrected_updates: object
+
+
+def test_checkpoint_written_before_the_inverse_roots_rename_loads() -> None:
+    # Checkpoints are positional (tree order), so the field's old name does not matter.
+    assert shampoo_jax.BlockGroupState._fields == (
+        "factors", "inverse_roots", "statistics_updates", "consecutive_failures",
+        "corrected_moment", "corrected_updates",
+    )
+    opt, step = _make_step(CONFIG)
+    params, grads = stream(SHAPES, steps=3)
+    p = _jnp(params)
+    s = opt.init(p)
+    for g in grads:
+        p, s = step(p, s, _jnp(g))
+    old = s._replace(groups=tuple(_GroupBeforeRename(*gs) for gs in s.groups))
+    arrays = shampoo_jax.state_to_arrays(old)
+    restored = shampoo_jax.state_from_arrays(arrays, like=opt.init(p))
+    for gs, want in zip(restored.groups, s.groups, strict=True):
+        assert isinstance(gs, shampoo_jax.BlockGroupState)
+        for a, b in zip(gs.inverse_roots, want.inverse_roots, strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(s), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_nonfinite_block_is_skipped_exactly_as_the_reference(bad: float) -> None:
     config = dataclasses.replace(
@@ -121,7 +156,7 @@ def test_raise_policy_raises_between_steps_like_the_reference() -> None:
 
 def test_failed_roots_keep_previous_root_and_are_counted() -> None:
     # One Newton iteration can never reach error < 1e-9: every root fails and
-    # the roots stay identity (eq. 13), as in the reference.
+    # the inverse roots stay identity (eq. 13), as in the reference.
     config = dataclasses.replace(
         CONFIG, root_inverse=ss.CoupledNewtonConfig(max_iterations=1, failure_threshold=1e-9),
     )
@@ -137,7 +172,7 @@ def test_failed_roots_keep_previous_root_and_are_counted() -> None:
     # Root steps 2, 3, 6; factors: w (6,5) in blocks 4x4, 4x1, 2x4, 2x1 -> 8, b -> 2 factors.
     assert int(s.root_failures) == 3 * 10
     for gs in s.groups:
-        for r in gs.roots:
+        for r in gs.inverse_roots:
             eye = np.broadcast_to(np.eye(r.shape[-1]), r.shape)
             np.testing.assert_array_equal(np.asarray(r), eye)
         assert np.asarray(gs.consecutive_failures).tolist() == [3] * gs.consecutive_failures.size

@@ -6,14 +6,20 @@
 >>> updates, state = opt.update(grads, state, params)
 >>> params = optax.apply_updates(params, updates)
 
-Modules: :mod:`schedule` (eq. 8 on a traced step), :mod:`blocks` (static
-layout, stacking, contractions), :mod:`roots` (eqs. 9-13), :mod:`grafting`
-(eq. 14), :mod:`transform` (the step), :mod:`checkpoint`, :mod:`testing`
-(contract 8.2), :mod:`bench` (``python -m shampoo_jax.bench``), :mod:`sharded`
-(block state and roots sharded over a mesh axis: ``shampoo(config,
-sharding=ShardingConfig(mesh, axis))``), :mod:`testing_sharded` (contract 8.2
-on four host devices), :mod:`bench_sharded`.
+Modules: :mod:`state` (the state pytree and its init), :mod:`schedule`
+(eq. 8 on a traced step), :mod:`blocks` (static layout of block groups,
+stacking, contractions), :mod:`roots` (inverse roots, eqs. 9-13),
+:mod:`grafting` (eq. 14), :mod:`preconditioner` (the per-block maths, eqs.
+6-13 and 16-18), :mod:`transform` (the optax transformation: the step's
+phases in order), :mod:`sharded` (block state and inverse roots sharded over
+a mesh axis: ``shampoo(config, sharding=ShardingConfig(mesh, axis))``),
+:mod:`checkpoint`, :mod:`bench` (``python -m shampoo_jax.bench``),
+:mod:`bench_sharded`. The conformance adapters (contract 8.2) live in
+``shampoo_conformance.adapters.jax`` and ``.jax_sharded``; this package never
+imports them.
 """
+
+from shampoo_spec import NonFiniteGradientError, RootFailureError
 
 from .checkpoint import (
     sharded_state_from_arrays,
@@ -22,14 +28,8 @@ from .checkpoint import (
     state_to_arrays,
 )
 from .sharded import ShardingConfig, shard_state, unshard_state
-from .transform import (
-    BlockGroupState,
-    NonFiniteGradientError,
-    RootFailureError,
-    ShampooState,
-    check_state,
-    shampoo,
-)
+from .state import BlockGroupState, ShampooState
+from .transform import check_state, shampoo
 
 __all__ = [
     "BlockGroupState",

@@ -73,7 +73,8 @@ def loss_fn(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Arr
         h = h @ params[f"w{i}"] + params[f"b{i}"]
         if i < n - 1:
             h = jax.nn.relu(h)
-    return optax.softmax_cross_entropy_with_integer_labels(h, y).mean()
+    loss: jax.Array = optax.softmax_cross_entropy_with_integer_labels(h, y).mean()
+    return loss
 
 
 def make_step(opt: optax.GradientTransformation) -> Any:

@@ -14,7 +14,7 @@ Printed per device count:
   step and the sum of ``n^3`` over them (an eigendecomposition costs
   ``c * n^3``), on CPU (padding skipped) and for a batched eigh (padding
   decomposed too); exact, from the layout and the placement;
-- optimizer state bytes per device: the block state (factors, roots,
+- optimizer state bytes per device: the block state (factors, inverse roots,
   counters; sharded) and the whole state (elementwise states replicated),
   read from the arrays' shards on device 0; exact;
 - compile time, the root step (step 1) and the median non-root step.

@@ -1,12 +1,13 @@
 """Static block layout: from the shape plan to stacks of equal-shape blocks.
 
 ``shampoo_spec.plan_parameter`` (eqs. 4-5, 12) cuts every parameter into
-blocks. Blocks with the same shape *and* the same roots, from any parameter,
-form one :class:`GroupLayout`; their factors, roots and gradient pieces are
-stacked along a leading axis so that statistics (eq. 6), roots (eqs. 10-11)
-and preconditioning (eqs. 16-17) run as one batched operation per group.
+blocks. Blocks with the same shape *and* the same roots (the exponents r_k),
+from any parameter, form one block group, :class:`BlockGroupLayout`; their
+factors, inverse roots and gradient pieces are stacked along a leading axis
+so that statistics (eq. 6), inverse roots (eqs. 10-11) and preconditioning
+(eqs. 16-17) run as one batched operation per block group.
 Remainder blocks (a dim not divisible by ``max_preconditioner_dim``) form
-their own group rather than being padded: grouping by exact shape changes no
+their own block group rather than being padded: grouping by exact shape changes no
 result, and keeps ``lambda_min`` of eq. (10), ``lambda_max`` of eq. (9) and
 the Frobenius norm of eq. (11) free of padding.
 
@@ -18,13 +19,13 @@ helpers (:func:`gather`, :func:`scatter`, :func:`factor_contraction`,
 from __future__ import annotations
 
 import functools
-import itertools
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax.numpy as jnp
 from jax import Array, lax
+from jax.typing import DTypeLike
 
 from shampoo_spec import ParameterPlan, ShampooConfig, plan_parameter
 
@@ -32,8 +33,12 @@ _HIGHEST = lax.Precision.HIGHEST
 
 
 @dataclass(frozen=True)
-class GroupLayout:
-    """Blocks of one shape and one tuple of roots, stacked in ``members`` order."""
+class BlockGroupLayout:
+    """A block group: blocks of one shape and one tuple of roots, stacked in ``members`` order.
+
+    ``roots`` are the exponents r_k of eq. (12), one per dim of ``shape``
+    (0: that dim is not preconditioned).
+    """
 
     shape: tuple[int, ...]
     roots: tuple[float, ...]
@@ -50,7 +55,7 @@ class GroupLayout:
 
 @dataclass(frozen=True)
 class LeafLayout:
-    """One parameter: its plan and, per block, ``(group index, position in group)``."""
+    """One parameter: its plan and, per block, ``(block group index, position in it)``."""
 
     plan: ParameterPlan
     refs: tuple[tuple[int, int], ...]
@@ -64,8 +69,10 @@ class LeafLayout:
 
 @dataclass(frozen=True)
 class Layout:
+    """Every parameter's blocks and the block groups they are stacked into."""
+
     leaves: tuple[LeafLayout, ...]
-    groups: tuple[GroupLayout, ...]
+    groups: tuple[BlockGroupLayout, ...]
 
     @property
     def num_blocks(self) -> int:
@@ -74,7 +81,7 @@ class Layout:
 
 @functools.lru_cache(maxsize=256)
 def make_layout(shapes: tuple[tuple[int, ...], ...], config: ShampooConfig) -> Layout:
-    """Plan every parameter and group its blocks (trace time, cached)."""
+    """Plan every parameter and put its blocks into block groups (trace time, cached)."""
     plans = [plan_parameter(s, config) for s in shapes]
     keys: dict[tuple[tuple[int, ...], tuple[float, ...]], list[tuple[int, int]]] = {}
     for i, plan in enumerate(plans):
@@ -83,7 +90,7 @@ def make_layout(shapes: tuple[tuple[int, ...], ...], config: ShampooConfig) -> L
         for j, b in enumerate(plan.blocks):
             keys.setdefault((b.shape, b.roots), []).append((i, j))
     groups = tuple(
-        GroupLayout(shape, roots, tuple(members)) for (shape, roots), members in keys.items()
+        BlockGroupLayout(shape, roots, tuple(members)) for (shape, roots), members in keys.items()
     )
     position = {m: (g, p) for g, grp in enumerate(groups) for p, m in enumerate(grp.members)}
     leaves = tuple(
@@ -94,8 +101,10 @@ def make_layout(shapes: tuple[tuple[int, ...], ...], config: ShampooConfig) -> L
     return Layout(leaves, groups)
 
 
-def gather(merged: Sequence[Array], layout: Layout, dtype: object | None = None) -> list[Array]:
-    """Per group, the stack ``[nb, *block_shape]`` of the blocks of ``merged`` leaves."""
+def gather(
+    merged: Sequence[Array], layout: Layout, dtype: DTypeLike | None = None
+) -> list[Array]:
+    """Per block group, the stack ``[nb, *block_shape]`` of the blocks of ``merged`` leaves."""
     out = []
     for grp in layout.groups:
         pieces = []
@@ -107,7 +116,7 @@ def gather(merged: Sequence[Array], layout: Layout, dtype: object | None = None)
 
 
 def scatter(stacks: Sequence[Array], leaf: LeafLayout) -> Array:
-    """Reassemble one preconditioned leaf (merged shape) from its groups' stacks."""
+    """Reassemble one preconditioned leaf (merged shape) from its block groups' stacks."""
     pieces = [stacks[g][p] for g, p in leaf.refs]
     if len(pieces) == 1:
         return pieces[0]
@@ -176,7 +185,7 @@ def expand(flags: Array, like: Array) -> Array:
 
 
 __all__ = [
-    "GroupLayout",
+    "BlockGroupLayout",
     "Layout",
     "LeafLayout",
     "assemble",
@@ -189,5 +198,3 @@ __all__ = [
     "mode_product",
     "scatter",
 ]
-
-del itertools

@@ -7,6 +7,12 @@ trip is bit-identical, so training resumes exactly (tests/test_checkpoint.py).
 Store the list with ``numpy.savez`` and load it with ``numpy.load``
 (``allow_pickle=False``).
 
+The arrays are positional (``jax.tree.flatten`` order of the NamedTuples'
+fields), never keyed by field name, so renaming a field keeps old
+checkpoints loadable: ``BlockGroupState.inverse_roots`` (called ``roots``
+before) is still the second field of each block group, and checkpoints
+written before the rename load unchanged (tests/test_state.py).
+
 Sharded states (:mod:`shampoo_jax.sharded`) are saved in the single-device
 layout: ``sharded_state_to_arrays`` drops the padding, so the arrays equal
 those of the same state on one device, and ``sharded_state_from_arrays``
@@ -26,6 +32,7 @@ from .sharded import ShardingConfig, shard_state, unshard_state
 
 
 def state_to_arrays(state: Any) -> list[np.ndarray]:
+    """The state's arrays as NumPy, in ``jax.tree.flatten`` order (the checkpoint format)."""
     return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 

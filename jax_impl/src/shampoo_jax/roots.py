@@ -11,8 +11,12 @@ traced value. The rules are those of ``shampoo_reference.linalg``:
   over the whole stack (a matrix stops iterating when it converges, stalls
   or its error grows, while the others go on), then the retries;
 - :func:`eigenbasis`: the eigenvectors of eq. (17);
-- :func:`refresh_roots`: eq. (13), a failed or non-finite root is reported
-  so that the caller keeps the previous one.
+- :func:`compute_inverse_root`: one stack by the configured method; a
+  failed or non-finite inverse root is reported (eq. 13) so that the caller
+  keeps the previous one.
+
+``root`` is always the exponent r of eq. (12); the matrices ``A^(-1/r)``
+(or eigenbases) are inverse roots.
 """
 
 from __future__ import annotations
@@ -57,16 +61,20 @@ def _eigh(a: Array, active: Array | None = None) -> tuple[Array, Array]:
             lam, q = jnp.linalg.eigh(m, symmetrize_input=False)
             return lam, q
 
+        pairs: tuple[Array, Array]
         if active is None:
-            return lax.map(one, a)
+            pairs = lax.map(one, a)
+            return pairs
 
         def skip(m: Array) -> tuple[Array, Array]:
             # zeros_like(m): the result varies over a mesh axis like m (shard_map).
             eye = jnp.zeros_like(m) + jnp.eye(m.shape[-1], dtype=m.dtype)
             return jnp.ones_like(m[0]), eye
 
-        return lax.map(lambda mo: lax.cond(mo[1], one, skip, mo[0]), (a, active))
-    return jnp.linalg.eigh(a, symmetrize_input=False)
+        pairs = lax.map(lambda mo: lax.cond(mo[1], one, skip, mo[0]), (a, active))
+        return pairs
+    lam, q = jnp.linalg.eigh(a, symmetrize_input=False)
+    return lam, q
 
 
 def all_finite(a: Array) -> Array:
@@ -146,6 +154,11 @@ def _newton_start(a: Array, root: int) -> tuple[Array, Array, Array, Array]:
     return x, m, error, bad
 
 
+# The coupled Newton loop's per-matrix state: X, M, error, active, done,
+# iterations, retries, ridge.
+_NewtonCarry = tuple[Array, Array, Array, Array, Array, Array, Array, Array]
+
+
 def root_inverse_coupled_newton(
     a: Array, root: int, eps: Array, config: CoupledNewtonConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
@@ -177,12 +190,12 @@ def root_inverse_coupled_newton(
     zeros = jnp.zeros_like(error, jnp.int32)
     # A matrix not wanted (``active`` False: discarded by the caller) is done
     # from the start; the loop stops when the wanted ones are.
-    carry = (x, m, error, started & wanted, ~wanted, zeros, zeros, eps)
+    carry: _NewtonCarry = (x, m, error, started & wanted, ~wanted, zeros, zeros, eps)
 
-    def cond(carry: tuple[Array, ...]) -> Array:
+    def cond(carry: _NewtonCarry) -> Array:
         return ~jnp.all(carry[4])
 
-    def body(carry: tuple[Array, ...]) -> tuple[Array, ...]:
+    def body(carry: _NewtonCarry) -> _NewtonCarry:
         x, m, error, active, done, iters, retried, ridge = carry
         # Stopped matrices: restart at a larger ridge if a retry is due, else done.
         stopped = ~done & ~active
@@ -217,13 +230,13 @@ def root_inverse_coupled_newton(
     return x, error
 
 
-def compute_root(
+def compute_inverse_root(
     a: Array, root: float, config: ShampooConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
-    """Eq. (10)/(11)/(17) for one stack of (bias-corrected) factors: ``(root, ok)``.
+    """Eq. (10)/(11)/(17) for one stack of (bias-corrected) factors: ``(inverse root, ok)``.
 
     ``ok`` is False where the input or output is non-finite or the coupled
-    Newton iteration failed (eq. 11); the caller keeps the previous root there
+    Newton iteration failed (eq. 11); the caller keeps the previous inverse root there
     (eq. 13). Non-finite inputs are replaced by the identity before the
     decomposition so that they cannot disturb the batched LAPACK call.
     ``active`` (optional ``[b]`` bools): matrices the caller will discard
@@ -252,7 +265,7 @@ def compute_root(
 
 __all__ = [
     "all_finite",
-    "compute_root",
+    "compute_inverse_root",
     "effective_epsilon",
     "eigenbasis",
     "matrix_power",

@@ -1,32 +1,36 @@
 """Block state and root work sharded over a mesh axis, with no step of lag.
 
 ``shampoo(config, sharding=ShardingConfig(mesh, axis))`` keeps each block
-group's stacked state (factors, roots, corrected moment, per-block counters;
-the leading axis is the blocks) padded to a multiple of the axis size and
-sharded along it with ``NamedSharding(mesh, P(axis))``, so a device holds
-``ceil(nb / N)`` blocks of every group. In each step, inside
-``jax.shard_map``, every device runs :func:`shampoo_jax.transform.block_step`
-on its own blocks: statistics (eq. 6), roots on root steps (eqs. 7, 9-13),
+group's stacked state (factors, inverse roots, corrected moment, per-block
+counters; the leading axis is the blocks) padded to a multiple of the axis
+size and sharded along it with ``NamedSharding(mesh, P(axis))``, so a device
+holds ``ceil(nb / N)`` blocks of every block group. In each step, inside
+``jax.shard_map``, every device runs :func:`shampoo_jax.preconditioner.block_step`
+on its own blocks: statistics (eq. 6), inverse roots on root steps (eqs. 7, 9-13),
 the corrected moment (eq. 17) and the preconditioned, block-rescaled blocks
 (eqs. 16-18). The preconditioned blocks are then gathered (``all_gather``)
 and the rest of the step (reassembly, parameter-scope grafting, momentum,
 eqs. 18-21) runs in the global view with the parameters' own sharding.
 
-Same numerics as one device: roots computed at step t precondition step t
+Same numerics as one device: inverse roots computed at step t precondition step t
 (Google's sharded mode applies them a step late; this does not), and every
 operation in ``block_step`` is per block, so a device computes exactly what
 the single-device program computes for those blocks.
 
-Padding: the padded blocks hold identity factors and roots and zero
+Padding: the padded blocks hold identity factors and inverse roots and zero
 counters, get a zero gradient and ``ok = False`` (eq. 3's mask), so their
-state never changes, their roots are discarded (eq. 13's "keep the previous
-root") and they count neither as skipped blocks nor as root failures; where
+state never changes, their inverse roots are discarded (eq. 13's "keep the
+previous root") and they count neither as skipped blocks nor as root failures; where
 the root method allows it (one-matrix-at-a-time eigh on CPU, coupled Newton)
 they are not even decomposed. Placement (:func:`placement`): device d owns
-slots ``[d c, (d + 1) c)`` of each padded group stack; the real blocks are
-put into slots largest root cost (sum of ``n^3``) first, each on the device
-with the least root work so far that has a free slot in its group, so the
-padding is spread and the root work balanced across devices and groups.
+slots ``[d c, (d + 1) c)`` of each padded block group stack; the real blocks
+are put into slots largest root cost (sum of ``n^3``) first, each on the
+device with the least root work so far that has a free slot in its block
+group, so the padding is spread and the root work balanced across devices
+and block groups.
+
+This module owns placement and collectives only; the maths is
+:mod:`shampoo_jax.preconditioner`'s and the state :mod:`shampoo_jax.state`'s.
 
 Supported: parameters replicated (data parallelism: the gradient of a
 jitted global-view loss is already the mean over the batch, XLA inserts the
@@ -41,9 +45,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,9 +57,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from shampoo_spec import ShampooConfig
 
 from . import blocks as B
-
-if TYPE_CHECKING:
-    from .transform import BlockGroupState, BlockInputs, ShampooState
+from .preconditioner import BlockInputs, block_step
+from .state import BlockGroupState, ShampooState
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,10 @@ class ShardingConfig:
 def placement(
     sizes: tuple[int, ...], costs: tuple[float, ...], devices: int
 ) -> tuple[tuple[int, ...], ...]:
-    """Per group, the slot of each real block in its padded stack (static, cached).
+    """Per block group, the slot of each real block in its padded stack (static, cached).
 
     ``sizes[g]`` blocks of root cost ``costs[g]`` (sum of ``n^3`` over the
-    group's factors) per group; a group is padded to ``c * devices`` slots
+    group's factors) per block group; a block group is padded to ``c * devices`` slots
     and device d owns slots ``[d c, (d + 1) c)``. Largest cost first, each
     block goes to the device with the least work so far (ties: the lowest
     index) that has a free slot in its group: the longest-processing-time
@@ -147,13 +149,13 @@ def placement(
     return tuple(tuple(s) for s in slots)
 
 
-def group_costs(groups: tuple[Any, ...]) -> tuple[float, ...]:
-    """Root cost of one block of each group: the sum of ``n^3`` over its factors."""
+def group_costs(groups: tuple[BlockGroupState, ...]) -> tuple[float, ...]:
+    """Root cost of one block of each block group: the sum of ``n^3`` over its factors."""
     return tuple(float(sum(int(f.shape[-1]) ** 3 for f in gs.factors)) for gs in groups)
 
 
 def _slots(sharding: ShardingConfig, sizes: tuple[int, ...],
-           groups: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:
+           groups: tuple[BlockGroupState, ...]) -> tuple[tuple[int, ...], ...]:
     return placement(sizes, group_costs(groups), sharding.size)
 
 
@@ -162,7 +164,8 @@ def _spread(x: Array, size: int, fill: Array | float | bool, slots: tuple[int, .
     if size == x.shape[0] and slots == tuple(range(size)):
         return x
     out = jnp.broadcast_to(jnp.asarray(fill, x.dtype), (size, *x.shape[1:]))
-    return out.at[np.asarray(slots)].set(x)
+    spread: Array = out.at[np.asarray(slots)].set(x)
+    return spread
 
 
 def _eye_fill(x: Array) -> Array:
@@ -170,13 +173,13 @@ def _eye_fill(x: Array) -> Array:
 
 
 def pad_group(gs: BlockGroupState, size: int, slots: tuple[int, ...]) -> BlockGroupState:
-    """A group's stacks spread to ``size`` slots: padding has identity factors and roots."""
+    """A block group's stacks spread to ``size`` slots: padding has identity matrices."""
     def opt(x: Array | None, fill: float) -> Array | None:
         return None if x is None else _spread(x, size, fill, slots)
 
     return gs._replace(
         factors=tuple(_spread(f, size, _eye_fill(f), slots) for f in gs.factors),
-        roots=tuple(_spread(r, size, _eye_fill(r), slots) for r in gs.roots),
+        inverse_roots=tuple(_spread(r, size, _eye_fill(r), slots) for r in gs.inverse_roots),
         statistics_updates=_spread(gs.statistics_updates, size, 0, slots),
         consecutive_failures=_spread(gs.consecutive_failures, size, 0, slots),
         corrected_moment=opt(gs.corrected_moment, 0.0),
@@ -206,7 +209,8 @@ def shard_state(
     else they are replicated, as are the scalar counters.
     """
     def place(x: Array, where: NamedSharding) -> Array:
-        return lax.with_sharding_constraint(x, where)
+        placed: Array = lax.with_sharding_constraint(x, where)
+        return placed
 
     sizes = tuple(int(gs.statistics_updates.shape[0]) for gs in state.groups)
     slots = _slots(sharding, sizes, state.groups)
@@ -263,13 +267,12 @@ def unshard_state(
                 "state was made with."
             )
         groups.append(jax.tree.map(lambda x, sl=sl: np.asarray(x)[np.asarray(sl, int)], gs))
-    host = jax.tree.map(np.asarray, state._replace(groups=()))
+    host: ShampooState = jax.tree.map(np.asarray, state._replace(groups=()))
     return host._replace(groups=tuple(groups))
 
 
 # ---------------------------------------------------------------- update
 def sharded_block_step(
-    block_step: Callable[..., tuple[Any, Array, list[Array] | None]],
     groups: tuple[BlockGroupState, ...],
     inputs: BlockInputs,
     t: Array,
@@ -277,7 +280,7 @@ def sharded_block_step(
     config: ShampooConfig,
     sharding: ShardingConfig,
 ) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
-    """:func:`shampoo_jax.transform.block_step` with each device on its own blocks.
+    """:func:`shampoo_jax.preconditioner.block_step` with each device on its own blocks.
 
     The inputs (global view, ``[nb, ...]`` per group) are padded to the
     state's ``padded(nb)`` blocks and split over the axis; every device runs
@@ -297,24 +300,25 @@ def sharded_block_step(
     sizes = [sharding.padded(grp.size) for grp in layout.groups]
     slots = _slots(sharding, tuple(grp.size for grp in layout.groups), groups)
 
-    def pad_all(xs: list[Array] | None, fill: float | bool) -> list[Array] | None:
+    def pad_all(xs: list[Array], fill: float | bool) -> list[Array]:
         # The stacks are made whole (replicated) before they are split: otherwise
         # XLA propagates the block sharding back into the elementwise ops that
         # produce them and splits those into pieces whose vectorized loops round
         # differently (FMA in the vector body, not in the scalar tail), which
         # would break bitwise equality with one device.
-        if xs is None:
-            return None
         return [
             _spread(lax.with_sharding_constraint(x, sharding.replicated), n, fill, sl)
             for x, n, sl in zip(xs, sizes, slots, strict=True)
         ]
 
-    padded = inputs._replace(
+    def pad_optional(xs: list[Array] | None) -> list[Array] | None:
+        return None if xs is None else pad_all(xs, 0.0)
+
+    padded = BlockInputs(
         grads=pad_all(inputs.grads, 0.0),
         ok=pad_all(inputs.ok, False),  # padded blocks are masked like eq. (3)'s
-        filtered=pad_all(inputs.filtered, 0.0),
-        graft=pad_all(inputs.graft, 0.0),
+        filtered=pad_optional(inputs.filtered),
+        graft=pad_optional(inputs.graft),
     )
     names = sharding.axis_names
 

@@ -1,7 +1,8 @@
-"""Contract 8.2 on four host devices: the sharded transformation, NumPy in, NumPy out.
+"""The ``jax-sharded`` backend: contract 8.2 on four host devices, NumPy in, NumPy out.
 
-``run(config, params, grads, dtype)`` returns what ``shampoo_jax.testing.run``
-returns, computed by ``shampoo(config, sharding=ShardingConfig(mesh, "blocks"))``
+``run(config, params, grads, dtype)`` returns what
+``shampoo_conformance.adapters.jax.run`` returns, computed by
+``shampoo(config, sharding=ShardingConfig(mesh, "blocks"))``
 over a mesh of four CPU devices (block state sharded, parameters
 replicated). XLA reads ``--xla_force_host_platform_device_count`` only when
 jax starts, so the work runs in ONE persistent worker process (started on
@@ -11,8 +12,8 @@ run, closed at exit): the conformance suite calls ``run`` ~160 times.
 Requests and replies cross the worker's stdin/stdout as length-prefixed
 ``numpy.savez`` archives (no pickle): the config as JSON
 (``ShampooConfig.to_dict``), the arrays as arrays. An error raised in the
-worker (``ValueError``, :class:`~shampoo_jax.NonFiniteGradientError`,
-:class:`~shampoo_jax.RootFailureError`, ...) is raised here with the same
+worker (``ValueError``, :class:`~shampoo_spec.NonFiniteGradientError`,
+:class:`~shampoo_spec.RootFailureError`, ...) is raised here with the same
 type and message. A worker that dies or gives no reply within
 ``SHAMPOO_JAX_SHARDED_TIMEOUT`` seconds (default 900) fails the call, is
 killed, and the next call starts a new one.
@@ -32,23 +33,39 @@ import sys
 import tempfile
 import threading
 import time
-from typing import IO, Any
+from typing import IO, Any, Literal
 
+import jax
 import numpy as np
+import optax
+from jax.sharding import Mesh
 
 from shampoo_conformance.adapters.inputs import check_run_inputs
-from shampoo_spec import ShampooConfig, config_from_dict
+
+# Imported in the parent too (it starts no computation there): without
+# shampoo_jax the backend is unavailable (BackendUnavailable), not broken.
+from shampoo_jax import ShardingConfig, check_state, shampoo
+from shampoo_spec import (
+    NonFiniteGradientError,
+    RootFailureError,
+    ShampooConfig,
+    config_from_dict,
+)
 
 DEVICES = 4
 AXIS = "blocks"
-_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+_DTYPES: dict[np.dtype[Any], Literal["float32", "float64"]] = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+}
 _HEADER = 8  # bytes of the big-endian length before each message
 
 
 # -------------------------------------------------------------- messages
 def _encode(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, __meta__=np.array(json.dumps(meta)), **arrays)
+    named: dict[str, Any] = {"__meta__": np.array(json.dumps(meta)), **arrays}
+    np.savez(buf, **named)
     body = buf.getvalue()
     return len(body).to_bytes(_HEADER, "big") + body
 
@@ -80,13 +97,6 @@ def run_local(
     devices: int = DEVICES,
 ) -> list[dict[str, np.ndarray]]:
     """Contract 8.2 in this process, block state sharded over ``devices`` CPU devices."""
-    import jax
-    import optax
-    from jax.sharding import Mesh
-
-    from .sharded import ShardingConfig
-    from .transform import check_state, shampoo
-
     dt = np.dtype(dtype)
     arrays = [{k: np.asarray(v) for k, v in tree.items()} for tree in (params, *grads)]
     check_run_inputs("jax-sharded", arrays[0], arrays[1:], dt.name)
@@ -174,8 +184,8 @@ class _Worker:
     def __init__(self) -> None:
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from shampoo_jax.testing_sharded import _worker_main; "
-             "_worker_main()"],
+            [sys.executable, "-c", "from shampoo_conformance.adapters.jax_sharded import "
+             "_worker_main; _worker_main()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -249,8 +259,6 @@ atexit.register(_close)
 
 
 def _errors() -> dict[str, type[Exception]]:
-    from shampoo_spec import NonFiniteGradientError, RootFailureError
-
     return {
         "ValueError": ValueError,
         "TypeError": TypeError,

@@ -1,4 +1,4 @@
-"""NumPy in, NumPy out: contract 8.2 for the conformance adapter.
+"""The ``jax`` backend: ``shampoo_jax`` NumPy in, NumPy out (contract 8.2).
 
 ``run(config, params, grads, dtype)`` runs the jitted Shampoo update on the
 CPU in ``dtype`` (float32 or float64; float64 enables x64 for the call) with
@@ -18,18 +18,20 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
 import optax
 
 from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
+from shampoo_jax import check_state, shampoo
 from shampoo_spec import ShampooConfig
 
-from .transform import check_state, shampoo
-
-_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+_DTYPES: dict[np.dtype[Any], Literal["float32", "float64"]] = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+}
 
 
 def _arrays(tree: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -65,8 +67,6 @@ def run(
             s = s_new
             out.append({k: np.array(v) for k, v in p.items()})
     return out
-
-
 
 
 class Stepper:

@@ -1,0 +1,315 @@
+"""The per-block maths of Shampoo on stacks of equal-shape blocks, eqs. (6)-(13), (16)-(18).
+
+:func:`block_step` is everything that needs the block state, in order:
+statistics (eq. 6), inverse roots on root steps (eqs. 7, 9-13), the
+eigenvalue-corrected second moment (eq. 17) and the preconditioned,
+block-rescaled stacks (eqs. 16-18). Every operation is per block, so the
+same function runs on all blocks (:func:`shampoo_jax.shampoo` on one device)
+or on each device's shard of them (:func:`shampoo_jax.sharded.sharded_block_step`).
+:func:`assemble_direction` then puts each parameter's Shampoo direction
+back together from its blocks (eq. 18).
+
+Vocabulary: *roots* are the exponents r_k (``BlockGroupLayout.roots``);
+the matrices ``L_k^(-1/r_k)`` (or the eigenbases Q_k with eigenvalue
+correction) are *inverse roots* (``BlockGroupState.inverse_roots``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import Array, lax
+
+from shampoo_spec import ShampooConfig
+
+from . import blocks as B
+from . import grafting, schedule
+from .roots import compute_inverse_root
+from .state import BlockGroupState
+
+Groups = tuple[BlockGroupState, ...]
+
+
+class BlockInputs(NamedTuple):
+    """Per block group, stacks ``[nb, *block_shape]`` (``[nb]`` for flags) in the factor dtype.
+
+    ``grads``: the masked gradient blocks (eq. 6); ``ok``: finite-gradient
+    flags (eq. 3); ``filtered``: the blocks of the (filtered) gradient to
+    precondition (eq. 16), None when the Shampoo direction is not needed;
+    ``graft``: the graft direction's blocks for ``rescale_scope = "block"``
+    (eq. 18), else None.
+    """
+
+    grads: list[Array]
+    ok: list[Array]
+    filtered: list[Array] | None
+    graft: list[Array] | None
+
+
+def block_step(
+    groups: Groups,
+    inputs: BlockInputs,
+    t: Array,
+    layout: B.Layout,
+    config: ShampooConfig,
+) -> tuple[Groups, Array, list[Array] | None]:
+    """Everything that needs the block state: ``(groups, failures, preconditioned stacks)``.
+
+    ``failures``: the number of failed inverse roots (eq. 13), a scalar.
+
+    Statistics (eq. 6), inverse roots (eqs. 7, 9-13), the corrected moment
+    (eq. 17) and the preconditioned, block-rescaled stacks (eqs. 16-18).
+    Every operation is per block, so the same function runs on any slice of
+    the stacks: the sharded transformation calls it on each device's shard.
+    """
+    groups = update_statistics(groups, layout, inputs.grads, inputs.ok, t, config)
+    groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config)
+    if config.eigenvalue_correction is not None:
+        groups = update_corrected_moment(groups, layout, inputs.grads, inputs.ok, config)
+    stacks = None
+    if inputs.filtered is not None:
+        stacks = precondition_blocks(groups, layout, inputs.filtered, inputs.graft, config)
+    return groups, failures, stacks
+
+
+# --------------------------------------------------------------- eq. (6)
+def update_statistics(
+    groups: Groups,
+    layout: B.Layout,
+    g_blocks: list[Array],
+    block_ok: list[Array],
+    t: Array,
+    config: ShampooConfig,
+) -> Groups:
+    """Eq. (6) on statistics steps, for blocks with a finite gradient."""
+    stats = config.statistics
+    weight = stats.update_weight
+    on = schedule.is_statistics_step(t, config.schedule)
+
+    def run(groups: Groups) -> Groups:
+        new = []
+        for grp, gs, gb, ok in zip(layout.groups, groups, g_blocks, block_ok, strict=False):
+            factors = []
+            for k, lk in zip(grp.preconditioned_dims, gs.factors, strict=False):
+                decayed = stats.beta2 * lk if stats.decays else lk
+                updated = decayed + weight * B.factor_contraction(gb, k)
+                factors.append(jnp.where(ok[:, None, None], updated, lk))
+            new.append(gs._replace(
+                factors=tuple(factors),
+                statistics_updates=gs.statistics_updates + ok.astype(jnp.int32),
+            ))
+        return tuple(new)
+
+    if on is True:
+        return run(groups)
+    if on is False:
+        return groups
+    out: Groups = lax.cond(on, run, lambda gs: gs, groups)
+    return out
+
+
+# ------------------------------------------------------- eqs. (7), (9)-(13)
+def refresh_inverse_roots(
+    groups: Groups,
+    layout: B.Layout,
+    block_ok: list[Array],
+    t: Array,
+    config: ShampooConfig,
+) -> tuple[Groups, Array]:
+    """On root steps (eq. 8), recompute every inverse root; ``lax.cond`` so other steps pay nothing.
+
+    A block skipped this step (eq. 3) keeps its inverse roots and failure
+    count. A failed inverse root (eq. 13) keeps the previous one; the
+    returned count adds up failed factors, and a block's
+    ``consecutive_failures`` counts its root steps with any failure in a row.
+    """
+    stats = config.statistics
+    on = schedule.is_root_step(t, config.schedule)
+    zero = jnp.zeros((), jnp.int32)
+    if on is False or not any(grp.preconditioned_dims for grp in layout.groups):
+        return groups, zero
+
+    def run(operand: tuple[Groups, list[Array]]) -> tuple[Groups, list[Array]]:
+        groups, block_ok = operand
+        # Eq. (7): bias-corrected factors; then batch every factor of one size
+        # and root r, from every block group and dim, into one decomposition.
+        batches: dict[tuple[int, float], list[tuple[int, int, Array]]] = {}
+        wanted: dict[tuple[int, float], list[Array]] = {}
+        for gi, (grp, gs) in enumerate(zip(layout.groups, groups, strict=False)):
+            n = gs.statistics_updates
+            for i, (k, lk) in enumerate(zip(grp.preconditioned_dims, gs.factors, strict=False)):
+                a = lk
+                if stats.corrects_bias:
+                    beta2 = jnp.asarray(stats.beta2, lk.dtype)
+                    bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(lk.dtype), 1.0)
+                    a = lk / bc[:, None, None]
+                batches.setdefault((grp.shape[k], grp.roots[k]), []).append((gi, i, a))
+                wanted.setdefault((grp.shape[k], grp.roots[k]), []).append(block_ok[gi])
+        results: dict[tuple[int, int], tuple[Array, Array]] = {}
+        token: Array | None = None
+        for key, items in batches.items():
+            root = key[1]
+            a = jnp.concatenate([a for _, _, a in items])
+            # Blocks masked this step (eq. 3; padding when sharded) keep their
+            # inverse roots below whatever comes out: not decomposed where skippable.
+            active = jnp.concatenate(wanted[key])
+            if token is not None:
+                # One batched decomposition at a time: jaxlib's CPU LAPACK kernels
+                # split a batch over the thread pool that also runs independent
+                # ops and block waiting for it; two such calls at once can occupy
+                # every thread of a small pool and deadlock (jaxlib 0.10.2, 2
+                # cores). The barrier only orders them; it changes no value.
+                token, a = lax.optimization_barrier((token, a))
+            x, good = compute_inverse_root(a, root, config, active)
+            token = x
+            offset = 0
+            for gi, i, a in items:
+                nb = a.shape[0]
+                results[(gi, i)] = (x[offset:offset + nb], good[offset:offset + nb])
+                offset += nb
+        # Eq. (13): keep the previous inverse root where the new one failed.
+        new, failures = [], []
+        for gi, (gs, ok) in enumerate(zip(groups, block_ok, strict=False)):
+            inverse_roots = []
+            any_failed = jnp.zeros(ok.shape, bool)
+            failed_factors = jnp.zeros(ok.shape, jnp.int32)
+            for i, xk in enumerate(gs.inverse_roots):
+                x, good = results[(gi, i)]
+                failed = ok & ~good
+                inverse_roots.append(jnp.where((ok & good)[:, None, None], x, xk))
+                any_failed = any_failed | failed
+                failed_factors = failed_factors + failed.astype(jnp.int32)
+            consecutive = jnp.where(
+                ok, jnp.where(any_failed, gs.consecutive_failures + 1, 0), gs.consecutive_failures
+            )
+            new.append(
+                gs._replace(inverse_roots=tuple(inverse_roots), consecutive_failures=consecutive)
+            )
+            failures.append(failed_factors)
+        return tuple(new), failures
+
+    def keep(operand: tuple[Groups, list[Array]]) -> tuple[Groups, list[Array]]:
+        # Per-block zeros (not one scalar): under shard_map both branches then
+        # vary over the mesh axis alike.
+        return operand[0], [jnp.zeros_like(ok, jnp.int32) for ok in operand[1]]
+
+    failed: list[Array]
+    if on is True:
+        groups, failed = run((groups, block_ok))
+    else:
+        groups, failed = lax.cond(on, run, keep, (groups, block_ok))
+    return groups, sum((jnp.sum(f) for f in failed), zero)
+
+
+# ------------------------------------------------------------- eq. (17)
+def rotate(
+    x: Array, grp: B.BlockGroupLayout, bases: tuple[Array, ...], transpose: bool
+) -> Array:
+    """``x x_k Q_k`` (or ``Q_k^T`` with ``transpose``) over the preconditioned dims, eq. (17)."""
+    for k, q in zip(grp.preconditioned_dims, bases, strict=False):
+        x = B.mode_product(x, q, k, transpose=transpose)
+    return x
+
+
+def update_corrected_moment(
+    groups: Groups,
+    layout: B.Layout,
+    g_blocks: list[Array],
+    block_ok: list[Array],
+    config: ShampooConfig,
+) -> Groups:
+    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the refreshed basis."""
+    ec = config.eigenvalue_correction
+    assert ec is not None
+    new = []
+    for grp, gs, gb, ok in zip(layout.groups, groups, g_blocks, block_ok, strict=False):
+        rotated = rotate(gb, grp, gs.inverse_roots, transpose=True)
+        d, n = gs.corrected_moment, gs.corrected_updates
+        assert d is not None and n is not None
+        upd = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2 if ec.decays else d + rotated**2
+        new.append(gs._replace(
+            corrected_moment=jnp.where(B.expand(ok, d), upd, d),
+            corrected_updates=n + ok.astype(jnp.int32),
+        ))
+    return tuple(new)
+
+
+def corrected_direction(
+    gs: BlockGroupState, grp: B.BlockGroupLayout, fb: Array, config: ShampooConfig
+) -> Array:
+    """Eq. (17): ``(F x_k Q_k^T) / (D^(1/root) + epsilon)`` rotated back by ``x_k Q_k``."""
+    ec = config.eigenvalue_correction
+    assert ec is not None and gs.corrected_moment is not None
+    d = gs.corrected_moment
+    if ec.corrects_bias:
+        n = gs.corrected_updates
+        assert n is not None
+        bc = jnp.where(n > 0, 1.0 - jnp.asarray(ec.beta2, d.dtype) ** n.astype(d.dtype), 1.0)
+        d = d / B.expand(bc.astype(d.dtype), d)
+    rotated = rotate(fb, grp, gs.inverse_roots, transpose=True)
+    scaled = rotated / (d ** (1.0 / ec.root) + ec.epsilon)
+    return rotate(scaled, grp, gs.inverse_roots, transpose=False)
+
+
+# ------------------------------------------------------- eqs. (16)-(18)
+def precondition_blocks(
+    groups: Groups,
+    layout: B.Layout,
+    f_blocks: list[Array],
+    gd_blocks: list[Array] | None,
+    config: ShampooConfig,
+) -> list[Array]:
+    """Eqs. (16)-(17) per block, and eq. (18)'s rescale to the graft norm of each block.
+
+    ``gd_blocks``: the graft direction's blocks when the rescale is per block
+    (``grafting.rescale_scope == "block"``), else None (no rescale here).
+    """
+    ne = config.grafting.norm_epsilon
+    stacks = []
+    for gi, (grp, gs, fb) in enumerate(zip(layout.groups, groups, f_blocks, strict=False)):
+        if config.eigenvalue_correction is not None:
+            pb = corrected_direction(gs, grp, fb, config)
+        else:
+            pb = fb
+            for k, xk in zip(grp.preconditioned_dims, gs.inverse_roots, strict=False):
+                pb = B.mode_product(pb, xk, k)
+        if gd_blocks is not None:
+            scale = B.block_norms(gd_blocks[gi]) / (B.block_norms(pb) + ne)
+            pb = pb * B.expand(scale, pb)
+        stacks.append(pb)
+    return stacks
+
+
+def assemble_direction(
+    stacks: list[Array],
+    layout: B.Layout,
+    graft_dir: list[Array],
+    config: ShampooConfig,
+) -> list[Array]:
+    """Eq. (18): reassemble each leaf from its blocks; parameter-scope graft rescale."""
+    per_parameter = config.grafting.rescale_scope == "parameter"
+    ne = config.grafting.norm_epsilon
+    out = []
+    for i, leaf in enumerate(layout.leaves):
+        if not leaf.refs:
+            out.append(graft_dir[i])  # not preconditioned: the graft direction (eq. 18)
+            continue
+        p = B.scatter(stacks, leaf).astype(graft_dir[i].dtype)
+        if per_parameter:
+            p = p * (grafting.norm(graft_dir[i]) / (grafting.norm(p) + ne))
+        out.append(p)
+    return out
+
+
+__all__ = [
+    "BlockInputs",
+    "assemble_direction",
+    "block_step",
+    "corrected_direction",
+    "precondition_blocks",
+    "refresh_inverse_roots",
+    "rotate",
+    "update_corrected_moment",
+    "update_statistics",
+]

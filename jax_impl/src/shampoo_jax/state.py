@@ -1,0 +1,144 @@
+"""The optimizer state pytree and its initialisation (docs/spec.md eqs. 6, 13-15, 17, 20).
+
+:class:`ShampooState` is what ``shampoo(config).init(params)`` returns: a
+NamedTuple of arrays (checkpoint it as is). Per-block state lives in one
+:class:`BlockGroupState` per block group (equal-shape blocks stacked on a
+leading axis, :class:`shampoo_jax.blocks.BlockGroupLayout`); elementwise
+states have the structure and shapes of the parameters. Also here: the
+dtype rules (:func:`factor_dtype`, :func:`elementwise_dtype`) shared by
+every phase of the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from shampoo_spec import ShampooConfig
+
+from . import blocks as B
+
+
+class BlockGroupState(NamedTuple):
+    """State of one block group (leading axis: the blocks).
+
+    ``factors[i]`` / ``inverse_roots[i]`` belong to the i-th preconditioned
+    dim of the group's block shape. With eigenvalue correction
+    ``inverse_roots`` hold the eigenbases Q_k and ``corrected_moment`` the D
+    of eq. (17).
+    """
+
+    factors: tuple[Array, ...]
+    inverse_roots: tuple[Array, ...]
+    statistics_updates: Array  # [nb] int32, n of eq. (7)
+    consecutive_failures: Array  # [nb] int32, eq. (13)
+    corrected_moment: Array | None
+    corrected_updates: Array | None
+
+
+class ShampooState(NamedTuple):
+    """The whole optimizer state: a pytree of arrays (checkpoint it as is).
+
+    Elementwise states (``graft``, ``filtered``, ``momentum``,
+    ``graft_momentum``) have the structure and shapes of the parameters, or
+    are None when the config does not use them. ``root_failures`` counts
+    failed inverse roots (eq. 13), ``skipped_blocks`` blocks whose gradient
+    was non-finite (eq. 3).
+    """
+
+    # The field shadows tuple.count; the name is optax's convention (and public).
+    count: Array  # type: ignore[assignment]
+    groups: tuple[BlockGroupState, ...]
+    graft: Any
+    filtered: Any
+    momentum: Any
+    graft_momentum: Any
+    root_failures: Array
+    skipped_blocks: Array
+
+
+def _x64_enabled() -> bool:
+    return bool(jnp.zeros((), jnp.float64).dtype == jnp.float64)
+
+
+def factor_dtype(config: ShampooConfig) -> Any:
+    """The dtype of factors and inverse roots: ``config.factor_dtype`` (float64 needs x64)."""
+    if config.factor_dtype == "float64":
+        if not _x64_enabled():
+            raise ValueError(
+                "factor_dtype = 'float64' needs 64-bit JAX: call "
+                "jax.config.update('jax_enable_x64', True) or use the "
+                "`with jax.enable_x64(True):` context; allowed otherwise: 'float32'."
+            )
+        return jnp.float64
+    return jnp.float32
+
+
+def elementwise_dtype(leaf_dtype: Any) -> Any:
+    """Dtype of the elementwise state and arithmetic: at least float32 (bf16 params)."""
+    return jnp.promote_types(leaf_dtype, jnp.float32)
+
+
+def leaf_shapes(leaves: Sequence[Array]) -> tuple[tuple[int, ...], ...]:
+    """The static shapes of the parameter leaves (the key of :func:`blocks.make_layout`)."""
+    return tuple(tuple(int(d) for d in x.shape) for x in leaves)
+
+
+def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> BlockGroupState:
+    """A block group before the first step: factors ``c I`` (eq. 6), inverse roots I (eq. 13)."""
+    nb = grp.size
+    init_scale = config.initial_factor_scale
+    factors, inverse_roots = [], []
+    for k in grp.preconditioned_dims:
+        eye = jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt), (nb, grp.shape[k], grp.shape[k]))
+        factors.append(jnp.asarray(init_scale, fdt) * eye)
+        inverse_roots.append(jnp.array(eye))  # identity before the first root (eq. 13)
+    ec = config.eigenvalue_correction is not None
+
+    def zeros_i() -> Array:  # a fresh buffer per field, so the state can be donated
+        return jnp.zeros((nb,), jnp.int32)
+
+    return BlockGroupState(
+        factors=tuple(factors),
+        inverse_roots=tuple(inverse_roots),
+        statistics_updates=zeros_i(),
+        consecutive_failures=zeros_i(),
+        corrected_moment=jnp.zeros((nb, *grp.shape), fdt) if ec else None,
+        corrected_updates=zeros_i() if ec else None,
+    )
+
+
+def init_state(params: Any, config: ShampooConfig) -> ShampooState:
+    """The single-device state for ``params`` (``sharded.shard_state`` places it on a mesh)."""
+    fdt = factor_dtype(config)
+    layout = B.make_layout(leaf_shapes(jax.tree.leaves(params)), config)
+    mom = config.momentum
+
+    def zeros() -> Any:
+        return jax.tree.map(lambda p: jnp.zeros(p.shape, elementwise_dtype(p.dtype)), params)
+
+    return ShampooState(
+        count=jnp.zeros((), jnp.int32),
+        groups=tuple(init_group(g, config, fdt) for g in layout.groups),
+        graft=zeros() if config.grafting.has_state else None,
+        filtered=zeros() if config.gradient_filter.enabled else None,
+        momentum=zeros() if mom.enabled else None,
+        graft_momentum=zeros() if mom.separate_buffers else None,
+        root_failures=jnp.zeros((), jnp.int32),
+        skipped_blocks=jnp.zeros((), jnp.int32),
+    )
+
+
+__all__ = [
+    "BlockGroupState",
+    "ShampooState",
+    "elementwise_dtype",
+    "factor_dtype",
+    "init_group",
+    "init_state",
+    "leaf_shapes",
+]
