@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import shampoo_spec as ss
 from shampoo_conformance import strategies as S
 from shampoo_conformance.cases import named_cases
-from shampoo_conformance.comparison import compare, load_config
+from shampoo_conformance.compare import compare, load_config
 from shampoo_conformance.tolerances import trajectory_bound
 
 

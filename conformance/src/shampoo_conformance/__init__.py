@@ -5,10 +5,10 @@ dtype)`` (contract 8.2 of DESIGN.md); ``"reference"`` is built in, and any
 ``"package.module:factory"`` names a third-party backend.
 """
 
+from .adapters.reference import ReferenceBackend
 from .backends import (
     Backend,
     BackendUnavailable,
-    ReferenceBackend,
     available_backends,
     get_backend,
 )

@@ -15,9 +15,7 @@ gradient at a time, so gradients can be computed at the current parameters.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,115 +76,13 @@ class Stepper(Protocol):
         ...
 
 
-class _ReferenceStepper:
-    """:class:`ReferenceShampoo` or the NumPy :class:`~.first_order.AdamW`, timed per step."""
-
-    def __init__(self, optimizer: Any) -> None:
-        self._optimizer = optimizer
-        self.last_step_seconds = float("nan")
-
-    def step(self, grads: Mapping[str, NDArray[Any]]) -> Params:
-        start = time.perf_counter()
-        out: Params = self._optimizer.step(dict(grads))
-        self.last_step_seconds = time.perf_counter() - start
-        return out
-
-    def state_bytes(self) -> int:
-        state_bytes = getattr(self._optimizer, "state_bytes", None)
-        if state_bytes is not None:
-            return int(state_bytes())
-        return _array_bytes(self._optimizer.state)
-
-
-def _array_bytes(tree: Any) -> int:
-    """Bytes of every NumPy array in nested dicts, lists and dataclasses."""
-    if isinstance(tree, np.ndarray):
-        return int(tree.nbytes)
-    if isinstance(tree, dict):
-        return sum(_array_bytes(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return sum(_array_bytes(v) for v in tree)
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        return sum(_array_bytes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
-    return 0
-
-
-class ReferenceBackend:
-    """The float64 NumPy/SciPy reference (``shampoo_reference``)."""
-
-    name = "reference"
-    dtypes = (np.float64,)
-
-    def run(
-        self,
-        config: ShampooConfig,
-        params: Mapping[str, NDArray[Any]],
-        grads: Sequence[Mapping[str, NDArray[Any]]],
-        dtype: Any = np.float64,
-    ) -> list[Params]:
-        self._check_dtype(dtype)
-        from shampoo_reference import run
-
-        return run(config, dict(params), [dict(g) for g in grads])
-
-    def trajectory(
-        self,
-        config: ShampooConfig,
-        params: Mapping[str, NDArray[Any]],
-        grad_fn: Callable[[Params], Mapping[str, NDArray[Any]]],
-        steps: int,
-        dtype: Any = np.float64,
-    ) -> list[Params]:
-        """Closed-loop run: the gradient of each step is ``grad_fn(current params)``."""
-        self._check_dtype(dtype)
-        from shampoo_reference import ReferenceShampoo
-
-        opt = ReferenceShampoo(config, dict(params))
-        current = {k: v.copy() for k, v in opt.params.items()}
-        out = []
-        for _ in range(steps):
-            current = opt.step(dict(grad_fn(current)))
-            out.append(current)
-        return out
-
-    def stepper(
-        self,
-        optimizer: str,
-        params: Mapping[str, NDArray[Any]],
-        *,
-        lr: float,
-        config: ShampooConfig | None = None,
-        weight_decay: float = 0.0,
-        dtype: Any = np.float64,
-    ) -> Stepper:
-        """``"shampoo"``: :class:`ReferenceShampoo` with ``config`` at learning rate
-        ``lr``; ``"adamw"``: :class:`~.first_order.AdamW` (float64 NumPy)."""
-        self._check_dtype(dtype)
-        check_stepper_arguments(optimizer, config, weight_decay)
-        if optimizer == "adamw":
-            from .first_order import AdamW
-
-            return _ReferenceStepper(AdamW(params, lr=lr, weight_decay=weight_decay))
-        from shampoo_reference import ReferenceShampoo
-
-        config = ShampooConfig() if config is None else config
-        config = dataclasses.replace(config, learning_rate=lr)
-        return _ReferenceStepper(ReferenceShampoo(config, dict(params)))
-
-    @staticmethod
-    def _check_dtype(dtype: Any) -> None:
-        if np.dtype(dtype) != np.float64:
-            raise ValueError(
-                f"dtype = {np.dtype(dtype)} is invalid for the reference backend: "
-                "allowed float64 (the reference is exact float64 by design)."
-            )
-
-
 class FrameworkBackend:
-    """A fast backend reached through its package's numpy-in/numpy-out ``run``.
+    """A backend reached through an adapter module's numpy-in/numpy-out ``run``.
 
-    ``shampoo_torch.testing.run`` and ``shampoo_jax.testing.run`` take the
-    arguments of contract 8.2 and run on the CPU in the requested dtype.
+    The adapters (``shampoo_conformance.adapters.torch``, ``.torch_ddp``,
+    ``.jax``, ``.jax_sharded``) take the arguments of contract 8.2 and run on
+    the CPU in the requested dtype; importing one fails when its framework
+    is missing, which is reported as :class:`BackendUnavailable`.
     """
 
     def __init__(self, name: str, module: str) -> None:
@@ -242,32 +138,29 @@ def has_stepper(backend: object) -> bool:
     return callable(getattr(backend, "stepper", None))
 
 
+def _reference() -> Backend:
+    # Imported here: the adapter module itself builds on this module's protocols.
+    from .adapters.reference import ReferenceBackend
+
+    return ReferenceBackend()
+
+
 _BUILTIN: dict[str, Callable[[], Backend]] = {
-    "reference": ReferenceBackend,
-    "torch": lambda: FrameworkBackend("torch", "shampoo_torch.testing"),
-    "jax": lambda: FrameworkBackend("jax", "shampoo_jax.testing"),
+    "reference": _reference,
+    "torch": lambda: FrameworkBackend("torch", "shampoo_conformance.adapters.torch"),
+    "jax": lambda: FrameworkBackend("jax", "shampoo_conformance.adapters.jax"),
     # Two gloo processes on CPU (DESIGN.md 4): rank 0's parameters.
-    "torch-ddp": lambda: FrameworkBackend("torch-ddp", "shampoo_torch.testing_distributed"),
+    "torch-ddp": lambda: FrameworkBackend("torch-ddp", "shampoo_conformance.adapters.torch_ddp"),
     # Four host devices in a subprocess (the XLA flag must precede jax's start).
-    "jax-sharded": lambda: FrameworkBackend("jax-sharded", "shampoo_jax.testing_sharded"),
+    "jax-sharded": lambda: FrameworkBackend(
+        "jax-sharded", "shampoo_conformance.adapters.jax_sharded"
+    ),
 }
 
 
 def available_backends() -> list[str]:
     """Names of the built-in backends (their frameworks may still be missing)."""
     return sorted(_BUILTIN)
-
-
-def installed_backends() -> list[str]:
-    """The built-in backends whose frameworks import here."""
-    names = []
-    for name in available_backends():
-        try:
-            get_backend(name)
-        except BackendUnavailable:
-            continue
-        names.append(name)
-    return names
 
 
 def get_backend(name: str) -> Backend:

@@ -111,6 +111,15 @@ def _gelu_tanh(u: Array) -> Array:
     return z
 
 
+def gelu(u: Array) -> Array:
+    """``u/2 (1 + tanh(c (u + a u^3)))``, ``c = sqrt(2/pi)``, ``a = 0.044715``."""
+    y = _gelu_tanh(u)
+    y += 1.0
+    y *= u
+    y *= 0.5
+    return y
+
+
 def gelu_derivative(u: Array, tanh_z: Array | None = None) -> Array:
     """``(1 + tanh z)/2 + (u/2) c (1 + 3 a u^2) (1 - tanh^2 z)`` with ``z = c (u + a u^3)``.
 

@@ -215,12 +215,12 @@ class ReferenceShampoo:
                 bs.factors[k] = decayed + w * factor_contraction(gb, k)
             bs.statistics_updates += 1
         if is_root_step(t, cfg.schedule):
-            self._refresh_roots(name, roots, bs)
+            self._refresh_inverse_roots(name, roots, bs)
         if cfg.eigenvalue_correction is not None:
             # Eq. (17): the corrected second moment sees this step's (refreshed) basis.
             self._update_corrected_moment(bs, gb)
 
-    def _refresh_roots(self, name: str, roots: tuple[float, ...], bs: BlockState) -> None:
+    def _refresh_inverse_roots(self, name: str, roots: tuple[float, ...], bs: BlockState) -> None:
         """Eqs. (7), (9)-(13): recompute every factor's root; count block failures."""
         cfg, t = self.config, self.t
         bc = cfg.statistics.bias_correction_factor(bs.statistics_updates)  # eq. (7)

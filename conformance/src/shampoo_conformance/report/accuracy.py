@@ -29,7 +29,8 @@ from numpy.typing import NDArray
 from shampoo_datasets import Problem
 from shampoo_spec import ShampooConfig
 
-from ..backends import Backend, ReferenceBackend
+from ..adapters.reference import ReferenceBackend
+from ..backends import Backend
 from ..compare import max_relative_error
 from ..divergence import first_divergence
 from ..tolerances import bound_and_reference

@@ -1,0 +1,126 @@
+"""The reference backend: the float64 NumPy/SciPy oracle behind contract 8.2.
+
+``run`` (open loop), ``trajectory`` (closed loop: each gradient computed at
+the current parameters) and ``stepper`` (``"shampoo"`` or the NumPy AdamW of
+:mod:`shampoo_conformance.first_order`, one step at a time, timed). Float64
+only, by design.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shampoo_spec import ShampooConfig
+
+from ..backends import Params, Stepper
+from .inputs import check_stepper_arguments
+
+
+class _ReferenceStepper:
+    """:class:`ReferenceShampoo` or the NumPy :class:`~.first_order.AdamW`, timed per step."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+        self.last_step_seconds = float("nan")
+
+    def step(self, grads: Mapping[str, NDArray[Any]]) -> Params:
+        start = time.perf_counter()
+        out: Params = self._optimizer.step(dict(grads))
+        self.last_step_seconds = time.perf_counter() - start
+        return out
+
+    def state_bytes(self) -> int:
+        state_bytes = getattr(self._optimizer, "state_bytes", None)
+        if state_bytes is not None:
+            return int(state_bytes())
+        return _array_bytes(self._optimizer.state)
+
+
+def _array_bytes(tree: Any) -> int:
+    """Bytes of every NumPy array in nested dicts, lists and dataclasses."""
+    if isinstance(tree, np.ndarray):
+        return int(tree.nbytes)
+    if isinstance(tree, dict):
+        return sum(_array_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_array_bytes(v) for v in tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return sum(_array_bytes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
+    return 0
+
+
+class ReferenceBackend:
+    """The float64 NumPy/SciPy reference (``shampoo_reference``)."""
+
+    name = "reference"
+    dtypes = (np.float64,)
+
+    def run(
+        self,
+        config: ShampooConfig,
+        params: Mapping[str, NDArray[Any]],
+        grads: Sequence[Mapping[str, NDArray[Any]]],
+        dtype: Any = np.float64,
+    ) -> list[Params]:
+        self._check_dtype(dtype)
+        from shampoo_reference import run
+
+        return run(config, dict(params), [dict(g) for g in grads])
+
+    def trajectory(
+        self,
+        config: ShampooConfig,
+        params: Mapping[str, NDArray[Any]],
+        grad_fn: Callable[[Params], Mapping[str, NDArray[Any]]],
+        steps: int,
+        dtype: Any = np.float64,
+    ) -> list[Params]:
+        """Closed-loop run: the gradient of each step is ``grad_fn(current params)``."""
+        self._check_dtype(dtype)
+        from shampoo_reference import ReferenceShampoo
+
+        opt = ReferenceShampoo(config, dict(params))
+        current = {k: v.copy() for k, v in opt.params.items()}
+        out = []
+        for _ in range(steps):
+            current = opt.step(dict(grad_fn(current)))
+            out.append(current)
+        return out
+
+    def stepper(
+        self,
+        optimizer: str,
+        params: Mapping[str, NDArray[Any]],
+        *,
+        lr: float,
+        config: ShampooConfig | None = None,
+        weight_decay: float = 0.0,
+        dtype: Any = np.float64,
+    ) -> Stepper:
+        """``"shampoo"``: :class:`ReferenceShampoo` with ``config`` at learning rate
+        ``lr``; ``"adamw"``: :class:`~.first_order.AdamW` (float64 NumPy)."""
+        self._check_dtype(dtype)
+        check_stepper_arguments(optimizer, config, weight_decay)
+        if optimizer == "adamw":
+            from ..first_order import AdamW
+
+            return _ReferenceStepper(AdamW(params, lr=lr, weight_decay=weight_decay))
+        from shampoo_reference import ReferenceShampoo
+
+        config = ShampooConfig() if config is None else config
+        config = dataclasses.replace(config, learning_rate=lr)
+        return _ReferenceStepper(ReferenceShampoo(config, dict(params)))
+
+    @staticmethod
+    def _check_dtype(dtype: Any) -> None:
+        if np.dtype(dtype) != np.float64:
+            raise ValueError(
+                f"dtype = {np.dtype(dtype)} is invalid for the reference backend: "
+                "allowed float64 (the reference is exact float64 by design)."
+            )
