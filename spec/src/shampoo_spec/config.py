@@ -46,8 +46,35 @@ GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
 )
 
 
+class _MovingAverage:
+    """The rules of a second moment kept as a sum (beta2 = 1) or an EMA (eqs. 6-7, 17).
+
+    Shared by :class:`StatisticsConfig` and :class:`EigenvalueCorrectionConfig`,
+    whose fields ``beta2`` and ``bias_correction`` they read.
+    """
+
+    beta2: float
+    bias_correction: bool
+
+    @property
+    def decays(self) -> bool:
+        """Whether the old value is multiplied by ``beta2`` (an EMA; skipped for a sum)."""
+        return self.beta2 != 1.0
+
+    @property
+    def corrects_bias(self) -> bool:
+        """Whether the value is divided by ``1 - beta2^n`` (only an EMA has a bias)."""
+        return self.bias_correction and self.beta2 < 1.0
+
+    def bias_correction_factor(self, updates: int) -> float:
+        """``1 - beta2^n`` after ``n = updates`` updates (1 when none, or uncorrected)."""
+        if self.corrects_bias and updates:
+            return 1.0 - self.beta2**updates
+        return 1.0
+
+
 @dataclass(frozen=True, kw_only=True)
-class StatisticsConfig:
+class StatisticsConfig(_MovingAverage):
     """Kronecker factor statistics, eqs. (6)-(7) of docs/spec.md.
 
     ``L_k <- beta2 * L_k + w * G_(k) G_(k)^T`` with ``w = 1`` when
@@ -76,22 +103,6 @@ class StatisticsConfig:
         if self.beta2 == 1.0 or self.ema_weight == "one":
             return 1.0
         return 1.0 - self.beta2
-
-    @property
-    def decays(self) -> bool:
-        """Whether eq. (6) multiplies the old factor by ``beta2`` (skipped when it is 1)."""
-        return self.beta2 != 1.0
-
-    @property
-    def corrects_bias(self) -> bool:
-        """Whether eq. (7) divides the factor by ``1 - beta2^n`` (only an EMA has a bias)."""
-        return self.bias_correction and self.beta2 < 1.0
-
-    def bias_correction_factor(self, updates: int) -> float:
-        """Eq. (7): ``1 - beta2^n`` after ``n = updates`` statistics updates (1 when none)."""
-        if self.corrects_bias and updates:
-            return 1.0 - self.beta2**updates
-        return 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +240,7 @@ class ExponentConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EigenvalueCorrectionConfig:
+class EigenvalueCorrectionConfig(_MovingAverage):
     """Eigenvalue-corrected Shampoo (SOAP family), eq. (17).
 
     The factors' eigenbases Q_k are refreshed on root steps; an Adam-style
@@ -250,22 +261,6 @@ class EigenvalueCorrectionConfig:
         v.real(o, "epsilon", self.epsilon, low=0.0)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.real(o, "root", self.root, low=0.0, low_open=True)
-
-    @property
-    def decays(self) -> bool:
-        """Whether eq. (17) is an EMA (``beta2 < 1``) rather than a sum."""
-        return self.beta2 != 1.0
-
-    @property
-    def corrects_bias(self) -> bool:
-        """Whether eq. (17) divides D by ``1 - beta2^n`` (only an EMA has a bias)."""
-        return self.bias_correction and self.beta2 < 1.0
-
-    def bias_correction_factor(self, updates: int) -> float:
-        """Eq. (17): ``1 - beta2^n`` after ``n = updates`` updates of D (1 when none)."""
-        if self.corrects_bias and updates:
-            return 1.0 - self.beta2**updates
-        return 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
