@@ -7,7 +7,8 @@
   (distributed backends);
 - :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
 - :data:`PRESETS`: named configurations;
-- :mod:`errors`: every exception of the project (re-exported by backends).
+- :mod:`errors`: every exception of the project (re-exported by backends);
+- :mod:`limits`: the overflow rule of eq. (3) and the large-block warning.
 
 Equation numbers refer to docs/spec.md. Standard library only.
 """
@@ -40,6 +41,7 @@ from .config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
+from ._validate import MAX_INTEGER
 from .errors import (
     BackendUnavailable,
     NonFiniteGradientError,
@@ -49,12 +51,16 @@ from .errors import (
 from .importers import from_google, from_meta
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
 from .schedule import is_root_step, is_statistics_step, uses_preconditioner
-from .serialization import config_from_dict, config_to_dict
+from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
+from .serialization import config_differences, config_from_dict, config_to_dict
 
 __all__ = [
     "GRAFTING_TYPES",
     "GRAFTING_TYPES_WITH_STATE",
+    "LARGE_BLOCK_DIM",
+    "MAX_INTEGER",
     "ROOT_FLOPS_PER_CUBE",
+    "STATE_LIMIT",
     "Assignment",
     "BackendUnavailable",
     "BlockCost",
@@ -81,12 +87,15 @@ __all__ = [
     "WeightDecayConfig",
     "assign_blocks",
     "block_cost",
+    "block_overflows",
+    "config_differences",
     "config_from_dict",
     "config_to_dict",
     "from_google",
     "from_meta",
     "is_root_step",
     "is_statistics_step",
+    "large_block_warnings",
     "merge_dims",
     "plan_block_costs",
     "plan_parameter",

@@ -11,12 +11,31 @@ from collections.abc import Iterable
 from typing import Any
 
 
+#: The largest integer any count or size of the config may take: every
+#: backend holds such values in a signed 32-bit integer (JAX's default int).
+MAX_INTEGER = 2**31 - 1
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, shortened: a hostile value must not make a huge message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
+
+
 def fail(owner: str, field: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"{owner}.{field} = {value!r} is invalid: allowed {allowed}.")
+    raise ValueError(f"{owner}.{field} = {_shown(value)} is invalid: allowed {allowed}.")
 
 
 def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: int | float) -> bool:
+    """``math.isfinite`` for ints beyond float's range too (10**400 is not finite here)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def real(
@@ -34,7 +53,7 @@ def real(
     hi = ")" if high_open else "]"
     allowed = f"a finite number in {lo}{low if low is not None else '-inf'}, "
     allowed += f"{high if high is not None else 'inf'}{hi}"
-    if not _is_real(value) or not math.isfinite(value):
+    if not _is_real(value) or not _is_finite(value):
         fail(owner, field, value, allowed)
     if low is not None and (value < low or (low_open and value == low)):
         fail(owner, field, value, allowed)
@@ -42,26 +61,31 @@ def real(
         fail(owner, field, value, allowed)
 
 
-def integer(owner: str, field: str, value: Any, *, low: int | None = None) -> None:
-    """An int (not bool) >= low."""
-    allowed = f"an integer >= {low}" if low is not None else "an integer"
+def integer(
+    owner: str, field: str, value: Any, *, low: int | None = None, high: int = MAX_INTEGER
+) -> None:
+    """An int (not bool) in [low, high] (high defaults to :data:`MAX_INTEGER`)."""
+    allowed = f"an integer in [{low if low is not None else -high}, {high}]"
     if not isinstance(value, int) or isinstance(value, bool):
         fail(owner, field, value, allowed)
-    if low is not None and value < low:
+    if (low is not None and value < low) or value > high:
         fail(owner, field, value, allowed)
 
 
-def optional_integer(owner: str, field: str, value: Any, *, low: int, none_means: str) -> None:
-    allowed = f"an integer >= {low}, or None ({none_means})"
+def optional_integer(
+    owner: str, field: str, value: Any, *, low: int, none_means: str, high: int = MAX_INTEGER
+) -> None:
+    """None, or an int (not bool) in [low, high]."""
+    allowed = f"an integer in [{low}, {high}], or None ({none_means})"
     if value is None:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         fail(owner, field, value, allowed)
 
 
 def choice(owner: str, field: str, value: Any, options: Iterable[str]) -> None:
     opts = tuple(options)
-    if value not in opts:
+    if not isinstance(value, str) or value not in opts:
         fail(owner, field, value, "one of " + ", ".join(repr(o) for o in opts))
 
 

@@ -15,6 +15,9 @@ from typing import Literal
 
 from . import _validate as v
 
+#: Upper bound of ``CoupledNewtonConfig.max_iterations``.
+MAX_NEWTON_ITERATIONS = 10_000
+
 GraftingType = Literal[
     "none",
     "sgd",
@@ -175,7 +178,9 @@ class CoupledNewtonConfig:
     def __post_init__(self) -> None:
         o = "root_inverse"
         v.choice(o, "method", self.method, ("coupled_newton",))
-        v.integer(o, "max_iterations", self.max_iterations, low=1)
+        # Quadratic convergence: more iterations than this never help, and a
+        # huge bound would only let a non-converging iteration run for ever.
+        v.integer(o, "max_iterations", self.max_iterations, low=1, high=MAX_NEWTON_ITERATIONS)
         v.real(o, "tolerance", self.tolerance, low=0.0, low_open=True)
         if self.error_growth_limit is not None:
             v.real(o, "error_growth_limit", self.error_growth_limit, low=1.0)
@@ -258,7 +263,8 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
         v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
-        v.real(o, "epsilon", self.epsilon, low=0.0)
+        # > 0: a zero second moment (a zero gradient) would divide 0 by 0.
+        v.real(o, "epsilon", self.epsilon, low=0.0, low_open=True)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.real(o, "root", self.root, low=0.0, low_open=True)
 
@@ -293,11 +299,16 @@ class GraftingConfig:
                 v.fail(o, "beta2", self.beta2, f"1.0 for grafting type {self.type!r}")
         if self.type in ("rmsprop", "adam", "rmsprop_normalized") and self.beta2 == 1.0:
             v.fail(o, "beta2", self.beta2, f"a value in (0, 1) for grafting type {self.type!r}")
-        v.real(o, "epsilon", self.epsilon, low=0.0)
+        # An epsilon that divides must be > 0: a zero gradient (V = 0,
+        # ||G|| = 0, P = 0) would otherwise give 0 / 0 (eqs. 14a, 14c, 18).
+        v.real(o, "epsilon", self.epsilon, low=0.0, low_open=self.has_state)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.choice(o, "norm_scope", self.norm_scope, ("block", "parameter"))
-        v.real(o, "norm_epsilon", self.norm_epsilon, low=0.0)
-        v.real(o, "normalize_epsilon", self.normalize_epsilon, low=0.0)
+        v.real(o, "norm_epsilon", self.norm_epsilon, low=0.0, low_open=self.type != "none")
+        v.real(
+            o, "normalize_epsilon", self.normalize_epsilon, low=0.0,
+            low_open=self.normalizes_input,
+        )
 
     @property
     def has_state(self) -> bool:

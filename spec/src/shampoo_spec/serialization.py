@@ -100,10 +100,35 @@ def config_from_dict(data: dict[str, Any]) -> ShampooConfig:
     if "root_inverse" in kwargs:
         root = kwargs["root_inverse"]
         method = root.get("method", "eigh") if isinstance(root, dict) else None
-        if method not in _ROOT_METHODS:
+        if not isinstance(method, str) or method not in _ROOT_METHODS:
             raise ValueError(
                 f"root_inverse.method = {method!r} is invalid: allowed one of "
                 f"{sorted(_ROOT_METHODS)}."
             )
         kwargs["root_inverse"] = _section("root_inverse", _ROOT_METHODS[method], root)
     return ShampooConfig(**kwargs)
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else key, item, out)
+    else:
+        out[prefix] = value
+
+
+def config_differences(saved: ShampooConfig, current: ShampooConfig) -> list[str]:
+    """The fields where two configs differ, as ``"section.field: saved -> current"``.
+
+    Empty when they are equal. Checkpoint loaders use it to refuse a state
+    saved under another config, naming every field that differs.
+    """
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    _flatten("", config_to_dict(saved), before)
+    _flatten("", config_to_dict(current), after)
+    return [
+        f"{key}: {before.get(key, '<absent>')!r} -> {after.get(key, '<absent>')!r}"
+        for key in sorted(set(before) | set(after))
+        if before.get(key, "<absent>") != after.get(key, "<absent>")
+    ]

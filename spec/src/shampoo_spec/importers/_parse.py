@@ -18,10 +18,13 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from .._validate import MAX_INTEGER
+
 T = TypeVar("T")
 
-#: Stand-in for an unbounded dim (``math.inf``): larger than any tensor dim.
-UNBOUNDED = 2**62
+#: Stand-in for an unbounded dim (``math.inf``): the config's largest integer,
+#: above any tensor dim a backend can index with 32-bit sizes.
+UNBOUNDED = MAX_INTEGER
 
 
 class Args:
