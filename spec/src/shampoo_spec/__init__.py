@@ -13,6 +13,7 @@
 Equation numbers refer to docs/spec.md. Standard library only.
 """
 
+from ._validate import MAX_INTEGER
 from .assignment import (
     ROOT_FLOPS_PER_CUBE,
     Assignment,
@@ -41,7 +42,6 @@ from .config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from ._validate import MAX_INTEGER
 from .errors import (
     BackendUnavailable,
     NonFiniteGradientError,
@@ -49,9 +49,9 @@ from .errors import (
     StepperUnavailable,
 )
 from .importers import from_google, from_meta
+from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
 from .schedule import is_root_step, is_statistics_step, uses_preconditioner
-from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
 from .serialization import config_differences, config_from_dict, config_to_dict
 
 __all__ = [

@@ -10,7 +10,6 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-
 #: The largest integer any count or size of the config may take: every
 #: backend holds such values in a signed 32-bit integer (JAX's default int).
 MAX_INTEGER = 2**31 - 1
