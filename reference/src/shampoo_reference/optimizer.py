@@ -4,11 +4,21 @@
 applies eqs. (1)-(21) one step at a time. It favours clarity over speed:
 one block at a time, plain NumPy, no batching. It is the oracle the fast
 backends are tested against, so every rule is spelled out here once.
+
+Failures leave the state whole (eqs. 3, 13): a refused block (non-finite
+gradient, or one that could overflow float32 state,
+:func:`shampoo_spec.block_overflows`) raises before anything changes, or is
+skipped; a root failure beyond ``failure.max_consecutive_root_failures``
+raises only after the step has completed for every parameter. Arguments are
+checked (a ShampooConfig, real arrays) with ``ValueError``; a block dim above
+``shampoo_spec.LARGE_BLOCK_DIM`` warns at construction, naming the parameter.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +30,10 @@ from shampoo_spec import (
     ParameterPlan,
     RootFailureError,
     ShampooConfig,
+    block_overflows,
     is_root_step,
     is_statistics_step,
+    large_block_warnings,
     plan_parameter,
     uses_preconditioner,
 )
@@ -73,6 +85,42 @@ def _as_merged(x: Array, plan: ParameterPlan) -> Array:
     return np.asarray(x, dtype=np.float64).reshape(plan.merged_shape)
 
 
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
+
+
+def _real_array(what: str, name: object, value: object) -> Array:
+    """A float64 copy of ``value``: a real (bool, integer or float) array-like, else ValueError."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as err:  # ragged nesting, unconvertible objects
+        raise ValueError(f"{what} {name!r} is invalid ({err}): allowed a real array.") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(
+            f"{what} {name!r} has dtype {array.dtype}: allowed a real (bool, integer or "
+            "float) array."
+        )
+    return np.array(array, dtype=np.float64, copy=True)
+
+
+def _max_abs(x: Array) -> float:
+    return float(np.max(np.abs(x))) if x.size else 0.0
+
+
+@dataclass
+class _Admitted:
+    """One parameter's gradient after eqs. (2)-(3), before any state changes.
+
+    ``g``: merged, L2-decayed, zero on refused blocks; ``ok``: elementwise
+    mask of the admitted blocks; ``refused``: how many blocks were refused.
+    """
+
+    g: Array
+    ok: NDArray[np.bool_]
+    refused: int
+
+
 class ReferenceShampoo:
     """Float64 Shampoo over a dict of named NumPy parameters.
 
@@ -81,10 +129,21 @@ class ReferenceShampoo:
     """
 
     def __init__(self, config: ShampooConfig, params: dict[str, Array]) -> None:
+        if not isinstance(config, ShampooConfig):
+            raise ValueError(
+                f"config = {_shown(config)} is invalid: allowed a shampoo_spec.ShampooConfig "
+                "(ShampooConfig.from_dict reads a dict)."
+            )
+        if not isinstance(params, Mapping):
+            raise ValueError(f"params = {_shown(params)} is invalid: allowed a dict name -> array.")
         self.config = config
         self.t = 0
         self.metrics = Metrics()
-        self.params = {k: np.array(v, dtype=np.float64, copy=True) for k, v in params.items()}
+        self._root_failures: list[str] = []  # eq. (13) blocks over the limit, this step
+        self.params = {k: _real_array("parameter", k, v) for k, v in params.items()}
+        for name, p in self.params.items():
+            for message in large_block_warnings(str(name), plan_parameter(p.shape, config)):
+                warnings.warn(message, stacklevel=2)  # eq. (5): before allocating the factors
         self.state = {k: self._init_parameter(p.shape) for k, p in self.params.items()}
 
     # ----------------------------------------------------------------- init
@@ -120,46 +179,104 @@ class ReferenceShampoo:
 
     # ----------------------------------------------------------------- step
     def step(self, grads: dict[str, Array]) -> dict[str, Array]:
-        """Apply one step (eq. 1: t <- t + 1) and return copies of the parameters."""
+        """Apply one step (eq. 1: t <- t + 1) and return copies of the parameters.
+
+        Every gradient is checked first (names, shapes, eq. 3): a ``ValueError``
+        or :class:`NonFiniteGradientError` leaves the optimizer exactly as it
+        was (t included). A :class:`RootFailureError` (eq. 13) is raised only
+        after the step has completed for every parameter; the new parameters
+        are then in :attr:`params`.
+        """
+        if not isinstance(grads, Mapping):
+            raise ValueError(f"grads = {_shown(grads)} is invalid: allowed a dict name -> array.")
         if set(grads) != set(self.params):
             raise ValueError(
                 f"grads keys {sorted(grads)} do not match parameter names {sorted(self.params)}."
             )
-        self.t += 1
-        for name, g in grads.items():
-            g = np.asarray(g, dtype=np.float64)
+        arrays = {name: _real_array("gradient", name, g) for name, g in grads.items()}
+        for name, g in arrays.items():
             if g.shape != self.params[name].shape:
                 raise ValueError(
                     f"gradient of {name!r} has shape {g.shape}, parameter has "
                     f"{self.params[name].shape}."
                 )
-            self.params[name] = self._step_parameter(name, self.params[name], g)
+        # Eqs. (2)-(3) for every parameter before any state changes.
+        admitted = {name: self._admit(name, g, self.t + 1) for name, g in arrays.items()}
+        self.t += 1
+        self._root_failures = []
+        for name, adm in admitted.items():
+            self.metrics.skipped_blocks += adm.refused
+            self.params[name] = self._step_parameter(name, self.params[name], adm)
+        if self._root_failures:
+            # Eq. (13): raised once the step is complete, never half-way.
+            raise RootFailureError("; ".join(self._root_failures))
         return {k: v.copy() for k, v in self.params.items()}
 
-    def _step_parameter(self, name: str, w_orig: Array, g_orig: Array) -> Array:
-        cfg, t = self.config, self.t
+    def _admit(self, name: str, g_orig: Array, t: int) -> _Admitted:
+        """Eqs. (2)-(3) for one parameter at step t; changes nothing.
+
+        A block is refused when its gradient (after L2 decay) holds NaN or
+        inf, or when :func:`shampoo_spec.block_overflows` says its state could
+        leave float32's range this step (m: the largest absolute entry of its
+        factors, graft state on its slice and corrected moment, before the
+        step). ``"raise"``: :class:`NonFiniteGradientError`; ``"skip_block"``:
+        the block is masked out of this step.
+        """
+        cfg = self.config
         st = self.state[name]
         plan = st.plan
-        w = _as_merged(w_orig, plan)
         g = _as_merged(g_orig, plan)
 
         # Eq. (2): L2 weight decay enters the gradient (and so the statistics).
         if cfg.weight_decay.applies("l2"):
-            g = g + cfg.weight_decay.value * w
+            g = g + cfg.weight_decay.value * _as_merged(self.params[name], plan)
 
-        # Eq. (3): a block with a non-finite gradient never touches the state.
-        finite = np.ones(plan.merged_shape, dtype=bool)
-        for b in plan.blocks:
-            if not np.all(np.isfinite(g[b.slices])):
-                if cfg.failure.nonfinite_gradient == "raise":
-                    raise NonFiniteGradientError(
-                        f"non-finite gradient in parameter {name!r} at step {t} "
-                        f"(block at offsets {b.offsets}); failure.nonfinite_gradient='raise'."
-                    )
-                finite[b.slices] = False
-                self.metrics.skipped_blocks += 1
-        if not finite.all():
-            g = np.where(finite, g, 0.0)
+        # Eq. (3): a refused block never touches the state.
+        ok = np.ones(plan.merged_shape, dtype=bool)
+        refused = 0
+        for i, (b, bs) in enumerate(zip(plan.blocks, st.blocks, strict=True)):
+            gb = g[b.slices]
+            if not np.all(np.isfinite(gb)):
+                reason = "non-finite gradient"
+            else:
+                g_max, m = _max_abs(gb), self._state_max_abs(st, b.slices, bs)
+                if not block_overflows(g_max, gb.size, m):
+                    continue
+                reason = (
+                    f"gradient too large for float32 state (max |G| = {g_max:.3g} over "
+                    f"{gb.size} entries with state max {m:.3g}: m + |B| g^2 > 2^127, "
+                    "shampoo_spec.block_overflows)"
+                )
+            if cfg.failure.nonfinite_gradient == "raise":
+                raise NonFiniteGradientError(
+                    f"{reason} in parameter {name!r} at step {t} (block {i} at offsets "
+                    f"{b.offsets}); failure.nonfinite_gradient='raise' (no optimizer state "
+                    "or parameter was changed by this step; 'skip_block' skips such blocks "
+                    "instead)."
+                )
+            ok[b.slices] = False
+            refused += 1
+        if refused:
+            g = np.where(ok, g, 0.0)
+        return _Admitted(g, ok, refused)
+
+    @staticmethod
+    def _state_max_abs(st: ParameterState, slices: tuple[slice, ...], bs: BlockState) -> float:
+        """m of eq. (3): max |entry| of the block's factors, graft state V, moment D (0 if none)."""
+        parts = [_max_abs(f) for f in bs.factors if f is not None]
+        if st.graft is not None:
+            parts.append(_max_abs(st.graft[slices]))
+        if bs.corrected_second_moment is not None:
+            parts.append(_max_abs(bs.corrected_second_moment))
+        return max(parts, default=0.0)
+
+    def _step_parameter(self, name: str, w_orig: Array, adm: _Admitted) -> Array:
+        """Eqs. (6)-(21) for one parameter whose gradient passed eqs. (2)-(3)."""
+        cfg, t = self.config, self.t
+        st = self.state[name]
+        plan = st.plan
+        w = _as_merged(w_orig, plan)
+        g, finite = adm.g, adm.ok
 
         # Eq. (14b): graft state; eq. (15): gradient filter. Elementwise.
         if st.graft is not None:
@@ -221,7 +338,11 @@ class ReferenceShampoo:
             self._update_corrected_moment(bs, gb)
 
     def _refresh_inverse_roots(self, name: str, roots: tuple[float, ...], bs: BlockState) -> None:
-        """Eqs. (7), (9)-(13): recompute every factor's root; count block failures."""
+        """Eqs. (7), (9)-(13): recompute every factor's root; count block failures.
+
+        A block over ``failure.max_consecutive_root_failures`` is recorded;
+        :meth:`step` raises :class:`RootFailureError` once the step is complete.
+        """
         cfg, t = self.config, self.t
         bc = cfg.statistics.bias_correction_factor(bs.statistics_updates)  # eq. (7)
         failed = []
@@ -238,10 +359,12 @@ class ReferenceShampoo:
         bs.consecutive_failures = bs.consecutive_failures + 1 if failed else 0
         limit = cfg.failure.max_consecutive_root_failures
         if limit is not None and bs.consecutive_failures > limit:
-            raise RootFailureError(
-                f"inverse roots of factors {failed} of parameter {name!r} failed on "
-                f"{bs.consecutive_failures} root steps in a row, the last at step {t} "
-                f"(failure.max_consecutive_root_failures={limit})."
+            block = next(i for i, x in enumerate(self.state[name].blocks) if x is bs)
+            self._root_failures.append(
+                f"inverse roots of factors {failed} of block {block} of parameter {name!r} "
+                f"failed on {bs.consecutive_failures} root steps in a row, the last at step {t} "
+                f"(failure.max_consecutive_root_failures={limit}; the step was completed, "
+                "failed roots kept their previous values)"
             )
 
     def _inverse_root(self, a: Array, root: float) -> Array | None:

@@ -68,6 +68,13 @@ def _check_keys(owner: str, data: Any, cls: type[Any]) -> dict[str, Any]:
         raise ValueError(
             f"{owner} has unknown key(s) {unknown}: allowed keys are {sorted(known)}."
         )
+    required = sorted(
+        f.name for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        and f.name not in data
+    )
+    if required:
+        raise ValueError(f"{owner} lacks the required key(s) {required}.")
     return dict(data)
 
 
