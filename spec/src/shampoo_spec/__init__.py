@@ -6,6 +6,7 @@
 - :func:`assign_blocks`, :func:`plan_block_costs`: which rank owns which block
   (distributed backends);
 - :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
+  :func:`to_meta`, :func:`to_google`: export a config to them;
 - :data:`PRESETS`: named configurations;
 - :mod:`errors`: every exception of the project (re-exported by backends);
 - :mod:`limits`: the overflow rule of eq. (3) and the large-block warning.
@@ -48,6 +49,7 @@ from .errors import (
     RootFailureError,
     StepperUnavailable,
 )
+from .exporters import to_google, to_meta
 from .importers import from_google, from_meta
 from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
@@ -100,5 +102,7 @@ __all__ = [
     "plan_block_costs",
     "plan_parameter",
     "squeeze_shape",
+    "to_google",
+    "to_meta",
     "uses_preconditioner",
 ]

@@ -6,7 +6,13 @@ Google's ``distributed_shampoo(...)``. Missing keys take that library's
 defaults, and running the result reproduces that library's numerics (Meta:
 single device; Google: the non-sharded path). Options we do not implement
 raise ``NotImplementedError`` naming the key; malformed values raise
-``ValueError``. docs/spec.md section 4 tabulates every mapping.
+``ValueError`` naming the key path, the value and what is allowed. Enums
+are read by member name, ``"Enum.NAME"`` or (Google's IntEnums) value;
+dtypes as ``"float32"`` or ``"torch.float32"``. ``from_google(kwargs,
+x64=False)`` gives float32 factors, as Google runs without 64-bit JAX.
+docs/spec.md section 4 tabulates every mapping; docs/migrating.md
+inventories every argument of both libraries. The inverse is
+:mod:`shampoo_spec.exporters`.
 
 Layout: :mod:`._parse` reads values (shared by both), :mod:`.meta` and
 :mod:`.google` each build the config one section at a time, one helper per

@@ -8,15 +8,21 @@ argument goes in the helper of the section it configures (and in
 :data:`KEYS`).
 
 Sections are read in the order of the ``from_*`` body: when several
-sections hold a bad value, the first one's error is raised.
+sections hold a bad value, the first one's error is raised. Values are read
+strictly (:mod:`._parse`): booleans must be ``true``/``false``, integers
+integral and at most ``MAX_INTEGER``, numbers finite; ``"inf"`` only where
+it means "no bound" (``skip_preconditioning_dim_size_gt``,
+``merge_small_dims_block_size``). ``graft_type``, ``precondtioner_type``
+and ``precision`` are read by name, ``"Enum.NAME"`` or the IntEnum value
+(``GraftingType.ADAGRAD`` is 2). Google takes no dtype: ``x64`` does.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
+from .._validate import MAX_INTEGER
 from ..config import (
     BlockingConfig,
     CoupledNewtonConfig,
@@ -103,7 +109,12 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "frequent_directions": (False, "frequent-directions sketching"),
     "reset_preconditioner": (False, "frequent-directions sketching"),
     "average_grad": (False, "frequent-directions sketching"),
-    "best_effort_shape_interpretation": (True, "no squeezing or merging of dims"),
+    "best_effort_shape_interpretation": (
+        True,
+        "Google then keeps size-1 dims, each with a 1 x 1 factor that counts in the root "
+        "2 * (preconditioned dims) and in one-sided preconditioning, and merges nothing; our "
+        "shape plan always drops size-1 dims (eq. 4)",
+    ),
 }
 
 #: ``graft_type`` (GraftingType member names) -> ``grafting.type``.
@@ -117,10 +128,23 @@ GRAFTS: dict[str, GraftingType] = {
     "ADAGRAD_NORMALIZED": "adagrad_normalized",
 }
 
+#: Google's ``GraftingType`` (an IntEnum): value -> member name.
+GRAFT_VALUES = {
+    0: "NONE", 1: "SGD", 2: "ADAGRAD", 3: "RMSPROP", 4: "RMSPROP_NORMALIZED", 5: "SQRT_N",
+    6: "ADAGRAD_NORMALIZED",
+}
+
 PreconditionedDims = Literal["all", "all_but_last", "last"]
 
 #: ``preconditioner_type`` (PreconditionerType member names) -> ``blocking.preconditioned_dims``.
 SIDES: dict[str, PreconditionedDims] = {"ALL": "all", "INPUT": "all_but_last", "OUTPUT": "last"}
+
+#: Google's ``PreconditionerType`` (an IntEnum): value -> member name.
+SIDE_VALUES = {1: "ALL", 2: "INPUT", 3: "OUTPUT"}
+
+#: ``precision`` / ``tensordot_precision``: ``jax.lax.Precision`` members (value -> name).
+PRECISION_VALUES = {0: "DEFAULT", 1: "HIGH", 2: "HIGHEST"}
+PRECISIONS = {name: name for name in PRECISION_VALUES.values()}
 
 
 class Preconditioner(NamedTuple):
@@ -132,8 +156,16 @@ class Preconditioner(NamedTuple):
     exponents: ExponentConfig
 
 
-def from_google(kwargs: Mapping[str, Any]) -> ShampooConfig:
+def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooConfig:
     """Config equal to Google's ``distributed_shampoo(**kwargs)``, non-sharded path.
+
+    ``x64`` says how Google runs: ``False`` is JAX's default (64-bit off), where
+    Google keeps statistics and computes roots in float32, so
+    ``factor_dtype="float32"``; ``True`` (``jax_enable_x64``) gives float64.
+    ``None`` (not said) gives float64, as before this argument existed: the
+    float64 statement of Google's algorithm that the reference and the
+    conformance comparisons run (``factor_dtype`` only sets the precision
+    fast backends keep factors in, never the algorithm).
 
     Rules settled from Google's source (docs/spec.md section 4.2): 0-based
     count (so ``period_anchor="start"``, statistics at count % s == 0, roots
@@ -148,9 +180,12 @@ def from_google(kwargs: Mapping[str, Any]) -> ShampooConfig:
     source (total decay lr * wd * x), not precondition-opt 0.3.0 (lr^2).
     """
     a = Args("from_google", kwargs, KEYS)
+    if x64 is not None and not isinstance(x64, bool):
+        raise ValueError(f"x64 = {x64!r} is invalid: allowed true, false or None.")
     _require(a, "learning_rate")
     _require(a, "block_size")
     _unsupported(a)
+    _no_numerical_effect(a)
     lr = a.number("learning_rate", None)
     # Shared: beta2 by the statistics (eq. 6) and the RMSPROP graft (eq. 14b);
     # decoupled_learning_rate by the grafting check and the momentum (eq. 20).
@@ -171,7 +206,7 @@ def from_google(kwargs: Mapping[str, Any]) -> ShampooConfig:
         blocking=_blocking(a),
         schedule=_schedule(a),
         failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=None),
-        factor_dtype="float64",
+        factor_dtype="float32" if x64 is False else "float64",
     )
 
 
@@ -192,6 +227,26 @@ def _unsupported(a: Args) -> None:
         a.unsupported(key, default, what)
 
 
+def _no_numerical_effect(a: Args) -> None:
+    """Reads ``precision``, ``tensordot_precision``, ``generate_training_metrics``,
+    ``reuse_preconditioner``; returns nothing.
+
+    Checks their values strictly; none changes the numbers we compute:
+    ``precision`` / ``tensordot_precision`` are XLA matmul precisions
+    (``jax.lax.Precision`` by name, ``"Precision.NAME"`` or value; our
+    backends compute at full precision, HIGHEST), ``generate_training_metrics``
+    only adds metrics, and ``reuse_preconditioner`` passes the previous root
+    to root functions that discard it (only frequent directions reads it).
+    """
+    choice("precision", a.get("precision", "HIGHEST"), PRECISIONS, enum="Precision",
+           values=PRECISION_VALUES)
+    if a.get("tensordot_precision", None) is not None:
+        choice("tensordot_precision", a.get("tensordot_precision", None), PRECISIONS,
+               enum="Precision", values=PRECISION_VALUES)
+    a.flag("generate_training_metrics", True)
+    a.flag("reuse_preconditioner", False)
+
+
 def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
     """Reads ``diagonal_epsilon``, ``graft_type`` (with ``beta2``, ``decoupled_learning_rate``).
 
@@ -200,7 +255,9 @@ def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
     ``decoupled_learning_rate=False`` is refused.
     """
     diag_eps = a.number("diagonal_epsilon", 1e-10)
-    graft_type = choice("graft_type", a.get("graft_type", "SGD"), GRAFTS)
+    graft_type = choice(
+        "graft_type", a.get("graft_type", "SGD"), GRAFTS, enum="GraftingType", values=GRAFT_VALUES
+    )
     if graft_type in ("rmsprop", "rmsprop_normalized") and beta2 == 1.0:
         graft_type = "adagrad" if graft_type == "rmsprop" else "adagrad_normalized"
     if graft_type == "none" and not decoupled_lr:
@@ -272,7 +329,7 @@ def _momentum(a: Args, graft_type: str, decoupled_lr: bool) -> MomentumConfig:
     beta1 = a.number("beta1", 0.9)
     return MomentumConfig(
         momentum=beta1,
-        dampening=beta1 if a.get("moving_average_for_momentum", False) else 0.0,
+        dampening=beta1 if a.flag("moving_average_for_momentum", False) else 0.0,
         nesterov=a.flag("nesterov", True),
         buffers="separate" if graft_type != "none" and beta1 > 0 else "shared",
         learning_rate_placement="after_momentum" if decoupled_lr else "before_momentum",
@@ -287,7 +344,7 @@ def _weight_decay(a: Args) -> WeightDecayConfig:
     """
     return WeightDecayConfig(
         value=a.number("weight_decay", 0.0),
-        type="update" if a.get("decoupled_weight_decay", False) else "direction",
+        type="update" if a.flag("decoupled_weight_decay", False) else "direction",
     )
 
 
@@ -300,26 +357,29 @@ def _blocking(a: Args) -> BlockingConfig:
     block_size (<= 0: unbounded), parameters skipped by rank or by an
     original dim, one-sided preconditioning (INPUT, OUTPUT).
     """
-    block = int(a.number("block_size", None))
+    block = a.integer("block_size", None, low=-MAX_INTEGER)
     side = choice(
         "preconditioner_type",
         a.get("preconditioner_type", a.get("precondtioner_type", "ALL")),
         SIDES,
+        enum="PreconditionerType",
+        values=SIDE_VALUES,
     )
-    rank_lt = int(a.number("skip_preconditioning_rank_lt", 1))
+    rank_lt = a.integer("skip_preconditioning_rank_lt", 1, low=-MAX_INTEGER)
     if rank_lt < 1:
         raise NotImplementedError(
             f"skip_preconditioning_rank_lt = {rank_lt} is not supported yet (Google then "
             "preconditions 0-d parameters with no factor at all)."
         )
-    skip_gt = a.number("skip_preconditioning_dim_size_gt", 4096)
     return BlockingConfig(
         max_preconditioner_dim=block if block > 0 else UNBOUNDED,
         merge_dims_up_to=dim_limit(
             "merge_small_dims_block_size", a.get("merge_small_dims_block_size", 4096)
         ),
         merge_direction="first_to_last",
-        skip_dim_size_gt=UNBOUNDED if skip_gt == math.inf else int(skip_gt),
+        skip_dim_size_gt=dim_limit(
+            "skip_preconditioning_dim_size_gt", a.get("skip_preconditioning_dim_size_gt", 4096)
+        ),
         skip_rank_lt=rank_lt,
         preconditioned_dims=side,
     )
@@ -332,10 +392,11 @@ def _schedule(a: Args) -> ScheduleConfig:
     Returns ``schedule`` (eq. 8) for Google's 0-based count: anchored at the
     start, roots from the first step, the Shampoo direction from start + 1.
     """
-    start = int(a.number("start_preconditioning_step", 5))
+    # Our start step is Google's + 1 (1-based), so Google's may be at most MAX_INTEGER - 1.
+    start = a.integer("start_preconditioning_step", 5, low=0, high=MAX_INTEGER - 1)
     return ScheduleConfig(
-        precondition_frequency=int(a.number("preconditioning_compute_steps", 1)),
-        statistics_frequency=int(a.number("statistics_compute_steps", 1)),
+        precondition_frequency=a.integer("preconditioning_compute_steps", 1, low=1),
+        statistics_frequency=a.integer("statistics_compute_steps", 1, low=1),
         start_preconditioning_step=start + 1,
         period_anchor="start",
         roots_before_start=True,

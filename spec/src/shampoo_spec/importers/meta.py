@@ -7,15 +7,22 @@ per argument). :func:`from_meta` reads the values several sections share
 the helper of the section it configures (and in :data:`KEYS`).
 
 Sections are read in the order of the ``from_*`` body: when several
-sections hold a bad value, the first one's error is raised.
+sections hold a bad value, the first one's error is raised. Values are read
+strictly (:mod:`._parse`): booleans must be ``true``/``false``, integers
+integral and at most ``MAX_INTEGER``, numbers finite; ``"inf"`` only for
+``max_preconditioner_dim`` (no bound). ``weight_decay_type`` is read by
+name or ``"WeightDecayType.NAME"``; dtypes as ``"float32"`` or
+``"torch.float32"``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 from ..config import (
+    MAX_NEWTON_ITERATIONS,
     BlockingConfig,
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
@@ -33,7 +40,7 @@ from ..config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from ._parse import Args, dim_limit, number, type_of
+from ._parse import Args, boolean, choice, dim_limit, dtype, integer, number, type_of
 
 #: The keyword arguments of ``DistributedShampoo`` (besides ``params``).
 KEYS = {
@@ -59,6 +66,7 @@ KEYS = {
     "preconditioner_config",
     "shampoo_runtime_config",
     "use_merge_dims",
+    "concurrency_config",
 }
 
 #: The keys of ``preconditioner_config`` (any of Meta's Shampoo preconditioner configs).
@@ -68,6 +76,7 @@ PRECONDITIONER_KEYS = {
     "factor_matrix_dtype",
     "inv_factor_matrix_dtype",
     "corrected_eigenvalues_dtype",
+    "factor_matrix_eigenvectors_dtype",
     "inverse_exponent_override",
     "ignored_basis_change_dims",
     "use_symmetric_packing",
@@ -84,6 +93,7 @@ AMORTIZED_KEYS = {
     "retry_double_precision",
     "exponent_multiplier",
     "enhance_stability",
+    "eigendecomposition_offload_device",
 }
 
 #: Preconditioner config classes we refuse, with what they are.
@@ -101,6 +111,12 @@ UNSUPPORTED_PRECONDITIONERS = {
 Placement = Literal["ridge", "shift_after"]
 FactorDtype = Literal["float32", "float64"]
 _FACTOR_DTYPES: dict[str, FactorDtype] = {"float32": "float32", "float64": "float64"}
+
+#: ``weight_decay_type`` (WeightDecayType member names; each value is its name).
+WEIGHT_DECAY_TYPES = {name: name for name in ("L2", "DECOUPLED", "CORRECTED", "INDEPENDENT")}
+
+#: How Meta's dtypes are spelled in JSON: ``"float32"`` or ``str(torch.float32)``.
+TORCH = ("torch.",)
 
 
 class Shared(NamedTuple):
@@ -201,21 +217,20 @@ def _weight_decay(a: Args, lr: float) -> WeightDecayConfig:
     """
     wd = a.number("weight_decay", 0.0)
     if "weight_decay_type" in a:
-        wd_type = a.get("weight_decay_type", "DECOUPLED")
+        wd_type = choice(
+            "weight_decay_type", a.get("weight_decay_type", "DECOUPLED"), WEIGHT_DECAY_TYPES,
+            enum="WeightDecayType",
+        )
     else:
-        wd_type = "DECOUPLED" if a.get("use_decoupled_weight_decay", True) else "L2"
+        wd_type = "DECOUPLED" if a.flag("use_decoupled_weight_decay", True) else "L2"
     if wd_type == "L2":
         return WeightDecayConfig(value=wd, type="l2")
     if wd_type in ("DECOUPLED", "CORRECTED"):
         return WeightDecayConfig(value=wd, type="direction")
-    if wd_type == "INDEPENDENT":
-        if lr <= 0:
-            raise ValueError("weight_decay_type = 'INDEPENDENT' needs lr > 0 (it divides by lr).")
-        return WeightDecayConfig(value=wd / lr, type="direction")
-    raise ValueError(
-        f"weight_decay_type = {wd_type!r} is invalid: allowed one of "
-        "'L2', 'DECOUPLED', 'CORRECTED', 'INDEPENDENT'."
-    )
+    # INDEPENDENT (choice() refused anything else).
+    if lr <= 0:
+        raise ValueError("weight_decay_type = 'INDEPENDENT' needs lr > 0 (it divides by lr).")
+    return WeightDecayConfig(value=wd / lr, type="direction")
 
 
 def _momentum(a: Args) -> MomentumConfig:
@@ -271,7 +286,7 @@ def _distribution(a: Args) -> None:
             f"distributed_config.target_parameter_dimensionality = {target!r} is not "
             "supported yet (only 1)."
         )
-    if a.get("use_merge_dims", True) is not True:
+    if not a.flag("use_merge_dims", True):
         raise NotImplementedError("use_merge_dims = False is not supported yet.")
 
 
@@ -305,15 +320,22 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         exponents = _exponents({}, p.get("ignored_basis_change_dims", {}))
     else:
         raise NotImplementedError(f"preconditioner_config.type = {kind!r} is not supported.")
-    dtype = str(p.get("factor_matrix_dtype", "float32")).replace("torch.", "")
-    if dtype not in _FACTOR_DTYPES:
-        raise NotImplementedError(f"preconditioner_config.factor_matrix_dtype = {dtype!r}.")
-    tolerated = int(
-        number(
-            "num_tolerated_failed_amortized_computations",
-            p.get("num_tolerated_failed_amortized_computations", 3),
-        )
+    factor_dtype = dtype(
+        "preconditioner_config.factor_matrix_dtype", p.get("factor_matrix_dtype", "float32"), TORCH
     )
+    if factor_dtype not in _FACTOR_DTYPES:
+        raise NotImplementedError(
+            f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} is not supported yet "
+            "(factors in float32 or float64)."
+        )
+    # Storage dtypes of the roots, eigenvectors and corrected eigenvalues: read
+    # strictly; the backends keep them in factor_dtype (docs/migrating.md, inventory).
+    for key in (
+        "inv_factor_matrix_dtype", "corrected_eigenvalues_dtype",
+        "factor_matrix_eigenvectors_dtype",
+    ):
+        dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
+    tolerated = p.integer("num_tolerated_failed_amortized_computations", 3, low=0)
     return Preconditioner(
         statistics=StatisticsConfig(
             beta2=shared.beta2, bias_correction=shared.bias_correction, initial_value="zero"
@@ -322,7 +344,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         root_inverse=root_inverse,
         exponents=exponents,
         eigenvalue_correction=correction,
-        factor_dtype=_FACTOR_DTYPES[dtype],
+        factor_dtype=_FACTOR_DTYPES[factor_dtype],
         failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=tolerated),
     )
 
@@ -337,7 +359,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
     tolerance 1e-6) with the ridge.
     """
     kind = type_of("amortized_computation_config", cfg) or "EigenConfig"
-    args = Args("amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
+    args = Args("preconditioner_config.amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
     if kind in ("EigenConfig", "EighEigendecompositionConfig"):
         args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal criterion")
         stab = args.get("rank_deficient_stability_config", None)
@@ -347,12 +369,18 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
                 f"rank_deficient_stability_config.type = {stab_kind!r} is not supported yet "
                 "(pseudo-inverse roots)."
             )
-        before = bool((stab or {}).get("perturb_before_computation", True))
+        before = boolean(
+            "preconditioner_config.amortized_computation_config.rank_deficient_stability_config"
+            ".perturb_before_computation",
+            (stab or {}).get("perturb_before_computation", True),
+        )
         return EighConfig(), ("ridge" if before else "shift_after")
     if kind == "CoupledNewtonConfig":
         return (
             CoupledNewtonConfig(
-                max_iterations=int(args.get("max_iterations", 100)),
+                max_iterations=args.integer(
+                    "max_iterations", 100, low=1, high=MAX_NEWTON_ITERATIONS
+                ),
                 tolerance=args.number("tolerance", 1e-6),
             ),
             "ridge",
@@ -363,34 +391,81 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
     )
 
 
+#: The largest block order an override may name: no tensor has more dims
+#: (NumPy's limit), and a scalar exponent expands to ``order`` roots.
+MAX_ORDER = 64
+
+_OVERRIDE = "preconditioner_config.inverse_exponent_override"
+_IGNORED = "preconditioner_config.ignored_basis_change_dims"
+
+
+def _int_key(owner: str, key: Any, *, high: int) -> int:
+    """A JSON object key naming an order or a dim: an int, or a string of digits."""
+    if isinstance(key, str) and key.strip().isdigit() and len(key) <= 20:
+        key = int(key)
+    return integer(f"{owner} key", key, low=0, high=high)
+
+
+def _by_int_key(owner: str, data: Any, what: str, *, high: int) -> dict[int, Any]:
+    """``data`` (a JSON object) with its keys read by :func:`_int_key`; duplicates refused."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{owner} = {data!r} is invalid: allowed an object mapping {what}.")
+    out: dict[int, Any] = {}
+    for key, value in data.items():
+        k = _int_key(owner, key, high=high)
+        if k in out:
+            raise ValueError(f"{owner} names {k} twice (as {key!r} and another key).")
+        out[k] = value
+    return out
+
+
+def _exponent(owner: str, value: Any, *, zero_ok: bool) -> float:
+    """A Meta exponent e (root 1/e): finite, > 0, or 0 (= not preconditioned) when allowed."""
+    e = number(owner, value)
+    allowed = "an exponent >= 0 (0: not preconditioned)" if zero_ok else "an exponent > 0"
+    if e < 0 or (e == 0 and not zero_ok) or (e != 0 and not math.isfinite(1.0 / e)):
+        raise ValueError(f"{owner} = {value!r} is invalid: allowed {allowed} with 1/e finite.")
+    return e
+
+
 def _exponents(overrides: Any, ignored: Any = None) -> ExponentConfig:
     """Reads ``inverse_exponent_override`` and ``ignored_basis_change_dims``.
 
     Returns ``exponents`` (eq. 12): Meta's override maps order -> exponent e
     (or {dim: e}), root = 1/e, e = 0 -> root 0 (not preconditioned); an
     ignored dim gets root 0. Order 0 is skipped (0-d blocks only exist with
-    ``target_parameter_dimensionality`` = inf).
+    ``target_parameter_dimensionality`` = inf). Orders and dims are integers
+    (JSON keys: strings of digits), orders at most :data:`MAX_ORDER`.
     """
     if overrides in (None, {}) and ignored in (None, {}):
         return ExponentConfig()
-    if not isinstance(overrides or {}, Mapping):
-        raise ValueError(
-            f"inverse_exponent_override = {overrides!r} is invalid: allowed an object "
-            "mapping order -> exponent or order -> {dim: exponent}."
-        )
+    by_order = _by_int_key(
+        _OVERRIDE, overrides, "order -> exponent or order -> {dim: exponent}", high=MAX_ORDER
+    )
+    skipped = _by_int_key(_IGNORED, ignored, "order -> [dim, ...]", high=MAX_ORDER)
     items: list[OrderOverride] = []
-    orders = {int(k) for k in (overrides or {})} | {int(k) for k in (ignored or {})}
-    for order in sorted(orders):
+    for order in sorted(set(by_order) | set(skipped)):
         if order == 0:
             continue
-        value = (overrides or {}).get(order, (overrides or {}).get(str(order), {}))
+        value = by_order.get(order, {})
+        path = f"{_OVERRIDE}.{order}"
         default = 1.0 / (2.0 * order)
         if isinstance(value, Mapping):
-            per_dim = {int(k): number("inverse_exponent_override", e) for k, e in value.items()}
+            per_dim = {
+                d: _exponent(f"{path}.{d}", e, zero_ok=True)
+                for d, e in _by_int_key(path, value, "dim -> exponent", high=MAX_ORDER).items()
+            }
             exps = [per_dim.get(d, default) for d in range(order)]
         else:
-            exps = [number("inverse_exponent_override", value)] * order
-        skip = set((ignored or {}).get(order, (ignored or {}).get(str(order), [])))
+            exps = [_exponent(path, value, zero_ok=True)] * order
+        dims = skipped.get(order, [])
+        if not isinstance(dims, (list, tuple)):
+            raise ValueError(
+                f"{_IGNORED}.{order} = {dims!r} is invalid: allowed a list of dims."
+            )
+        skip = {integer(f"{_IGNORED}.{order}[]", d, low=0, high=MAX_ORDER) for d in dims}
         roots = tuple(0.0 if (e == 0 or d in skip) else 1.0 / e for d, e in enumerate(exps))
         items.append(OrderOverride(order=order, roots=roots))
     return ExponentConfig(overrides_by_order=tuple(items))
@@ -402,16 +477,20 @@ def _eigenvalue_correction(
     """Reads ``inverse_exponent_override`` of ``EigenvalueCorrectedShampooPreconditionerConfig``.
 
     Returns ``eigenvalue_correction`` (eq. 17): beta2 = betas[1], epsilon,
-    bias correction = use_bias_correction, root = 1/e for the one exponent e
-    of every order (default 0.5). Needs eigh roots with the ridge placement.
+    bias correction = use_bias_correction, root = 1/e for the one exponent
+    e > 0 of every order (default 0.5). Needs eigh roots with the ridge placement.
     """
     if not isinstance(root_inverse, EighConfig) or placement != "ridge":
         raise NotImplementedError(
             "preconditioner_config.amortized_computation_config: eigenvalue-corrected "
             "Shampoo is supported with EighEigendecompositionConfig only."
         )
-    overrides = p.get("inverse_exponent_override", {}) or {}
-    exps = {number("inverse_exponent_override", e) for e in overrides.values()}
+    overrides = _by_int_key(
+        _OVERRIDE, p.get("inverse_exponent_override", {}), "order -> exponent", high=MAX_ORDER
+    )
+    exps = {
+        _exponent(f"{_OVERRIDE}.{order}", e, zero_ok=False) for order, e in overrides.items()
+    }
     if len(exps) > 1:
         raise NotImplementedError(
             "preconditioner_config.inverse_exponent_override with different exponents "
@@ -433,8 +512,8 @@ def _schedule(a: Args) -> ScheduleConfig:
     it (``period_anchor="end"``, ``roots_before_start=False``); start -1
     means f, and a start below f is refused.
     """
-    freq = int(a.number("precondition_frequency", 1))
-    start = int(a.number("start_preconditioning_step", -1))
+    freq = a.integer("precondition_frequency", 1, low=1)
+    start = a.integer("start_preconditioning_step", -1, low=-1)
     if start == -1:
         start = freq
     if start < freq:

@@ -1,0 +1,573 @@
+"""Export a :class:`ShampooConfig` to the anchors' arguments (contract 8.1).
+
+``to_meta(config)`` gives the keyword arguments of Meta's
+``DistributedShampoo(params, **kwargs)`` and ``to_google(config)`` those of
+Google's ``distributed_shampoo(**kwargs)``, in exactly the JSON form the
+importers take: nested Meta configs as dicts with a ``"type"`` key naming
+Meta's class, enums by member name (``"DECOUPLED"``, ``"ADAGRAD"``), dtypes
+as strings (``"float64"``). Every mapped argument is written, defaults
+included, so the dict says everything on its own.
+
+``from_meta(to_meta(c)) == c`` and ``from_google(to_google(c), x64=...) == c``
+for every config the target can express (Google's kwargs carry no dtype: it
+computes in float64 exactly when 64-bit JAX is on, so
+``x64 = c.factor_dtype == "float64"``; the default ``x64=None`` reads float64).
+A config the target cannot express raises one ``ValueError`` naming every
+field the target lacks, with its value and why. One exception to equality:
+an ``OrderOverride`` with a single root for an order > 1 exports as Meta's
+scalar exponent and imports back as one root per dim (the same roots).
+
+Layout mirrors the importers: one helper per section of the anchor's
+arguments, each writing its keys and noting what it cannot express; a final
+re-import checks that nothing was missed (:func:`_check_round_trip`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ._validate import MAX_INTEGER
+from .config import (
+    CoupledNewtonConfig,
+    EighConfig,
+    OrderOverride,
+    ShampooConfig,
+)
+from .importers import from_google, from_meta
+from .importers.google import GRAFTS, SIDES
+from .importers.meta import MAX_ORDER
+from .serialization import _flatten, config_to_dict
+
+__all__ = ["to_google", "to_meta"]
+
+#: The defaults of the fields of ``CoupledNewtonConfig`` Meta has no argument for.
+_NEWTON_DEFAULTS = CoupledNewtonConfig()
+
+
+class _Lacks:
+    """The fields a target cannot express: ``path -> "path = value (why)"``, first reason wins."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.items: dict[str, str] = {}
+
+    def need(self, ok: bool, path: str, value: Any, why: str) -> None:
+        """Notes ``path`` (holding ``value``) as inexpressible unless ``ok``."""
+        if not ok and path not in self.items:
+            self.items[path] = f"{path} = {value!r} ({why})"
+
+    def same(self, path: str, value: Any, wanted: Any, why: str) -> None:
+        """Notes ``path`` unless ``value == wanted`` (the only value the target gives)."""
+        self.need(value == wanted, path, value, f"{why}; {self.target} gives {wanted!r}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            listed = "; ".join(self.items[k] for k in sorted(self.items))
+            raise ValueError(
+                f"{self.target} cannot express {len(self.items)} option(s) of this config: "
+                f"{listed}."
+            )
+
+
+def _reciprocal(root: float) -> float | None:
+    """An exponent e with ``1.0 / e == root`` exactly (Meta's exponents are 1 / root), or None."""
+    if root == 0.0:
+        return 0.0
+    e = 1.0 / root
+    candidates = [e]
+    up = down = e
+    for _ in range(4):
+        up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
+        candidates += [up, down]
+    for candidate in candidates:
+        if candidate > 0 and 1.0 / candidate == root:
+            return candidate
+    return None
+
+
+def _canonical(config: ShampooConfig) -> ShampooConfig:
+    """``config`` with single-root overrides of orders > 1 written one root per dim."""
+    items = tuple(
+        OrderOverride(order=item.order, roots=item.roots * item.order)
+        if len(item.roots) == 1 and item.order > 1 else item
+        for item in config.exponents.overrides_by_order
+    )
+    if items == config.exponents.overrides_by_order:
+        return config
+    exponents = dataclasses.replace(config.exponents, overrides_by_order=items)
+    return dataclasses.replace(config, exponents=exponents)
+
+
+def _check_round_trip(
+    config: ShampooConfig, kwargs: dict[str, Any], lacks: _Lacks,
+    importer: Callable[[dict[str, Any]], ShampooConfig],
+) -> None:
+    """Re-imports ``kwargs``; every field that comes back different is noted as lacking.
+
+    A safety net under the section helpers: whatever they missed is still
+    named, so ``to_x`` never returns kwargs that import to another config.
+    """
+    try:
+        back = importer(kwargs)
+    except (ValueError, NotImplementedError) as error:
+        lacks.need(False, "(the exported arguments)", kwargs, f"re-import failed: {error}")
+        return
+    want: dict[str, Any] = {}
+    got: dict[str, Any] = {}
+    _flatten("", config_to_dict(_canonical(config)), want)
+    _flatten("", config_to_dict(back), got)
+    for key in sorted(set(want) | set(got)):
+        if want.get(key, "<absent>") != got.get(key, "<absent>"):
+            lacks.same(key, want.get(key, "<absent>"), got.get(key, "<absent>"),
+                       "no argument gives it")
+
+
+# ====================================================================== Meta
+def to_meta(config: ShampooConfig) -> dict[str, Any]:
+    """The kwargs of Meta's ``DistributedShampoo`` (JSON form) for ``config``.
+
+    ``from_meta(to_meta(config)) == config``. Raises ``ValueError`` naming
+    every option Meta cannot express (for example Google's coupled Newton
+    rules, relative epsilon, parameter-wide graft norms, separate momentum
+    buffers, ``"update"`` weight decay, skipped dims, statistics from eps I).
+    """
+    c = config
+    lacks = _Lacks("Meta's DistributedShampoo")
+    kwargs: dict[str, Any] = {}
+    kwargs.update(_meta_shared(c, lacks))
+    kwargs.update(_meta_weight_decay(c, lacks))
+    kwargs["iterate_averaging_config"] = _meta_momentum(c, lacks)
+    kwargs["preconditioner_config"] = _meta_preconditioner(c, lacks)
+    kwargs.update(_meta_schedule(c, lacks))
+    kwargs.update(_meta_blocking(c, lacks))
+    kwargs["grafting_config"] = _meta_grafting(c, lacks)
+    lacks.raise_if_any()
+    _check_round_trip(c, kwargs, lacks, from_meta)
+    lacks.raise_if_any()
+    return kwargs
+
+
+def _meta_shared(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``lr``, ``betas``, ``beta3``, ``epsilon``, ``use_bias_correction``.
+
+    From ``learning_rate``, ``gradient_filter`` (eq. 15), ``statistics``
+    (eqs. 6-7) and ``epsilon.value``: Meta has one ``use_bias_correction``
+    for the filter and the factors, and its factors start at zero.
+    """
+    s, f = c.statistics, c.gradient_filter
+    lacks.same("statistics.ema_weight", s.ema_weight, "one_minus_beta2",
+               "Meta's factor EMA weighs G G^T by 1 - beta2 (drop_weighting_factor_on_gsquare "
+               "is not imported)")
+    lacks.same("statistics.initial_value", s.initial_value, "zero", "Meta's factors start at zero")
+    lacks.same("gradient_filter.bias_correction", f.bias_correction, s.bias_correction,
+               "one use_bias_correction sets both the filter's and the statistics'")
+    lacks.need(c.epsilon.value > 0, "epsilon.value", c.epsilon.value,
+               "Meta needs epsilon > 0 (0 only with pseudo-inverse roots)")
+    return {
+        "lr": c.learning_rate,
+        "betas": [f.beta1, s.beta2],
+        "beta3": -1.0 if f.beta3 is None else f.beta3,
+        "epsilon": c.epsilon.value,
+        "use_bias_correction": s.bias_correction,
+    }
+
+
+def _meta_weight_decay(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``weight_decay``, ``weight_decay_type``: l2 -> L2, direction -> DECOUPLED."""
+    wd = c.weight_decay
+    lacks.need(wd.type != "update", "weight_decay.type", wd.type,
+               "Meta adds decay to the gradient (L2) or to the direction before momentum "
+               "(DECOUPLED), never after momentum")
+    return {"weight_decay": wd.value, "weight_decay_type": "L2" if wd.type == "l2" else "DECOUPLED"}
+
+
+def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
+    """Writes ``iterate_averaging_config``: ClassicMomentumConfig, or null without momentum."""
+    m = c.momentum
+    lacks.same("momentum.buffers", m.buffers, "shared", "Meta keeps one momentum buffer")
+    lacks.same("momentum.learning_rate_placement", m.learning_rate_placement, "after_momentum",
+               "Meta multiplies the momentum output by lr")
+    if m.momentum == 0.0:
+        lacks.same("momentum.dampening", m.dampening, 0.0, "unused without momentum")
+        lacks.same("momentum.nesterov", m.nesterov, False, "unused without momentum")
+        return None
+    return {
+        "type": "ClassicMomentumConfig",
+        "momentum": m.momentum,
+        "dampening": m.dampening,
+        "use_nesterov": m.nesterov,
+    }
+
+
+def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``preconditioner_config``: RootInv or EigenvalueCorrected Shampoo.
+
+    From ``epsilon`` (absolute; eq. 10 placement), ``root_inverse``,
+    ``exponents`` (per-order exponents 1 / root), ``eigenvalue_correction``,
+    ``factor_dtype`` and ``failure``.
+    """
+    eps = c.epsilon
+    lacks.same("epsilon.scale", eps.scale, "absolute", "Meta's epsilon is absolute")
+    lacks.same("epsilon.relative_floor", eps.relative_floor, 1e-16,
+               "unused with an absolute epsilon")
+    lacks.need(c.failure.max_consecutive_root_failures is not None,
+               "failure.max_consecutive_root_failures", None,
+               "Meta raises after num_tolerated_failed_amortized_computations failures")
+    lacks.same("failure.nonfinite_gradient", c.failure.nonfinite_gradient, "raise",
+               "Meta raises on non-finite values; it cannot skip a block")
+    corrected = c.eigenvalue_correction is not None
+    out: dict[str, Any] = {
+        "type": (
+            "EigenvalueCorrectedShampooPreconditionerConfig" if corrected
+            else "RootInvShampooPreconditionerConfig"
+        ),
+        "amortized_computation_config": _meta_root_inverse(c, lacks),
+        "factor_matrix_dtype": c.factor_dtype,
+        "num_tolerated_failed_amortized_computations": c.failure.max_consecutive_root_failures,
+    }
+    if corrected:
+        out.update(_meta_eigenvalue_correction(c, lacks))
+    else:
+        out["inverse_exponent_override"] = _meta_exponents(c, lacks)
+    return out
+
+
+def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``amortized_computation_config``: EigenConfig (or EighEigendecompositionConfig
+    for eigenvalue correction), with perturb-after for ``"shift_after"``; CoupledNewtonConfig."""
+    placement = c.epsilon.placement
+    if isinstance(c.root_inverse, EighConfig):
+        corrected = c.eigenvalue_correction is not None
+        allowed = ("ridge",) if corrected else ("ridge", "shift_after")
+        lacks.need(placement in allowed, "epsilon.placement", placement,
+                   f"Meta's eigendecomposition places epsilon as one of {list(allowed)}")
+        out: dict[str, Any] = {
+            "type": "EighEigendecompositionConfig" if corrected else "EigenConfig"
+        }
+        if placement == "shift_after":
+            out["rank_deficient_stability_config"] = {
+                "type": "PerturbationConfig", "perturb_before_computation": False,
+            }
+        return out
+    newton = c.root_inverse
+    lacks.same("epsilon.placement", placement, "ridge", "Meta's coupled Newton adds a ridge")
+    for name in ("error_growth_limit", "retries", "retry_epsilon_factor",
+                 "retry_error_threshold", "failure_threshold"):
+        lacks.same(f"root_inverse.{name}", getattr(newton, name), getattr(_NEWTON_DEFAULTS, name),
+                   "Meta's CoupledNewtonConfig has only max_iterations and tolerance")
+    return {
+        "type": "CoupledNewtonConfig",
+        "max_iterations": newton.max_iterations,
+        "tolerance": newton.tolerance,
+    }
+
+
+def _meta_exponents(c: ShampooConfig, lacks: _Lacks) -> dict[int, Any]:
+    """Writes ``inverse_exponent_override``: order -> exponent 1/root (or {dim: exponent})."""
+    ex = c.exponents
+    lacks.same("exponents.default", ex.default, "block_order",
+               "Meta's default root is 2 * (block order)")
+    lacks.same("exponents.override", ex.override, 0.0,
+               "Meta has no one root for every factor: use overrides_by_order")
+    out: dict[int, Any] = {}
+    for item in ex.overrides_by_order:
+        exps = [_reciprocal(r) for r in item.roots]
+        path = f"exponents.overrides_by_order[order={item.order}].roots"
+        lacks.need(all(e is not None for e in exps), path, item.roots,
+                   "a root with no float exponent e such that 1 / e is that root")
+        if len(set(exps)) == 1:
+            out[item.order] = exps[0]
+        else:
+            out[item.order] = dict(enumerate(exps))
+    return out
+
+
+def _meta_eigenvalue_correction(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``ignored_basis_change_dims`` and ``inverse_exponent_override`` (eq. 17).
+
+    Meta's eigenvalue correction shares betas[1], epsilon and
+    use_bias_correction with the factors; its root is one exponent for
+    every order (written for orders 1..64), and per-dim roots can only be
+    0 (an ignored basis-change dim).
+    """
+    ec = c.eigenvalue_correction
+    assert ec is not None
+    lacks.same("eigenvalue_correction.beta2", ec.beta2, c.statistics.beta2,
+               "Meta's betas[1] sets both it and statistics.beta2")
+    lacks.same("eigenvalue_correction.epsilon", ec.epsilon, c.epsilon.value,
+               "Meta's epsilon sets both it and epsilon.value")
+    lacks.same("eigenvalue_correction.bias_correction", ec.bias_correction,
+               c.statistics.bias_correction,
+               "Meta's use_bias_correction sets both it and statistics.bias_correction")
+    ex = c.exponents
+    lacks.same("exponents.default", ex.default, "block_order",
+               "Meta's default root is 2 * (block order)")
+    lacks.same("exponents.override", ex.override, 0.0,
+               "eigenvalue-corrected Shampoo takes its root from eigenvalue_correction.root")
+    ignored: dict[int, list[int]] = {}
+    for item in ex.overrides_by_order:
+        roots = item.roots * item.order if len(item.roots) == 1 else item.roots
+        lacks.need(all(r in (0.0, 2.0 * item.order) for r in roots),
+                   f"exponents.overrides_by_order[order={item.order}].roots", item.roots,
+                   "with eigenvalue correction Meta only ignores dims (root 0); other roots "
+                   f"stay 2 * order = {2 * item.order}")
+        ignored[item.order] = [d for d, r in enumerate(roots) if r == 0.0]
+    out: dict[str, Any] = {"ignored_basis_change_dims": ignored, "inverse_exponent_override": {}}
+    if ec.root != 2.0:
+        e = _reciprocal(ec.root)
+        lacks.need(e is not None, "eigenvalue_correction.root", ec.root,
+                   "no float exponent e such that 1 / e is that root")
+        out["inverse_exponent_override"] = {order: e for order in range(1, MAX_ORDER + 1)}
+    return out
+
+
+def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``precondition_frequency``, ``start_preconditioning_step`` (eq. 8, Meta's rule)."""
+    s = c.schedule
+    lacks.same("schedule.statistics_frequency", s.statistics_frequency, 1,
+               "Meta updates the factors every step")
+    lacks.same("schedule.period_anchor", s.period_anchor, "end", "Meta's roots are at t % f == 0")
+    lacks.same("schedule.roots_before_start", s.roots_before_start, False,
+               "Meta computes no roots before the start step")
+    start = s.start_preconditioning_step
+    lacks.need(start is not None, "schedule.start_preconditioning_step", start,
+               "Meta always starts preconditioning")
+    lacks.need(start is None or start >= s.precondition_frequency,
+               "schedule.start_preconditioning_step", start,
+               f"Meta needs a start >= precondition_frequency ({s.precondition_frequency})")
+    return {
+        "precondition_frequency": s.precondition_frequency,
+        "start_preconditioning_step": start if start is not None else -1,
+    }
+
+
+def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``max_preconditioner_dim`` (eqs. 4-5): Meta merges up to the block size."""
+    b = c.blocking
+    lacks.same("blocking.merge_dims_up_to", b.merge_dims_up_to, b.max_preconditioner_dim,
+               "Meta merges dims up to max_preconditioner_dim")
+    lacks.same("blocking.merge_direction", b.merge_direction, "last_to_first",
+               "Meta merges from the last dim")
+    lacks.same("blocking.skip_dim_size_gt", b.skip_dim_size_gt, None,
+               "Meta preconditions every dim")
+    lacks.same("blocking.skip_rank_lt", b.skip_rank_lt, 0, "Meta preconditions every rank")
+    lacks.same("blocking.preconditioned_dims", b.preconditioned_dims, "all",
+               "Meta's one-sided preconditioning is per order (inverse_exponent_override), "
+               "not by position")
+    return {"max_preconditioner_dim": b.max_preconditioner_dim}
+
+
+#: ``grafting.type`` -> Meta's grafting config class.
+_META_GRAFTS = {
+    "sgd": "SGDPreconditionerConfig",
+    "adagrad": "AdaGradPreconditionerConfig",
+    "rmsprop": "RMSpropPreconditionerConfig",
+    "adam": "AdamPreconditionerConfig",
+}
+
+
+def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
+    """Writes ``grafting_config`` (eqs. 14, 18): per-block norms with 1e-16."""
+    g = c.grafting
+    lacks.need(g.type in _META_GRAFTS or g.type == "none", "grafting.type", g.type,
+               f"Meta grafts with none or one of {sorted(_META_GRAFTS)}")
+    lacks.same("grafting.norm_scope", g.norm_scope, "block", "Meta takes graft norms per block")
+    lacks.same("grafting.norm_epsilon", g.norm_epsilon, 1e-16, "Meta's graft norm epsilon")
+    lacks.same("grafting.normalize_epsilon", g.normalize_epsilon, 1e-16,
+               "Meta has no normalized grafts")
+    lacks.same("grafting.bias_correction", g.bias_correction, g.type == "adam",
+               "Meta bias-corrects the Adam graft only")
+    if g.type in ("none", "sgd"):
+        lacks.same("grafting.epsilon", g.epsilon, 1e-10, f"unused by a {g.type!r} graft")
+        lacks.same("grafting.beta2", g.beta2, 1.0, f"unused by a {g.type!r} graft")
+    if g.type not in _META_GRAFTS:
+        return None
+    out: dict[str, Any] = {"type": _META_GRAFTS[g.type]}
+    if g.type != "sgd":
+        out["epsilon"] = g.epsilon
+    if g.type in ("rmsprop", "adam"):
+        out["beta2"] = g.beta2
+    return out
+
+
+# ==================================================================== Google
+def to_google(config: ShampooConfig) -> dict[str, Any]:
+    """The kwargs of Google's ``distributed_shampoo`` (JSON form) for ``config``.
+
+    ``from_google(to_google(config), x64=config.factor_dtype == "float64") ==
+    config``: Google has no dtype argument (it runs in float64 exactly when
+    64-bit JAX is on). Raises ``ValueError`` naming every option Google
+    cannot express (for example Meta's gradient filter, bias correction,
+    per-order roots, eigenvalue correction, per-block graft norms, Adam
+    grafting, L2 decay, statistics from zero).
+    """
+    c = config
+    lacks = _Lacks("Google's distributed_shampoo")
+    kwargs: dict[str, Any] = {"learning_rate": c.learning_rate}
+    kwargs.update(_google_preconditioner(c, lacks))
+    kwargs.update(_google_grafting(c, lacks))
+    kwargs.update(_google_momentum(c, lacks))
+    kwargs.update(_google_weight_decay(c, lacks))
+    kwargs.update(_google_blocking(c, lacks))
+    kwargs.update(_google_schedule(c, lacks))
+    lacks.same("gradient_filter.beta1", c.gradient_filter.beta1, 0.0,
+               "Google filters no gradient (its beta1 is momentum)")
+    lacks.same("gradient_filter.beta3", c.gradient_filter.beta3, None, "Google filters nothing")
+    lacks.same("gradient_filter.bias_correction", c.gradient_filter.bias_correction, False,
+               "Google filters nothing")
+    lacks.same("failure.nonfinite_gradient", c.failure.nonfinite_gradient, "raise",
+               "Google lets non-finite values through; 'raise' is the nearest rule")
+    lacks.same("failure.max_consecutive_root_failures", c.failure.max_consecutive_root_failures,
+               None, "Google keeps the previous root however often roots fail")
+    lacks.raise_if_any()
+    x64 = c.factor_dtype == "float64"
+    _check_round_trip(c, kwargs, lacks, lambda k: from_google(k, x64=x64))
+    lacks.raise_if_any()
+    return kwargs
+
+
+def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``beta2``, ``matrix_epsilon``, ``relative_matrix_epsilon``, ``eigh``,
+    ``inverse_failure_threshold``, ``exponent_override``.
+
+    From ``statistics`` (EMA from eps I, no bias correction), ``epsilon``
+    (ridge plus floor; lambda_max floored at 1e-25 for Newton, 1e-6 for
+    eigh), ``root_inverse`` (eigh, or Google's fixed Newton rules) and
+    ``exponents`` (2 * preconditioned dims, or one override).
+    """
+    s, eps, ex = c.statistics, c.epsilon, c.exponents
+    lacks.same("statistics.ema_weight", s.ema_weight, "one_minus_beta2",
+               "Google weighs G G^T by 1 - beta2")
+    lacks.same("statistics.bias_correction", s.bias_correction, False,
+               "Google does not bias-correct its statistics")
+    lacks.same("statistics.initial_value", s.initial_value, "epsilon_identity",
+               "Google's statistics start at matrix_epsilon * I")
+    lacks.same("epsilon.placement", eps.placement, "ridge_floor",
+               "Google adds a ridge and floors the eigenvalues at it")
+    use_eigh = isinstance(c.root_inverse, EighConfig)
+    lacks.same("epsilon.relative_floor", eps.relative_floor, 1e-6 if use_eigh else 1e-25,
+               "Google's floor under lambda_max for its root method")
+    lacks.same("eigenvalue_correction", c.eigenvalue_correction, None,
+               "Google has no eigenvalue-corrected Shampoo")
+    lacks.same("exponents.default", ex.default, "preconditioned_dims",
+               "Google's root is 2 * (preconditioned dims of the parameter)")
+    lacks.same("exponents.overrides_by_order", ex.overrides_by_order, (),
+               "Google has one exponent_override for every factor")
+    out: dict[str, Any] = {
+        "beta2": s.beta2,
+        "matrix_epsilon": eps.value,
+        "relative_matrix_epsilon": eps.scale == "relative",
+        "eigh": use_eigh,
+        "exponent_override": (
+            int(ex.override) if float(ex.override).is_integer() else ex.override
+        ),
+    }
+    if isinstance(c.root_inverse, CoupledNewtonConfig):
+        newton = c.root_inverse
+        fixed = {"max_iterations": 100, "tolerance": 1e-6, "error_growth_limit": 1.2,
+                 "retries": 5, "retry_epsilon_factor": 10.0, "retry_error_threshold": 0.05}
+        for name, value in fixed.items():
+            lacks.same(f"root_inverse.{name}", getattr(newton, name), value,
+                       "fixed in Google's coupled Newton")
+        lacks.need(newton.failure_threshold is not None, "root_inverse.failure_threshold", None,
+                   "Google always judges a root by inverse_failure_threshold")
+        out["inverse_failure_threshold"] = newton.failure_threshold
+    return out
+
+
+#: ``grafting.type`` -> Google's GraftingType member name.
+_GOOGLE_GRAFTS = {ours: name for name, ours in GRAFTS.items()}
+
+
+def _google_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``graft_type``, ``diagonal_epsilon`` (eqs. 14, 18): norms over the parameter."""
+    g = c.grafting
+    lacks.need(g.type in _GOOGLE_GRAFTS, "grafting.type", g.type,
+               f"Google grafts with one of {sorted(_GOOGLE_GRAFTS)}")
+    rms = g.type in ("rmsprop", "rmsprop_normalized")
+    lacks.same("grafting.beta2", g.beta2, c.statistics.beta2 if rms else 1.0,
+               "Google's RMSPROP grafts use the statistics' beta2; the others none")
+    lacks.same("grafting.bias_correction", g.bias_correction, False,
+               "Google does not bias-correct its graft")
+    lacks.same("grafting.norm_scope", g.norm_scope, "parameter",
+               "Google takes graft norms over the whole parameter")
+    lacks.same("grafting.norm_epsilon", g.norm_epsilon, 1e-25, "Google's graft norm epsilon")
+    lacks.same("grafting.normalize_epsilon", g.normalize_epsilon, 1e-25,
+               "Google's normalization epsilon")
+    lacks.need(not (g.type == "none" and c.momentum.lr_before_momentum),
+               "momentum.learning_rate_placement", c.momentum.learning_rate_placement,
+               "with no graft Google's decoupled_learning_rate=False applies no learning rate")
+    return {"graft_type": _GOOGLE_GRAFTS.get(g.type, "SGD"), "diagonal_epsilon": g.epsilon}
+
+
+def _google_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``beta1``, ``moving_average_for_momentum``, ``nesterov``,
+    ``decoupled_learning_rate`` (eq. 20): two buffers whenever there is a graft."""
+    m = c.momentum
+    lacks.need(m.dampening in (0.0, m.momentum), "momentum.dampening", m.dampening,
+               "Google's dampening is 0 or beta1 (moving_average_for_momentum)")
+    separate = c.grafting.type != "none" and m.momentum > 0
+    lacks.same("momentum.buffers", m.buffers, "separate" if separate else "shared",
+               "Google keeps a Shampoo and a graft buffer whenever there is a graft")
+    return {
+        "beta1": m.momentum,
+        "moving_average_for_momentum": m.momentum > 0 and m.dampening == m.momentum,
+        "nesterov": m.nesterov,
+        "decoupled_learning_rate": not m.lr_before_momentum,
+    }
+
+
+def _google_weight_decay(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``weight_decay``, ``decoupled_weight_decay``: direction (coupled) or update."""
+    wd = c.weight_decay
+    lacks.need(wd.type != "l2", "weight_decay.type", wd.type,
+               "Google adds decay to the direction or the update, never to the gradient")
+    return {"weight_decay": wd.value, "decoupled_weight_decay": wd.type == "update"}
+
+
+#: ``blocking.preconditioned_dims`` -> Google's PreconditionerType member name.
+_GOOGLE_SIDES = {ours: name for name, ours in SIDES.items()}
+
+
+def _google_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``block_size``, ``merge_small_dims_block_size``,
+    ``skip_preconditioning_dim_size_gt``, ``skip_preconditioning_rank_lt``,
+    ``precondtioner_type`` (Google's spelling) (eqs. 4-5)."""
+    b = c.blocking
+    lacks.same("blocking.merge_direction", b.merge_direction, "first_to_last",
+               "Google merges from the first dim")
+    lacks.need(b.merge_dims_up_to is not None, "blocking.merge_dims_up_to", None,
+               "Google always merges; merge_dims_up_to=1 plans the same shapes")
+    lacks.need(b.skip_dim_size_gt is not None, "blocking.skip_dim_size_gt", None,
+               f"Google always has a bound; {MAX_INTEGER} (MAX_INTEGER) never skips")
+    lacks.need(b.skip_rank_lt >= 1, "blocking.skip_rank_lt", b.skip_rank_lt,
+               "Google's skip_preconditioning_rank_lt < 1 (0-d parameters with no factor) "
+               "is not imported")
+    return {
+        "block_size": b.max_preconditioner_dim,
+        "merge_small_dims_block_size": b.merge_dims_up_to,
+        "skip_preconditioning_dim_size_gt": b.skip_dim_size_gt,
+        "skip_preconditioning_rank_lt": max(b.skip_rank_lt, 1),
+        "precondtioner_type": _GOOGLE_SIDES[b.preconditioned_dims],
+    }
+
+
+def _google_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``start_preconditioning_step`` (ours - 1: Google counts from 0),
+    ``preconditioning_compute_steps``, ``statistics_compute_steps`` (eq. 8)."""
+    s = c.schedule
+    lacks.same("schedule.period_anchor", s.period_anchor, "start",
+               "Google's work is at count % f == 0, count = t - 1")
+    lacks.same("schedule.roots_before_start", s.roots_before_start, True,
+               "Google computes roots from the first step")
+    start = s.start_preconditioning_step
+    lacks.need(start is not None, "schedule.start_preconditioning_step", start,
+               "Google always starts preconditioning")
+    return {
+        "start_preconditioning_step": (start if start is not None else 1) - 1,
+        "preconditioning_compute_steps": s.precondition_frequency,
+        "statistics_compute_steps": s.statistics_frequency,
+    }

@@ -1,0 +1,472 @@
+"""to_meta / to_google: the importers' inverse on every expressible config (contract 8.1).
+
+The expressible configs of an anchor are exactly the images of its importer,
+so the property tests draw the anchor's own arguments, import them and
+check ``from_x(to_x(c)) == c``; then they move drawn configs off the
+anchor's space (fields the anchor has no argument for) and check that the
+``ValueError`` names every moved field. Hand-written examples cover each
+anchor's defaults and a few published configs (ANCHORS.md section C).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import shampoo_spec as ss
+from shampoo_spec.serialization import _flatten
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# ------------------------------------------------------------------ strategies
+unit = st.floats(0.0, 0.99, allow_nan=False)
+small = st.sampled_from([1e-12, 1e-10, 1e-8, 1e-6, 1e-4, 0.01])
+exponent = st.sampled_from([0.0, 0.5, 0.25, 0.125, 0.2, 1.0 / 3.0, 0.3])
+
+
+@st.composite
+def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
+    """Keyword arguments of Meta's DistributedShampoo, JSON form, within its validation."""
+    freq = draw(st.integers(1, 100))
+    kwargs: dict[str, Any] = {
+        "lr": draw(st.floats(1e-4, 1.0)),
+        "betas": [draw(unit), draw(st.one_of(st.just(1.0), st.floats(0.5, 1.0)))],
+        "beta3": draw(st.one_of(st.just(-1.0), unit)),
+        "epsilon": draw(small),
+        "use_bias_correction": draw(st.booleans()),
+        "weight_decay": draw(st.sampled_from([0.0, 1e-5, 0.1])),
+        "weight_decay_type": draw(st.sampled_from(
+            ["L2", "DECOUPLED", "CORRECTED", "INDEPENDENT", "WeightDecayType.L2"])),
+        "max_preconditioner_dim": draw(st.one_of(st.integers(1, 8192), st.just("inf"))),
+        "precondition_frequency": freq,
+        "start_preconditioning_step": draw(st.one_of(st.just(-1), st.integers(freq, 500))),
+    }
+    mu = draw(st.sampled_from([None, 0.5, 0.9]))
+    if mu is not None:
+        kwargs["iterate_averaging_config"] = {
+            "type": "ClassicMomentumConfig", "momentum": mu,
+            "dampening": draw(st.sampled_from([0.0, 0.1])), "use_nesterov": draw(st.booleans()),
+        }
+    graft = draw(st.sampled_from([None, "SGD", "AdaGrad", "RMSprop", "Adam"]))
+    if graft is not None:
+        kwargs["grafting_config"] = {"type": f"{graft}PreconditionerConfig"}
+        if graft != "SGD":
+            kwargs["grafting_config"]["epsilon"] = draw(small)
+        if graft in ("RMSprop", "Adam"):
+            kwargs["grafting_config"]["beta2"] = draw(st.floats(0.5, 0.999))
+    corrected = draw(st.booleans())
+    pc: dict[str, Any] = {
+        "factor_matrix_dtype": draw(st.sampled_from(["float32", "torch.float64", "float64"])),
+        "num_tolerated_failed_amortized_computations": draw(st.integers(0, 10)),
+    }
+    orders = draw(st.lists(st.integers(1, 4), unique=True, max_size=3))
+    if corrected:
+        pc["type"] = "EigenvalueCorrectedShampooPreconditionerConfig"
+        pc["amortized_computation_config"] = {"type": "EighEigendecompositionConfig"}
+        pc["ignored_basis_change_dims"] = {
+            o: draw(st.lists(st.integers(0, o - 1), unique=True)) for o in orders
+        }
+        e = draw(st.sampled_from([None, 0.5, 0.25, 1.0 / 3.0]))
+        if e is not None:
+            pc["inverse_exponent_override"] = {o: e for o in range(1, 65)}
+    else:
+        pc["type"] = "RootInvShampooPreconditionerConfig"
+        if draw(st.booleans()):
+            pc["amortized_computation_config"] = {
+                "type": "CoupledNewtonConfig", "max_iterations": draw(st.integers(1, 200)),
+                "tolerance": draw(small),
+            }
+        else:
+            pc["amortized_computation_config"] = {
+                "type": "EigenConfig", "rank_deficient_stability_config": {
+                    "type": "PerturbationConfig",
+                    "perturb_before_computation": draw(st.booleans())}}
+        pc["inverse_exponent_override"] = {
+            o: draw(st.one_of(exponent, st.dictionaries(st.integers(0, o - 1), exponent)))
+            for o in orders
+        }
+    kwargs["preconditioner_config"] = pc
+    return kwargs
+
+
+@st.composite
+def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
+    """Keyword arguments of Google's distributed_shampoo, JSON form (enums in every spelling)."""
+    graft = draw(st.sampled_from(sorted(ss.importers.google.GRAFT_VALUES)))
+    name = ss.importers.google.GRAFT_VALUES[graft]
+    side = draw(st.sampled_from([1, 2, 3]))
+    side_name = ss.importers.google.SIDE_VALUES[side]
+    return {
+        "learning_rate": draw(st.floats(1e-4, 1.0)),
+        "block_size": draw(st.integers(-1, 1024)),
+        "beta1": draw(unit),
+        "beta2": draw(st.one_of(st.just(1.0), st.floats(0.5, 0.999))),
+        "diagonal_epsilon": draw(small),
+        "matrix_epsilon": draw(small),
+        "weight_decay": draw(st.sampled_from([0.0, 5e-5, 0.1])),
+        "start_preconditioning_step": draw(st.integers(0, 100)),
+        "preconditioning_compute_steps": draw(st.integers(1, 20)),
+        "statistics_compute_steps": draw(st.integers(1, 20)),
+        "graft_type": draw(st.sampled_from([graft, name, f"GraftingType.{name}"])),
+        "nesterov": draw(st.booleans()),
+        "exponent_override": draw(st.integers(0, 8)),
+        "inverse_failure_threshold": draw(st.sampled_from([0.1, 0.5])),
+        "moving_average_for_momentum": draw(st.booleans()),
+        "skip_preconditioning_dim_size_gt": draw(st.one_of(st.integers(1, 8192), st.just("inf"))),
+        "relative_matrix_epsilon": draw(st.booleans()),
+        "merge_small_dims_block_size": draw(st.one_of(st.integers(1, 8192), st.just("inf"))),
+        "precondtioner_type": draw(st.sampled_from([side, side_name,
+                                                    f"PreconditionerType.{side_name}"])),
+        "skip_preconditioning_rank_lt": draw(st.integers(1, 3)),
+        "decoupled_learning_rate": draw(st.booleans()) or graft == 0,
+        "decoupled_weight_decay": draw(st.booleans()),
+        "eigh": draw(st.booleans()),
+    }
+
+
+def _imported(importer: Any, kwargs: dict[str, Any], **extra: Any) -> ss.ShampooConfig:
+    try:
+        return importer(kwargs, **extra)  # type: ignore[no-any-return]
+    except ValueError:
+        assume(False)  # a combination the config refuses (e.g. a fractional Newton root)
+        raise
+
+
+def _named(error: pytest.ExceptionInfo[ValueError]) -> list[str]:
+    """The field paths a ValueError of an exporter names (``path = value (why)``)."""
+    message = str(error.value)
+    count = int(re.search(r"cannot express (\d+) option", message).group(1))  # type: ignore[union-attr]
+    body = message.split("of this config: ", 1)[1]
+    named = re.findall(r"(?:^|; )([a-z_0-9.]+(?:\[order=\d+\]\.roots)?) = ", body)
+    assert len(named) == count, message
+    return named
+
+
+def _is_field(path: str) -> bool:
+    flat: dict[str, Any] = {}
+    config = ss.ShampooConfig(eigenvalue_correction=ss.EigenvalueCorrectionConfig())
+    _flatten("", ss.config_to_dict(config), flat)
+    _flatten("", ss.config_to_dict(ss.ShampooConfig(root_inverse=ss.CoupledNewtonConfig())), flat)
+    base = path.split("[", 1)[0]
+    return base in flat or base == "eigenvalue_correction" or base == "exponents.overrides_by_order"
+
+
+# --------------------------------------------------------------- round trips
+@SETTINGS
+@given(meta_kwargs())
+def test_meta_round_trip(kwargs: dict[str, Any]) -> None:
+    c = _imported(ss.from_meta, kwargs)
+    exported = ss.to_meta(c)
+    assert ss.from_meta(exported) == c
+    assert ss.from_meta(json.loads(json.dumps(exported))) == c  # JSON keys become strings
+
+
+@SETTINGS
+@given(google_kwargs(), st.sampled_from([None, True, False]))
+def test_google_round_trip(kwargs: dict[str, Any], x64: bool | None) -> None:
+    c = _imported(ss.from_google, kwargs, x64=x64)
+    exported = ss.to_google(c)
+    assert ss.from_google(exported, x64=c.factor_dtype == "float64") == c
+    if c.factor_dtype == "float64":
+        assert ss.from_google(json.loads(json.dumps(exported))) == c
+
+
+#: Moves off Meta's space: (field path, new section values) per section.
+META_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
+    "weight_decay.type": ("weight_decay", {"type": "update"}),
+    "momentum.learning_rate_placement": (
+        "momentum", {"learning_rate_placement": "before_momentum"}
+    ),
+    "statistics.initial_value": ("statistics", {"initial_value": "epsilon_identity"}),
+    "statistics.ema_weight": ("statistics", {"ema_weight": "one"}),
+    "epsilon.scale": ("epsilon", {"scale": "relative"}),
+    "blocking.skip_rank_lt": ("blocking", {"skip_rank_lt": 1}),
+    "blocking.merge_direction": ("blocking", {"merge_direction": "first_to_last"}),
+    "schedule.roots_before_start": ("schedule", {"roots_before_start": True}),
+    "schedule.statistics_frequency": ("schedule", {"statistics_frequency": 2}),
+    "grafting.norm_scope": ("grafting", {"norm_scope": "parameter"}),
+    "failure.nonfinite_gradient": ("failure", {"nonfinite_gradient": "skip_block"}),
+}
+
+#: Moves off Google's space.
+GOOGLE_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gradient_filter.beta1": ("gradient_filter", {"beta1": 0.5}),
+    "statistics.bias_correction": ("statistics", {"bias_correction": True}),
+    "weight_decay.type": ("weight_decay", {"type": "l2"}),
+    "grafting.norm_scope": ("grafting", {"norm_scope": "block"}),
+    "exponents.default": ("exponents", {"default": "block_order"}),
+    "schedule.period_anchor": ("schedule", {"period_anchor": "end"}),
+    "failure.max_consecutive_root_failures": ("failure", {"max_consecutive_root_failures": 3}),
+    "statistics.initial_value": ("statistics", {"initial_value": "zero"}),
+    "blocking.merge_direction": ("blocking", {"merge_direction": "last_to_first"}),
+    "factor_dtype+eigenvalue_correction": ("eigenvalue_correction", {}),
+}
+
+
+def _moved(c: ss.ShampooConfig, moves: dict[str, tuple[str, dict[str, Any]]],
+           chosen: list[str]) -> ss.ShampooConfig:
+    for path in chosen:
+        section, values = moves[path]
+        if section == "eigenvalue_correction":
+            c = dataclasses.replace(c, root_inverse=ss.EighConfig(),
+                                    exponents=ss.ExponentConfig(default=c.exponents.default),
+                                    eigenvalue_correction=ss.EigenvalueCorrectionConfig())
+        else:
+            c = dataclasses.replace(c, **{section: dataclasses.replace(getattr(c, section),
+                                                                       **values)})
+    return c
+
+
+@SETTINGS
+@given(meta_kwargs(), st.lists(st.sampled_from(sorted(META_MOVES)), min_size=1, max_size=4,
+                               unique=True))
+def test_meta_names_every_option_it_lacks(kwargs: dict[str, Any], chosen: list[str]) -> None:
+    c = _moved(_imported(ss.from_meta, kwargs), META_MOVES, chosen)
+    with pytest.raises(ValueError, match="Meta's DistributedShampoo cannot express") as error:
+        ss.to_meta(c)
+    named = _named(error)
+    assert set(chosen) <= set(named), (chosen, str(error.value))
+    assert all(_is_field(path) for path in named), named
+
+
+@SETTINGS
+@given(google_kwargs(), st.lists(st.sampled_from(sorted(GOOGLE_MOVES)), min_size=1, max_size=4,
+                                 unique=True))
+def test_google_names_every_option_it_lacks(kwargs: dict[str, Any], chosen: list[str]) -> None:
+    try:
+        c = _moved(_imported(ss.from_google, kwargs), GOOGLE_MOVES, chosen)
+    except ValueError:
+        assume(False)  # e.g. eigenvalue correction with separate buffers and no graft
+        raise
+    with pytest.raises(ValueError, match="Google's distributed_shampoo cannot express") as error:
+        ss.to_google(c)
+    named = _named(error)
+    expected = {"eigenvalue_correction" if p.startswith("factor_dtype+") else p for p in chosen}
+    assert expected <= set(named), (chosen, str(error.value))
+    assert all(_is_field(path) for path in named), named
+
+
+@st.composite
+def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
+    """A config drawn over the sections' fields (not from an anchor)."""
+    newton = draw(st.booleans())
+    grafting_type = draw(st.sampled_from(ss.GRAFTING_TYPES))
+    beta2 = 1.0 if grafting_type.startswith("adagrad") else (
+        0.9 if grafting_type in ("rmsprop", "adam", "rmsprop_normalized") else
+        draw(st.sampled_from([1.0, 0.9])))
+    try:
+        return ss.ShampooConfig(
+            learning_rate=draw(st.floats(0.0, 1.0)),
+            statistics=ss.StatisticsConfig(
+                beta2=draw(st.sampled_from([1.0, 0.999])), ema_weight=draw(
+                    st.sampled_from(["one_minus_beta2", "one"])),
+                bias_correction=draw(st.booleans()),
+                initial_value=draw(st.sampled_from(["zero", "epsilon_identity"]))),
+            epsilon=ss.EpsilonConfig(
+                value=draw(small), scale=draw(st.sampled_from(["absolute", "relative"])),
+                relative_floor=draw(st.sampled_from([1e-16, 1e-25, 1e-6])),
+                placement=draw(st.sampled_from(["ridge", "shift_after", "floor", "ridge_floor"]))),
+            root_inverse=ss.CoupledNewtonConfig(
+                error_growth_limit=draw(st.sampled_from([None, 1.2])),
+                retries=draw(st.sampled_from([0, 5])),
+                failure_threshold=draw(st.sampled_from([None, 0.1])),
+            ) if newton else ss.EighConfig(),
+            exponents=ss.ExponentConfig(
+                default=draw(st.sampled_from(["block_order", "preconditioned_dims"])),
+                override=draw(st.sampled_from([0.0, 4.0]))),
+            grafting=ss.GraftingConfig(
+                type=grafting_type, beta2=beta2,
+                bias_correction=draw(st.booleans()),
+                norm_scope=draw(st.sampled_from(["block", "parameter"])),
+                norm_epsilon=draw(st.sampled_from([1e-16, 1e-25])),
+                normalize_epsilon=draw(st.sampled_from([1e-16, 1e-25]))),
+            gradient_filter=ss.GradientFilterConfig(
+                beta1=draw(st.sampled_from([0.0, 0.9])), bias_correction=draw(st.booleans())),
+            momentum=ss.MomentumConfig(
+                momentum=draw(st.sampled_from([0.0, 0.9])),
+                dampening=draw(st.sampled_from([0.0, 0.9])), nesterov=draw(st.booleans()),
+                buffers=draw(st.sampled_from(["shared", "separate"]))),
+            weight_decay=ss.WeightDecayConfig(
+                value=0.01, type=draw(st.sampled_from(["l2", "direction", "update"]))),
+            blocking=ss.BlockingConfig(
+                max_preconditioner_dim=draw(st.sampled_from([128, 1024])),
+                merge_dims_up_to=draw(st.sampled_from([None, 128, 1024, 4096])),
+                merge_direction=draw(st.sampled_from(["last_to_first", "first_to_last"])),
+                skip_dim_size_gt=draw(st.sampled_from([None, 4096])),
+                skip_rank_lt=draw(st.sampled_from([0, 1]))),
+            schedule=ss.ScheduleConfig(
+                precondition_frequency=draw(st.sampled_from([1, 10])),
+                start_preconditioning_step=draw(st.sampled_from([None, 1, 10, 26])),
+                period_anchor=draw(st.sampled_from(["end", "start"])),
+                roots_before_start=draw(st.booleans())),
+            failure=ss.FailureConfig(max_consecutive_root_failures=draw(
+                st.sampled_from([None, 3]))),
+            factor_dtype=draw(st.sampled_from(["float32", "float64"])),
+        )
+    except ValueError:
+        assume(False)
+        raise
+
+
+@SETTINGS
+@given(any_config())
+def test_any_config_exports_exactly_or_names_what_is_lacking(c: ss.ShampooConfig) -> None:
+    for exporter, back in (
+        (ss.to_meta, ss.from_meta),
+        (ss.to_google, lambda k: ss.from_google(k, x64=c.factor_dtype == "float64")),
+    ):
+        try:
+            exported = exporter(c)
+        except ValueError as error:
+            named = _named(pytest.ExceptionInfo.from_exception(error))
+            assert named and all(_is_field(path) for path in named), named
+        else:
+            assert back(exported) == c
+
+
+# --------------------------------------------------------- hand-written examples
+def test_meta_default_config() -> None:
+    c = ss.from_meta({})
+    exported = ss.to_meta(c)
+    assert exported["preconditioner_config"] == {
+        "type": "RootInvShampooPreconditionerConfig",
+        "amortized_computation_config": {"type": "EigenConfig"},
+        "factor_matrix_dtype": "float32",
+        "num_tolerated_failed_amortized_computations": 3,
+        "inverse_exponent_override": {},
+    }
+    assert exported["betas"] == [0.9, 1.0] and exported["weight_decay_type"] == "DECOUPLED"
+    assert exported["grafting_config"] is None and exported["iterate_averaging_config"] is None
+    assert ss.from_meta(exported) == c
+
+
+def test_google_default_config() -> None:
+    c = ss.from_google({"learning_rate": 0.1, "block_size": 128})
+    exported = ss.to_google(c)
+    assert exported["graft_type"] == "SGD" and exported["precondtioner_type"] == "ALL"
+    assert exported["start_preconditioning_step"] == 5 and exported["exponent_override"] == 0
+    assert ss.from_google(exported) == c
+
+
+#: Meta's AlgoPerf submission (ANCHORS.md C: block 1024, roots every 100 steps, fp32
+#: factors) with Adam grafting, as in docs/migrating.md.
+ALGOPERF_META = {
+    "lr": 0.001, "betas": [0.9, 0.999], "epsilon": 1e-12, "weight_decay": 1e-5,
+    "weight_decay_type": "DECOUPLED", "max_preconditioner_dim": 1024,
+    "precondition_frequency": 100, "start_preconditioning_step": 100,
+    "use_bias_correction": True,
+    "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": 0.999, "epsilon": 1e-8},
+    "preconditioner_config": {"type": "RootInvShampooPreconditionerConfig",
+                              "amortized_computation_config": {"type": "EigenConfig"},
+                              "factor_matrix_dtype": "float32"},
+}
+
+#: Meta's README example 1 (SGD with momentum).
+README_SGD_META = {
+    "lr": 0.01, "betas": [0.0, 0.999], "epsilon": 1e-12, "weight_decay": 1e-5,
+    "max_preconditioner_dim": 8192, "precondition_frequency": 100,
+    "grafting_config": {"type": "SGDPreconditionerConfig"},
+    "iterate_averaging_config": {"type": "ClassicMomentumConfig", "momentum": 0.9,
+                                 "dampening": 0.0, "use_nesterov": False},
+}
+
+#: Google's MLPerf ResNet-50 run (ANCHORS.md C: block 128, SGD graft + Nesterov,
+#: exponent_override 4, f32 roots), the other values illustrative as in docs/migrating.md.
+MLPERF_GOOGLE = {
+    "learning_rate": 0.1, "block_size": 128, "beta1": 0.9, "beta2": 0.95,
+    "weight_decay": 5e-5, "start_preconditioning_step": 25,
+    "preconditioning_compute_steps": 10, "graft_type": "SGD", "nesterov": True,
+    "exponent_override": 4,
+}
+
+
+@pytest.mark.parametrize("kwargs", [ALGOPERF_META, README_SGD_META], ids=["algoperf", "readme"])
+def test_real_meta_configs(kwargs: dict[str, Any]) -> None:
+    c = ss.from_meta(kwargs)
+    exported = ss.to_meta(c)
+    assert ss.from_meta(exported) == c
+    for key, value in kwargs.items():
+        if key != "preconditioner_config" and key != "grafting_config":
+            assert exported[key] == value, key
+
+
+def test_real_google_config_in_float32() -> None:
+    c = ss.from_google(MLPERF_GOOGLE, x64=False)
+    assert c.factor_dtype == "float32"
+    exported = ss.to_google(c)
+    assert {k: exported[k] for k in MLPERF_GOOGLE} == MLPERF_GOOGLE
+    assert ss.from_google(exported, x64=False) == c
+    assert ss.from_google(exported) == dataclasses.replace(c, factor_dtype="float64")
+
+
+def test_meta_exports_exponents_and_eigenvalue_correction() -> None:
+    c = ss.from_meta({"preconditioner_config": {
+        "type": "RootInvShampooPreconditionerConfig",
+        "inverse_exponent_override": {"2": {"0": 0.0}, "3": 0.25}}})
+    pc = ss.to_meta(c)["preconditioner_config"]
+    assert pc["inverse_exponent_override"] == {2: {0: 0.0, 1: 0.25}, 3: 0.25}
+    assert ss.from_meta(ss.to_meta(c)) == c
+    corrected = ss.from_meta({"preconditioner_config": {
+        "type": "EigenvalueCorrectedShampooPreconditionerConfig",
+        "ignored_basis_change_dims": {"2": [1]},
+        "inverse_exponent_override": {str(o): 0.25 for o in range(1, 65)}}})
+    pc = ss.to_meta(corrected)["preconditioner_config"]
+    assert pc["ignored_basis_change_dims"] == {2: [1]}
+    assert set(pc["inverse_exponent_override"].values()) == {0.25}
+    assert ss.from_meta(ss.to_meta(corrected)) == corrected
+
+
+def test_single_root_override_exports_as_one_exponent() -> None:
+    one = ss.ShampooConfig(
+        gradient_filter=ss.GradientFilterConfig(beta1=0.9, bias_correction=True),
+        statistics=ss.StatisticsConfig(bias_correction=True),
+        failure=ss.FailureConfig(max_consecutive_root_failures=3),
+        exponents=ss.ExponentConfig(overrides_by_order=(ss.OrderOverride(order=2, roots=(4.0,)),)),
+    )
+    exported = ss.to_meta(one)
+    assert exported["preconditioner_config"]["inverse_exponent_override"] == {2: 0.25}
+    back = ss.from_meta(exported)
+    assert back.exponents.overrides_by_order == (ss.OrderOverride(order=2, roots=(4.0, 4.0)),)
+    assert ss.plan_parameter((8, 8), back) == ss.plan_parameter((8, 8), one)
+
+
+def test_roots_export_as_exact_reciprocals_or_are_named() -> None:
+    for root in (0.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 1.0 / 0.3):
+        e = ss.exporters._reciprocal(root)
+        assert e is not None and (root == 0.0 or 1.0 / e == root)
+    # No float e has 1 / e == 49: Meta's exponent cannot state root 49 exactly.
+    assert ss.exporters._reciprocal(49.0) is None
+    meta = ss.from_meta({})
+    odd = dataclasses.replace(meta, exponents=ss.ExponentConfig(
+        overrides_by_order=(ss.OrderOverride(order=1, roots=(49.0,)),)))
+    with pytest.raises(ValueError, match=r"exponents\.overrides_by_order\[order=1\]\.roots = "):
+        ss.to_meta(odd)
+
+
+def test_inexpressible_configs_name_each_option() -> None:
+    google = ss.from_google(MLPERF_GOOGLE)
+    with pytest.raises(ValueError) as error:
+        ss.to_meta(google)
+    named = _named(error)
+    for path in ("epsilon.scale", "statistics.initial_value", "momentum.buffers",
+                 "grafting.norm_scope", "root_inverse.retries", "schedule.period_anchor"):
+        assert path in named, str(error.value)
+    meta = ss.from_meta(ALGOPERF_META)
+    with pytest.raises(ValueError) as error:
+        ss.to_google(meta)
+    named = _named(error)
+    for path in ("gradient_filter.beta1", "grafting.type", "statistics.bias_correction",
+                 "statistics.initial_value", "exponents.default"):
+        assert path in named, str(error.value)
+    assert "grafting.type = 'adam' (Google grafts with one of" in str(error.value)
+
+
+def test_package_exports_the_exporters() -> None:
+    assert {"to_meta", "to_google"} <= set(ss.__all__)
+    assert ss.to_meta is ss.exporters.to_meta and ss.to_google is ss.exporters.to_google
