@@ -340,14 +340,18 @@ def failures(rank: int, world: int) -> dict[str, Any]:
     unchanged = all(np.array_equal(before[n], v) for n, v in _numpy(ps).items())
     out["unchanged"] = unchanged and _trees_equal(state_before, opt.distributed_state_dict())
 
-    config = ShampooConfig(epsilon=EpsilonConfig(value=1e-3), factor_dtype="float64",
+    # p's roots fail: its float32 factors are finite (eq. 3 accepts 2e18) but with
+    # weight 1 and bias correction L / (1 - 0.999^n) overflows float32.
+    config = ShampooConfig(epsilon=EpsilonConfig(value=1e-3),
+                           statistics=StatisticsConfig(beta2=0.999, ema_weight="one",
+                                                       bias_correction=True),
                            blocking=BlockingConfig(merge_dims_up_to=None),
                            failure=FailureConfig(max_consecutive_root_failures=1))
-    qs = make_params(torch.float64, {"p": (2, 3), "q": (2, 3), "z": (4,)})
+    qs = make_params(torch.float32, {"p": (2, 3), "q": (2, 3), "z": (4,)})
     opt = Shampoo(list(qs.items()), config, distributed=DistributedConfig())
     try:
         for _ in range(3):
-            _feed(qs, {"p": torch.full((2, 3), 1e200, dtype=torch.float64), "q": torch.ones(2, 3),
+            _feed(qs, {"p": torch.full((2, 3), 2e18), "q": torch.ones(2, 3),
                        "z": torch.ones(4)})
             opt.step()
         out["root"] = None
@@ -368,7 +372,7 @@ def validation(rank: int, world: int) -> dict[str, str]:
 
 
 def dtensor_rejected(rank: int, world: int) -> str:
-    """FSDP2 (fully_shard) parameters are DTensors: not supported yet, a clear TypeError."""
+    """FSDP2 (fully_shard) parameters are DTensors: not supported yet, a clear ValueError."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
@@ -376,7 +380,7 @@ def dtensor_rejected(rank: int, world: int) -> str:
     p = torch.nn.Parameter(distribute_tensor(torch.zeros(2, 2), mesh, [Replicate()]))
     try:
         Shampoo([p], distributed=DistributedConfig())
-    except TypeError as err:
+    except ValueError as err:
         return str(err)
     return ""
 
@@ -403,4 +407,78 @@ def world_sizes_and_replicas(rank: int, world: int) -> dict[str, Any]:
     if world == 3:
         out["validation"] = validation(rank, world)
     dist.barrier()
+    return out
+
+
+# ------------------------------------------------------------- reliability
+SKIP = dataclasses.replace(RICH, failure=FailureConfig(nonfinite_gradient="skip_block"))
+RELIABILITY_SHAPES = {"w": (6, 9), "t": (2, 3, 4), "v": (9,)}
+
+
+def _bad_on(grads: list[dict[str, torch.Tensor | None]], rank: int,
+            ) -> list[dict[str, torch.Tensor | None]]:
+    """Rank 1: a NaN in block 0 of "w" at step 3; rank 0: a finite 1e20 in "t" at step 5."""
+    out = [dict(s) for s in grads]
+    step, name, where, value = ((2, "w", (0, 0), float("nan")) if rank == 1
+                                else (4, "t", (1, 2, 3), 1e20))
+    g = out[step][name]
+    assert g is not None
+    g = g.clone()
+    g[where] = value
+    out[step][name] = g
+    return out
+
+
+def reliability(rank: int, world: int) -> dict[str, Any]:
+    """Eq. (3) decided once for every rank; atomic distributed loading (test_reliability.py)."""
+    import copy
+
+    shapes = RELIABILITY_SHAPES
+    grads = make_grads(STEPS, shapes)
+    out: dict[str, Any] = {}
+    # One process seeing every bad gradient: the blocks every rank must skip.
+    sps = make_params(torch.float32, shapes)
+    single = Shampoo(list(sps.items()), SKIP)
+    _run(single, sps, _bad_on(_bad_on(grads, 0), 1))
+    out["single"], out["single_metrics"] = _numpy(sps), single.metrics
+    for label, k in (("shared", None), ("replicated", 1)):
+        ps = make_params(torch.float32, shapes)
+        opt = Shampoo(list(ps.items()), SKIP, distributed=DistributedConfig(trainers_per_group=k))
+        _run(opt, ps, _bad_on(grads, rank))  # each rank sees one of the bad gradients only
+        out[label] = {"params": _numpy(ps), "metrics": opt.metrics}
+
+    # "raise": a finite but too large gradient on rank 1 only.
+    ps = make_params(torch.float32, shapes)
+    opt = Shampoo(list(ps.items()), RICH, distributed=DistributedConfig())
+    _run(opt, ps, grads[:2])
+    before, state = _numpy(ps), opt.distributed_state_dict()
+    step = dict(grads[2])
+    if rank == 1:
+        step["t"] = torch.full(shapes["t"], 1e20)
+    _feed(ps, step)
+    try:
+        opt.step()
+        out["too_large"] = None
+    except NonFiniteGradientError as err:
+        out["too_large"] = str(err)
+    out["unchanged"] = (all(np.array_equal(before[n], v) for n, v in _numpy(ps).items())
+                        and _trees_equal(state, opt.distributed_state_dict()))
+
+    # Loading: a block that only rank 1 holds is corrupt; every rank raises, none loads.
+    bad = copy.deepcopy(state)
+    for entry in bad["state"].values():
+        entry["step"] = 99
+    bad["metrics"] = {"root_failures": 5, "skipped_blocks": 5}
+    view = next(v for v in opt.blocks() if v.owner == 1)
+    factors = bad["state"][view.name]["blocks"][view.block]["factors"]
+    k = next(iter(factors))
+    factors[k] = torch.zeros(factors[k].shape[0] + 1, factors[k].shape[0] + 1)
+    now = opt.distributed_state_dict()
+    try:
+        opt.load_distributed_state_dict(bad)
+        out["load_error"] = None
+    except ValueError as err:
+        out["load_error"] = str(err)
+    out["load_unchanged"] = _trees_equal(now, opt.distributed_state_dict())
+    out["bad_block"] = (view.name, view.block)
     return out

@@ -16,6 +16,7 @@ and :func:`assemble` puts per-block results back into per-parameter tensors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,14 +149,17 @@ def build_block_groups(
 
 def select_rows(
     groups: Sequence[BlockGroup],
+    flat_rows: Sequence[torch.Tensor],
     positions: Sequence[int],
-    block_ok: Mapping[int, Sequence[torch.Tensor]],
+    ok: torch.Tensor | None,
 ) -> dict[int, tuple[list[int], Rows, torch.Tensor | None]]:
     """Per block group (by index): the rows of the parameters ``positions``.
 
     Each entry is ``(rows as a list, their index tensor or None for all rows,
-    their finite flags stacked from block_ok or None when block_ok is empty)``;
-    block groups without such rows are left out.
+    their eq. (3) flags or None when ok is None)``; ``ok`` is the param
+    group's flag per block in its flat block order and ``flat_rows[index]``
+    the flat block index of each row of a block group. Block groups without
+    such rows are left out.
     """
     chosen = set(positions)
     out: dict[int, tuple[list[int], Rows, torch.Tensor | None]] = {}
@@ -167,26 +171,95 @@ def select_rows(
         if len(members) != len(bg):
             rows = torch.tensor(members, dtype=torch.int64, device=bg.device)
         ok_rows = None
-        if block_ok:
-            flags = [block_ok[pos][b] for pos, b in (bg.members[r] for r in members)]
-            ok_rows = torch.stack(flags)
+        if ok is not None:
+            ok_rows = ok.to(bg.device).index_select(0, take(flat_rows[index], rows))
         out[index] = (members, rows, ok_rows)
     return out
 
 
-def finite_blocks(
-    layout: ParamLayout, g: torch.Tensor
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Eq. (3), ``"skip_block"``: a 0-d finite flag per block, and the flags per entry."""
-    finite = torch.isfinite(g)
-    if layout.single_block:
-        ok = finite.all()
-        return [ok], ok
-    flags = [finite[sl].all() for sl in layout.block_slices]
-    elem = torch.empty_like(finite)
-    for sl, flag in zip(layout.block_slices, flags, strict=True):
-        elem[sl] = flag
-    return flags, elem
+@dataclass(frozen=True)
+class BlockGrid:
+    """The blocks of one parameter (eq. 5) as a grid: chunks along each merged dim.
+
+    Blocks are the Cartesian product of the chunks of each merged dim,
+    row-major, so a per-block reduction is separable: reducing the chunks of
+    one dim after the other gives every block's result at once, without a
+    loop over blocks (:func:`block_max_abs`), and a per-block flag expands
+    back to the entries by one ``index_select`` per dim (:func:`expand_blocks`).
+    """
+
+    merged_shape: tuple[int, ...]
+    chunks: tuple[tuple[int, ...], ...]  # per merged dim, the chunk lengths (remainder last)
+    index: tuple[torch.Tensor, ...]  # per merged dim, the chunk of each entry (multi-block)
+    sizes: torch.Tensor  # [blocks] float64: entries per block (|B| of eq. 3)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Chunks per dim; the grid of blocks."""
+        return tuple(len(c) for c in self.chunks)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.sizes)
+
+
+def block_grid(plan: ParameterPlan, device: torch.device) -> BlockGrid:
+    """The :class:`BlockGrid` of a plan (any plan: a skipped one has one whole block)."""
+    merged = plan.merged_shape
+    starts: list[dict[int, int]] = [{} for _ in merged]
+    for block in plan.blocks:
+        for k, (o, n) in enumerate(zip(block.offsets, block.shape, strict=True)):
+            starts[k][o] = n
+    chunks = tuple(tuple(n for _, n in sorted(s.items())) for s in starts)
+    index: tuple[torch.Tensor, ...] = ()
+    if len(plan.blocks) > 1:
+        index = tuple(
+            torch.repeat_interleave(torch.arange(len(c)), torch.tensor(c, dtype=torch.int64))
+            .to(device) for c in chunks
+        )
+    sizes = torch.tensor([float(math.prod(b.shape)) for b in plan.blocks],
+                         dtype=torch.float64).to(device)
+    return BlockGrid(merged, chunks, index, sizes)
+
+
+def block_max_abs(grid: BlockGrid, x: torch.Tensor) -> torch.Tensor:
+    """``max |x|`` over each block of a merged-shape tensor: ``[blocks]``, row-major.
+
+    NaN propagates (a block holding a NaN gets NaN); an empty block gets 0.
+    """
+    if x.numel() == 0:
+        return torch.zeros(grid.num_blocks, dtype=x.dtype, device=x.device)
+    y = x.abs()
+    if grid.num_blocks == 1:
+        return y.amax().reshape(1)
+    for k, chunks in enumerate(grid.chunks):
+        if len(chunks) == 1:
+            y = y.amax(k, keepdim=True)
+            continue
+        d, q = chunks[0], len(chunks) - (chunks[-1] != chunks[0])
+        full = y.narrow(k, 0, q * d).unflatten(k, (q, d)).amax(k + 1)
+        if q == len(chunks):
+            y = full
+        else:
+            rest = y.narrow(k, q * d, chunks[-1]).amax(k, keepdim=True)
+            y = torch.cat([full, rest], dim=k)
+    return y.reshape(-1)
+
+
+def expand_blocks(grid: BlockGrid, flags: torch.Tensor) -> torch.Tensor:
+    """Per-block values ``[blocks]`` as a merged-shape tensor (each entry its block's value).
+
+    A parameter of one block gets a 0-d tensor (it broadcasts).
+    """
+    if grid.num_blocks == 1:
+        return flags.reshape(())
+    out = flags.reshape(grid.shape)
+    for k, index in enumerate(grid.index):
+        if len(grid.chunks[k]) > 1:
+            out = out.index_select(k, index)
+        else:
+            out = out.expand(*out.shape[:k], grid.merged_shape[k], *out.shape[k + 1:])
+    return out
 
 
 def gather(

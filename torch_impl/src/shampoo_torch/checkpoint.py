@@ -12,9 +12,11 @@ and ``_restore_metrics`` methods): the live state of every block as views
 into the block groups, the parameter names, an all-gather over the trainer
 group, and the counters; nothing else of its internals is read here.
 
-Layout::
+Layout (version 2)::
 
-    {"state": {index: {"step": int, "graft"|"filtered"|"momentum"|"graft_momentum": T,
+    {"version": 2,
+     "state": {index: {"step": int, "param_shape": [int, ...],
+                       "graft"|"filtered"|"momentum"|"graft_momentum": T,
                        "blocks": [{"factors": {k: T}, "inverse_roots": {k: T},
                                    "statistics_updates": T, "consecutive_failures": T,
                                    ["corrected": T, "corrected_updates": T]}, ...]}},
@@ -27,8 +29,9 @@ world size and rank only. The portable form is the *distributed state dict*
 (:func:`distributed_state_dict`, on every rank, one or many), gathered so that
 it holds every block, keyed by parameter name and block index::
 
-    {"format": "shampoo_torch.distributed_state_dict", "version": 1,
-     "state": {name: {"step": int, "graft"|"filtered"|"momentum"|"graft_momentum": T,
+    {"format": "shampoo_torch.distributed_state_dict", "version": 2,
+     "state": {name: {"step": int, "param_shape": [int, ...],
+                      "graft"|"filtered"|"momentum"|"graft_momentum": T,
                       "blocks": {block_index: {"factors": {k: T}, "inverse_roots": {k: T},
                                                "statistics_updates": T,
                                                "consecutive_failures": T,
@@ -46,13 +49,45 @@ at W' ranks, W' = 1 (plain ``Shampoo``) included, and the run continues bit
 for bit; every rank loads the same dict and keeps its own blocks.
 ``root_failures`` is summed over the ranks of a trainer group; after loading
 it is held by the group's rank 0 (the per-rank :attr:`metrics` add up to it).
+``param_shape`` is the parameter's own shape (version 2): a state saved
+for a (4, 3) parameter never loads into a (3, 4) one, even where both merge
+to the same blocks. Every state tensor must be finite (NaN or inf in a
+factor, a root or the elementwise state is refused).
+
+Version 1, written before ``param_shape`` existed, still loads: a
+:meth:`~shampoo_torch.Shampoo.state_dict` without ``"version"`` and a
+distributed state dict with ``"version": 1``, the same layouts without
+``param_shape`` (which they must not hold: in version 2 a missing one is an
+error). Their shapes are checked from the state tensors alone: the
+elementwise state has the parameter's merged shape and every factor the
+shape the current parameter's block plan gives it. What version 1 cannot
+detect: a parameter whose shape differs from the saved one but merges to the
+same shape under the group's config (``shampoo_spec.plan_parameter``: the
+same merged dims, so the same blocks and the same elementwise shape), e.g.
+(4, 3), (3, 4) and (2, 6) with ``merge_dims_up_to >= 12`` (all (12,)), or
+(1, 12) and (12,) (size-1 dims dropped); and an entry that holds no tensor at all
+(a parameter the skip rules leave unpreconditioned, under a config without
+graft, filter or momentum state: only its step), where any shape loads.
+
+Loading is atomic: everything is validated first (group and parameter
+structure, the config, which must equal this optimizer's, the differing
+fields named through ``shampoo_spec.config_differences``; every parameter's
+shape and every state tensor's shape and kind; step counters; the groups'
+hyperparameters such as ``lr``; the metrics), then committed; on any error
+a ValueError is raised and nothing (state, step counters, metrics,
+param_groups) has changed. Distributed, :func:`load_distributed_state_dict`
+is a collective over the trainer group: every rank validates its own
+blocks and, when any rank finds an error, every rank raises it, so no rank
+loads alone.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
+
+from shampoo_spec import ShampooConfig, config_differences
 
 if TYPE_CHECKING:
     from .optimizer import Shampoo
@@ -83,6 +118,7 @@ def state_dict(opt: Shampoo) -> dict[str, Any]:
         ids = []
         for p, pblocks in zip(group["params"], per_param, strict=True):
             entry = {k: _clone(v) for k, v in opt.state[p].items()}
+            entry["param_shape"] = list(p.shape)
             entry["blocks"] = _clone(pblocks)
             state[index] = entry
             ids.append(index)
@@ -91,10 +127,11 @@ def state_dict(opt: Shampoo) -> dict[str, Any]:
         saved["config"] = group["config"].to_dict()
         saved["params"] = ids
         groups.append(saved)
-    return {"state": state, "param_groups": groups, "metrics": opt.metrics}
+    return {"version": VERSION, "state": state, "param_groups": groups,
+            "metrics": opt.metrics}
 
 
-def _fail(where: str, message: str) -> None:
+def _fail(where: str, message: str) -> NoReturn:
     raise ValueError(f"cannot load Shampoo state: {where}: {message}")
 
 
@@ -105,8 +142,17 @@ def _check_tree(where: str, ours: Any, saved: Any) -> None:
             _fail(where, f"expected a tensor, got {type(saved).__name__}")
         if tuple(saved.shape) != tuple(ours.shape):
             _fail(where, f"shape {tuple(saved.shape)} does not match {tuple(ours.shape)}")
-        if saved.dtype.is_floating_point != ours.dtype.is_floating_point:
+        if ours.dtype.is_floating_point:
+            if not saved.dtype.is_floating_point:
+                _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}")
+            if saved.numel() and not bool(torch.isfinite(saved.to(ours.dtype)).all()):
+                _fail(where, f"non-finite entries (NaN or inf, in {ours.dtype}): allowed "
+                      "finite state only")
+            return
+        if saved.dtype.is_floating_point or saved.dtype.is_complex or saved.dtype == torch.bool:
             _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}")
+        if saved.numel() and bool((saved < 0).any()):
+            _fail(where, "a counter is negative")
         return
     if isinstance(ours, dict):
         if not isinstance(saved, dict) or set(saved) != set(ours):
@@ -121,8 +167,20 @@ def _check_tree(where: str, ours: Any, saved: Any) -> None:
         for j, (a, b) in enumerate(zip(ours, saved, strict=True)):
             _check_tree(f"{where}[{j}]", a, b)
         return
-    if isinstance(ours, int) and (not isinstance(saved, int) or saved < 0):
-        _fail(where, f"expected a step count >= 0, got {saved!r}")
+    if isinstance(ours, int) and not _is_count(saved):
+        _fail(where, f"expected a step count in [0, {_MAX_COUNT}], got {_shown(saved)}")
+
+
+_MAX_COUNT = 2**63 - 1  # int64, as the device counters
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + "..."
 
 
 def _copy_tree(ours: Any, saved: Any) -> None:
@@ -136,13 +194,96 @@ def _copy_tree(ours: Any, saved: Any) -> None:
             _copy_tree(a, b)
 
 
-def _config_difference(ours: dict[str, Any], saved: object) -> str:
+def _check_config(where: str, ours: ShampooConfig, saved: object) -> None:
+    """The saved config must equal ours; the error names every differing field."""
     if not isinstance(saved, dict):
-        return f"saved config is {type(saved).__name__}, expected a dict"
-    keys = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
-    return "fields differ: " + ", ".join(
-        f"{k} (saved {saved.get(k)!r}, ours {ours.get(k)!r})" for k in keys
-    )
+        _fail(where, f"the saved config is {type(saved).__name__}, expected a dict")
+    try:
+        config = ShampooConfig.from_dict(cast(dict[str, object], saved))
+    except (ValueError, TypeError, KeyError) as err:
+        _fail(where, f"the saved config is invalid: {err}")
+    differences = config_differences(config, ours)
+    if differences:
+        _fail(where, "the state was saved under a different config; fields that differ "
+              "(saved -> this optimizer's): " + "; ".join(differences))
+
+
+def _check_group(where: str, saved_group: dict[str, Any]) -> None:
+    """The group's hyperparameters that a load would set: ``lr`` must be valid."""
+    from .optimizer import check_lr
+
+    if "lr" in saved_group:
+        try:
+            check_lr(saved_group["lr"], f"{where}['lr']")
+        except (TypeError, ValueError) as err:
+            _fail(where, str(err))
+
+
+def _check_metrics(metrics: object) -> dict[str, Any]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, dict):
+        _fail("metrics", f"expected a dict, got {type(metrics).__name__}")
+    for key, value in metrics.items():
+        if key not in ("root_failures", "skipped_blocks"):
+            _fail("metrics", f"unknown counter {_shown(key)}: allowed 'root_failures', "
+                  "'skipped_blocks'")
+        if not _is_count(value):
+            _fail(f"metrics[{key!r}]", f"expected a count in [0, {_MAX_COUNT}], got "
+                  f"{_shown(value)}")
+    return metrics
+
+
+def _version(sd: dict[str, Any], absent: int | None) -> int:
+    """The checkpoint's format version (``absent`` when it has no ``"version"``)."""
+    version = sd.get("version", absent)
+    if type(version) is not int or version not in VERSIONS:  # not a bool, not 2.0
+        _fail("version", f"{_shown(version)} is not supported: allowed {list(VERSIONS)}")
+    return version
+
+
+def _check_param_shape(where: str, p: torch.Tensor, saved: dict[str, Any], version: int,
+                       ours: dict[str, Any]) -> dict[str, Any]:
+    """The parameter the state was saved for must have ``p``'s shape; the rest of the entry.
+
+    Version 2: its ``param_shape``. Version 1 has none: the elementwise state
+    (the parameter's merged shape) is compared here, the factors by
+    :func:`_check_tree` (the shapes of ``p``'s block plan); see the module
+    doc for the parameters this cannot tell apart.
+    """
+    if version == 1:
+        if "param_shape" in saved:
+            _fail(where, "'param_shape' is an entry of version 2, but the checkpoint is "
+                  "version 1 (a state_dict without 'version', or 'version': 1)")
+        for key, mine in ours.items():
+            theirs = saved.get(key)
+            if (isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
+                    and tuple(theirs.shape) != tuple(mine.shape)):
+                _fail(f"{where}[{key!r}]", f"the state was saved for a parameter whose merged "
+                      f"shape is {tuple(theirs.shape)}; this parameter of shape "
+                      f"{tuple(p.shape)} merges to {tuple(mine.shape)} (version 1: the shape "
+                      "is checked from the state tensors)")
+        return saved
+    shape = saved.get("param_shape")
+    if not (isinstance(shape, (list, tuple)) and all(_is_count(d) for d in shape)):
+        _fail(where, f"no valid 'param_shape' (got {_shown(shape)}): a version 2 checkpoint "
+              "holds the shape of the parameter the state was saved for")
+    if tuple(shape) != tuple(p.shape):
+        _fail(where, f"the state was saved for a parameter of shape {tuple(shape)}, this "
+              f"parameter has shape {tuple(p.shape)}")
+    return {k: v for k, v in saved.items() if k != "param_shape"}
+
+
+def _groups(sd: dict[str, Any], opt: Shampoo) -> list[dict[str, Any]]:
+    groups = sd["param_groups"]
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        _fail("param_groups", "expected a list of dicts")
+    if len(groups) != len(opt.param_groups):
+        _fail("param_groups", f"{len(groups)} saved groups, this optimizer has "
+              f"{len(opt.param_groups)}")
+    if not isinstance(sd["state"], dict):
+        _fail("state", f"expected a dict, got {type(sd['state']).__name__}")
+    return groups
 
 
 def _apply(
@@ -153,7 +294,8 @@ def _apply(
 ) -> None:
     """Copy validated state, group hyperparameters and counters into ``opt``.
 
-    Called only after every check passed, so a bad checkpoint changes nothing.
+    Called only after every check passed (nothing here can fail on a
+    validated checkpoint), so a bad checkpoint changes nothing.
     ``root_failures`` is a sum over ranks (each counts its own blocks): only
     rank 0 of a distributed optimizer takes the saved total.
     """
@@ -168,38 +310,42 @@ def _apply(
 
 
 def load_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
+    """Validate everything, then commit (see the module doc); ValueError changes nothing."""
     if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
         _fail("top level", "expected a dict with 'state' and 'param_groups'")
-    groups = sd["param_groups"]
-    if len(groups) != len(opt.param_groups):
-        _fail("param_groups", f"{len(groups)} saved groups, this optimizer has "
-              f"{len(opt.param_groups)}")
+    if "format" in sd:
+        _fail("top level", f"a dict with format {_shown(sd['format'])}: use "
+              "load_distributed_state_dict for distributed_state_dict()")
+    version = _version(sd, absent=1)  # version 1 had no "version"
+    groups = _groups(sd, opt)
     blocks = _block_entries(opt)
     pairs = []  # (our live state tree, saved tree), validated before any copy
     for gi, (group, saved_group, per_param) in enumerate(
         zip(opt.param_groups, groups, blocks, strict=True)
     ):
         ids = saved_group.get("params", [])
-        if len(ids) != len(group["params"]):
-            _fail(f"param_groups[{gi}]", f"{len(ids)} saved parameters, this group has "
-                  f"{len(group['params'])}")
-        ours_cfg = group["config"].to_dict()
-        if saved_group.get("config") != ours_cfg:
-            _fail(f"param_groups[{gi}].config",
-                  "the saved config differs from this optimizer's: "
-                  + _config_difference(ours_cfg, saved_group.get("config")))
+        if not isinstance(ids, list) or len(ids) != len(group["params"]):
+            _fail(f"param_groups[{gi}]", f"{len(ids) if isinstance(ids, list) else ids!r} "
+                  f"saved parameters, this group has {len(group['params'])}")
+        _check_config(f"param_groups[{gi}].config", group["config"], saved_group.get("config"))
+        _check_group(f"param_groups[{gi}]", saved_group)
         for j, (p, pid, pblocks) in enumerate(zip(group["params"], ids, per_param, strict=True)):
-            if pid not in sd["state"]:
-                _fail(f"state[{pid}]", "missing")
+            where = f"param_groups[{gi}] parameter {j} (state[{pid!r}])"
+            saved = sd["state"].get(pid) if isinstance(pid, (int, str)) else None
+            if not isinstance(saved, dict):
+                _fail(where, "missing")
             ours = dict(opt.state[p])
             ours["blocks"] = pblocks
-            _check_tree(f"param_groups[{gi}] parameter {j} (state[{pid}])", ours, sd["state"][pid])
-            pairs.append((p, ours, sd["state"][pid]))
-    _apply(opt, pairs, groups, sd.get("metrics", {}))
+            saved = _check_param_shape(where, p, saved, version, ours)
+            _check_tree(where, ours, saved)
+            pairs.append((p, ours, saved))
+    metrics = _check_metrics(sd.get("metrics"))
+    _apply(opt, pairs, groups, metrics)
 
 
 FORMAT = "shampoo_torch.distributed_state_dict"
-VERSION = 1
+VERSION = 2  # of both formats; 2: with each parameter's "param_shape"
+VERSIONS = (1, 2)  # loadable
 
 
 def _cpu(tree: Any) -> Any:
@@ -259,6 +405,7 @@ def distributed_state_dict(opt: Shampoo) -> dict[str, Any]:
     for gi, group in enumerate(opt.param_groups):
         for pos, p in enumerate(group["params"]):
             entry = {k: _cpu(v) for k, v in opt.state[p].items()}
+            entry["param_shape"] = list(p.shape)
             entry["blocks"] = {b: local[(gi, pos, b)] for b in range(counts[gi][pos])}
             state[names[gi][pos]] = entry
         saved = {k: v for k, v in group.items() if k not in ("params", "config", "param_names")}
@@ -273,18 +420,39 @@ def distributed_state_dict(opt: Shampoo) -> dict[str, Any]:
 def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
     """Restore a :func:`distributed_state_dict` at any world size; this rank keeps its blocks.
 
-    Validates everything (names, configs, every block present, shapes)
-    before changing anything; raises ValueError naming what differs.
+    Validates everything (names, configs, every block present, shapes, lr,
+    counters) before changing anything; raises ValueError naming what
+    differs. Distributed, a collective over the trainer group: when any
+    rank's validation fails every rank raises (and none changed anything).
     """
+    try:
+        pairs, groups, metrics = _validate_distributed(opt, sd)
+        error = None
+    except ValueError as err:
+        error = err
+    messages = opt._checkpoint_gather(None if error is None else str(error))
+    if error is not None:
+        raise error
+    failed = [(r, m) for r, m in enumerate(messages) if m is not None]
+    if failed:
+        rank, message = failed[0]
+        raise ValueError(f"{message} (found by rank {rank} of the trainer group; no rank "
+                         "loaded anything)")
+    _apply(opt, pairs, groups, metrics)
+
+
+def _validate_distributed(
+    opt: Shampoo, sd: dict[str, Any]
+) -> tuple[list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]], list[dict[str, Any]],
+           dict[str, Any]]:
+    """Every check of :func:`load_distributed_state_dict` on this rank's part: what to commit."""
     if not isinstance(sd, dict) or sd.get("format") != FORMAT:
         _fail("top level", f"expected a dict with format {FORMAT!r} (from "
               "distributed_state_dict()); use load_state_dict for state_dict()")
-    if sd.get("version") != VERSION:
-        _fail("version", f"{sd.get('version')!r} is not supported: allowed {VERSION}")
-    groups = sd["param_groups"]
-    if len(groups) != len(opt.param_groups):
-        _fail("param_groups", f"{len(groups)} saved groups, this optimizer has "
-              f"{len(opt.param_groups)}")
+    version = _version(sd, absent=None)
+    if "state" not in sd or "param_groups" not in sd:
+        _fail("top level", "expected 'state' and 'param_groups'")
+    groups = _groups(sd, opt)
     names = _names(opt)
     held = _held_blocks(opt)
     counts = _block_counts(opt)
@@ -293,25 +461,24 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
         if saved_group.get("params") != names[gi]:
             _fail(f"param_groups[{gi}].params", f"saved names {saved_group.get('params')} do "
                   f"not match {names[gi]}")
-        ours_cfg = group["config"].to_dict()
-        if saved_group.get("config") != ours_cfg:
-            _fail(f"param_groups[{gi}].config",
-                  "the saved config differs from this optimizer's: "
-                  + _config_difference(ours_cfg, saved_group.get("config")))
+        _check_config(f"param_groups[{gi}].config", group["config"], saved_group.get("config"))
+        _check_group(f"param_groups[{gi}]", saved_group)
         for pos, p in enumerate(group["params"]):
             name = names[gi][pos]
             saved = sd["state"].get(name)
             if not isinstance(saved, dict) or not isinstance(saved.get("blocks"), dict):
                 _fail(f"state[{name!r}]", "missing (or without 'blocks')")
             count = counts[gi][pos]
-            if sorted(saved["blocks"]) != list(range(count)):
-                _fail(f"state[{name!r}]['blocks']", f"block indices {sorted(saved['blocks'])} "
+            keys = list(saved["blocks"])
+            if not all(isinstance(b, int) for b in keys) or sorted(keys) != list(range(count)):
+                _fail(f"state[{name!r}]['blocks']", f"block indices {_shown(keys)} "
                       f"do not match the plan's {list(range(count))}")
             mine = {b: held[(gi, pos, b)] for b in range(count) if (gi, pos, b) in held}
             ours = dict(opt.state[p])
             ours["blocks"] = mine
+            saved = _check_param_shape(f"state[{name!r}]", p, saved, version, ours)
             subset = dict(saved)
             subset["blocks"] = {b: saved["blocks"][b] for b in mine}
             _check_tree(f"state[{name!r}]", ours, subset)
             pairs.append((p, ours, subset))
-    _apply(opt, pairs, groups, sd.get("metrics", {}))
+    return pairs, groups, _check_metrics(sd.get("metrics"))

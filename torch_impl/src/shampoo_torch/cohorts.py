@@ -1,10 +1,10 @@
 """The bookkeeping of one :meth:`Shampoo.step <shampoo_torch.Shampoo.step>`.
 
 :class:`StepInput`: one param group's merged parameters and gradients at
-this step (eqs. 1-2). :class:`Cohort`: the parameters of a param group at
-the same step t (parameters that missed steps run on their own counter),
-which the phases of the step fill in turn: finite flags and filtered
-gradients, the block-group rows taking part, root-step failure counts,
+this step (eqs. 1-2) and its eq. (3) flags. :class:`Cohort`: the parameters
+of a param group at the same step t (parameters that missed steps run on
+their own counter), which the phases of the step fill in turn: per-entry
+flags and filtered gradients, the block-group rows taking part, root-step failure counts,
 graft and block directions.
 """
 
@@ -34,6 +34,10 @@ class StepInput:
     g: dict[int, torch.Tensor]
     steps: dict[int, int]
     lr: float
+    #: eq. (3) ``"skip_block"``: per block of the param group (flat order, see
+    #: :class:`~shampoo_torch.state.ParamGroupPlan`), whether its step is taken;
+    #: None: every block's is (the ``"raise"`` policy, after its check).
+    ok: torch.Tensor | None = None
 
 
 @dataclass
@@ -43,8 +47,8 @@ class Cohort:
     inp: StepInput
     t: int
     positions: list[int]
-    g: dict[int, torch.Tensor]  # the gradients; "skip_block" zeroes non-finite entries
-    block_ok: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    g: dict[int, torch.Tensor]  # the gradients; "skip_block" zeroes refused blocks
+    #: per parameter, eq. (3) ``"skip_block"``: whether each entry's block steps.
     elem_ok: dict[int, torch.Tensor] = field(default_factory=dict)
     filtered: dict[int, torch.Tensor] = field(default_factory=dict)
     #: per block group index: its rows here, their index tensor, their finite flags.
@@ -84,8 +88,17 @@ def read_gradients(
     for i, p in enumerate(params):
         if p.grad is None:
             continue
-        if p.grad.is_sparse:
-            raise TypeError("Shampoo does not support sparse gradients.")
+        if p.grad.is_sparse or p.grad.layout != torch.strided:
+            raise ValueError(
+                f"the gradient of parameter {gp.names[i]!r} is sparse ({p.grad.layout}): "
+                "allowed a dense (strided) gradient; sparse gradients are not supported by "
+                "Shampoo (e.g. use nn.Embedding(sparse=False))."
+            )
+        if tuple(p.grad.shape) != tuple(p.shape):
+            raise ValueError(
+                f"the gradient of parameter {gp.names[i]!r} has shape {tuple(p.grad.shape)}, "
+                f"the parameter {tuple(p.shape)}: allowed a gradient of the parameter's shape."
+            )
         shape, dt = gp.layouts[i].merged_shape, gp.dtypes[i]
         w[i] = p.detach().reshape(shape).to(dt)
         grad = p.grad.detach().reshape(shape).to(dt)

@@ -5,9 +5,15 @@ gives each block an *owner*, balancing per-step work, root work and factor
 memory (:func:`shampoo_spec.block_cost`), the same on every rank without
 communication. Per step:
 
-1. every rank checks its gradients (eq. 3, ``"raise"``): one all-reduce of a
-   flag over the whole process group, so all ranks raise the same
-   :class:`~shampoo_torch.NonFiniteGradientError` before any state changes;
+1. every rank decides which blocks' steps eq. (3) refuses (a non-finite
+   gradient, or one that could overflow the block's state) from its
+   gradients and the state it holds, and one all-reduce (max) of these flags
+   over the whole process group makes one decision for all ranks: under
+   ``"raise"`` all ranks raise the same
+   :class:`~shampoo_torch.NonFiniteGradientError` before any state changes,
+   under ``"skip_block"`` all ranks (and replicas) skip the same blocks and
+   count them alike, so replicas never diverge even when a gradient is bad on
+   one rank only;
 2. every rank updates the elementwise state (graft, filter; eqs. 14-15), which
    is replicated: it is cheap, and the per-parameter graft rescale (eq. 18)
    needs whole parameters;
@@ -158,6 +164,14 @@ class Distributor:
         return dict(zip(keys, result.owners, strict=True))
 
     # ----------------------------------------------------------- agreement
+    def agree_max(self, flags: torch.Tensor) -> None:
+        """In place: the entrywise max of ``flags`` over the whole process group.
+
+        Eq. (3): every rank of every trainer group refuses the same blocks.
+        An all-reduce on the device (no host sync with NCCL).
+        """
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+
     def first_flagged(
         self, local: tuple[int, ...] | None, width: int, device: torch.device, whole_world: bool
     ) -> tuple[int, tuple[int, ...]] | None:

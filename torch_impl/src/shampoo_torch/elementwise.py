@@ -1,10 +1,11 @@
-"""The elementwise part of a step: finite check, filter, momentum, update (eqs. 3, 15, 19-21).
+"""The elementwise part of a step: filter, momentum, update (eqs. 15, 19-21).
 
 These run per parameter in its merged shape (eq. 4), on every rank alike
 when distributed; the graft state (eq. 14) is in :mod:`shampoo_torch.grafting`.
 ``st`` is the parameter's ``optimizer.state[p]``; ``ok`` is its per-entry
-finite mask of eq. (3) ``"skip_block"`` (None: all finite), and entries where
-it is False keep their state and parameter value.
+mask of eq. (3) ``"skip_block"`` (:mod:`shampoo_torch.refusal`; None: every
+block steps), and entries where it is False keep their state and parameter
+value.
 """
 
 from __future__ import annotations
@@ -35,24 +36,6 @@ def init_state(
     for key, present in wanted.items():
         if present:
             st[key] = torch.zeros(shape, dtype=dtype, device=device)
-
-
-def first_nonfinite(g: dict[int, torch.Tensor]) -> int | None:
-    """Eq. (3): the first position with a non-finite gradient, or None; one host read per device.
-
-    Fast path: a finite sum proves every entry finite (one read pass per
-    gradient); only when some sum is not finite (a NaN/inf, or an overflow
-    of huge finite values) is each gradient checked entrywise.
-    """
-    sums: dict[torch.device, list[torch.Tensor]] = {}
-    for x in g.values():
-        sums.setdefault(x.device, []).append(x.sum())
-    if all(bool(torch.isfinite(torch.stack(s)).all()) for s in sums.values()):
-        return None
-    for i, x in g.items():
-        if not bool(torch.isfinite(x).all()):
-            return i
-    return None
 
 
 def masked(new: torch.Tensor, old: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:

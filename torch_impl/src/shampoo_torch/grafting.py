@@ -14,10 +14,30 @@ import torch
 from shampoo_spec import GraftingConfig
 
 
+def norm(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """``||x||_2`` (over ``dim``, else all of x) that cannot overflow for finite x.
+
+    ``torch.linalg.vector_norm`` sums squares, which overflow once an entry
+    passes ~1.8e19 in float32 (eq. 3 admits finite gradients up to about
+    2^63.5 / sqrt(|B|), and preconditioning can enlarge them): the eq. (18)
+    rescale would then take inf / inf. Where the plain norm is not finite
+    but every entry is, this returns ``max|x| * ||x / max|x|||`` instead;
+    elsewhere the plain norm itself, bit for bit (a non-finite x keeps its
+    inf or NaN norm).
+    """
+    plain = torch.linalg.vector_norm(x) if dim is None else torch.linalg.vector_norm(x, dim=dim)
+    big = x.abs().amax() if dim is None else x.abs().amax(dim=dim)
+    safe = torch.where(big > 0, big, torch.ones_like(big))
+    div = safe if dim is None else safe.unsqueeze(dim)
+    scaled = big * (torch.linalg.vector_norm(x / div) if dim is None
+                    else torch.linalg.vector_norm(x / div, dim=dim))
+    return torch.where(torch.isfinite(plain) | ~torch.isfinite(big), plain, scaled)
+
+
 def graft_input(x: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:
     """``x / (||x|| + normalize_epsilon)`` for the ``*_normalized`` types, else x (eq. 14a)."""
     if graft.normalizes_input:
-        out: torch.Tensor = x / (torch.linalg.vector_norm(x) + graft.normalize_epsilon)
+        out: torch.Tensor = x / (norm(x) + graft.normalize_epsilon)
         return out
     return x
 

@@ -3,16 +3,19 @@
 ``step()`` reads as the algorithm's outline (eqs. 1-21), in phases over every
 param group; parameters of a group at the same step t form a *cohort*:
 
-1. checks: merged parameters and gradients, L2 decay, the eq. (3) ``"raise"``
-   check before anything changes (eqs. 1-3);
+1. checks: learning rates, merged parameters and gradients, L2 decay, and
+   eq. (3): which blocks' steps are refused (a non-finite gradient, or one so
+   large that the block's state could overflow, :mod:`shampoo_torch.refusal`),
+   decided before anything changes, the same on every rank (eqs. 1-3);
 2. elementwise state per parameter: graft state and gradient filter (eqs. 14b, 15);
 3. statistics, inverse roots and the corrected second moment per block group
-   (eqs. 6-13, 17; :mod:`shampoo_torch.preconditioner`), then the eq. (13)
-   failure limit;
+   (eqs. 6-13, 17; :mod:`shampoo_torch.preconditioner`);
 4. directions: graft (eq. 14c), Shampoo per block group (eqs. 16-17) with the
    per-block graft rescale (eq. 18), exchanged between ranks when distributed;
 5. per parameter: the per-parameter graft rescale (eq. 18), direction decay,
-   momentum and the update (eqs. 19-21; :mod:`shampoo_torch.elementwise`).
+   momentum and the update (eqs. 19-21; :mod:`shampoo_torch.elementwise`);
+6. the eq. (13) failure limit, raised only now, after every parameter moved
+   (failed inverse roots kept the previous ones): a step is never half done.
 
 Schedule decisions come from ``shampoo_spec.schedule``, blocking from
 ``shampoo_spec.plan_parameter`` and every derived rule (update weights, bias
@@ -24,18 +27,22 @@ phase 3 and the per-block part of phase 4 run on the owning rank only, and one
 all-gather at the end of phase 4 gives every rank every block's direction.
 
 Host-device syncs: none in the default path of step(). Two documented
-exceptions: with ``failure.nonfinite_gradient = "raise"`` one reduction per
-param group per step is read on the host to raise before any state changes
-(use ``"skip_block"`` for a sync-free step), and root steps (amortized) sync
+exceptions: with ``failure.nonfinite_gradient = "raise"`` the eq. (3) flags
+are read on the host once per step (per device) to raise before any state
+changes (use ``"skip_block"`` for a sync-free step), and root steps (amortized) sync
 inside ``torch.linalg.eigh`` on CUDA, in the coupled Newton stopping test, and
 for ``failure.max_consecutive_root_failures``. Counters (:attr:`metrics`)
-are device tensors read lazily. Distributed, the ``"raise"`` check and the
-root-failure limit are all-reduces (so every rank raises together), and the
-direction all-gather waits for every rank of the trainer group.
+are device tensors read lazily. Distributed, the eq. (3) flags are one
+all-reduce (max) over the process group every step (so every rank raises
+together, or skips the same blocks), the root-failure limit an all-reduce
+on root steps, and the direction all-gather waits for every rank of the
+trainer group.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -48,8 +55,8 @@ from shampoo_spec import (
     is_statistics_step,
 )
 
-from . import checkpoint, elementwise, grafting, preconditioner
-from .blocks import assemble, finite_blocks, gather, select_rows
+from . import checkpoint, elementwise, grafting, preconditioner, refusal
+from .blocks import assemble, expand_blocks, gather, select_rows
 from .cohorts import Cohort, StepInput, read_gradients, split_cohorts
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
@@ -61,8 +68,10 @@ class Shampoo(torch.optim.Optimizer):
     Args:
         params: tensors, ``(name, tensor)`` pairs (names appear in errors), or
             param-group dicts; a group may carry its own ``"config"``
-            (a ShampooConfig or its ``to_dict()``) and/or ``"lr"``.
-        config: the default config (``ShampooConfig()`` when None).
+            (a ShampooConfig or its ``to_dict()``; the default config when
+            absent or None) and/or ``"lr"``.
+        config: the default config: a ShampooConfig or its ``to_dict()``
+            (``ShampooConfig()`` when None); anything else raises ValueError.
         lr: learning rate overriding ``config.learning_rate``. Per group the
             rate is the group's ``"lr"``, else this ``lr``, else the group
             config's ``learning_rate``; it is stored in ``group["lr"]`` so LR
@@ -85,16 +94,14 @@ class Shampoo(torch.optim.Optimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        config: ShampooConfig | None = None,
+        config: ShampooConfig | dict[str, Any] | None = None,
         *,
         lr: float | None = None,
         distributed: DistributedConfig | None = None,
     ) -> None:
-        config = ShampooConfig() if config is None else config
-        if not isinstance(config, ShampooConfig):
-            raise TypeError(f"config must be a ShampooConfig, got {type(config).__name__}.")
+        config = as_config(config, ShampooConfig(), "config")
         if lr is not None:
-            _check_lr(lr)
+            check_lr(lr, "lr")
         if distributed is not None and not isinstance(distributed, DistributedConfig):
             raise ValueError(
                 f"distributed = {distributed!r} is invalid: allowed a "
@@ -109,20 +116,21 @@ class Shampoo(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        cfg = param_group.get("config", self.defaults["config"])
-        if isinstance(cfg, dict):
-            cfg = ShampooConfig.from_dict(cfg)
-        if not isinstance(cfg, ShampooConfig):
-            raise TypeError(f"group config must be a ShampooConfig, got {type(cfg).__name__}.")
+        cfg = as_config(param_group.get("config"), self.defaults["config"],
+                        f"param_groups[{len(self.param_groups)}]['config']")
         param_group["config"] = cfg
         if "lr" not in param_group:
             override = self._lr_override
             param_group["lr"] = cfg.learning_rate if override is None else override
-        _check_lr(param_group["lr"])
+        check_lr(param_group["lr"], f"param_groups[{len(self.param_groups)}]['lr']")
         super().add_param_group(param_group)
         first = self.param_groups[0]["params"]
-        plan = build_param_group_plan(len(self.param_groups) - 1, param_group, self._dist,
-                                      first[0].device if first else None)
+        try:  # a refused group (e.g. integer parameters) is not left half added
+            plan = build_param_group_plan(len(self.param_groups) - 1, param_group, self._dist,
+                                          first[0].device if first else None)
+        except BaseException:
+            self.param_groups.pop()
+            raise
         self._plans.append(plan)
         for p, lay, dt in zip(param_group["params"], plan.layouts, plan.dtypes, strict=True):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device)
@@ -141,10 +149,11 @@ class Shampoo(torch.optim.Optimizer):
         """Counters since construction (read lazily; this reads the device).
 
         ``root_failures``: factors whose inverse root failed and kept the
-        previous one (eq. 13); ``skipped_blocks``: blocks skipped for a
-        non-finite gradient (eq. 3, ``"skip_block"``). Distributed,
-        ``root_failures`` counts this rank's blocks only (the ranks of a
-        trainer group add up to the single-process count).
+        previous one (eq. 13); ``skipped_blocks``: blocks whose step was
+        refused for a non-finite or too large gradient (eq. 3,
+        ``"skip_block"``), the same on every rank when distributed.
+        Distributed, ``root_failures`` counts this rank's blocks only (the
+        ranks of a trainer group add up to the single-process count).
         """
         out = {"root_failures": 0, "skipped_blocks": 0}
         for counters in self._counters.values():
@@ -181,74 +190,125 @@ class Shampoo(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One Shampoo step for every parameter that has a gradient (eqs. 1-21).
 
-        The phases of the module docstring, each over every cohort. The
-        eq. (3) ``"raise"`` check comes before any change and the eq. (13)
-        limit before any parameter changes.
+        The phases of the module docstring, each over every cohort. Every
+        check that can refuse the step (learning rates, gradients, eq. 3
+        ``"raise"``) comes before any change; the eq. (13) limit is raised
+        after the whole step.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        inputs = [  # 1. checks: gradients, eq. (3) "raise"
+        for gi, group in enumerate(self.param_groups):  # an LR scheduler may have set it
+            check_lr(group["lr"], f"param_groups[{gi}]['lr']")
+        inputs = [  # 1. checks: gradients, eq. (3)
             read_gradients(gi, group, gp, self.state)
             for gi, (group, gp) in enumerate(zip(self.param_groups, self._plans, strict=True))
         ]
-        self._check_nonfinite(inputs)
+        self._refuse_blocks(inputs)
         cohorts = [c for inp in inputs if inp is not None for c in split_cohorts(inp)]
         for c in cohorts:
             self._elementwise_state(c)  # 2. graft state, filter
         for c in cohorts:
             self._block_state(c)  # 3. statistics, inverse roots, corrected moment
-        self._check_root_failures(cohorts)
         for c in cohorts:
             self._directions(c)  # 4. graft and block directions
         blocks = self._exchange(cohorts)  # distributed: all-gather
         for c in cohorts:
             self._update(c, blocks)  # 5. parameter rescale, momentum, update
+        self._check_root_failures(cohorts)  # 6. eq. (13), after the whole step
         return loss
 
-    def _check_nonfinite(self, inputs: list[StepInput | None]) -> None:
-        """Eq. (3), ``"raise"``: before any state changes, on every rank alike.
+    def _refuse_blocks(self, inputs: list[StepInput | None]) -> None:
+        """Eq. (3), before any state changes: the blocks whose step is refused.
 
-        Distributed: one all-reduce over the process group, whenever some
-        param group has the ``"raise"`` policy, so a gradient that is bad on
-        one rank only makes every rank raise the same error.
+        Per param group :func:`refusal.block_codes` (on the device, no host
+        sync). Distributed: one all-reduce (max) of every group's codes over
+        the whole process group, so every rank and replica refuses the same
+        blocks whichever rank saw the bad gradient or holds the block's
+        factors. ``"raise"``: the codes are read on the host (once per step)
+        and the error comes before anything changed; ``"skip_block"``: the
+        flags stay on the device (``inp.ok``) and the refused blocks are counted.
         """
-        local: tuple[int, ...] | None = None
-        for inp in inputs:
-            if inp is not None and inp.gp.config.failure.nonfinite_gradient == "raise":
-                pos = elementwise.first_nonfinite(inp.g)
-                if pos is not None:
-                    local = (inp.gi, pos)
+        live = [inp for inp in inputs if inp is not None]
+        if not live:
+            return
+        codes = [refusal.block_codes(inp, self.state) for inp in live]
+        raising = [inp.gp.config.failure.nonfinite_gradient == "raise" for inp in live]
+        local = codes
+        if self._dist is not None:
+            flat = torch.cat(codes)  # one device per rank
+            if any(raising):
+                local = list(flat.clone().split([len(c) for c in codes]))
+            self._dist.agree_max(flat)
+            codes = list(flat.split([len(c) for c in codes]))
+        if any(raising):
+            self._raise_refused(
+                [(inp, code, mine) for inp, code, mine, r in zip(live, codes, local, raising,
+                                                                  strict=True) if r]
+            )
+        for inp, code, r in zip(live, codes, raising, strict=True):
+            if not r:
+                inp.ok = code == refusal.OK
+                self._counter(code.device)["skipped_blocks"].add_((code != refusal.OK).sum())
+
+    def _raise_refused(
+        self, raising: list[tuple[StepInput, torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """Eq. (3) ``"raise"``: NonFiniteGradientError for the first refused block, if any.
+
+        ``raising``: per param group with that policy, its agreed codes and
+        this rank's own. One host read per device; distributed, every rank
+        sees the same agreed codes, and one more all-reduce (on the error path
+        only) names the lowest rank that saw a refused block.
+        """
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for _, code, _ in raising:
+            by_device.setdefault(code.device, []).append(code)
+        if not any(bool(torch.cat(cs).any()) for cs in by_device.values()):
+            return
+        first: tuple[int, ...] | None = None  # (group, position, block, code), seen here
+        for inp, _, mine in raising:
+            host = mine.cpu().tolist()
+            gp = inp.gp
+            for pos in sorted(inp.g):
+                off = gp.offsets[pos]
+                bad = [b for b in range(gp.grids[pos].num_blocks) if host[off + b]]
+                if bad:
+                    first = (inp.gi, pos, bad[0], host[off + bad[0]])
                     break
+            if first is not None:
+                break
         where = ""
         if self._dist is not None:
-            if not any(gp.config.failure.nonfinite_gradient == "raise" for gp in self._plans):
-                return
-            found = self._dist.first_flagged(local, 2, self._device(), whole_world=True)
-            if found is None:
-                return
-            rank, local = found
+            found = self._dist.first_flagged(first, 4, self._device(), whole_world=True)
+            assert found is not None  # the agreed codes say some rank saw one
+            rank, first = found
             where = f" on rank {rank} of {self._dist.full_world} (every rank raises this error)"
-        if local is None:
-            return
-        gi, pos = local
+        assert first is not None
+        gi, pos, block, kind = first
         step = self.state[self.param_groups[gi]["params"][pos]]["step"] + 1
+        if kind == refusal.NONFINITE:
+            what, why = "non-finite gradient", ""
+        else:
+            what = "too large gradient"
+            why = (": finite, but max|state| + |B| max|G_B|^2 > 2^127, so the block's state "
+                   "could overflow float32 (eq. 3, shampoo_spec.block_overflows)")
         raise NonFiniteGradientError(
-            f"non-finite gradient in parameter {self._plans[gi].names[pos]!r} at step {step}"
-            f"{where}; failure.nonfinite_gradient='raise' (no optimizer state or parameter "
-            "was changed by this step; 'skip_block' skips such blocks instead)."
+            f"{what} in parameter {self._plans[gi].names[pos]!r} at step {step} (block {block})"
+            f"{where}{why}; failure.nonfinite_gradient='raise' (no optimizer state or "
+            "parameter was changed by this step; 'skip_block' skips such blocks instead)."
         )
 
     def _elementwise_state(self, c: Cohort) -> None:
-        """Eq. (3) ``"skip_block"`` flags (no host sync), eqs. (14b), (15) per parameter."""
-        cfg, params = c.config, c.inp.params
+        """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (15)."""
+        cfg, params, gp = c.config, c.inp.params, c.inp.gp
         for i in c.positions:
-            if cfg.failure.nonfinite_gradient == "skip_block":
-                c.block_ok[i], c.elem_ok[i] = finite_blocks(c.inp.gp.layouts[i], c.g[i])
+            if c.inp.ok is not None:
+                grid, off = gp.grids[i], gp.offsets[i]
+                flags = c.inp.ok[off:off + grid.num_blocks]
+                c.elem_ok[i] = expand_blocks(grid, flags).to(c.g[i].device)
                 c.g[i] = torch.where(c.elem_ok[i], c.g[i], 0.0)
-                skipped = (~torch.stack(c.block_ok[i])).sum()
-                self._counter(c.g[i].device)["skipped_blocks"].add_(skipped)
             st, ok = self.state[params[i]], c.elem_ok.get(i)
             if cfg.grafting.has_state:
                 st["graft"] = elementwise.masked(
@@ -259,7 +319,7 @@ class Shampoo(torch.optim.Optimizer):
     def _block_state(self, c: Cohort) -> None:
         """Eqs. (6)-(13), (17) per block group: statistics, inverse roots, corrected moment."""
         gp, cfg = c.inp.gp, c.config
-        c.selected = select_rows(gp.block_groups, c.positions, c.block_ok)
+        c.selected = select_rows(gp.block_groups, gp.flat_rows, c.positions, c.inp.ok)
         for index, (members, rows, ok) in c.selected.items():
             bg = gp.block_groups[index]
             gb = gather(bg, gp.layouts, c.g, members)
@@ -277,9 +337,11 @@ class Shampoo(torch.optim.Optimizer):
     def _check_root_failures(self, cohorts: list[Cohort]) -> None:
         """Eq. (13): raise when a block's inverse roots failed too many root steps in a row.
 
-        Checked after every cohort's inverse roots (before any parameter
-        changes); distributed: one all-reduce over the trainer group on root
-        steps, so every rank raises for the same block (named with its owner).
+        Checked at the end of the step, after every parameter was updated
+        (the failed inverse roots kept the previous ones), so the step is
+        complete when it raises; distributed: one all-reduce over the trainer
+        group on root steps, so every rank raises for the same block (named
+        with its owner).
         """
         exceeded: tuple[int, ...] | None = None  # (group, position, block, count, step)
         checked = False
@@ -309,7 +371,9 @@ class Shampoo(torch.optim.Optimizer):
             f"inverse roots of block {block} (shape {gp.layouts[pos].plan.blocks[block].shape}) "
             f"of parameter {gp.names[pos]!r} failed on {count} root steps in a row, the last "
             f"at step {t} (failure.max_consecutive_root_failures="
-            f"{gp.config.failure.max_consecutive_root_failures}){where}."
+            f"{gp.config.failure.max_consecutive_root_failures}){where}. This step was "
+            "completed (every parameter updated, the failed inverse roots kept the previous "
+            "ones) before raising."
         )
 
     def _directions(self, c: Cohort) -> None:
@@ -387,7 +451,9 @@ class Shampoo(torch.optim.Optimizer):
         """Restore a :meth:`state_dict`; tensors move to each parameter's device.
 
         Raises ValueError (and changes nothing) when the groups, parameter
-        counts, configs or any state shape differ from this optimizer's.
+        counts, configs or any state shape differ from this optimizer's, or a
+        state entry is not finite. Version 1 dicts (saved before
+        ``param_shape``) load too (:mod:`shampoo_torch.checkpoint`).
         """
         checkpoint.load_state_dict(self, state_dict)
 
@@ -404,7 +470,8 @@ class Shampoo(torch.optim.Optimizer):
         """Restore a :meth:`distributed_state_dict` saved at any world size (1 included).
 
         Each rank keeps the blocks it owns; raises ValueError (changing
-        nothing) when names, configs, blocks or shapes differ.
+        nothing) when names, configs, blocks or shapes differ or a state entry
+        is not finite. Version 1 dicts (saved before ``param_shape``) load too.
         """
         checkpoint.load_distributed_state_dict(self, state_dict)
 
@@ -454,8 +521,43 @@ def _parameter_direction(
     return p
 
 
-def _check_lr(lr: object) -> None:
-    if isinstance(lr, torch.Tensor):
-        raise TypeError("lr must be a Python float (tensor learning rates are not supported).")
-    if not isinstance(lr, (int, float)) or not lr >= 0.0:
-        raise ValueError(f"lr = {lr!r} is invalid: allowed is a float >= 0.")
+def check_lr(lr: object, name: str) -> None:
+    """A learning rate: a finite real number >= 0 (not a bool, not a tensor); else ValueError.
+
+    ``name`` says where it came from (``"lr"``, ``"param_groups[1]['lr']"``).
+    """
+    ok = (isinstance(lr, numbers.Real) and not isinstance(lr, bool)
+          and not isinstance(lr, torch.Tensor))
+    if ok:
+        try:
+            ok = math.isfinite(float(lr)) and float(lr) >= 0.0  # type: ignore[arg-type]
+        except (OverflowError, TypeError, ValueError):
+            ok = False
+    if not ok:
+        text = repr(lr)
+        text = text if len(text) <= 80 else text[:60] + "..."
+        raise ValueError(f"{name} = {text} is invalid: allowed a finite number >= 0 (a Python "
+                         "float or int; tensor learning rates are not supported).")
+
+
+def as_config(value: object, default: ShampooConfig, name: str) -> ShampooConfig:
+    """The one rule for a config argument, at the top level and in a param group.
+
+    A :class:`~shampoo_spec.ShampooConfig`; its ``to_dict()`` form (a dict,
+    read by ``ShampooConfig.from_dict``, as checkpoints store it); or None
+    for ``default``. Anything else, or a dict ``from_dict`` refuses, raises
+    ValueError naming ``name`` (``"config"``, ``"param_groups[1]['config']"``).
+    """
+    if value is None:
+        return default
+    if isinstance(value, ShampooConfig):
+        return value
+    if isinstance(value, dict):
+        try:
+            return ShampooConfig.from_dict(value)
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"{name} is an invalid ShampooConfig dict: {err}") from err
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:60] + "..."
+    raise ValueError(f"{name} = {text} ({type(value).__name__}) is invalid: allowed a "
+                     "shampoo_spec.ShampooConfig, its to_dict() form (a dict) or None.")

@@ -3,10 +3,10 @@
 Every function works on one :class:`~shampoo_torch.blocks.BlockGroup` (the
 equal-shape blocks of a param group, stacked ``[B, ...]``) and on ``rows``,
 the rows of it taking part this step (None: all; see
-:func:`~shampoo_torch.blocks.select_rows`). ``ok`` is the per-row finite flag
-of eq. (3) ``"skip_block"`` (None: every row is finite); a row whose flag is
-False keeps its state unchanged. The stacked state is replaced or written in
-place (:func:`~shampoo_torch.blocks.put`).
+:func:`~shampoo_torch.blocks.select_rows`). ``ok`` is the per-row flag of
+eq. (3) ``"skip_block"`` (:mod:`shampoo_torch.refusal`; None: every row
+steps); a row whose flag is False keeps its state unchanged. The stacked
+state is replaced or written in place (:func:`~shampoo_torch.blocks.put`).
 
 Batch invariance (:mod:`shampoo_torch.invariance`): a block's result does not
 depend on the other rows of its group, so one process and the distributed
@@ -33,7 +33,7 @@ from shampoo_spec import (
     StatisticsConfig,
 )
 
-from . import roots
+from . import grafting, roots
 from .blocks import BlockGroup, Rows, contraction_operands, mode_product, put, take
 from .invariance import rowwise
 
@@ -205,7 +205,10 @@ def shampoo_direction(
 def rescale_blocks_to_graft(
     pb: torch.Tensor, gd: torch.Tensor, norm_epsilon: float
 ) -> torch.Tensor:
-    """Eq. (18) per block: ``P * ||graft(F)|| / (||P|| + norm_epsilon)`` for each row."""
+    """Eq. (18) per block: ``P * ||graft(F)|| / (||P|| + norm_epsilon)`` for each row.
+
+    The norms cannot overflow for finite directions (:func:`shampoo_torch.grafting.norm`).
+    """
     return pb * (_norms(gd) / (_norms(pb) + norm_epsilon))
 
 
@@ -213,11 +216,12 @@ def rescale_to_graft(
     p: torch.Tensor, graft_dir: torch.Tensor, norm_epsilon: float
 ) -> torch.Tensor:
     """Eq. (18) per parameter: the same rescale with the norms of the whole parameter."""
-    scale = torch.linalg.vector_norm(graft_dir) / (torch.linalg.vector_norm(p) + norm_epsilon)
+    scale = grafting.norm(graft_dir) / (grafting.norm(p) + norm_epsilon)
     out: torch.Tensor = p * scale
     return out
 
 
 def _norms(x: torch.Tensor) -> torch.Tensor:
-    """Frobenius norm of each block of a stack ``[B, ...]``, shaped to broadcast."""
-    return _per_row(torch.linalg.vector_norm(x.flatten(1), dim=1), x)
+    """Frobenius norm of each block of a stack ``[B, ...]``, shaped to broadcast
+    (:func:`shampoo_torch.grafting.norm`: no overflow for finite blocks)."""
+    return _per_row(grafting.norm(x.flatten(1), dim=1), x)

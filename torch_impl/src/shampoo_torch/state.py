@@ -10,15 +10,17 @@ s holding the Kronecker state, names, dtypes, owners when distributed).
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from shampoo_spec import ShampooConfig, plan_parameter
+from shampoo_spec import ShampooConfig, large_block_warnings, plan_parameter
 
-from .blocks import BlockGroup, ParamLayout, build_block_groups
+from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_groups
 from .distributed import Distributor, is_dtensor
 
 FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -36,6 +38,19 @@ class ParamGroupPlan:
     factor_dtype: torch.dtype
     #: distributed: the owner (rank in the trainer group) of each (position, block).
     owners: dict[tuple[int, int], int] | None = None
+    #: per parameter, its blocks as a grid (eq. 3's per-block reductions).
+    grids: list[BlockGrid] = field(default_factory=list)
+    #: per parameter, the flat index of its first block: the param group's blocks
+    #: (every parameter's, skipped ones included) in order, as eq. (3)'s flags are.
+    offsets: list[int] = field(default_factory=list)
+    #: per block group, the flat index of each row's block (on the block group's device).
+    flat_rows: list[torch.Tensor] = field(default_factory=list)
+    #: |B| of every block in flat order (float64, on the first parameter's device).
+    block_sizes: torch.Tensor | None = None
+
+    @property
+    def total_blocks(self) -> int:
+        return sum(g.num_blocks for g in self.grids)
 
     def held_rows(self) -> dict[tuple[int, int], tuple[BlockGroup, int]]:
         """(position, block) -> (its block group, row) for every block held here."""
@@ -69,15 +84,26 @@ def build_param_group_plan(
     cfg: ShampooConfig = group["config"]
     params: list[torch.Tensor] = group["params"]
     fdt = FACTOR_DTYPES[cfg.factor_dtype]
-    for p in params:
+    names = group.get("param_names") or [
+        f"param_groups[{gi}]['params'][{i}] (shape {tuple(p.shape)})"
+        for i, p in enumerate(params)
+    ]
+    for name, p in zip(names, params, strict=True):
         if not p.is_floating_point():
-            raise TypeError(f"Shampoo needs floating-point parameters, got {p.dtype}.")
+            raise ValueError(
+                f"parameter {name!r} has dtype {p.dtype}: allowed a floating-point parameter "
+                "(torch.float16, torch.bfloat16, torch.float32 or torch.float64)."
+            )
         if is_dtensor(p):
-            raise TypeError(
-                "Shampoo does not support DTensor (FSDP2 fully_shard) parameters yet; "
-                "use DistributedDataParallel with Shampoo(distributed=DistributedConfig())."
+            raise ValueError(
+                f"parameter {name!r} is a DTensor: Shampoo does not support DTensor (FSDP2 "
+                "fully_shard) parameters yet; allowed a plain tensor (use "
+                "DistributedDataParallel with Shampoo(distributed=DistributedConfig()))."
             )
     plans = [plan_parameter(tuple(p.shape), cfg) for p in params]
+    for name, plan in zip(names, plans, strict=True):
+        for message in large_block_warnings(name, plan):  # before allocating the factors
+            warnings.warn(message, stacklevel=4)
     owners = None
     owned: Callable[[int, int], bool] | None = None
     if dist is not None:
@@ -98,11 +124,20 @@ def build_param_group_plan(
     for bg in block_groups:
         bg.allocate(cfg.initial_factor_scale, cfg.eigenvalue_correction is not None)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
-    names = group.get("param_names") or [
-        f"param_groups[{gi}]['params'][{i}] (shape {tuple(p.shape)})"
-        for i, p in enumerate(params)
+    grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
+    offsets = [0]
+    for grid in grids:
+        offsets.append(offsets[-1] + grid.num_blocks)
+    flat_rows = [
+        torch.tensor([offsets[pos] + b for pos, b in bg.members], dtype=torch.int64,
+                     device=bg.device)
+        for bg in block_groups
     ]
-    return ParamGroupPlan(cfg, layouts, block_groups, dtypes, list(names), fdt, owners)
+    sizes = torch.tensor([float(math.prod(b.shape)) for plan in plans for b in plan.blocks],
+                         dtype=torch.float64)
+    device = params[0].device if params else torch.device("cpu")
+    return ParamGroupPlan(cfg, layouts, block_groups, dtypes, list(names), fdt, owners,
+                          grids, offsets[:-1], flat_rows, sizes.to(device))
 
 
 @dataclass(frozen=True)
