@@ -39,6 +39,8 @@ def optax_run(opt: optax.GradientTransformation, params: dict, grads: list[dict]
     return out
 
 
+TINY = 1e-30  # the adagrad case's eps on both sides (see there)
+
 CASES = {
     # optax.sgd's trace: f <- g + mu f; update f (Nesterov: g + mu f). Ours with
     # dampening 0 is the same buffer convention (torch's, too).
@@ -54,11 +56,13 @@ CASES = {
     ),
     # optax.adagrad: accumulator starts at initial_accumulator_value (default 0.1,
     # ours 0) and eps (default 1e-7) sits *inside* the sqrt: g / sqrt(V + eps);
-    # ours is g / (sqrt(V) + epsilon). They coincide exactly for
-    # initial_accumulator_value=0, eps=0 and grafting.epsilon=0, compared here.
+    # ours is g / (sqrt(V) + epsilon). They coincide for initial_accumulator_value=0
+    # and a tiny eps on both sides (grafting.epsilon must be > 0): with V and
+    # sqrt(V) of order 1, adding 1e-30 changes neither (in float32), so both
+    # are g / sqrt(V), compared here.
     "adagrad": (
-        optax.adagrad(LR, initial_accumulator_value=0.0, eps=0.0),
-        ss.ShampooConfig(learning_rate=LR, grafting=ss.GraftingConfig(type="adagrad", epsilon=0.0),
+        optax.adagrad(LR, initial_accumulator_value=0.0, eps=TINY),
+        ss.ShampooConfig(learning_rate=LR, grafting=ss.GraftingConfig(type="adagrad", epsilon=TINY),
                          schedule=NEVER),
     ),
     # optax.rmsprop: `decay` is our grafting.beta2; eps_in_sqrt=True by default

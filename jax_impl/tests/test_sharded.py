@@ -245,10 +245,12 @@ def test_checkpoint_restores_onto_another_device_count(before, after, data) -> N
         arrays = shampoo_jax.state_to_arrays(s)
     else:
         arrays = shampoo_jax.sharded_state_to_arrays(s, like, sharding_1d(before))
-    # The saved arrays are those of the single-device state at the same step.
+    # The saved arrays are those of the single-device state at the same step,
+    # then the config entry.
     _, s_cut = trajectory(config, params, grads[:cut], None)
-    for a, b in zip(arrays, jax.tree.leaves(s_cut), strict=True):
+    for a, b in zip(arrays[:-1], jax.tree.leaves(s_cut), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
+    assert str(arrays[-1]) == str(shampoo_jax.config_array(config))
     if after is None:
         restored = shampoo_jax.state_from_arrays(arrays, like=like)
     else:

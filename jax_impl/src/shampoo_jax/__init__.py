@@ -22,22 +22,25 @@ imports them.
 from shampoo_spec import NonFiniteGradientError, RootFailureError
 
 from .checkpoint import (
+    config_array,
     sharded_state_from_arrays,
     sharded_state_to_arrays,
     state_from_arrays,
     state_to_arrays,
 )
 from .sharded import ShardingConfig, shard_state, unshard_state
-from .state import BlockGroupState, ShampooState
+from .state import BlockGroupState, ParameterInfo, ShampooState
 from .transform import check_state, shampoo
 
 __all__ = [
     "BlockGroupState",
     "NonFiniteGradientError",
+    "ParameterInfo",
     "RootFailureError",
     "ShampooState",
     "ShardingConfig",
     "check_state",
+    "config_array",
     "shampoo",
     "shard_state",
     "sharded_state_from_arrays",

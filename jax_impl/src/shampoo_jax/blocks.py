@@ -173,10 +173,27 @@ def mode_product(blocks: Array, matrices: Array, k: int, transpose: bool = False
     return jnp.einsum(f"{m},Y{t}->Y{a}", matrices, blocks, precision=_HIGHEST)
 
 
+def frobenius(x: Array, axes: tuple[int, ...] | None = None) -> Array:
+    """``sqrt(sum x^2)`` over ``axes`` (None: all), safe from overflow of the squares.
+
+    Where the plain sum of squares overflows (float32 entries above about
+    1e19, which eq. 3 lets through for small blocks), the norm is
+    ``s sqrt(sum (x / s)^2)`` with ``s = max |x|`` instead, so eq. (18)'s
+    rescale never divides inf by inf. Everywhere else it is the plain
+    expression, bit for bit.
+    """
+    plain = jnp.sqrt(jnp.sum(x * x, axis=axes))
+    s = jnp.max(jnp.abs(x), axis=axes, keepdims=True)
+    s = jnp.where((s > 0) & jnp.isfinite(s), s, jnp.ones_like(s))
+    y = x / s
+    scaled = jnp.squeeze(s, axis=axes) * jnp.sqrt(jnp.sum(y * y, axis=axes))
+    out: Array = jnp.where(jnp.isinf(plain), scaled, plain)
+    return out
+
+
 def block_norms(blocks: Array) -> Array:
-    """Frobenius norm of each block of a stack, shape ``[nb]``."""
-    axes = tuple(range(1, blocks.ndim))
-    return jnp.sqrt(jnp.sum(blocks * blocks, axis=axes))
+    """Frobenius norm of each block of a stack, shape ``[nb]`` (:func:`frobenius`)."""
+    return frobenius(blocks, tuple(range(1, blocks.ndim)))
 
 
 def expand(flags: Array, like: Array) -> Array:
@@ -193,6 +210,7 @@ __all__ = [
     "block_norms",
     "expand",
     "factor_contraction",
+    "frobenius",
     "gather",
     "make_layout",
     "mode_product",

@@ -3,7 +3,7 @@
 ``state_to_arrays`` flattens the state pytree to a list of NumPy arrays in
 ``jax.tree.flatten`` order; ``state_from_arrays`` puts them back into the
 structure of a freshly initialised state (``opt.init(params)``). The round
-trip is bit-identical, so training resumes exactly (tests/test_checkpoint.py).
+trip is bit-identical, so training resumes exactly (tests/test_state.py).
 Store the list with ``numpy.savez`` and load it with ``numpy.load``
 (``allow_pickle=False``).
 
@@ -18,65 +18,254 @@ layout: ``sharded_state_to_arrays`` drops the padding, so the arrays equal
 those of the same state on one device, and ``sharded_state_from_arrays``
 pads and places them for any device count. A state saved on N devices
 resumes on N' (or on one device with ``state_from_arrays``) exactly.
+
+The config: every state made by ``shampoo(config).init`` carries its config
+(as JSON, in the static ``ShampooState.info``), and ``state_to_arrays``
+always stores it, as one more array after the state's: a 0-d NumPy string
+array (loadable with ``allow_pickle=False``; one per Shampoo state in the
+pytree, in tree order). ``state_from_arrays(arrays, like)`` compares it
+with the config ``like`` was initialised under and raises ``ValueError``
+naming every field that differs (``shampoo_spec.config_differences``), so
+resuming under another config (a learning rate, a beta2, a block size)
+never succeeds silently. To resume under a changed config on purpose,
+replace the entry: ``arrays[-1] = config_array(new_config)``.
+
+The optional ``config=`` arguments (kept for callers of the first version
+of this API) must equal the config the state or ``like`` carries, and
+stand in for it where a hand-built state carries none.
+
+Checkpoints written before configs were stored (no config entry, and one
+array fewer per Shampoo state: ``skipped_per_parameter`` did not exist yet)
+load with a ``UserWarning`` (the config is not checked; the per-parameter
+skip counters start at zero). Arrays with the current layout but no config
+entry (the entry was dropped) are refused: ``state_to_arrays`` never
+writes them.
+
+Every float array must be finite: a NaN or inf anywhere in the arrays
+raises ``ValueError`` naming the state field, before anything is built
+(a finite state stays finite, so such a file is damaged).
+
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import warnings
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from shampoo_spec import ShampooConfig, config_differences
+
 from .sharded import ShardingConfig, shard_state, unshard_state
+from .state import ShampooState, config_json
 
 
-def state_to_arrays(state: Any) -> list[np.ndarray]:
-    """The state's arrays as NumPy, in ``jax.tree.flatten`` order (the checkpoint format)."""
-    return [np.asarray(x) for x in jax.tree.leaves(state)]
+def config_array(config: ShampooConfig) -> np.ndarray:
+    """The config as a checkpoint entry: its JSON (``config.to_dict()``) in a 0-d string array."""
+    return np.asarray(config_json(config))
 
 
-def state_from_arrays(arrays: list[np.ndarray], like: Any) -> Any:
-    """Rebuild a state with the structure (and dtypes) of ``like`` from ``arrays``."""
-    leaves, treedef = jax.tree.flatten(like)
+def _is_shampoo_state(x: Any) -> bool:
+    return isinstance(x, ShampooState)
+
+
+def _shampoo_states(tree: Any) -> list[ShampooState]:
+    """The :class:`ShampooState` nodes of a pytree (the tree itself, or inside a chain's state)."""
+    return [x for x in jax.tree.leaves(tree, is_leaf=_is_shampoo_state)
+            if isinstance(x, ShampooState)]
+
+
+def _is_config_entry(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype.kind == "U" and x.ndim == 0
+
+
+def _parse(text: str, what: str) -> ShampooConfig:
+    try:
+        return ShampooConfig.from_dict(json.loads(text))
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"{what} is invalid: {e}") from e
+
+
+def _differences(saved: str, current: str, what: str) -> list[str]:
+    if saved == current:
+        return []
+    return config_differences(_parse(saved, what), _parse(current, "the current config"))
+
+
+def _configs(tree: Any, config: ShampooConfig | None, name: str) -> list[str | None]:
+    """The config (JSON) of each Shampoo state in ``tree``; ``config`` must agree with them."""
+    carried = [None if s.info is None else s.info.config for s in _shampoo_states(tree)]
+    if config is None:
+        return carried
+    if not isinstance(config, ShampooConfig):
+        raise ValueError(
+            f"config = {config!r} is invalid: allowed a shampoo_spec.ShampooConfig or None."
+        )
+    given = config_json(config)
+    for c in carried:
+        diffs = [] if c is None else _differences(c, given, f"the config {name} carries")
+        if diffs:
+            raise ValueError(
+                f"config is not the config {name} was initialised under; fields that differ "
+                f"({name} -> config): {'; '.join(diffs)}."
+            )
+    return [given] * max(1, len(carried))
+
+
+def _old_layout(like: Any) -> list[str] | None:
+    """The leaf paths of ``like`` as checkpoints before ``skipped_per_parameter`` had them."""
+    if not any(s.skipped_per_parameter is not None for s in _shampoo_states(like)):
+        return None
+    old = jax.tree.map(
+        lambda x: x._replace(skipped_per_parameter=None) if isinstance(x, ShampooState) else x,
+        like, is_leaf=_is_shampoo_state,
+    )
+    return [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(old)[0]]
+
+
+def state_to_arrays(state: Any, config: ShampooConfig | None = None) -> list[np.ndarray]:
+    """The state's arrays as NumPy, in ``jax.tree.flatten`` order, then its config (the format).
+
+    ``state``: a :class:`ShampooState` (or a pytree holding them, such as an
+    ``optax.chain`` state). The config each Shampoo state carries follows
+    the arrays as one entry (:func:`config_array`), so
+    :func:`state_from_arrays` refuses the arrays under another config.
+    ``config`` (optional): must equal the carried config; it is stored for
+    a hand-built state that carries none.
+    """
+    stored = _configs(state, config, "the state")
+    if not stored or any(c is None for c in stored):
+        warnings.warn(
+            "the state carries no config (not made by shampoo(config).init): the checkpoint "
+            "holds none, so loading it cannot check the config; pass config=.", stacklevel=2,
+        )
+        stored = []
+    arrays = [np.asarray(x) for x in jax.tree.leaves(state)]
+    return arrays + [np.asarray(c) for c in stored]
+
+
+def state_from_arrays(
+    arrays: list[np.ndarray], like: Any, config: ShampooConfig | None = None
+) -> Any:
+    """Rebuild a state with the structure (and dtypes) of ``like`` from ``arrays``.
+
+    ``like``: a freshly initialised state (``opt.init(params)``) or its
+    shapes (``jax.eval_shape``), made under the config of the run that
+    resumes. Raises ``ValueError``, before building anything, when the
+    arrays were saved under another config (naming every field that
+    differs), hold no config entry but the current layout, do not match
+    ``like``'s shapes and dtypes, or hold a NaN or inf (naming the state
+    field). ``config`` (optional): must equal ``like``'s config; checked
+    against the arrays where ``like`` carries none. Checkpoints written
+    before configs were stored load with a ``UserWarning`` (module
+    docstring).
+    """
+    return _load(arrays, like, config, stacklevel=3)
+
+
+def _load(arrays: list[np.ndarray], like: Any, config: ShampooConfig | None,
+          stacklevel: int) -> Any:
+    keyed, treedef = jax.tree_util.tree_flatten_with_path(like)
+    paths = [jax.tree_util.keystr(k) for k, _ in keyed]
+    leaves = [x for _, x in keyed]
+    arrays = [np.asarray(a) for a in arrays]
+    saved: list[str] = []
+    while arrays and _is_config_entry(arrays[-1]):
+        saved.insert(0, str(arrays.pop()[()]))
+    current = _configs(like, config, "like")
+    known = bool(current) and all(c is not None for c in current)
+    if saved:
+        if not known:
+            warnings.warn(
+                "like carries no config (not made by shampoo(config).init) and none was given: "
+                "the checkpoint's config is not checked; pass config=.", stacklevel=stacklevel,
+            )
+        elif len(saved) != len(current):
+            raise ValueError(
+                f"the checkpoint holds {len(saved)} configs; like holds {len(current)} Shampoo "
+                "states: pass the state the checkpoint was written from."
+            )
+        else:
+            for i, (a, b) in enumerate(zip(saved, current, strict=True)):
+                diffs = _differences(a, cast(str, b), "the checkpoint's config entry")
+                if diffs:
+                    which = f" (Shampoo state {i})" if len(saved) > 1 else ""
+                    raise ValueError(
+                        f"the checkpoint was saved under another config{which}; fields that "
+                        f"differ (saved -> current): {'; '.join(diffs)}."
+                    )
+    else:
+        old = _old_layout(like)
+        if old is not None and len(arrays) == len(old) != len(leaves):
+            warnings.warn(
+                "the checkpoint holds no config (written before configs were stored): loaded "
+                "without checking the config; the per-parameter skip counters "
+                "(skipped_per_parameter) start at zero.", stacklevel=stacklevel,
+            )
+            by_path = dict(zip(old, arrays, strict=True))
+            arrays = [
+                by_path[p] if p in by_path else np.zeros(tuple(ref.shape), np.dtype(ref.dtype))
+                for p, ref in zip(paths, leaves, strict=True)
+            ]
+        elif known and len(arrays) == len(leaves):
+            raise ValueError(
+                "the arrays hold no config entry but have the current layout (state_to_arrays "
+                "always stores the config, so the entry was dropped): refused; append "
+                "config_array(config) to resume under a known config on purpose."
+            )
     if len(leaves) != len(arrays):
         raise ValueError(
             f"len(arrays) = {len(arrays)} is invalid: the state has {len(leaves)} arrays."
         )
-    out = []
-    for i, (ref, arr) in enumerate(zip(leaves, arrays, strict=True)):
+    for i, (path, ref, arr) in enumerate(zip(paths, leaves, arrays, strict=True)):
         if tuple(ref.shape) != tuple(arr.shape) or np.dtype(ref.dtype) != arr.dtype:
             raise ValueError(
-                f"array {i} has shape {arr.shape} and dtype {arr.dtype}; the state needs "
-                f"{tuple(ref.shape)} {np.dtype(ref.dtype)}."
+                f"array {i} (state field {path}) has shape {arr.shape} and dtype {arr.dtype}; "
+                f"the state needs {tuple(ref.shape)} {np.dtype(ref.dtype)}."
             )
-        out.append(jnp.asarray(arr))
-    return jax.tree.unflatten(treedef, out)
+        if jnp.issubdtype(arr.dtype, jnp.inexact) and not bool(np.all(np.isfinite(arr))):
+            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+            raise ValueError(
+                f"array {i} (state field {path}) holds {bad} non-finite entries (NaN or inf); "
+                "allowed: finite values (a Shampoo state stays finite, so the checkpoint is "
+                "damaged)."
+            )
+    return jax.tree.unflatten(treedef, [jnp.asarray(a) for a in arrays])
 
 
 def sharded_state_to_arrays(
-    state: Any, like: Any, sharding: ShardingConfig
+    state: Any, like: Any, sharding: ShardingConfig, config: ShampooConfig | None = None
 ) -> list[np.ndarray]:
     """A state sharded by ``sharding`` -> the arrays of the single-device layout.
 
     ``like``: the single-device state or its shapes,
-    ``jax.eval_shape(shampoo(config).init, params)``. Padding is dropped.
+    ``jax.eval_shape(shampoo(config).init, params)``. Padding is dropped;
+    the config is stored as in :func:`state_to_arrays` (``config`` likewise).
     """
-    return state_to_arrays(unshard_state(state, like, sharding))
+    return state_to_arrays(unshard_state(state, like, sharding), config)
 
 
 def sharded_state_from_arrays(
-    arrays: list[np.ndarray], like: Any, sharding: ShardingConfig, params: Any | None = None
+    arrays: list[np.ndarray],
+    like: Any,
+    sharding: ShardingConfig,
+    params: Any | None = None,
+    config: ShampooConfig | None = None,
 ) -> Any:
     """Single-device-layout arrays -> a state padded and placed for ``sharding``.
 
     ``like`` as in :func:`sharded_state_to_arrays`; ``params`` (optional):
-    elementwise states take their NamedShardings.
+    elementwise states take their NamedShardings. The config, shapes,
+    dtypes and finiteness are checked as in :func:`state_from_arrays`.
     """
-    return shard_state(state_from_arrays(arrays, like), sharding, params)
+    return shard_state(_load(arrays, like, config, stacklevel=3), sharding, params)
 
 
 __all__ = [
+    "config_array",
     "sharded_state_from_arrays",
     "sharded_state_to_arrays",
     "state_from_arrays",

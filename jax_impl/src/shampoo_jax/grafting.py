@@ -12,10 +12,12 @@ from jax import Array
 
 from shampoo_spec import GraftingConfig
 
+from .blocks import frobenius
+
 
 def norm(x: Array) -> Array:
-    """The Frobenius norm of a whole array (eq. 18's parameter scope)."""
-    return jnp.sqrt(jnp.sum(x * x))
+    """The Frobenius norm of a whole array (eq. 18's parameter scope), overflow-safe."""
+    return frobenius(x)
 
 
 def graft_input(x: Array, graft: GraftingConfig) -> Array:

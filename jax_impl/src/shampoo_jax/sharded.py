@@ -43,6 +43,7 @@ must be called under ``jax.jit`` in the global view, not inside a user's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -237,6 +238,9 @@ def shard_state(
         graft_momentum=elementwise(state.graft_momentum),
         root_failures=place(state.root_failures, rep),
         skipped_blocks=place(state.skipped_blocks, rep),
+        skipped_per_parameter=(None if state.skipped_per_parameter is None
+                               else place(state.skipped_per_parameter, rep)),
+        info=None if state.info is None else dataclasses.replace(state.info, slots=slots),
     )
 
 
@@ -268,7 +272,22 @@ def unshard_state(
             )
         groups.append(jax.tree.map(lambda x, sl=sl: np.asarray(x)[np.asarray(sl, int)], gs))
     host: ShampooState = jax.tree.map(np.asarray, state._replace(groups=()))
-    return host._replace(groups=tuple(groups))
+    info = None if state.info is None else dataclasses.replace(state.info, slots=None)
+    return host._replace(groups=tuple(groups), info=info)
+
+
+def real_blocks(
+    per_slot: list[Array | None],
+    layout: B.Layout,
+    groups: tuple[BlockGroupState, ...],
+    sharding: ShardingConfig,
+) -> list[Array | None]:
+    """Per block group, the entries of a padded, sharded ``[padded nb, ...]`` stack that
+    belong to the real blocks, in the layout's order (``[nb, ...]``, global view; None
+    stays None)."""
+    slots = _slots(sharding, tuple(grp.size for grp in layout.groups), groups)
+    return [None if x is None else x[np.asarray(sl, int)]
+            for x, sl in zip(per_slot, slots, strict=True)]
 
 
 # ---------------------------------------------------------------- update
@@ -345,6 +364,7 @@ __all__ = [
     "group_costs",
     "pad_group",
     "placement",
+    "real_blocks",
     "shard_state",
     "sharded_block_step",
     "unshard_state",

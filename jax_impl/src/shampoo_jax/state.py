@@ -11,7 +11,9 @@ every phase of the step.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
@@ -40,6 +42,37 @@ class BlockGroupState(NamedTuple):
     corrected_updates: Array | None
 
 
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class ParameterInfo:
+    """Static (leafless) layout information carried in the state: which parameter is which.
+
+    ``paths``: each parameter's pytree path (``jax.tree_util.keystr``), in
+    ``jax.tree.leaves`` order; ``shapes``: their shapes. ``slots``: per block
+    group, the slot of each real block in the padded stacks of a sharded
+    state (:mod:`shampoo_jax.sharded`), None on one device. ``config``:
+    the config the state was initialised under, as JSON
+    (:func:`config_json`; a string, so the node stays hashable);
+    :func:`shampoo_jax.state_to_arrays` stores it with the arrays and
+    :func:`shampoo_jax.state_from_arrays` refuses a checkpoint saved under
+    another. A pytree node with no leaves: the numerics do not see it;
+    :func:`shampoo_jax.check_state` uses it to name parameters and
+    ``update`` to check the gradients' shapes.
+    """
+
+    paths: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    slots: tuple[tuple[int, ...], ...] | None = None
+    config: str | None = None
+
+
+def config_json(config: ShampooConfig) -> str:
+    """The config as the JSON text stored in the state and checkpoints (``config.to_dict()``)."""
+    if not isinstance(config, ShampooConfig):
+        raise ValueError(f"config = {config!r} is invalid: allowed a shampoo_spec.ShampooConfig.")
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
 class ShampooState(NamedTuple):
     """The whole optimizer state: a pytree of arrays (checkpoint it as is).
 
@@ -47,7 +80,9 @@ class ShampooState(NamedTuple):
     ``graft_momentum``) have the structure and shapes of the parameters, or
     are None when the config does not use them. ``root_failures`` counts
     failed inverse roots (eq. 13), ``skipped_blocks`` blocks whose gradient
-    was non-finite (eq. 3).
+    was non-finite or would overflow the state (eq. 3), and
+    ``skipped_per_parameter`` (``[number of parameters]``, int32) the same
+    per parameter. ``info`` is static (no arrays, :class:`ParameterInfo`).
     """
 
     # The field shadows tuple.count; the name is optax's convention (and public).
@@ -59,6 +94,8 @@ class ShampooState(NamedTuple):
     graft_momentum: Any
     root_failures: Array
     skipped_blocks: Array
+    skipped_per_parameter: Any = None
+    info: ParameterInfo | None = None
 
 
 def _x64_enabled() -> bool:
@@ -115,7 +152,9 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
 def init_state(params: Any, config: ShampooConfig) -> ShampooState:
     """The single-device state for ``params`` (``sharded.shard_state`` places it on a mesh)."""
     fdt = factor_dtype(config)
-    layout = B.make_layout(leaf_shapes(jax.tree.leaves(params)), config)
+    keyed, _ = jax.tree_util.tree_flatten_with_path(params)
+    shapes = leaf_shapes([x for _, x in keyed])
+    layout = B.make_layout(shapes, config)
     mom = config.momentum
 
     def zeros() -> Any:
@@ -130,12 +169,18 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
         graft_momentum=zeros() if mom.separate_buffers else None,
         root_failures=jnp.zeros((), jnp.int32),
         skipped_blocks=jnp.zeros((), jnp.int32),
+        skipped_per_parameter=jnp.zeros((len(shapes),), jnp.int32),
+        info=ParameterInfo(
+            tuple(jax.tree_util.keystr(k) for k, _ in keyed), shapes, config=config_json(config)
+        ),
     )
 
 
 __all__ = [
     "BlockGroupState",
+    "ParameterInfo",
     "ShampooState",
+    "config_json",
     "elementwise_dtype",
     "factor_dtype",
     "init_group",

@@ -5,8 +5,9 @@ after another:
 
 1. :func:`_merged_inputs`: the count and learning rate (eq. 1), gradients
    and weights in their merged shapes, L2 decay (eq. 2);
-2. :func:`_mask_nonfinite`: non-finite blocks are masked out of every state
-   update (eq. 3);
+2. :func:`_refuse_blocks`: blocks with a non-finite gradient, or one that
+   could overflow their state (``shampoo_spec.block_overflows``), are masked
+   out of every state update (eq. 3);
 3. elementwise: :func:`_update_graft_state` (eq. 14b),
    :func:`_filter_gradient` (eq. 15), :func:`_graft_directions` (eq. 14c);
 4. :func:`_shampoo_directions`: per block group, statistics (eq. 6),
@@ -28,11 +29,15 @@ shapes. The state is :mod:`shampoo_jax.state`'s.
 
 from __future__ import annotations
 
+import functools
+import math
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import Array
 
@@ -43,14 +48,17 @@ from shampoo_spec import (
     ParameterPlan,
     RootFailureError,
     ShampooConfig,
+    large_block_warnings,
 )
+from shampoo_spec.limits import STATE_LIMIT
 
 from . import blocks as B
 from . import grafting, schedule
 from .preconditioner import BlockInputs, assemble_direction, block_step
-from .sharded import ShardingConfig, shard_state, sharded_block_step
+from .sharded import ShardingConfig, real_blocks, shard_state, sharded_block_step
 from .state import (
     BlockGroupState,
+    ParameterInfo,
     ShampooState,
     elementwise_dtype,
     factor_dtype,
@@ -88,13 +96,30 @@ class _Tree:
 
 
 class _Masked(NamedTuple):
-    """Eq. (3)'s masks: gradients with non-finite blocks zeroed, and which they were."""
+    """Eq. (3)'s masks: gradients with refused blocks zeroed, and which they were."""
 
     grads: list[Array]  # merged leaves
     blocks: list[Array]  # per block group, in the factor dtype
     block_ok: list[Array]  # per block group, [nb]
-    finite: list[Array]  # per leaf, elementwise
+    finite: list[Array]  # per leaf, elementwise ("not refused")
     skipped: Array  # blocks (and non-preconditioned leaves) skipped this step
+    per_parameter: Array  # [number of leaves], the same per parameter
+
+
+def _check_learning_rate(lr: Any) -> None:
+    """A schedule (callable), or a finite number >= 0; anything else is a ValueError."""
+    if callable(lr) or isinstance(lr, jax.core.Tracer):
+        return
+    try:
+        x = np.asarray(lr)
+        ok = (x.ndim == 0 and x.dtype.kind in "fiu" and bool(np.isfinite(x)) and bool(x >= 0))
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"learning_rate = {lr!r} is invalid: allowed a finite number >= 0, "
+            "a schedule (callable of the step count), or None (config.learning_rate)."
+        )
 
 
 def shampoo(
@@ -111,8 +136,15 @@ def shampoo(
     (``optax.apply_updates``): they already carry the minus sign and the
     learning rate. ``update`` needs ``params`` when weight decay is on.
 
+    ``config`` must be a ``ShampooConfig`` and ``learning_rate`` a finite
+    number >= 0 or a callable (else ``ValueError``). ``init`` warns for
+    blocks with a dim above ``shampoo_spec.LARGE_BLOCK_DIM``; ``update``
+    refuses gradients whose shapes differ from the parameters' (ValueError
+    naming the path, at trace time).
+
     Failure policy inside ``jit`` (nothing can raise on a traced value): a
-    block with a non-finite gradient is skipped (eq. 3) under both
+    block with a non-finite gradient, or one whose state could overflow
+    (eq. 3, ``shampoo_spec.block_overflows``), is skipped under both
     ``"skip_block"`` and ``"raise"``, and counted in
     ``state.skipped_blocks``; failed inverse roots keep the previous ones and
     are counted in ``state.root_failures`` and per block in
@@ -127,6 +159,12 @@ def shampoo(
     single-device transformation, with no step of lag. None (default): one
     device.
     """
+    if not isinstance(config, ShampooConfig):
+        raise ValueError(
+            f"config = {config!r} is invalid: allowed a shampoo_spec.ShampooConfig."
+        )
+    if learning_rate is not None:
+        _check_learning_rate(learning_rate)
     if sharding is not None and not isinstance(sharding, ShardingConfig):
         raise ValueError(
             f"sharding = {sharding!r} is invalid: allowed None or a shampoo_jax.ShardingConfig."
@@ -137,6 +175,11 @@ def shampoo(
     needs_w = wd.applies(wd.type)
 
     def init(params: Any) -> ShampooState:
+        keyed, _ = jax.tree_util.tree_flatten_with_path(params)
+        layout = B.make_layout(leaf_shapes([x for _, x in keyed]), config)
+        for (path, _), leaf in zip(keyed, layout.leaves, strict=True):
+            for message in large_block_warnings(jax.tree_util.keystr(path), leaf.plan):
+                warnings.warn(message, stacklevel=2)
         state = init_state(params, config)
         if sharding is None:
             return state
@@ -146,7 +189,9 @@ def shampoo(
         updates: Any, state: ShampooState, params: Any | None = None
     ) -> tuple[Any, ShampooState]:
         fdt = factor_dtype(config)
-        g_leaves, treedef = jax.tree.flatten(updates)
+        keyed, treedef = jax.tree_util.tree_flatten_with_path(updates)
+        g_leaves = [x for _, x in keyed]
+        _check_shapes(keyed, state.info, params)
         layout = B.make_layout(leaf_shapes(g_leaves), config)
         tree = _Tree(treedef, [leaf.plan for leaf in layout.leaves])
         if needs_w and params is None:
@@ -158,7 +203,7 @@ def shampoo(
         t = state.count + 1
         lr_t = lr(state.count) if callable(lr) else lr
         g, w = _merged_inputs(g_leaves, params, tree, config)
-        masked = _mask_nonfinite(g, layout, fdt)
+        masked = _refuse_blocks(g, state, tree, layout, fdt, sharding)
         graft_state = _update_graft_state(state.graft, masked, tree, config.grafting)
         used, new_filtered = _filter_gradient(
             state.filtered, masked, t, tree, config.gradient_filter
@@ -181,6 +226,9 @@ def shampoo(
             graft_momentum=tree.unmerged(new_gmom, state.graft_momentum),
             root_failures=state.root_failures + failures,
             skipped_blocks=state.skipped_blocks + masked.skipped,
+            skipped_per_parameter=(None if state.skipped_per_parameter is None
+                                   else state.skipped_per_parameter + masked.per_parameter),
+            info=state.info,
         )
         return jax.tree.unflatten(treedef, out), new_state
 
@@ -209,25 +257,126 @@ def _merged_inputs(
     return g, w
 
 
-def _mask_nonfinite(g: list[Array], layout: B.Layout, fdt: Any) -> _Masked:
-    """Eq. (3): per-block finiteness; bad blocks are zeroed here and masked in every update."""
+def _check_shapes(keyed: list[tuple[Any, Array]], info: ParameterInfo | None,
+                  params: Any | None) -> None:
+    """Every gradient leaf must have its parameter's shape (static: checked at trace time).
+
+    Against the shapes recorded in the state at init (``state.info``), else
+    against ``params``. A gradient of another shape with the same size (a
+    transposed matrix) would otherwise be reshaped silently.
+    """
+    if info is not None:
+        want, names = info.shapes, info.paths
+    elif params is not None:
+        p_keyed, _ = jax.tree_util.tree_flatten_with_path(params)
+        want = leaf_shapes([x for _, x in p_keyed])
+        names = tuple(jax.tree_util.keystr(k) for k, _ in p_keyed)
+    else:
+        return
+    if len(keyed) != len(want):
+        raise ValueError(
+            f"updates have {len(keyed)} arrays; the parameters have {len(want)} "
+            f"({list(names)}): pass the gradients of the parameters the state was made for."
+        )
+    for (path, x), shape, name in zip(keyed, want, names, strict=True):
+        if tuple(int(d) for d in x.shape) != shape:
+            raise ValueError(
+                f"the gradient at {jax.tree_util.keystr(path)} has shape {tuple(x.shape)}; "
+                f"the parameter {name} has shape {shape}: gradients must have their "
+                "parameter's shape (a transposed gradient is refused)."
+            )
+
+
+def _max_abs(x: Array, axes: tuple[int, ...]) -> Array:
+    # At least float32, so a float64 maximum is not rounded into range.
+    return jnp.max(jnp.abs(x), axis=axes).astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _held_max(
+    groups: tuple[BlockGroupState, ...], layout: B.Layout, sharding: ShardingConfig | None
+) -> list[Array | None]:
+    """Per block group, the largest |entry| of each block's factors and corrected moment D.
+
+    ``[nb]`` per group (None: no such state). Sharded states are padded and
+    placed: the real blocks' entries are picked out (global view).
+    """
+    per_slot: list[Array | None] = []
+    for gs in groups:
+        parts = [_max_abs(f, (1, 2)) for f in gs.factors]
+        d = gs.corrected_moment
+        if d is not None:
+            parts.append(_max_abs(d, tuple(range(1, d.ndim))))
+        per_slot.append(functools.reduce(jnp.maximum, parts) if parts else None)
+    if sharding is None or not layout.groups:
+        return per_slot
+    return real_blocks(per_slot, layout, groups, sharding)
+
+
+def _passes(x: Array, held: Array | None) -> Array:
+    """Eq. (3) per block of a stack ``[nb, ...]``: finite and ``m + |B| g^2 <= STATE_LIMIT``.
+
+    ``held``: m, the largest |entry| of each block's state (None: 0). The
+    bound is ``shampoo_spec.block_overflows``'s, in float32 or wider; a NaN
+    anywhere refuses.
+    """
+    axes = tuple(range(1, x.ndim))
+    finite = jnp.all(jnp.isfinite(x), axis=axes)
+    g = _max_abs(x, axes)
+    if held is not None:
+        g = g.astype(jnp.promote_types(g.dtype, held.dtype))
+    bound = math.prod(x.shape[1:]) * g * g
+    if held is not None:
+        bound = held.astype(bound.dtype) + bound
+    ok: Array = finite & (bound <= STATE_LIMIT)
+    return ok
+
+
+def _refuse_blocks(
+    g: list[Array],
+    state: ShampooState,
+    tree: _Tree,
+    layout: B.Layout,
+    fdt: Any,
+    sharding: ShardingConfig | None,
+) -> _Masked:
+    """Eq. (3): refused blocks are zeroed here and masked in every update.
+
+    A block is refused when its gradient has a non-finite entry or when the
+    overflow bound ``m + |B| g^2 > STATE_LIMIT`` holds
+    (``shampoo_spec.block_overflows``): g = max |G_B|, m = the largest
+    |entry| of the block's factors, graft state V (on its slice) and
+    corrected moment D. A parameter that is not preconditioned is one block.
+    """
     g_blocks = B.gather(g, layout)
-    block_ok = [jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim))) for x in g_blocks]
+    v = tree.merged(state.graft) if state.graft is not None else None
+    held = _held_max(state.groups, layout, sharding)
+    if v is not None and layout.groups:
+        for gi, vb in enumerate(B.gather(v, layout)):
+            m = _max_abs(vb, tuple(range(1, vb.ndim)))
+            h = held[gi]
+            held[gi] = m if h is None else jnp.maximum(h, m)
+    block_ok = [_passes(x, h) for x, h in zip(g_blocks, held, strict=True)]
+    n = len(layout.leaves)
+    per_parameter = jnp.zeros((n,), jnp.int32)
+    for grp, ok in zip(layout.groups, block_ok, strict=True):
+        owner = np.asarray([i for i, _ in grp.members], np.int32)
+        per_parameter = per_parameter + jax.ops.segment_sum(
+            (~ok).astype(jnp.int32), owner, num_segments=n
+        )
     finite: list[Array] = []
-    skipped = jnp.zeros((), jnp.int32)
     for i, leaf in enumerate(layout.leaves):
         if leaf.refs:
             finite.append(B.block_flags_to_leaf(block_ok, leaf))
         else:
-            ok = jnp.all(jnp.isfinite(g[i]))
+            vi = None if v is None else _max_abs(v[i], tuple(range(v[i].ndim)))[None]
+            ok = _passes(g[i][None], vi)[0]
             finite.append(jnp.broadcast_to(ok, g[i].shape))
-            skipped = skipped + (~ok).astype(jnp.int32)
-    for ok in block_ok:
-        skipped = skipped + jnp.sum(~ok).astype(jnp.int32)
+            per_parameter = per_parameter.at[i].add((~ok).astype(jnp.int32))
+    skipped = jnp.sum(per_parameter) if n else jnp.zeros((), jnp.int32)
     g = [jnp.where(f, x, 0.0) for f, x in zip(finite, g, strict=False)]
     g_blocks = [jnp.where(B.expand(ok, x), x, 0.0).astype(fdt)
                 for ok, x in zip(block_ok, g_blocks, strict=False)]
-    return _Masked(g, g_blocks, block_ok, finite, skipped)
+    return _Masked(g, g_blocks, block_ok, finite, skipped, per_parameter)
 
 
 # ------------------------------------------------------- eqs. (14), (15)
@@ -405,27 +554,80 @@ def check_state(
 
     Call between jitted steps (it reads the counters, a device-to-host copy).
     ``"raise"`` policy: any block skipped since ``previous`` (or ever, without
-    it) raises :class:`NonFiniteGradientError`; ``max_consecutive_root_failures``:
-    a block over the limit raises :class:`RootFailureError`.
+    it; eq. 3: a non-finite gradient, or one that would overflow the state)
+    raises :class:`NonFiniteGradientError`; ``max_consecutive_root_failures``:
+    a block over the limit raises :class:`RootFailureError` (eq. 13). Both
+    name the parameters by their pytree paths (``jax.tree_util.keystr``,
+    recorded in the state at init).
     """
     if config.failure.nonfinite_gradient == "raise":
         before = 0 if previous is None else int(previous.skipped_blocks)
         now = int(state.skipped_blocks)
         if now > before:
             raise NonFiniteGradientError(
-                f"{now - before} block(s) had a non-finite gradient by step {int(state.count)}; "
-                "failure.nonfinite_gradient='raise' (inside jit they were skipped)."
+                f"{now - before} block(s) of parameter(s) {_skipped_names(state, previous)} "
+                f"had a non-finite gradient, or one that would overflow the state, by step "
+                f"{int(state.count)}; failure.nonfinite_gradient='raise' "
+                "(inside jit they were skipped)."
             )
     limit = config.failure.max_consecutive_root_failures
     if limit is not None:
         for i, gs in enumerate(state.groups):
-            worst = int(jnp.max(gs.consecutive_failures)) if gs.consecutive_failures.size else 0
+            counts = np.asarray(gs.consecutive_failures)
+            worst = int(counts.max()) if counts.size else 0
             if worst > limit:
+                where = _failed_blocks(state, config, i, np.flatnonzero(counts > limit))
                 raise RootFailureError(
-                    f"inverse roots of block group {i} failed on {worst} root steps in a row "
+                    f"inverse roots of {where} failed on {worst} root steps in a row "
                     f"by step {int(state.count)} "
                     f"(failure.max_consecutive_root_failures={limit})."
                 )
+
+
+def _skipped_names(state: ShampooState, previous: ShampooState | None) -> str:
+    """The paths of the parameters with blocks skipped since ``previous`` (host side)."""
+    now = state.skipped_per_parameter
+    if now is None:
+        return "<unknown: state without per-parameter counters>"
+    counts = np.asarray(now)
+    if previous is not None and previous.skipped_per_parameter is not None:
+        counts = counts - np.asarray(previous.skipped_per_parameter)
+    bad = [int(i) for i in np.flatnonzero(counts > 0)]
+    if not bad:
+        return "<unknown: per-parameter counters unchanged>"
+    paths = state.info.paths if state.info is not None else None
+    return ", ".join(
+        f"{paths[i]} ({int(counts[i])})" if paths is not None else f"#{i} ({int(counts[i])})"
+        for i in bad
+    )
+
+
+def _failed_blocks(
+    state: ShampooState, config: ShampooConfig, group: int, stack_positions: np.ndarray
+) -> str:
+    """The parameters (pytree paths) and block offsets at stack positions of a block group."""
+    info = state.info
+    fallback = f"block group {group}"
+    if info is None:
+        return fallback
+    layout = B.make_layout(info.shapes, config)
+    if group >= len(layout.groups):
+        return fallback
+    grp = layout.groups[group]
+    index = (
+        {q: j for j, q in enumerate(info.slots[group])}
+        if info.slots is not None
+        else {j: j for j in range(grp.size)}
+    )
+    names = []
+    for q in stack_positions:
+        j = index.get(int(q))
+        if j is None:
+            continue
+        leaf, block = grp.members[j]
+        offsets = layout.leaves[leaf].plan.blocks[block].offsets
+        names.append(f"parameter {info.paths[leaf]} (block at offsets {offsets})")
+    return ", ".join(names) if names else fallback
 
 
 __all__ = ["check_state", "shampoo"]
