@@ -112,6 +112,27 @@ def conformance(session: nox.Session, backend: str) -> None:
     )
 
 
+#: The fuzzer's tests (docs/reliability.md); ``tests`` runs them with the ci profile.
+FUZZ_TESTS = "conformance/tests/test_fuzz.py"
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The fuzzer on every installed backend, Hypothesis profile "fuzz" (docs/reliability.md).
+
+    Hostile configs, importer arguments, shapes and gradient streams against
+    the invariants (a)-(f), at least 10,000 cases per backend; the cases run
+    per invariant are printed at the end and written to ``fuzz-counts.json``
+    (``SHAMPOO_FUZZ_COUNTS`` overrides the path). ``HYPOTHESIS_PROFILE=ci``
+    makes it quick. Args go to pytest (e.g. ``-k torch -x``).
+    """
+    install_members(session, "pytest", "hypothesis")
+    env = hypothesis_env("fuzz")
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
+    env["SHAMPOO_FUZZ_COUNTS"] = os.environ.get("SHAMPOO_FUZZ_COUNTS", "fuzz-counts.json")
+    session.run("pytest", *PYTEST_OPTIONS, FUZZ_TESTS, *session.posargs, env=env)
+
+
 @nox.session
 def mutation(session: nox.Session) -> None:
     """Run the suite against every mutant of the reference; print the kill rate."""

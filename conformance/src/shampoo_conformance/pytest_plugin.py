@@ -19,11 +19,17 @@ from .backends import Backend, BackendUnavailable, available_backends, get_backe
 
 
 def register_profiles() -> None:
-    """Hypothesis profiles: ``ci`` (small, derandomized) and ``deep`` (many examples)."""
+    """Hypothesis profiles: ``ci`` (small, derandomized), ``deep`` (many examples) and
+    ``fuzz`` (``nox -s fuzz``: conformance/tests/test_fuzz.py scales its tests from
+    ``max_examples``, so that every backend runs at least 10,000 cases; random
+    seeds, no example database, so a read-only checkout works)."""
     settings.register_profile(
         "ci", max_examples=25, derandomize=True, deadline=None, print_blob=True, database=None
     )
     settings.register_profile("deep", max_examples=500, deadline=None, print_blob=True)
+    settings.register_profile(
+        "fuzz", max_examples=3400, deadline=None, print_blob=True, database=None
+    )
 
 
 register_profiles()
