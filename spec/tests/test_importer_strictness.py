@@ -484,3 +484,20 @@ def test_meta_keys_of_this_snapshot_are_accepted() -> None:
             "type": "EigenConfig", "eigendecomposition_offload_device": "cpu"}},
     })
     assert same == ss.from_meta({})
+
+
+@pytest.mark.parametrize(
+    ("importer", "kwargs", "argument"),
+    [
+        (ss.from_google,
+         {"learning_rate": 0.1, "block_size": 128, "inverse_failure_threshold": 0.0},
+         "inverse_failure_threshold"),
+        (ss.from_google, {"learning_rate": 0.1, "block_size": 128, "beta1": 1e20}, "beta1"),
+        (ss.from_meta, {"betas": [1.0, 1.0]}, "betas"),
+    ],
+)
+def test_config_errors_name_the_anchor_argument(importer: Any, kwargs: dict[str, Any],
+                                                argument: str) -> None:
+    """A value our config refuses is reported with the anchor's argument, not only our field."""
+    with pytest.raises(ValueError, match=rf"^from_(meta|google): {argument} = "):
+        importer(kwargs)

@@ -81,7 +81,8 @@ class Recipe:
         for v in self.fields.values():
             if isinstance(v, Section):
                 out |= set(v.kwargs)
-                for item in v.kwargs.get("overrides_by_order", []) or []:
+                items = v.kwargs.get("overrides_by_order")
+                for item in items if isinstance(items, (list, tuple)) else ():
                     if isinstance(item, Section):
                         out |= set(item.kwargs)
         return out

@@ -24,7 +24,8 @@ path, the value and what is allowed (never a bare ``int()``, ``float()`` or
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from .._validate import MAX_INTEGER, _shown
@@ -56,6 +57,8 @@ class Args:
         #: How errors name a key: bare at the top level, ``owner.key`` when nested.
         self.prefix = "" if owner.startswith("from_") else owner + "."
         self.data = dict(data)
+        #: The keys read so far, in order (see :meth:`section`).
+        self.read: list[str] = []
         unknown = sorted(set(self.data) - known - {"type"})
         if unknown:
             raise ValueError(
@@ -67,7 +70,28 @@ class Args:
 
     def get(self, key: str, default: Any) -> Any:
         """The value of ``key``, or the anchor's ``default`` when it is missing."""
+        self.read.append(key)
         return self.data.get(key, default)
+
+    @contextmanager
+    def section(self, *, since_start: bool = False) -> Iterator[None]:
+        """Name the anchor's arguments in a config section's own ``ValueError``.
+
+        A section's config dataclass refuses a value with our field's name
+        (``root_inverse.failure_threshold = 0.0``); the user gave an anchor
+        argument (``inverse_failure_threshold``). Around the reading and
+        building of one section (or, ``since_start``, of the whole config),
+        such an error is re-raised naming the given arguments read there.
+        """
+        start = 0 if since_start else len(self.read)
+        try:
+            yield
+        except ValueError as err:
+            keys = [k for k in dict.fromkeys(self.read[start:]) if k in self.data]
+            if keys and not any(self.prefix + k in str(err) for k in keys):
+                given = ", ".join(f"{self.prefix}{k} = {_shown(self.data[k])}" for k in keys)
+                raise ValueError(f"{self.owner}: {given}: {err}") from err
+            raise
 
     def number(self, key: str, default: Any, *, inf_ok: bool = False) -> float:
         """``key`` as a finite float (see :func:`number`); errors name the key path."""

@@ -191,23 +191,34 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     # decoupled_learning_rate by the grafting check and the momentum (eq. 20).
     beta2 = a.number("beta2", 0.999)
     decoupled_lr = a.flag("decoupled_learning_rate", True)
-    grafting = _grafting(a, beta2, decoupled_lr)
-    pre = _preconditioner(a, beta2)
-    return ShampooConfig(
-        learning_rate=lr,
-        statistics=pre.statistics,
-        epsilon=pre.epsilon,
-        root_inverse=pre.root_inverse,
-        exponents=pre.exponents,
-        grafting=grafting,
-        gradient_filter=GradientFilterConfig(beta1=0.0),  # Google filters nothing (eq. 15).
-        momentum=_momentum(a, grafting.type, decoupled_lr),
-        weight_decay=_weight_decay(a),
-        blocking=_blocking(a),
-        schedule=_schedule(a),
-        failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=None),
-        factor_dtype="float32" if x64 is False else "float64",
-    )
+    with a.section():
+        grafting = _grafting(a, beta2, decoupled_lr)
+    with a.section():
+        pre = _preconditioner(a, beta2)
+    with a.section():
+        momentum = _momentum(a, grafting.type, decoupled_lr)
+    with a.section():
+        weight_decay = _weight_decay(a)
+    with a.section():
+        blocking = _blocking(a)
+    with a.section():
+        schedule = _schedule(a)
+    with a.section(since_start=True):  # cross-section rules, and the learning rate
+        return ShampooConfig(
+            learning_rate=lr,
+            statistics=pre.statistics,
+            epsilon=pre.epsilon,
+            root_inverse=pre.root_inverse,
+            exponents=pre.exponents,
+            grafting=grafting,
+            gradient_filter=GradientFilterConfig(beta1=0.0),  # Google filters nothing (eq. 15).
+            momentum=momentum,
+            weight_decay=weight_decay,
+            blocking=blocking,
+            schedule=schedule,
+            failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=None),
+            factor_dtype="float32" if x64 is False else "float64",
+        )
 
 
 def _require(a: Args, key: str) -> None:

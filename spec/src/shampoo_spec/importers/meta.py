@@ -156,28 +156,37 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
     """
     a = Args("from_meta", kwargs, KEYS)
     shared = _shared(a)
-    weight_decay = _weight_decay(a, shared.lr)
-    momentum = _momentum(a)
+    with a.section():
+        weight_decay = _weight_decay(a, shared.lr)
+    with a.section():
+        momentum = _momentum(a)
     _distribution(a)
-    pre = _preconditioner(a, shared)
-    schedule = _schedule(a)
-    blocking = _blocking(a)
-    return ShampooConfig(
-        learning_rate=shared.lr,
-        statistics=pre.statistics,
-        epsilon=pre.epsilon,
-        root_inverse=pre.root_inverse,
-        exponents=pre.exponents,
-        eigenvalue_correction=pre.eigenvalue_correction,
-        grafting=_grafting(a.get("grafting_config", None)),
-        gradient_filter=_gradient_filter(shared),
-        momentum=momentum,
-        weight_decay=weight_decay,
-        blocking=blocking,
-        schedule=schedule,
-        failure=pre.failure,
-        factor_dtype=pre.factor_dtype,
-    )
+    with a.section():
+        pre = _preconditioner(a, shared)
+    with a.section():
+        schedule = _schedule(a)
+    with a.section():
+        blocking = _blocking(a)
+    with a.section():
+        grafting = _grafting(a.get("grafting_config", None))
+    # The shared values (lr, betas, epsilon, ...) and cross-section rules.
+    with a.section(since_start=True):
+        return ShampooConfig(
+            learning_rate=shared.lr,
+            statistics=pre.statistics,
+            epsilon=pre.epsilon,
+            root_inverse=pre.root_inverse,
+            exponents=pre.exponents,
+            eigenvalue_correction=pre.eigenvalue_correction,
+            grafting=grafting,
+            gradient_filter=_gradient_filter(shared),
+            momentum=momentum,
+            weight_decay=weight_decay,
+            blocking=blocking,
+            schedule=schedule,
+            failure=pre.failure,
+            factor_dtype=pre.factor_dtype,
+        )
 
 
 def _shared(a: Args) -> Shared:
