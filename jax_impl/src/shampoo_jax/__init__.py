@@ -10,9 +10,11 @@ Modules: :mod:`state` (the state pytree and its init), :mod:`schedule`
 (eq. 8 on a traced step), :mod:`blocks` (static layout of block groups,
 stacking, contractions), :mod:`roots` (inverse roots, eqs. 9-13),
 :mod:`grafting` (eq. 14), :mod:`preconditioner` (the per-block maths, eqs.
-6-13 and 16-18), :mod:`transform` (the optax transformation: the step's
-phases in order), :mod:`sharded` (block state and inverse roots sharded over
-a mesh axis: ``shampoo(config, sharding=ShardingConfig(mesh, axis))``),
+6-13 and 16-18), :mod:`refusal` (eq. 3 in jit: refused blocks),
+:mod:`checks` (argument checks and :func:`check_state`, on the host),
+:mod:`transform` (the optax transformation: the step's phases in order),
+:mod:`sharded` (block state and inverse roots sharded over a mesh axis:
+``shampoo(config, sharding=ShardingConfig(mesh, axis))``),
 :mod:`checkpoint`, :mod:`bench` (``python -m shampoo_jax.bench``),
 :mod:`bench_sharded`. The conformance adapters (contract 8.2) live in
 ``shampoo_conformance.adapters.jax`` and ``.jax_sharded``; this package never
@@ -28,9 +30,10 @@ from .checkpoint import (
     state_from_arrays,
     state_to_arrays,
 )
+from .checks import check_state
 from .sharded import ShardingConfig, shard_state, unshard_state
 from .state import BlockGroupState, ParameterInfo, ShampooState
-from .transform import check_state, shampoo
+from .transform import shampoo
 
 __all__ = [
     "BlockGroupState",

@@ -5,7 +5,7 @@ after another:
 
 1. :func:`_merged_inputs`: the count and learning rate (eq. 1), gradients
    and weights in their merged shapes, L2 decay (eq. 2);
-2. :func:`_refuse_blocks`: blocks with a non-finite gradient, or one that
+2. :func:`shampoo_jax.refusal.refuse_blocks`: blocks with a non-finite gradient, or one that
    could overflow their state (``shampoo_spec.block_overflows``), are masked
    out of every state update (eq. 3);
 3. elementwise: :func:`_update_graft_state` (eq. 14b),
@@ -29,36 +29,31 @@ shapes. The state is :mod:`shampoo_jax.state`'s.
 
 from __future__ import annotations
 
-import functools
-import math
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax import Array
 
 from shampoo_spec import (
     GradientFilterConfig,
     GraftingConfig,
-    NonFiniteGradientError,
     ParameterPlan,
-    RootFailureError,
     ShampooConfig,
     large_block_warnings,
 )
-from shampoo_spec.limits import STATE_LIMIT
 
 from . import blocks as B
 from . import grafting, schedule
+from .checks import check_learning_rate, check_shapes, check_state
 from .preconditioner import BlockInputs, assemble_direction, block_step
-from .sharded import ShardingConfig, real_blocks, shard_state, sharded_block_step
+from .refusal import Refused, refuse_blocks
+from .sharded import ShardingConfig, shard_state, sharded_block_step
 from .state import (
     BlockGroupState,
-    ParameterInfo,
     ShampooState,
     elementwise_dtype,
     factor_dtype,
@@ -92,33 +87,6 @@ class _Tree:
         return jax.tree.unflatten(
             self.treedef,
             [x.reshape(ref.shape) for x, ref in zip(xs, self.leaves(like), strict=True)],
-        )
-
-
-class _Masked(NamedTuple):
-    """Eq. (3)'s masks: gradients with refused blocks zeroed, and which they were."""
-
-    grads: list[Array]  # merged leaves
-    blocks: list[Array]  # per block group, in the factor dtype
-    block_ok: list[Array]  # per block group, [nb]
-    finite: list[Array]  # per leaf, elementwise ("not refused")
-    skipped: Array  # blocks (and non-preconditioned leaves) skipped this step
-    per_parameter: Array  # [number of leaves], the same per parameter
-
-
-def _check_learning_rate(lr: Any) -> None:
-    """A schedule (callable), or a finite number >= 0; anything else is a ValueError."""
-    if callable(lr) or isinstance(lr, jax.core.Tracer):
-        return
-    try:
-        x = np.asarray(lr)
-        ok = (x.ndim == 0 and x.dtype.kind in "fiu" and bool(np.isfinite(x)) and bool(x >= 0))
-    except (TypeError, ValueError, OverflowError):
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"learning_rate = {lr!r} is invalid: allowed a finite number >= 0, "
-            "a schedule (callable of the step count), or None (config.learning_rate)."
         )
 
 
@@ -164,7 +132,7 @@ def shampoo(
             f"config = {config!r} is invalid: allowed a shampoo_spec.ShampooConfig."
         )
     if learning_rate is not None:
-        _check_learning_rate(learning_rate)
+        check_learning_rate(learning_rate)
     if sharding is not None and not isinstance(sharding, ShardingConfig):
         raise ValueError(
             f"sharding = {sharding!r} is invalid: allowed None or a shampoo_jax.ShardingConfig."
@@ -191,7 +159,7 @@ def shampoo(
         fdt = factor_dtype(config)
         keyed, treedef = jax.tree_util.tree_flatten_with_path(updates)
         g_leaves = [x for _, x in keyed]
-        _check_shapes(keyed, state.info, params)
+        check_shapes(keyed, state.info, params)
         layout = B.make_layout(leaf_shapes(g_leaves), config)
         tree = _Tree(treedef, [leaf.plan for leaf in layout.leaves])
         if needs_w and params is None:
@@ -203,7 +171,8 @@ def shampoo(
         t = state.count + 1
         lr_t = lr(state.count) if callable(lr) else lr
         g, w = _merged_inputs(g_leaves, params, tree, config)
-        masked = _refuse_blocks(g, state, tree, layout, fdt, sharding)
+        v = tree.merged(state.graft) if state.graft is not None else None
+        masked = refuse_blocks(g, state, v, layout, fdt, sharding)
         graft_state = _update_graft_state(state.graft, masked, tree, config.grafting)
         used, new_filtered = _filter_gradient(
             state.filtered, masked, t, tree, config.gradient_filter
@@ -257,131 +226,9 @@ def _merged_inputs(
     return g, w
 
 
-def _check_shapes(keyed: list[tuple[Any, Array]], info: ParameterInfo | None,
-                  params: Any | None) -> None:
-    """Every gradient leaf must have its parameter's shape (static: checked at trace time).
-
-    Against the shapes recorded in the state at init (``state.info``), else
-    against ``params``. A gradient of another shape with the same size (a
-    transposed matrix) would otherwise be reshaped silently.
-    """
-    if info is not None:
-        want, names = info.shapes, info.paths
-    elif params is not None:
-        p_keyed, _ = jax.tree_util.tree_flatten_with_path(params)
-        want = leaf_shapes([x for _, x in p_keyed])
-        names = tuple(jax.tree_util.keystr(k) for k, _ in p_keyed)
-    else:
-        return
-    if len(keyed) != len(want):
-        raise ValueError(
-            f"updates have {len(keyed)} arrays; the parameters have {len(want)} "
-            f"({list(names)}): pass the gradients of the parameters the state was made for."
-        )
-    for (path, x), shape, name in zip(keyed, want, names, strict=True):
-        if tuple(int(d) for d in x.shape) != shape:
-            raise ValueError(
-                f"the gradient at {jax.tree_util.keystr(path)} has shape {tuple(x.shape)}; "
-                f"the parameter {name} has shape {shape}: gradients must have their "
-                "parameter's shape (a transposed gradient is refused)."
-            )
-
-
-def _max_abs(x: Array, axes: tuple[int, ...]) -> Array:
-    # At least float32, so a float64 maximum is not rounded into range.
-    return jnp.max(jnp.abs(x), axis=axes).astype(jnp.promote_types(x.dtype, jnp.float32))
-
-
-def _held_max(
-    groups: tuple[BlockGroupState, ...], layout: B.Layout, sharding: ShardingConfig | None
-) -> list[Array | None]:
-    """Per block group, the largest |entry| of each block's factors and corrected moment D.
-
-    ``[nb]`` per group (None: no such state). Sharded states are padded and
-    placed: the real blocks' entries are picked out (global view).
-    """
-    per_slot: list[Array | None] = []
-    for gs in groups:
-        parts = [_max_abs(f, (1, 2)) for f in gs.factors]
-        d = gs.corrected_moment
-        if d is not None:
-            parts.append(_max_abs(d, tuple(range(1, d.ndim))))
-        per_slot.append(functools.reduce(jnp.maximum, parts) if parts else None)
-    if sharding is None or not layout.groups:
-        return per_slot
-    return real_blocks(per_slot, layout, groups, sharding)
-
-
-def _passes(x: Array, held: Array | None) -> Array:
-    """Eq. (3) per block of a stack ``[nb, ...]``: finite and ``m + |B| g^2 <= STATE_LIMIT``.
-
-    ``held``: m, the largest |entry| of each block's state (None: 0). The
-    bound is ``shampoo_spec.block_overflows``'s, in float32 or wider; a NaN
-    anywhere refuses.
-    """
-    axes = tuple(range(1, x.ndim))
-    finite = jnp.all(jnp.isfinite(x), axis=axes)
-    g = _max_abs(x, axes)
-    if held is not None:
-        g = g.astype(jnp.promote_types(g.dtype, held.dtype))
-    bound = math.prod(x.shape[1:]) * g * g
-    if held is not None:
-        bound = held.astype(bound.dtype) + bound
-    ok: Array = finite & (bound <= STATE_LIMIT)
-    return ok
-
-
-def _refuse_blocks(
-    g: list[Array],
-    state: ShampooState,
-    tree: _Tree,
-    layout: B.Layout,
-    fdt: Any,
-    sharding: ShardingConfig | None,
-) -> _Masked:
-    """Eq. (3): refused blocks are zeroed here and masked in every update.
-
-    A block is refused when its gradient has a non-finite entry or when the
-    overflow bound ``m + |B| g^2 > STATE_LIMIT`` holds
-    (``shampoo_spec.block_overflows``): g = max |G_B|, m = the largest
-    |entry| of the block's factors, graft state V (on its slice) and
-    corrected moment D. A parameter that is not preconditioned is one block.
-    """
-    g_blocks = B.gather(g, layout)
-    v = tree.merged(state.graft) if state.graft is not None else None
-    held = _held_max(state.groups, layout, sharding)
-    if v is not None and layout.groups:
-        for gi, vb in enumerate(B.gather(v, layout)):
-            m = _max_abs(vb, tuple(range(1, vb.ndim)))
-            h = held[gi]
-            held[gi] = m if h is None else jnp.maximum(h, m)
-    block_ok = [_passes(x, h) for x, h in zip(g_blocks, held, strict=True)]
-    n = len(layout.leaves)
-    per_parameter = jnp.zeros((n,), jnp.int32)
-    for grp, ok in zip(layout.groups, block_ok, strict=True):
-        owner = np.asarray([i for i, _ in grp.members], np.int32)
-        per_parameter = per_parameter + jax.ops.segment_sum(
-            (~ok).astype(jnp.int32), owner, num_segments=n
-        )
-    finite: list[Array] = []
-    for i, leaf in enumerate(layout.leaves):
-        if leaf.refs:
-            finite.append(B.block_flags_to_leaf(block_ok, leaf))
-        else:
-            vi = None if v is None else _max_abs(v[i], tuple(range(v[i].ndim)))[None]
-            ok = _passes(g[i][None], vi)[0]
-            finite.append(jnp.broadcast_to(ok, g[i].shape))
-            per_parameter = per_parameter.at[i].add((~ok).astype(jnp.int32))
-    skipped = jnp.sum(per_parameter) if n else jnp.zeros((), jnp.int32)
-    g = [jnp.where(f, x, 0.0) for f, x in zip(finite, g, strict=False)]
-    g_blocks = [jnp.where(B.expand(ok, x), x, 0.0).astype(fdt)
-                for ok, x in zip(block_ok, g_blocks, strict=False)]
-    return _Masked(g, g_blocks, block_ok, finite, skipped, per_parameter)
-
-
 # ------------------------------------------------------- eqs. (14), (15)
 def _update_graft_state(
-    graft_state: Any, masked: _Masked, tree: _Tree, graft: GraftingConfig
+    graft_state: Any, masked: Refused, tree: _Tree, graft: GraftingConfig
 ) -> list[Array] | None:
     """Eq. (14b): the graft state V, left unchanged where the gradient was non-finite."""
     if graft_state is None:
@@ -393,7 +240,7 @@ def _update_graft_state(
 
 
 def _filter_gradient(
-    filtered: Any, masked: _Masked, t: Array, tree: _Tree, filt: GradientFilterConfig
+    filtered: Any, masked: Refused, t: Array, tree: _Tree, filt: GradientFilterConfig
 ) -> tuple[list[Array], list[Array] | None]:
     """Eq. (15): ``(the gradient the directions use, the new filter state F)``.
 
@@ -431,7 +278,7 @@ def _graft_directions(
 # ----------------------------------------------------- eqs. (6)-(13), (16)-(18)
 def _shampoo_directions(
     state: ShampooState,
-    masked: _Masked,
+    masked: Refused,
     used: list[Array],
     graft_dir: list[Array],
     use_shampoo: schedule.Flag,
@@ -544,90 +391,6 @@ def _momentum_step(
         u = jnp.where(finite[i], u, 0.0)
         out.append(u.reshape(g_leaves[i].shape).astype(g_leaves[i].dtype))
     return out, new_mom, new_gmom
-
-
-# ------------------------------------------------------------ host side
-def check_state(
-    state: ShampooState, config: ShampooConfig, previous: ShampooState | None = None
-) -> None:
-    """Raise on the host what the reference raises inside its step.
-
-    Call between jitted steps (it reads the counters, a device-to-host copy).
-    ``"raise"`` policy: any block skipped since ``previous`` (or ever, without
-    it; eq. 3: a non-finite gradient, or one that would overflow the state)
-    raises :class:`NonFiniteGradientError`; ``max_consecutive_root_failures``:
-    a block over the limit raises :class:`RootFailureError` (eq. 13). Both
-    name the parameters by their pytree paths (``jax.tree_util.keystr``,
-    recorded in the state at init).
-    """
-    if config.failure.nonfinite_gradient == "raise":
-        before = 0 if previous is None else int(previous.skipped_blocks)
-        now = int(state.skipped_blocks)
-        if now > before:
-            raise NonFiniteGradientError(
-                f"{now - before} block(s) of parameter(s) {_skipped_names(state, previous)} "
-                f"had a non-finite gradient, or one that would overflow the state, by step "
-                f"{int(state.count)}; failure.nonfinite_gradient='raise' "
-                "(inside jit they were skipped)."
-            )
-    limit = config.failure.max_consecutive_root_failures
-    if limit is not None:
-        for i, gs in enumerate(state.groups):
-            counts = np.asarray(gs.consecutive_failures)
-            worst = int(counts.max()) if counts.size else 0
-            if worst > limit:
-                where = _failed_blocks(state, config, i, np.flatnonzero(counts > limit))
-                raise RootFailureError(
-                    f"inverse roots of {where} failed on {worst} root steps in a row "
-                    f"by step {int(state.count)} "
-                    f"(failure.max_consecutive_root_failures={limit})."
-                )
-
-
-def _skipped_names(state: ShampooState, previous: ShampooState | None) -> str:
-    """The paths of the parameters with blocks skipped since ``previous`` (host side)."""
-    now = state.skipped_per_parameter
-    if now is None:
-        return "<unknown: state without per-parameter counters>"
-    counts = np.asarray(now)
-    if previous is not None and previous.skipped_per_parameter is not None:
-        counts = counts - np.asarray(previous.skipped_per_parameter)
-    bad = [int(i) for i in np.flatnonzero(counts > 0)]
-    if not bad:
-        return "<unknown: per-parameter counters unchanged>"
-    paths = state.info.paths if state.info is not None else None
-    return ", ".join(
-        f"{paths[i]} ({int(counts[i])})" if paths is not None else f"#{i} ({int(counts[i])})"
-        for i in bad
-    )
-
-
-def _failed_blocks(
-    state: ShampooState, config: ShampooConfig, group: int, stack_positions: np.ndarray
-) -> str:
-    """The parameters (pytree paths) and block offsets at stack positions of a block group."""
-    info = state.info
-    fallback = f"block group {group}"
-    if info is None:
-        return fallback
-    layout = B.make_layout(info.shapes, config)
-    if group >= len(layout.groups):
-        return fallback
-    grp = layout.groups[group]
-    index = (
-        {q: j for j, q in enumerate(info.slots[group])}
-        if info.slots is not None
-        else {j: j for j in range(grp.size)}
-    )
-    names = []
-    for q in stack_positions:
-        j = index.get(int(q))
-        if j is None:
-            continue
-        leaf, block = grp.members[j]
-        offsets = layout.leaves[leaf].plan.blocks[block].offsets
-        names.append(f"parameter {info.paths[leaf]} (block at offsets {offsets})")
-    return ", ".join(names) if names else fallback
 
 
 __all__ = ["check_state", "shampoo"]

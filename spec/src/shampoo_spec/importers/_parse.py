@@ -81,13 +81,16 @@ class Args:
         (``root_inverse.failure_threshold = 0.0``); the user gave an anchor
         argument (``inverse_failure_threshold``). Around the reading and
         building of one section (or, ``since_start``, of the whole config),
-        such an error is re-raised naming the given arguments read there.
+        such an error is re-raised naming the given arguments read there (or,
+        when none was given there, those read before it).
         """
         start = 0 if since_start else len(self.read)
         try:
             yield
         except ValueError as err:
             keys = [k for k in dict.fromkeys(self.read[start:]) if k in self.data]
+            if not keys:  # a value read before the section (Meta's shared betas, ...)
+                keys = [k for k in dict.fromkeys(self.read) if k in self.data]
             if keys and not any(self.prefix + k in str(err) for k in keys):
                 given = ", ".join(f"{self.prefix}{k} = {_shown(self.data[k])}" for k in keys)
                 raise ValueError(f"{self.owner}: {given}: {err}") from err
@@ -108,8 +111,16 @@ class Args:
         return boolean(self.prefix + key, self.get(key, default))
 
     def unsupported(self, key: str, ok: Any, what: str) -> None:
-        """Raise NotImplementedError when ``key`` is present with a value other than ``ok``."""
-        if key in self.data and self.data[key] != ok and self.data[key] is not None:
+        """Raise NotImplementedError when ``key`` is present with a value other than ``ok``.
+
+        When ``ok`` is a bool the value must be a bool too (``1`` is not
+        ``true``): anything else is a ValueError.
+        """
+        if key not in self.data or self.data[key] is None:
+            return
+        if isinstance(ok, bool) and not isinstance(self.data[key], bool):
+            raise _refuse(self.prefix + key, self.data[key], "true or false")
+        if self.data[key] != ok:
             raise NotImplementedError(
                 f"{self.owner}.{key} = {self.data[key]!r} is not supported yet ({what})."
             )

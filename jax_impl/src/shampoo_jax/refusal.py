@@ -1,0 +1,129 @@
+"""Eq. (3) inside ``jit``: which blocks a step refuses, and the gradients it keeps.
+
+A block is refused when its gradient has a non-finite entry or when its
+state could leave float32's range: ``m + |B| g^2 > STATE_LIMIT``
+(``shampoo_spec.block_overflows``, computed here on traced arrays in float32
+or wider, a NaN refusing). Refused blocks are zeroed in the gradients and
+masked out of every state update by the phases of :mod:`shampoo_jax.transform`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from shampoo_spec.limits import STATE_LIMIT
+
+from . import blocks as B
+from .sharded import ShardingConfig, real_blocks
+from .state import BlockGroupState, ShampooState
+
+
+class Refused(NamedTuple):
+    """Eq. (3)'s masks: gradients with refused blocks zeroed, and which they were."""
+
+    grads: list[Array]  # merged leaves
+    blocks: list[Array]  # per block group, in the factor dtype
+    block_ok: list[Array]  # per block group, [nb]
+    finite: list[Array]  # per leaf, elementwise ("not refused")
+    skipped: Array  # blocks (and non-preconditioned leaves) skipped this step
+    per_parameter: Array  # [number of leaves], the same per parameter
+
+
+
+def max_abs(x: Array, axes: tuple[int, ...]) -> Array:
+    # At least float32, so a float64 maximum is not rounded into range.
+    return jnp.max(jnp.abs(x), axis=axes).astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def held_max(
+    groups: tuple[BlockGroupState, ...], layout: B.Layout, sharding: ShardingConfig | None
+) -> list[Array | None]:
+    """Per block group, the largest |entry| of each block's factors and corrected moment D.
+
+    ``[nb]`` per group (None: no such state). Sharded states are padded and
+    placed: the real blocks' entries are picked out (global view).
+    """
+    per_slot: list[Array | None] = []
+    for gs in groups:
+        parts = [max_abs(f, (1, 2)) for f in gs.factors]
+        d = gs.corrected_moment
+        if d is not None:
+            parts.append(max_abs(d, tuple(range(1, d.ndim))))
+        per_slot.append(functools.reduce(jnp.maximum, parts) if parts else None)
+    if sharding is None or not layout.groups:
+        return per_slot
+    return real_blocks(per_slot, layout, groups, sharding)
+
+
+def passes(x: Array, held: Array | None) -> Array:
+    """Eq. (3) per block of a stack ``[nb, ...]``: finite and ``m + |B| g^2 <= STATE_LIMIT``.
+
+    ``held``: m, the largest |entry| of each block's state (None: 0). The
+    bound is ``shampoo_spec.block_overflows``'s, in float32 or wider; a NaN
+    anywhere refuses.
+    """
+    axes = tuple(range(1, x.ndim))
+    finite = jnp.all(jnp.isfinite(x), axis=axes)
+    g = max_abs(x, axes)
+    if held is not None:
+        g = g.astype(jnp.promote_types(g.dtype, held.dtype))
+    bound = math.prod(x.shape[1:]) * g * g
+    if held is not None:
+        bound = held.astype(bound.dtype) + bound
+    ok: Array = finite & (bound <= STATE_LIMIT)
+    return ok
+
+
+def refuse_blocks(
+    g: list[Array],
+    state: ShampooState,
+    v: list[Array] | None,
+    layout: B.Layout,
+    fdt: Any,
+    sharding: ShardingConfig | None,
+) -> Refused:
+    """Eq. (3): refused blocks are zeroed here and masked in every update.
+
+    A block is refused when its gradient has a non-finite entry or when the
+    overflow bound ``m + |B| g^2 > STATE_LIMIT`` holds
+    (``shampoo_spec.block_overflows``): g = max |G_B|, m = the largest
+    |entry| of the block's factors, graft state V (on its slice) and
+    corrected moment D. A parameter that is not preconditioned is one block.
+    ``v``: the graft state in merged shapes (None: no graft state).
+    """
+    g_blocks = B.gather(g, layout)
+    held = held_max(state.groups, layout, sharding)
+    if v is not None and layout.groups:
+        for gi, vb in enumerate(B.gather(v, layout)):
+            m = max_abs(vb, tuple(range(1, vb.ndim)))
+            h = held[gi]
+            held[gi] = m if h is None else jnp.maximum(h, m)
+    block_ok = [passes(x, h) for x, h in zip(g_blocks, held, strict=True)]
+    n = len(layout.leaves)
+    per_parameter = jnp.zeros((n,), jnp.int32)
+    for grp, ok in zip(layout.groups, block_ok, strict=True):
+        owner = np.asarray([i for i, _ in grp.members], np.int32)
+        per_parameter = per_parameter + jax.ops.segment_sum(
+            (~ok).astype(jnp.int32), owner, num_segments=n
+        )
+    finite: list[Array] = []
+    for i, leaf in enumerate(layout.leaves):
+        if leaf.refs:
+            finite.append(B.block_flags_to_leaf(block_ok, leaf))
+        else:
+            vi = None if v is None else max_abs(v[i], tuple(range(v[i].ndim)))[None]
+            ok = passes(g[i][None], vi)[0]
+            finite.append(jnp.broadcast_to(ok, g[i].shape))
+            per_parameter = per_parameter.at[i].add((~ok).astype(jnp.int32))
+    skipped = jnp.sum(per_parameter) if n else jnp.zeros((), jnp.int32)
+    g = [jnp.where(f, x, 0.0) for f, x in zip(finite, g, strict=False)]
+    g_blocks = [jnp.where(B.expand(ok, x), x, 0.0).astype(fdt)
+                for ok, x in zip(block_ok, g_blocks, strict=False)]
+    return Refused(g, g_blocks, block_ok, finite, skipped, per_parameter)
