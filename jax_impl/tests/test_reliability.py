@@ -383,3 +383,14 @@ def test_large_blocks_warn_naming_the_parameter() -> None:
         warnings.simplefilter("error")
         jax.eval_shape(shampoo_jax.shampoo(ss.ShampooConfig()).init,
                        {"emb": jax.ShapeDtypeStruct((1, 100000), jnp.float32)})
+
+
+def test_empty_parameters_step() -> None:
+    """Size-0 parameters step (found by the fuzzer: a max over no entries has no identity)."""
+    config = ss.ShampooConfig(grafting=ss.GraftingConfig(type="adagrad_normalized"))
+    tx = shampoo_jax.shampoo(config)
+    params = {"w": jnp.zeros((0,)), "v": jnp.zeros((0, 3)), "u": jnp.ones((2,))}
+    state = tx.init(params)
+    updates, state = jax.jit(tx.update)(params, state, params)
+    assert updates["w"].shape == (0,) and updates["v"].shape == (0, 3)
+    assert int(state.skipped_blocks) == 0

@@ -620,3 +620,13 @@ def test_non_converging_newton_at_the_iteration_bound_ends() -> None:
     opt.step()
     assert time.perf_counter() - start < 60.0
     assert torch.isfinite(p).all()
+
+
+def test_empty_parameter_with_a_normalized_graft_steps() -> None:
+    """A size-0 parameter (shape (0,)) steps: its norm is 0, not an amax error (found by fuzz)."""
+    config = ShampooConfig(grafting=GraftingConfig(type="adagrad_normalized"))
+    p = torch.nn.Parameter(torch.zeros(0, dtype=torch.float64))
+    opt = Shampoo([p], config)
+    p.grad = torch.zeros(0, dtype=torch.float64)
+    opt.step()
+    assert p.shape == (0,)

@@ -183,7 +183,7 @@ def frobenius(x: Array, axes: tuple[int, ...] | None = None) -> Array:
     expression, bit for bit.
     """
     plain = jnp.sqrt(jnp.sum(x * x, axis=axes))
-    s = jnp.max(jnp.abs(x), axis=axes, keepdims=True)
+    s = jnp.max(jnp.abs(x), axis=axes, keepdims=True, initial=0.0)
     s = jnp.where((s > 0) & jnp.isfinite(s), s, jnp.ones_like(s))
     y = x / s
     scaled = jnp.squeeze(s, axis=axes) * jnp.sqrt(jnp.sum(y * y, axis=axes))

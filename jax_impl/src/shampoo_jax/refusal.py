@@ -38,8 +38,10 @@ class Refused(NamedTuple):
 
 
 def max_abs(x: Array, axes: tuple[int, ...]) -> Array:
-    # At least float32, so a float64 maximum is not rounded into range.
-    return jnp.max(jnp.abs(x), axis=axes).astype(jnp.promote_types(x.dtype, jnp.float32))
+    # At least float32, so a float64 maximum is not rounded into range; 0 for
+    # an empty array (a size-0 parameter), the identity of a max of |x|.
+    out = jnp.max(jnp.abs(x), axis=axes, initial=0.0)
+    return out.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def held_max(

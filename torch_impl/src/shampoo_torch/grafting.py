@@ -26,6 +26,8 @@ def norm(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     inf or NaN norm).
     """
     plain = torch.linalg.vector_norm(x) if dim is None else torch.linalg.vector_norm(x, dim=dim)
+    if x.numel() == 0:  # an empty parameter: its norm is 0 (amax has no identity)
+        return plain
     big = x.abs().amax() if dim is None else x.abs().amax(dim=dim)
     safe = torch.where(big > 0, big, torch.ones_like(big))
     div = safe if dim is None else safe.unsqueeze(dim)
