@@ -2,15 +2,17 @@
 
 Every backend adapter of this package (reference, torch, torch_ddp, jax,
 jax_sharded) takes the same inputs, so it rejects bad ones with the same
-words: one function, here. Arrays are read only through their ``shape`` (a
-0-d parameter may be a Python float: shape ``()``), so the check needs no
-framework.
+words: one function, here. Arrays are read only through ``numpy.shape``
+(a 0-d parameter may be a Python float, a 1-d one a list), so any
+framework's arrays, or plain NumPy inputs, are checked alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 #: Parameter dtypes the framework adapters run (the reference is float64 only).
 RUN_DTYPES = ("float32", "float64")
@@ -20,7 +22,7 @@ STEPPER_OPTIMIZERS = ("shampoo", "adamw")
 
 
 def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(getattr(x, "shape", ()))
+    return tuple(int(d) for d in np.shape(x))
 
 
 def check_run_inputs(

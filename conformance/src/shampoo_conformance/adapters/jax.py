@@ -34,10 +34,6 @@ _DTYPES: dict[np.dtype[Any], Literal["float32", "float64"]] = {
 }
 
 
-def _arrays(tree: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in tree.items()}
-
-
 def run(
     config: ShampooConfig,
     params: dict[str, np.ndarray],
@@ -45,7 +41,7 @@ def run(
     dtype: Any = np.float64,
 ) -> list[dict[str, np.ndarray]]:
     dt = np.dtype(dtype)
-    check_run_inputs("jax", _arrays(params), [_arrays(g) for g in grads], dt.name)
+    check_run_inputs("jax", params, grads, dt.name)
     names = sorted(params)
     config = dataclasses.replace(config, factor_dtype=_DTYPES[dt])
     cpu = jax.devices("cpu")[0]
@@ -211,7 +207,7 @@ def stepper(
     ``config`` must be None.
     """
     dt = np.dtype(dtype)
-    check_run_inputs("jax", _arrays(params), [], dt.name)
+    check_run_inputs("jax", params, [], dt.name)
     check_stepper_arguments(optimizer, config, weight_decay)
     if optimizer == "shampoo":
         config = ShampooConfig() if config is None else config

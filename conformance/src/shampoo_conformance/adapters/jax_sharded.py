@@ -98,8 +98,7 @@ def run_local(
 ) -> list[dict[str, np.ndarray]]:
     """Contract 8.2 in this process, block state sharded over ``devices`` CPU devices."""
     dt = np.dtype(dtype)
-    arrays = [{k: np.asarray(v) for k, v in tree.items()} for tree in (params, *grads)]
-    check_run_inputs("jax-sharded", arrays[0], arrays[1:], dt.name)
+    check_run_inputs("jax-sharded", params, grads, dt.name)
     names = sorted(params)
     cpus = jax.devices("cpu")
     if len(cpus) < devices:

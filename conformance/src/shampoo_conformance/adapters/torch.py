@@ -23,7 +23,7 @@ import torch
 
 from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
 from shampoo_spec import ShampooConfig
-from shampoo_torch import Shampoo
+from shampoo_torch import DistributedConfig, Shampoo
 
 _DTYPES: dict[Any, tuple[torch.dtype, Literal["float32", "float64"]]] = {
     np.dtype(np.float64): (torch.float64, "float64"),
@@ -31,26 +31,28 @@ _DTYPES: dict[Any, tuple[torch.dtype, Literal["float32", "float64"]]] = {
 }
 
 
-def _arrays(tree: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in tree.items()}
-
-
 def run(
     config: ShampooConfig,
     params: dict[str, np.ndarray],
     grads: list[dict[str, np.ndarray]],
     dtype: Any = np.float64,
+    *,
+    distributed: DistributedConfig | None = None,
 ) -> list[dict[str, np.ndarray]]:
-    """The parameters (as ``dtype`` arrays) after each step of ``grads``."""
+    """The parameters (as ``dtype`` arrays) after each step of ``grads``.
+
+    ``distributed``: this rank's part of a distributed run (torch.distributed
+    already initialized; :mod:`.torch_ddp` runs it on every rank).
+    """
     key = np.dtype(dtype)
-    check_run_inputs("torch", _arrays(params), [_arrays(g) for g in grads], key.name)
+    check_run_inputs("torch", params, grads, key.name)
     tdtype, factor_dtype = _DTYPES[key]
     config = dataclasses.replace(config, factor_dtype=factor_dtype)
     names = list(params)
     tensors = {
         n: torch.nn.Parameter(torch.tensor(np.asarray(params[n]), dtype=tdtype)) for n in names
     }
-    opt = Shampoo([(n, tensors[n]) for n in names], config)
+    opt = Shampoo([(n, tensors[n]) for n in names], config, distributed=distributed)
     out = []
     for step in grads:
         for n in names:
@@ -191,7 +193,7 @@ def stepper(
     weight_decay=weight_decay)``; ``config`` must be None.
     """
     key = np.dtype(dtype)
-    check_run_inputs("torch", _arrays(params), [], key.name)
+    check_run_inputs("torch", params, [], key.name)
     check_stepper_arguments(optimizer, config, weight_decay)
     tdtype, factor_dtype = _DTYPES[key]
     tensors = {

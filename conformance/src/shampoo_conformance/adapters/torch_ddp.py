@@ -20,20 +20,19 @@ distributed tests and benchmark in fresh processes.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import subprocess
 import sys
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from shampoo_conformance.adapters.inputs import check_run_inputs
+from shampoo_conformance.adapters.torch import run as run_torch
 from shampoo_spec import ShampooConfig
-from shampoo_torch import DistributedConfig, Shampoo
+from shampoo_torch import DistributedConfig
 from shampoo_torch.processes import free_port, init_gloo, portable_exception
 
 WORLD_SIZE = 2
@@ -42,19 +41,13 @@ CALL_TIMEOUT_S = float(os.environ.get("SHAMPOO_DDP_TIMEOUT", "300"))
 #: gloo's own timeout for a collective (a rank that never arrives).
 COLLECTIVE_TIMEOUT_S = 120.0
 
-_DTYPES: dict[Any, tuple[torch.dtype, Literal["float32", "float64"]]] = {
-    np.dtype(np.float64): (torch.float64, "float64"),
-    np.dtype(np.float32): (torch.float32, "float32"),
-}
-
 
 # ------------------------------------------------------------------ run()
 def _check_inputs(
     params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]], dtype: Any
 ) -> None:
     """The errors of :func:`.torch.run`, raised here before any worker runs."""
-    arrays = [{k: np.asarray(v) for k, v in tree.items()} for tree in (params, *grads)]
-    check_run_inputs("torch-ddp", arrays[0], arrays[1:], np.dtype(dtype).name)
+    check_run_inputs("torch-ddp", params, grads, np.dtype(dtype).name)
 
 
 def run_rank(
@@ -65,21 +58,7 @@ def run_rank(
     distributed: DistributedConfig | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """One rank's part of :func:`run` (torch.distributed already initialized)."""
-    tdtype, factor_dtype = _DTYPES[np.dtype(dtype)]
-    config = dataclasses.replace(config, factor_dtype=factor_dtype)
-    names = list(params)
-    tensors = {
-        n: torch.nn.Parameter(torch.tensor(np.asarray(params[n]), dtype=tdtype)) for n in names
-    }
-    opt = Shampoo([(n, tensors[n]) for n in names], config,
-                  distributed=distributed or DistributedConfig())
-    out = []
-    for step in grads:
-        for n in names:
-            tensors[n].grad = torch.tensor(np.asarray(step[n]), dtype=tdtype)
-        opt.step()
-        out.append({n: tensors[n].detach().numpy().copy() for n in names})
-    return out
+    return run_torch(config, params, grads, dtype, distributed=distributed or DistributedConfig())
 
 
 def _pool_worker(rank: int, port: int) -> None:
