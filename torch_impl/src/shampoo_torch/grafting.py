@@ -25,7 +25,9 @@ def norm(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     elsewhere the plain norm itself, bit for bit (a non-finite x keeps its
     inf or NaN norm).
     """
-    plain = torch.linalg.vector_norm(x) if dim is None else torch.linalg.vector_norm(x, dim=dim)
+    plain: torch.Tensor = (
+        torch.linalg.vector_norm(x) if dim is None else torch.linalg.vector_norm(x, dim=dim)
+    )
     if x.numel() == 0:  # an empty parameter: its norm is 0 (amax has no identity)
         return plain
     big = x.abs().amax() if dim is None else x.abs().amax(dim=dim)
