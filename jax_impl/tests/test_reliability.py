@@ -304,20 +304,23 @@ def test_checkpoint_written_before_configs_were_stored_loads_with_a_warning() ->
     opt = shampoo_jax.shampoo(CONFIG)
     params = {k: jnp.ones(s) for k, s in SHAPES.items()}
     _, s = _run(*_data(2))[-1]
-    # The old format: no config entry, no skip counters per parameter (the last array).
-    leaves = jax.tree.leaves(s)
-    old = [np.asarray(x) for x in leaves[:-1]]
+    # The old format: no config entry, no skip counters per parameter, no withheld count.
+    leaves = jax.tree.leaves(s._replace(skipped_per_parameter=None, withheld_updates=None))
+    old = [np.asarray(x) for x in leaves]
     for like in (opt.init(params), jax.eval_shape(opt.init, params)):
         with pytest.warns(UserWarning, match="written before configs were stored"):
             restored = shampoo_jax.state_from_arrays(old, like)
         assert np.asarray(restored.skipped_per_parameter).tolist() == [0, 0]
-        for a, b in zip(jax.tree.leaves(restored)[:-1], leaves[:-1], strict=True):
+        assert int(restored.withheld_updates) == 0
+        kept = jax.tree.leaves(restored._replace(skipped_per_parameter=None,
+                                                 withheld_updates=None))
+        for a, b in zip(kept, leaves, strict=True):
             assert np.array_equal(np.asarray(a), np.asarray(b))
     # Inside an optax.chain state too.
     chain = optax.chain(optax.scale_by_adam(), opt)
     cs = chain.init(params)
     old_chain = [np.asarray(x) for x in jax.tree.leaves(
-        (cs[0], cs[1]._replace(skipped_per_parameter=None)))]
+        (cs[0], cs[1]._replace(skipped_per_parameter=None, withheld_updates=None)))]
     with pytest.warns(UserWarning, match="written before configs were stored"):
         restored_chain = shampoo_jax.state_from_arrays(old_chain, cs)
     assert np.asarray(restored_chain[1].skipped_per_parameter).tolist() == [0, 0]
@@ -394,3 +397,71 @@ def test_empty_parameters_step() -> None:
     updates, state = jax.jit(tx.update)(params, state, params)
     assert updates["w"].shape == (0,) and updates["v"].shape == (0, 3)
     assert int(state.skipped_blocks) == 0
+
+
+def test_checkpoint_written_before_the_update_guard_loads() -> None:
+    """Arrays with a config entry but no ``withheld_updates`` (eq. 22): the counter starts at 0."""
+    opt = shampoo_jax.shampoo(CONFIG)
+    params = {k: jnp.ones(s) for k, s in SHAPES.items()}
+    _, s = _run(*_data(2))[-1]
+    arrays = shampoo_jax.state_to_arrays(s)
+    before = [*arrays[:-2], arrays[-1]]  # withheld_updates: the state's last array
+    restored = shampoo_jax.state_from_arrays(before, opt.init(params))
+    assert int(restored.withheld_updates) == 0
+    for a, b in zip(jax.tree.leaves(restored)[:-1], jax.tree.leaves(s)[:-1], strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="len"):
+        shampoo_jax.state_from_arrays([*arrays[:-3], arrays[-1]], opt.init(params))
+
+
+# ------------------------------------------------------- eq. (22), update guard
+def _overflowing_update_config() -> ss.ShampooConfig:
+    """1 x 1 blocks, root 1, epsilon 1e-37, a root step before the first statistics.
+
+    Step 1: the inverse root is 1/eps = 1e37, so P = 0.5e37 and lr M = 5e38,
+    beyond float32 (eq. 22 withholds the update). Step 2: L = 0.25 + eps,
+    P = 2, M = 2, W = 1 - 200. Step 3 (no statistics step): M = 0.9 * 2 + 2
+    = 3.8, W = -199 - 380 = -579.
+    """
+    base = ss.ShampooConfig()
+    return dataclasses.replace(
+        base, learning_rate=100.0, epsilon=ss.EpsilonConfig(value=1e-37),
+        exponents=dataclasses.replace(base.exponents, override=1.0),
+        blocking=ss.BlockingConfig(max_preconditioner_dim=1),
+        schedule=ss.ScheduleConfig(statistics_frequency=2),
+        momentum=ss.MomentumConfig(momentum=0.9),
+    )
+
+
+def test_overflowing_update_is_withheld_and_counted() -> None:
+    opt = shampoo_jax.shampoo(_overflowing_update_config())
+    params = jnp.ones((2, 3), jnp.float32)
+    state = opt.init(params)
+    step = jax.jit(opt.update)
+    g = jnp.full((2, 3), 0.5, jnp.float32)
+    seen = []
+    for _ in range(3):
+        u, state = step(g, state, params)
+        params = optax.apply_updates(params, u)
+        seen.append((np.asarray(params).tolist(), np.asarray(state.momentum).tolist(),
+                     int(state.withheld_updates)))
+    assert seen[0] == ([[1.0] * 3] * 2, [[0.0] * 3] * 2, 1)  # withheld, momentum kept
+    assert seen[1][0] == [[-199.0] * 3] * 2 and seen[2][0] == [[-579.0] * 3] * 2
+    assert seen[2][2] == 1 and int(state.skipped_blocks) == 0
+
+
+def test_update_guard_checks_the_new_value_when_params_are_passed() -> None:
+    """float16 (largest 65504): with params, entries whose new value overflows get a zero
+    update; without params only the update itself is checked (the docstring's contract)."""
+    base = ss.ShampooConfig()
+    cfg = dataclasses.replace(base, learning_rate=2000.0,
+                              blocking=ss.BlockingConfig(max_preconditioner_dim=1))
+    opt = shampoo_jax.shampoo(cfg)
+    w0 = jnp.asarray([[-64000.0, 0.0, 64000.0]], jnp.float16)
+    g = jnp.asarray([[1.0, 1.0, -1.0]], jnp.float16)  # P = sign(g) on 1 x 1 blocks
+    u, s = opt.update(g, opt.init(w0), w0)
+    assert np.asarray(optax.apply_updates(w0, u)).tolist() == [[-64000.0, -2000.0, 64000.0]]
+    assert int(s.withheld_updates) == 1
+    u, s = opt.update(g, opt.init(w0))
+    assert np.asarray(u).tolist() == [[-2000.0, -2000.0, 2000.0]]
+    assert int(s.withheld_updates) == 0

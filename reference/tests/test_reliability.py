@@ -326,3 +326,24 @@ def test_params_and_gradients_must_be_real_arrays(bad: Any) -> None:
     # bool and integer arrays are real: read as float64.
     out = opt.step({"w": np.array([1, 0, 2])})
     assert out["w"].dtype == np.float64 and opt.t == 1
+
+
+# ------------------------------------------------------- eq. (22), update guard
+def test_update_overflowing_float64_is_withheld_with_its_momentum() -> None:
+    """1 x 1 blocks without graft: P = sign(G) (L = g^2 + 1e-30 rounds to g^2). lr = 1e308:
+    W = -1e308 - lr P = -2e308 overflows float64, so that entry keeps its
+    value and its momentum; W = 0 moves to -1e308; one parameter step is counted."""
+    cfg = ss.ShampooConfig(
+        learning_rate=1e308, epsilon=ss.EpsilonConfig(value=1e-30),
+        momentum=ss.MomentumConfig(momentum=0.5),
+        blocking=ss.BlockingConfig(max_preconditioner_dim=1),
+    )
+    opt = ReferenceShampoo(cfg, {"w": np.array([-1e308, 0.0])})
+    out = opt.step({"w": np.array([0.5, 0.5])})
+    assert out["w"].tolist() == [-1e308, -1e308]
+    mom = opt.state["w"].momentum
+    assert mom is not None and mom.tolist() == [0.0, 1.0]
+    assert opt.metrics.withheld_updates == 1 and opt.metrics.skipped_blocks == 0
+    out = opt.step({"w": np.array([0.0, 0.0])})  # P = 0: M = 0.5 M; W = -1e308 - 0.5e308
+    assert out["w"].tolist() == [-1e308, -1.5e308]
+    assert opt.metrics.withheld_updates == 1

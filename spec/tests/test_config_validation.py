@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
+from typing import Any
 
 import pytest
 
@@ -106,3 +108,30 @@ def test_defaults_are_valid_and_frozen() -> None:
     c = ss.ShampooConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.learning_rate = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "zero_ok"),
+    [
+        (lambda e: ss.EpsilonConfig(value=e), "epsilon.value", True),
+        (lambda e: ss.EpsilonConfig(relative_floor=e), "epsilon.relative_floor", True),
+        (lambda e: ss.EigenvalueCorrectionConfig(epsilon=e), "eigenvalue_correction.epsilon",
+         False),
+        (lambda e: ss.GraftingConfig(type="adagrad", epsilon=e), "grafting.epsilon", False),
+        (lambda e: ss.GraftingConfig(type="sgd", norm_epsilon=e), "grafting.norm_epsilon",
+         False),
+        (lambda e: ss.GraftingConfig(type="none", norm_epsilon=e), "grafting.norm_epsilon",
+         True),
+    ],
+)
+def test_epsilons_are_zero_or_float32_normal(build: Any, field: str, zero_ok: bool) -> None:
+    """A subnormal epsilon is flushed to zero by XLA and by GPUs: refused, naming the bound."""
+    build(2.0**-126)  # float32's smallest normal: accepted
+    for bad in (1e-39, 2.0**-127, 5e-324):
+        with pytest.raises(ValueError, match=re.escape(field) + r".*2\^-126"):
+            build(bad)
+    if zero_ok:
+        build(0.0)
+    else:
+        with pytest.raises(ValueError, match=re.escape(field)):
+            build(0.0)

@@ -21,7 +21,7 @@ configs = st.builds(
     ),
     epsilon=st.builds(
         ss.EpsilonConfig,
-        value=st.floats(0, 1),
+        value=st.floats(0, 1, allow_subnormal=False).filter(lambda x: x == 0 or x >= 2.0**-126),
         scale=st.sampled_from(["absolute", "relative"]),
         placement=st.sampled_from(["ridge", "shift_after", "floor"]),
     ),

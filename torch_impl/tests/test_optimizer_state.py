@@ -203,7 +203,7 @@ def test_skip_block_leaves_the_block_and_counts_it() -> None:
     assert torch.equal(params[0].detach()[4:, 8:], w[4:, 8:])
     assert not torch.equal(params[0].detach()[:4, :4], w[:4, :4])
     assert torch.isfinite(params[0]).all()
-    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 1}
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 1, "withheld_updates": 0}
 
 
 # ----------------------------------------------------------- eq. (13) roots
@@ -354,8 +354,8 @@ def test_zero_dim_and_size_one_params() -> None:
 def test_metrics_are_lazy_device_counters() -> None:
     params = make_params()
     opt = Shampoo(params, RICH)
-    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0}
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}
     run_steps(opt, params, make_grads(2))
     counters = next(iter(opt._counters.values()))
     assert all(isinstance(v, torch.Tensor) for v in counters.values())
-    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0}
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}

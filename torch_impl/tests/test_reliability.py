@@ -158,7 +158,7 @@ def test_huge_finite_gradient_is_skipped_counted_and_leaves_other_blocks_alone()
         assert torch.isfinite(a).all() and _all_state_finite(opt)
         # The other block's trajectory is that of a run without the bad block.
         torch.testing.assert_close(a.detach()[4:], b.detach(), rtol=0, atol=0)
-    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 1}
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 1, "withheld_updates": 0}
     assert not torch.equal(a.detach()[:4], before[:4])  # and block 0 resumed afterwards
 
 
@@ -245,7 +245,8 @@ def test_root_failure_raises_after_the_whole_step() -> None:
     for p, q, x in zip(ps, qs, w, strict=True):  # every parameter moved, as without the limit
         assert torch.equal(p.detach(), q.detach()) and not torch.equal(p.detach(), x)
         assert opt.state[p]["step"] == 1
-    assert opt.metrics == ref.metrics == {"root_failures": 4, "skipped_blocks": 0}
+    assert opt.metrics == ref.metrics == {"root_failures": 4, "skipped_blocks": 0,
+                                          "withheld_updates": 0}
     assert _trees_equal(opt.state_dict()["state"], ref.state_dict()["state"])
 
 
@@ -630,3 +631,94 @@ def test_empty_parameter_with_a_normalized_graft_steps() -> None:
     p.grad = torch.zeros(0, dtype=torch.float64)
     opt.step()
     assert p.shape == (0,)
+
+
+# ------------------------------------------------------- eq. (22), update guard
+def _overflowing_update_config() -> ShampooConfig:
+    """1 x 1 blocks, root 1, epsilon 1e-37, a root step before the first statistics.
+
+    Step 1: the inverse root is 1/eps = 1e37, so P = 0.5e37 and lr M = 5e38,
+    beyond float32 (eq. 22 withholds the update). Step 2: L = 0.25 + eps, P = 2,
+    M = 2, W = 1 - 200. Step 3 (no statistics step): M = 0.9 * 2 + 2 = 3.8,
+    W = -199 - 380 = -579.
+    """
+    base = ShampooConfig()
+    return dataclasses.replace(
+        base, learning_rate=100.0, epsilon=EpsilonConfig(value=1e-37),
+        exponents=dataclasses.replace(base.exponents, override=1.0),
+        blocking=BlockingConfig(max_preconditioner_dim=1),
+        schedule=ScheduleConfig(statistics_frequency=2),
+        momentum=MomentumConfig(momentum=0.9),
+    )
+
+
+@pytest.mark.parametrize("policy", ["skip_block", "raise"])
+def test_overflowing_update_is_withheld_and_counted(policy: str) -> None:
+    cfg = dataclasses.replace(
+        _overflowing_update_config(),
+        failure=FailureConfig(nonfinite_gradient=policy),  # type: ignore[arg-type]
+    )
+    p = torch.nn.Parameter(torch.ones(2, 3))
+    opt = Shampoo([p], cfg)
+    p.grad = torch.full((2, 3), 0.5)
+    opt.step()
+    assert torch.equal(p.detach(), torch.ones(2, 3))
+    assert not opt.state[p]["momentum"].any()  # kept (merged shape)
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 1}
+    for expected in (-199.0, -579.0):
+        p.grad = torch.full((2, 3), 0.5)
+        opt.step()
+        assert torch.equal(p.detach(), torch.full((2, 3), expected))
+    assert opt.metrics["withheld_updates"] == 1
+    assert _all_state_finite(opt)
+    restored = Shampoo([torch.nn.Parameter(p.detach().clone())], cfg)
+    restored.load_state_dict(opt.state_dict())
+    assert restored.metrics == opt.metrics
+
+
+def test_update_overflowing_the_parameter_dtype_is_withheld_entrywise() -> None:
+    """float16 parameter (largest 65504): only the entries whose new value overflows keep theirs."""
+    base = ShampooConfig()
+    cfg = dataclasses.replace(
+        base, learning_rate=1.0, blocking=BlockingConfig(max_preconditioner_dim=1),
+        epsilon=EpsilonConfig(value=1e-12),
+    )
+    w0 = torch.tensor([[-64000.0, 0.0, 64000.0]], dtype=torch.float16)
+    p = torch.nn.Parameter(w0.clone())
+    opt = Shampoo([p], cfg)
+    p.grad = torch.tensor([[1.0, 1.0, -1.0]], dtype=torch.float16)  # P = sign(g): one step 1
+    opt.step()
+    # -64000 - 1 and 64000 + 1 round to +-64000 in float16 (spacing 32): finite, written;
+    # the middle entry moves by exactly lr.
+    assert p.detach().tolist() == [[-64000.0, -1.0, 64000.0]]
+    assert opt.metrics["withheld_updates"] == 0
+    cfg_big = dataclasses.replace(cfg, learning_rate=2000.0)
+    p2 = torch.nn.Parameter(w0.clone())
+    opt2 = Shampoo([p2], cfg_big)
+    p2.grad = torch.tensor([[1.0, 1.0, -1.0]], dtype=torch.float16)
+    opt2.step()
+    # -64000 - 2000 and 64000 + 2000 overflow float16 (> 65520): withheld; 0 - 2000 is
+    # written.
+    assert p2.detach().tolist() == [[-64000.0, -2000.0, 64000.0]]
+    assert opt2.metrics["withheld_updates"] == 1
+
+
+def test_update_overflowing_float64_equals_the_reference() -> None:
+    """The reference's float64 case (reference/tests): same withheld entry, momentum, count."""
+    from shampoo_reference import ReferenceShampoo
+
+    cfg = ShampooConfig(
+        learning_rate=1e308, epsilon=EpsilonConfig(value=1e-30),
+        momentum=MomentumConfig(momentum=0.5), blocking=BlockingConfig(max_preconditioner_dim=1),
+    )
+    w0 = np.array([-1e308, 0.0])
+    ref = ReferenceShampoo(cfg, {"w": w0})
+    p = torch.nn.Parameter(torch.tensor(w0))
+    opt = Shampoo([p], cfg)
+    for g in ([0.5, 0.5], [0.0, 0.0]):
+        expected = ref.step({"w": np.array(g)})["w"]
+        p.grad = torch.tensor(g, dtype=torch.float64)
+        opt.step()
+        assert p.detach().tolist() == expected.tolist()
+        assert opt.state[p]["momentum"].tolist() == ref.state["w"].momentum.tolist()  # type: ignore[union-attr]
+    assert opt.metrics["withheld_updates"] == ref.metrics.withheld_updates == 1

@@ -48,4 +48,4 @@ def test_mlp_on_digits_reaches_the_measured_loss() -> None:
         final = float(torch.nn.functional.cross_entropy(model(x), y))
     assert initial > 2.0
     assert final < THRESHOLD, f"loss {final:.4f} (measured {MEASURED_LOSS}, threshold {THRESHOLD})"
-    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0}
+    assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}

@@ -41,6 +41,10 @@ skip counters start at zero). Arrays with the current layout but no config
 entry (the entry was dropped) are refused: ``state_to_arrays`` never
 writes them.
 
+Checkpoints written before the update guard (eq. 22) existed hold one array
+fewer per Shampoo state (``withheld_updates``): they load, that counter
+starting at zero.
+
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built
 (a finite state stays finite, so such a file is damaged).
@@ -61,6 +65,9 @@ from shampoo_spec import ShampooConfig, config_differences
 
 from .sharded import ShardingConfig, shard_state, unshard_state
 from .state import ShampooState, config_json
+
+# Fields added by the update guard (eq. 22): absent from older checkpoints.
+_GUARD_FIELDS = ("withheld_updates",)
 
 
 def config_array(config: ShampooConfig) -> np.ndarray:
@@ -115,15 +122,27 @@ def _configs(tree: Any, config: ShampooConfig | None, name: str) -> list[str | N
     return [given] * max(1, len(carried))
 
 
-def _old_layout(like: Any) -> list[str] | None:
-    """The leaf paths of ``like`` as checkpoints before ``skipped_per_parameter`` had them."""
-    if not any(s.skipped_per_parameter is not None for s in _shampoo_states(like)):
+def _layout_without(like: Any, fields: tuple[str, ...]) -> list[str] | None:
+    """The leaf paths of ``like`` with ``fields`` of its Shampoo states absent (an older format).
+
+    None when ``like`` has none of them (nothing older to recognise).
+    """
+    if not any(getattr(s, f) is not None for s in _shampoo_states(like) for f in fields):
         return None
     old = jax.tree.map(
-        lambda x: x._replace(skipped_per_parameter=None) if isinstance(x, ShampooState) else x,
+        lambda x: x._replace(**dict.fromkeys(fields)) if isinstance(x, ShampooState)  # type: ignore[arg-type]
+        else x,
         like, is_leaf=_is_shampoo_state,
     )
     return [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(old)[0]]
+
+
+def _with_zeros(arrays: list[np.ndarray], old: list[str], paths: list[str],
+                leaves: list[Any]) -> list[np.ndarray]:
+    """``arrays`` of the older layout ``old`` in the current one; new fields start at zero."""
+    by_path = dict(zip(old, arrays, strict=True))
+    return [by_path[p] if p in by_path else np.zeros(tuple(ref.shape), np.dtype(ref.dtype))
+            for p, ref in zip(paths, leaves, strict=True)]
 
 
 def state_to_arrays(state: Any, config: ShampooConfig | None = None) -> list[np.ndarray]:
@@ -197,19 +216,18 @@ def _load(arrays: list[np.ndarray], like: Any, config: ShampooConfig | None,
                         f"the checkpoint was saved under another config{which}; fields that "
                         f"differ (saved -> current): {'; '.join(diffs)}."
                     )
+        before_guard = _layout_without(like, _GUARD_FIELDS)
+        if before_guard is not None and len(arrays) == len(before_guard) != len(leaves):
+            arrays = _with_zeros(arrays, before_guard, paths, leaves)
     else:
-        old = _old_layout(like)
+        old = _layout_without(like, ("skipped_per_parameter", *_GUARD_FIELDS))
         if old is not None and len(arrays) == len(old) != len(leaves):
             warnings.warn(
                 "the checkpoint holds no config (written before configs were stored): loaded "
                 "without checking the config; the per-parameter skip counters "
                 "(skipped_per_parameter) start at zero.", stacklevel=stacklevel,
             )
-            by_path = dict(zip(old, arrays, strict=True))
-            arrays = [
-                by_path[p] if p in by_path else np.zeros(tuple(ref.shape), np.dtype(ref.dtype))
-                for p, ref in zip(paths, leaves, strict=True)
-            ]
+            arrays = _with_zeros(arrays, old, paths, leaves)
         elif known and len(arrays) == len(leaves):
             raise ValueError(
                 "the arrays hold no config entry but have the current layout (state_to_arrays "

@@ -240,6 +240,8 @@ def shard_state(
         skipped_blocks=place(state.skipped_blocks, rep),
         skipped_per_parameter=(None if state.skipped_per_parameter is None
                                else place(state.skipped_per_parameter, rep)),
+        withheld_updates=(None if state.withheld_updates is None
+                          else place(state.withheld_updates, rep)),
         info=None if state.info is None else dataclasses.replace(state.info, slots=slots),
     )
 

@@ -82,7 +82,10 @@ class ShampooState(NamedTuple):
     failed inverse roots (eq. 13), ``skipped_blocks`` blocks whose gradient
     was non-finite or would overflow the state (eq. 3), and
     ``skipped_per_parameter`` (``[number of parameters]``, int32) the same
-    per parameter. ``info`` is static (no arrays, :class:`ParameterInfo`).
+    per parameter, ``withheld_updates`` the steps in which the update guard
+    (eq. 22) kept some entries of an admitted block unchanged because their
+    new value or momentum overflowed. ``info`` is static (no arrays,
+    :class:`ParameterInfo`).
     """
 
     # The field shadows tuple.count; the name is optax's convention (and public).
@@ -96,6 +99,7 @@ class ShampooState(NamedTuple):
     skipped_blocks: Array
     skipped_per_parameter: Any = None
     info: ParameterInfo | None = None
+    withheld_updates: Any = None
 
 
 def _x64_enabled() -> bool:
@@ -173,6 +177,7 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
         info=ParameterInfo(
             tuple(jax.tree_util.keystr(k) for k, _ in keyed), shapes, config=config_json(config)
         ),
+        withheld_updates=jnp.zeros((), jnp.int32),
     )
 
 

@@ -182,9 +182,9 @@ def shampoo(
         groups, failures, shampoo_dir = _shampoo_directions(
             state, masked, used, graft_dir, use_shampoo, t, layout, fdt, config, sharding
         )
-        out, new_mom, new_gmom = _momentum_step(
+        out, new_mom, new_gmom, withheld = _momentum_step(
             shampoo_dir, graft_dir, w, masked.finite, state, use_shampoo, lr_t, g_leaves,
-            tree, config,
+            tree.leaves(params) if params is not None else None, tree, config,
         )
         new_state = ShampooState(
             count=t,
@@ -198,6 +198,8 @@ def shampoo(
             skipped_per_parameter=(None if state.skipped_per_parameter is None
                                    else state.skipped_per_parameter + masked.per_parameter),
             info=state.info,
+            withheld_updates=(None if state.withheld_updates is None
+                              else state.withheld_updates + withheld),
         )
         return jax.tree.unflatten(treedef, out), new_state
 
@@ -326,16 +328,23 @@ def _momentum_step(
     use_shampoo: schedule.Flag,
     lr_t: Any,
     g_leaves: list[Array],
+    p_leaves: list[Array] | None,
     tree: _Tree,
     config: ShampooConfig,
-) -> tuple[list[Array], list[Array] | None, list[Array] | None]:
-    """Eqs. (19)-(21): ``(updates per leaf, new momentum, new graft momentum)``.
+) -> tuple[list[Array], list[Array] | None, list[Array] | None, Array]:
+    """Eqs. (19)-(22): ``(updates per leaf, new momentum, new graft momentum, withheld)``.
 
     The direction (Shampoo's or the graft's, eq. 18's choice) is scaled by
     the learning rate first when ``momentum.lr_before_momentum``, takes the
     direction decay (eq. 19), then momentum (eq. 20; with separate buffers
     both directions are accumulated every step), then the learning rate and
-    the update decay (eq. 21). Non-finite entries get a zero update.
+    the update decay (eq. 21). Refused entries (eq. 3) get a zero update.
+    Eq. (22), the update guard: an entry whose new value or new momentum is
+    non-finite gets a zero update and keeps its momentum. The new value is
+    ``param + update`` in the parameter's dtype (as ``optax.apply_updates``
+    computes it) when ``params`` were passed (``p_leaves``), else the update
+    itself. ``withheld`` (int32): the number of parameters in which the guard
+    held back an entry of an admitted block.
     """
     mom, wd = config.momentum, config.weight_decay
     lr_first = mom.lr_before_momentum
@@ -357,11 +366,14 @@ def _momentum_step(
             return b
         return jnp.where(use_shampoo, a, b)
 
-    new_mom = list(tree.merged(state.momentum)) if state.momentum is not None else None
-    new_gmom = (
+    old_mom = list(tree.merged(state.momentum)) if state.momentum is not None else None
+    old_gmom = (
         list(tree.merged(state.graft_momentum)) if state.graft_momentum is not None else None
     )
+    new_mom = None if old_mom is None else list(old_mom)
+    new_gmom = None if old_gmom is None else list(old_gmom)
     out = []
+    withheld = jnp.zeros((), jnp.int32)
     mu, damp = mom.momentum, mom.direction_weight
     for i in range(len(graft_dir)):
         wi = w[i] if w else None
@@ -369,13 +381,15 @@ def _momentum_step(
         sd = shampoo_dir[i] if shampoo_dir is not None else None
         chosen = select(sd, gd) if sd is not None else gd
         p = prepare(chosen, wi)
+        f = finite[i]
+        buffers = []
         if new_mom is None:
             step = p
         else:
-            f = finite[i]
             if new_gmom is None:
                 new_mom[i] = jnp.where(f, mu * new_mom[i] + damp * p, new_mom[i])
                 m = new_mom[i]
+                buffers = [new_mom[i]]
             else:
                 assert sd is not None
                 new_mom[i] = jnp.where(f, mu * new_mom[i] + damp * prepare(sd, wi), new_mom[i])
@@ -383,14 +397,38 @@ def _momentum_step(
                     f, mu * new_gmom[i] + damp * prepare(gd, wi), new_gmom[i]
                 )
                 m = select(new_mom[i], new_gmom[i])
+                buffers = [new_mom[i], new_gmom[i]]
             step = damp * p + mu * m if mom.nesterov else m
         u = -step if lr_first else -lr_t * step
         if decay_update:
             assert wi is not None
             u = u - lr_t * wd.value * wi  # eq. (21)
-        u = jnp.where(finite[i], u, 0.0)
-        out.append(u.reshape(g_leaves[i].shape).astype(g_leaves[i].dtype))
-    return out, new_mom, new_gmom
+        dtype = g_leaves[i].dtype if p_leaves is None else p_leaves[i].dtype
+        u_out = u.astype(dtype)
+        if p_leaves is None:
+            keep = jnp.isfinite(u_out)
+        else:
+            keep = jnp.isfinite((p_leaves[i].reshape(u.shape) + u_out).astype(dtype))
+        for b in buffers:
+            keep = keep & jnp.isfinite(b)
+        if old_mom is not None and new_mom is not None:  # eq. (22): keep the old momentum
+            new_mom[i] = _restore(keep, new_mom[i], old_mom[i])
+        if old_gmom is not None and new_gmom is not None:
+            new_gmom[i] = _restore(keep, new_gmom[i], old_gmom[i])
+        withheld = withheld + jnp.any(f & ~keep).astype(jnp.int32)
+        u_out = jnp.where(f & keep, u_out, jnp.zeros((), dtype))
+        out.append(u_out.reshape(g_leaves[i].shape).astype(g_leaves[i].dtype))
+    return out, new_mom, new_gmom, withheld
+
+
+def _restore(keep: Array, new: Array, old: Array) -> Array:
+    """``new`` where ``keep``, else ``old`` (eq. 22), in a branch taken only when needed.
+
+    A plain ``where`` would join the buffer's fusion and change how XLA rounds
+    it in some programs (the sharded ones differ from one device's).
+    """
+    out: Array = jax.lax.cond(jnp.all(keep), lambda: new, lambda: jnp.where(keep, new, old))
+    return out
 
 
 __all__ = ["check_state", "shampoo"]

@@ -75,10 +75,11 @@ class ParameterState:
 
 @dataclass
 class Metrics:
-    """Counters a user can read: root failures and skipped blocks."""
+    """Counters a user can read: root failures, skipped blocks, withheld updates (eq. 22)."""
 
     root_failures: int = 0
     skipped_blocks: int = 0
+    withheld_updates: int = 0
 
 
 def _as_merged(x: Array, plan: ParameterPlan) -> Array:
@@ -298,12 +299,26 @@ class ReferenceShampoo:
         shampoo_dir = self._shampoo_direction(st, filtered, graft_dir) if need_shampoo else None
 
         # Eqs. (19)-(21): weight decay, momentum, update.
-        step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
+        buffers = (st.momentum, st.graft_momentum)
         lr = 1.0 if cfg.momentum.lr_before_momentum else cfg.learning_rate
-        new_w = w - lr * step
-        if cfg.weight_decay.applies("update"):
-            new_w = new_w - cfg.learning_rate * cfg.weight_decay.value * w  # eq. (21)
-        new_w = np.where(finite, new_w, w)
+        with np.errstate(over="ignore", invalid="ignore"):  # eq. (22) handles overflow
+            step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
+            new_w = w - lr * step
+            if cfg.weight_decay.applies("update"):
+                new_w = new_w - cfg.learning_rate * cfg.weight_decay.value * w  # eq. (21)
+        # Eq. (22): an entry whose new value or new momentum is non-finite keeps
+        # its old ones (the state before eq. 20 is finite by eq. 3).
+        keep = np.isfinite(new_w)
+        for new in (st.momentum, st.graft_momentum):
+            if new is not None:
+                keep &= np.isfinite(new)
+        if not keep[finite].all():
+            self.metrics.withheld_updates += 1
+            if st.momentum is not None and buffers[0] is not None:
+                st.momentum = np.where(keep, st.momentum, buffers[0])
+            if st.graft_momentum is not None and buffers[1] is not None:
+                st.graft_momentum = np.where(keep, st.graft_momentum, buffers[1])
+        new_w = np.where(finite & keep, new_w, w)
         return new_w.reshape(plan.shape)
 
     # ------------------------------------------------------- eq. (15) filter

@@ -60,6 +60,23 @@ def real(
         fail(owner, field, value, allowed)
 
 
+#: float32's smallest normal number, 2^-126 (about 1.18e-38): the least
+#: nonzero epsilon. A subnormal one is flushed to zero by XLA on CPU and by
+#: GPUs in flush-to-zero mode, so backends would not compute the same thing.
+SMALLEST_EPSILON = 2.0**-126
+
+
+def epsilon(owner: str, field: str, value: Any, *, zero: bool) -> None:
+    """An epsilon: 0 (only when ``zero``, i.e. it never divides) or >= :data:`SMALLEST_EPSILON`."""
+    allowed = f"a finite number >= 2^-126 = {SMALLEST_EPSILON:.6g} (float32's smallest normal)"
+    if zero:
+        allowed = "0 or " + allowed
+    if not _is_real(value) or not _is_finite(value):
+        fail(owner, field, value, allowed)
+    if value < SMALLEST_EPSILON and not (zero and value == 0):
+        fail(owner, field, value, allowed)
+
+
 def integer(
     owner: str, field: str, value: Any, *, low: int | None = None, high: int = MAX_INTEGER
 ) -> None:

@@ -134,9 +134,9 @@ class EpsilonConfig:
 
     def __post_init__(self) -> None:
         o = "epsilon"
-        v.real(o, "value", self.value, low=0.0)
+        v.epsilon(o, "value", self.value, zero=True)
         v.choice(o, "scale", self.scale, ("absolute", "relative"))
-        v.real(o, "relative_floor", self.relative_floor, low=0.0)
+        v.epsilon(o, "relative_floor", self.relative_floor, zero=True)
         v.choice(
             o, "placement", self.placement, ("ridge", "shift_after", "floor", "ridge_floor")
         )
@@ -264,7 +264,7 @@ class EigenvalueCorrectionConfig(_MovingAverage):
         o = "eigenvalue_correction"
         v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
         # > 0: a zero second moment (a zero gradient) would divide 0 by 0.
-        v.real(o, "epsilon", self.epsilon, low=0.0, low_open=True)
+        v.epsilon(o, "epsilon", self.epsilon, zero=False)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.real(o, "root", self.root, low=0.0, low_open=True)
 
@@ -301,14 +301,11 @@ class GraftingConfig:
             v.fail(o, "beta2", self.beta2, f"a value in (0, 1) for grafting type {self.type!r}")
         # An epsilon that divides must be > 0: a zero gradient (V = 0,
         # ||G|| = 0, P = 0) would otherwise give 0 / 0 (eqs. 14a, 14c, 18).
-        v.real(o, "epsilon", self.epsilon, low=0.0, low_open=self.has_state)
+        v.epsilon(o, "epsilon", self.epsilon, zero=not self.has_state)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.choice(o, "norm_scope", self.norm_scope, ("block", "parameter"))
-        v.real(o, "norm_epsilon", self.norm_epsilon, low=0.0, low_open=self.type != "none")
-        v.real(
-            o, "normalize_epsilon", self.normalize_epsilon, low=0.0,
-            low_open=self.normalizes_input,
-        )
+        v.epsilon(o, "norm_epsilon", self.norm_epsilon, zero=self.type == "none")
+        v.epsilon(o, "normalize_epsilon", self.normalize_epsilon, zero=not self.normalizes_input)
 
     @property
     def has_state(self) -> bool:

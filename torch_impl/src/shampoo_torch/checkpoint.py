@@ -21,7 +21,7 @@ Layout (version 2)::
                                    "statistics_updates": T, "consecutive_failures": T,
                                    ["corrected": T, "corrected_updates": T]}, ...]}},
      "param_groups": [{"lr": float, "config": dict, "params": [index, ...], ...}],
-     "metrics": {"root_failures": int, "skipped_blocks": int}}
+     "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
 
 With ``Shampoo(..., distributed=...)`` :meth:`~shampoo_torch.Shampoo.state_dict`
 is this rank's state (blocks owned elsewhere are ``{}``) and loads at the same
@@ -37,7 +37,7 @@ it holds every block, keyed by parameter name and block index::
                                                "consecutive_failures": T,
                                                ["corrected": T, "corrected_updates": T]}}}},
      "param_groups": [{"lr": float, "config": dict, "params": [name, ...], ...}],
-     "metrics": {"root_failures": int, "skipped_blocks": int}}
+     "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
 
 ``name`` is the parameter's name (from ``(name, tensor)`` pairs or the
 group's ``param_names``; else ``"param_groups[g]['params'][i] (shape ...)"``),
@@ -172,6 +172,7 @@ def _check_tree(where: str, ours: Any, saved: Any) -> None:
 
 
 _MAX_COUNT = 2**63 - 1  # int64, as the device counters
+COUNTERS = ("root_failures", "skipped_blocks", "withheld_updates")  # Shampoo.metrics
 
 
 def _is_count(value: object) -> bool:
@@ -225,9 +226,9 @@ def _check_metrics(metrics: object) -> dict[str, Any]:
     if not isinstance(metrics, dict):
         _fail("metrics", f"expected a dict, got {type(metrics).__name__}")
     for key, value in metrics.items():
-        if key not in ("root_failures", "skipped_blocks"):
-            _fail("metrics", f"unknown counter {_shown(key)}: allowed 'root_failures', "
-                  "'skipped_blocks'")
+        if key not in COUNTERS:
+            _fail("metrics", f"unknown counter {_shown(key)}: allowed "
+                  + ", ".join(repr(c) for c in COUNTERS))
         if not _is_count(value):
             _fail(f"metrics[{key!r}]", f"expected a count in [0, {_MAX_COUNT}], got "
                   f"{_shown(value)}")
@@ -412,7 +413,7 @@ def distributed_state_dict(opt: Shampoo) -> dict[str, Any]:
         saved["config"] = group["config"].to_dict()
         saved["params"] = list(names[gi])
         groups.append(saved)
-    metrics = {"root_failures": root_failures, "skipped_blocks": opt.metrics["skipped_blocks"]}
+    metrics = {**opt.metrics, "root_failures": root_failures}
     return {"format": FORMAT, "version": VERSION, "state": state, "param_groups": groups,
             "metrics": metrics}
 

@@ -73,12 +73,14 @@ def momentum(
     cfg: ShampooConfig,
     lr: float,
     ok: torch.Tensor | None,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eqs. (19)-(20): the step U from the chosen direction P (Shampoo or graft).
 
     P is scaled by lr first with ``lr_before_momentum``, then takes the
-    direction weight decay (eq. 19); with separate buffers both directions
+    direction decay (eq. 19); with separate buffers both directions
     update their own buffer every step (``shampoo_dir`` is then required).
+    Returns U and the new buffers by state key, not yet stored:
+    :func:`apply_update` commits them with eq. (22)'s guard.
     """
     mom, wd = cfg.momentum, cfg.weight_decay
 
@@ -93,36 +95,57 @@ def momentum(
     assert chosen is not None
     p = prepare(chosen)
     if not mom.enabled:
-        return p
+        return p, {}
     mu, damp = mom.momentum, mom.direction_weight
     if not mom.separate_buffers:  # eq. (20), one shared buffer
-        st["momentum"] = masked(mu * st["momentum"] + damp * p, st["momentum"], ok)
-        m = st["momentum"]
+        m = masked(mu * st["momentum"] + damp * p, st["momentum"], ok)
+        buffers = {"momentum": m}
     else:  # eq. (20), separate Shampoo and graft buffers, both updated every step
         assert shampoo_dir is not None
         ps = p if use_shampoo else prepare(shampoo_dir)
         pg = prepare(graft_dir) if use_shampoo else p
-        st["momentum"] = masked(mu * st["momentum"] + damp * ps, st["momentum"], ok)
-        st["graft_momentum"] = masked(
-            mu * st["graft_momentum"] + damp * pg, st["graft_momentum"], ok
-        )
-        m = st["momentum"] if use_shampoo else st["graft_momentum"]
+        buffers = {
+            "momentum": masked(mu * st["momentum"] + damp * ps, st["momentum"], ok),
+            "graft_momentum": masked(
+                mu * st["graft_momentum"] + damp * pg, st["graft_momentum"], ok
+            ),
+        }
+        m = buffers["momentum"] if use_shampoo else buffers["graft_momentum"]
     out: torch.Tensor = damp * p + mu * m if mom.nesterov else m
-    return out
+    return out, buffers
 
 
 def apply_update(
     p: torch.Tensor,
     w: torch.Tensor,
     u: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    st: dict[str, Any],
     cfg: ShampooConfig,
     lr: float,
     ok: torch.Tensor | None,
-) -> None:
-    """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype."""
+) -> torch.Tensor:
+    """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype.
+
+    Eq. (22), the update guard: an entry whose new value (in the parameter's
+    dtype) or new momentum buffer is non-finite keeps its old ones; the
+    statistics before it are finite by eq. (3), so only the direction can
+    overflow (a huge inverse root times a finite gradient). Stores the
+    buffers and returns a 0-d bool tensor (no host sync): whether an entry
+    of an admitted block was withheld.
+    """
     wd = cfg.weight_decay
     step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
     new_w = w - step_lr * u
     if wd.applies("update"):
         new_w = new_w - lr * wd.value * w
-    p.copy_(masked(new_w, w, ok).view(p.shape))
+    new_w = new_w.to(p.dtype)
+    keep = torch.isfinite(new_w)
+    for b in buffers.values():
+        keep &= torch.isfinite(b)
+    for key, b in buffers.items():
+        st[key] = torch.where(keep, b, st[key])
+    write = keep if ok is None else keep & ok
+    p.copy_(torch.where(write, new_w, w).view(p.shape))
+    withheld = ~keep if ok is None else ok & ~keep
+    return withheld.any()

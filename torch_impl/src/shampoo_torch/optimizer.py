@@ -140,7 +140,7 @@ class Shampoo(torch.optim.Optimizer):
         if device not in self._counters:
             self._counters[device] = {
                 name: torch.zeros((), dtype=torch.int64, device=device)
-                for name in ("root_failures", "skipped_blocks")
+                for name in ("root_failures", "skipped_blocks", "withheld_updates")
             }
         return self._counters[device]
 
@@ -151,11 +151,15 @@ class Shampoo(torch.optim.Optimizer):
         ``root_failures``: factors whose inverse root failed and kept the
         previous one (eq. 13); ``skipped_blocks``: blocks whose step was
         refused for a non-finite or too large gradient (eq. 3,
-        ``"skip_block"``), the same on every rank when distributed.
-        Distributed, ``root_failures`` counts this rank's blocks only (the
-        ranks of a trainer group add up to the single-process count).
+        ``"skip_block"``), the same on every rank when distributed;
+        ``withheld_updates``: parameter steps in which eq. (22) kept some
+        entries of an admitted block unchanged because their new value or
+        momentum overflowed (the same on every rank: the update is computed
+        alike everywhere). Distributed, ``root_failures`` counts this rank's
+        blocks only (the ranks of a trainer group add up to the
+        single-process count).
         """
-        out = {"root_failures": 0, "skipped_blocks": 0}
+        out = {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}
         for counters in self._counters.values():
             for name, value in counters.items():
                 out[name] += int(value)
@@ -422,16 +426,18 @@ class Shampoo(torch.optim.Optimizer):
         return self._dist.exchange_directions(parts, mine, self._device())
 
     def _update(self, c: Cohort, blocks: Mapping[BlockKey, torch.Tensor]) -> None:
-        """Eq. (18) per parameter, eqs. (19)-(21): assemble, rescale, momentum, update."""
+        """Eq. (18) per parameter, eqs. (19)-(22): assemble, rescale, momentum, guarded update."""
         inp, cfg = c.inp, c.config
         for i in c.positions:
             shampoo_dir = None if c.owned is None else _parameter_direction(c, i, blocks)
             st = self.state[inp.params[i]]
             st["step"] = c.t
             ok = c.elem_ok.get(i)
-            u = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i], c.use_shampoo,
-                                     cfg, inp.lr, ok)
-            elementwise.apply_update(inp.params[i], inp.w[i], u, cfg, inp.lr, ok)
+            u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i],
+                                              c.use_shampoo, cfg, inp.lr, ok)
+            withheld = elementwise.apply_update(inp.params[i], inp.w[i], u, buffers, st, cfg,
+                                                inp.lr, ok)
+            self._counter(withheld.device)["withheld_updates"].add_(withheld)
 
     def _device(self) -> torch.device:
         device: torch.device = self.param_groups[0]["params"][0].device
@@ -499,7 +505,8 @@ class Shampoo(torch.optim.Optimizer):
         if not (self.param_groups and self.param_groups[0]["params"]):
             return
         counters = self._counter(self._device())
-        counters["skipped_blocks"].fill_(int(metrics.get("skipped_blocks", 0)))
+        for name in ("skipped_blocks", "withheld_updates"):  # the same on every rank
+            counters[name].fill_(int(metrics.get(name, 0)))
         if self._dist is None or self._dist.rank == 0:
             counters["root_failures"].fill_(int(metrics.get("root_failures", 0)))
 

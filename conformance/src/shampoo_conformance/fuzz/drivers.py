@@ -106,7 +106,7 @@ class Run:
 
 
 def counters(snap: Snapshot) -> dict[str, int]:
-    """The totals: ``skipped_blocks`` and ``root_failures``."""
+    """The totals: ``skipped_blocks``, ``root_failures`` and ``withheld_updates``."""
     return {k[1]: int(v) for k, v in snap.items()
             if k[0] == "counter" and len(k) == 2 and v.ndim == 0}
 
@@ -323,7 +323,7 @@ class JaxRun(Run):
                         flatten((), gs, rows)
                         for k, arr in rows.items():
                             out[("block", self.names[leaf], str(block), *k)] = arr[row]
-            elif field in ("root_failures", "skipped_blocks"):
+            elif field in ("root_failures", "skipped_blocks", "withheld_updates"):
                 out[("counter", field)] = np.asarray(value)
             elif field.startswith(("skipped", "root_failures")):  # per-parameter counters
                 flatten(("counter", field), value, out)

@@ -267,7 +267,9 @@ def check_stream(backend: str, config: ss.ShampooConfig, params: dict[str, np.nd
         elif policy == "raise" and n:
             raise Violation(f"{where}: check_state did not raise for a refused block")
         else:
-            count("b_step", backend, "skipped" if n else "ok")
+            withheld = (counters(after).get("withheld_updates", 0)
+                        > counters(before).get("withheld_updates", 0))  # eq. (22)
+            count("b_step", backend, "skipped" if n else "withheld" if withheld else "ok")
         bad_keys = nonfinite(after)
         if bad_keys:
             raise Violation(f"{where}: non-finite after the step: {_show(bad_keys)}")
