@@ -133,6 +133,45 @@ def fuzz(session: nox.Session) -> None:
     session.run("pytest", *PYTEST_OPTIONS, FUZZ_TESTS, *session.posargs, env=env)
 
 
+#: Source snapshots of the anchor libraries (test fixtures beside the project,
+#: never its dependencies): file, pip flags, the extra packages it imports.
+THIRDPARTY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared",
+                          "thirdparty")
+ANCHOR_LIBRARIES = {
+    # torch-shampoo declares python >= 3.12 but runs on 3.11; its only dependency is torch.
+    "meta": ("torch-shampoo-f606606.tar.gz", ("--ignore-requires-python",), ()),
+    # Google's distributed_shampoo imports flax.struct, chex and their small helpers;
+    # --no-deps keeps flax's checkpointing stack (orbax, tensorstore) out.
+    "google": ("precondition-239a8cd.tar.gz", (), (
+        "chex==0.1.92", "flax==0.12.8", "toolz==1.2.0", "msgpack==1.2.4", "rich==15.0.0",
+        "pyyaml", "typing-extensions",
+    )),
+}
+
+
+@nox.session
+@nox.parametrize("library", tuple(ANCHOR_LIBRARIES))
+def anchors(session: nox.Session, library: str) -> None:
+    """Meta's or Google's real library against ours on the digits MLP (anchors/).
+
+    Every inventory row of docs/migrating.md with numerical effect, from the
+    same kwargs through our importer, 50 steps in float64, <= 1e-8 relative.
+    Installs the library from ../shared/thirdparty (skips, naming the file,
+    where it is absent). ``nox -s "anchors(library='meta')"``; args go to pytest.
+    """
+    tarball, flags, extra = ANCHOR_LIBRARIES[library]
+    path = os.path.normpath(os.path.join(THIRDPARTY, tarball))
+    if not os.path.exists(path):
+        session.skip(f"{path} not found: the anchors session needs the library's snapshot "
+                     "(see anchors/test_*_library.py for the install command)")
+    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    session.install(*CONSTRAINTS, "--no-deps", *flags, path, *extra)
+    env = hypothesis_env("ci")
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
+    session.run("pytest", *PYTEST_OPTIONS, f"anchors/test_{library}_library.py",
+                *session.posargs, env=env)
+
+
 @nox.session
 def mutation(session: nox.Session) -> None:
     """Run the suite against every mutant of the reference; print the kill rate."""

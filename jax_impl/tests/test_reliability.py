@@ -465,3 +465,21 @@ def test_update_guard_checks_the_new_value_when_params_are_passed() -> None:
     u, s = opt.update(g, opt.init(w0))
     assert np.asarray(u).tolist() == [[-2000.0, -2000.0, 2000.0]]
     assert int(s.withheld_updates) == 0
+
+
+@pytest.mark.parametrize("devices", [None, 2])
+def test_state_dtypes_are_stable_under_x64(devices: int | None) -> None:
+    """Under x64 an update returns the state with init's dtypes (int32 counters stay
+    int32), so a jitted update compiles once and ``lax.scan`` over it works."""
+    with jax.enable_x64(True):
+        sharding = None
+        if devices is not None:
+            mesh = Mesh(np.array(jax.devices("cpu")[:devices]), ("d",))
+            sharding = shampoo_jax.ShardingConfig(mesh, "d")
+        opt = shampoo_jax.shampoo(dataclasses.replace(CONFIG, factor_dtype="float64"),
+                                  sharding=sharding)
+        params = {k: jnp.ones(s, jnp.float64) for k, s in SHAPES.items()}
+        state = opt.init(params)
+        grads = {k: jnp.full(s, 0.5, jnp.float64) for k, s in SHAPES.items()}
+        _, new = jax.jit(opt.update)(grads, state, params)
+        assert jax.tree.map(lambda x: x.dtype, new) == jax.tree.map(lambda x: x.dtype, state)

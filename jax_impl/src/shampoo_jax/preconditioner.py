@@ -199,7 +199,7 @@ def refresh_inverse_roots(
         groups, failed = run((groups, block_ok))
     else:
         groups, failed = lax.cond(on, run, keep, (groups, block_ok))
-    return groups, sum((jnp.sum(f) for f in failed), zero)
+    return groups, sum((jnp.sum(f, dtype=jnp.int32) for f in failed), zero)  # int32 under x64
 
 
 # ------------------------------------------------------------- eq. (17)

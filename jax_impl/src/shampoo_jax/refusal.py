@@ -124,7 +124,8 @@ def refuse_blocks(
             ok = passes(g[i][None], vi)[0]
             finite.append(jnp.broadcast_to(ok, g[i].shape))
             per_parameter = per_parameter.at[i].add((~ok).astype(jnp.int32))
-    skipped = jnp.sum(per_parameter) if n else jnp.zeros((), jnp.int32)
+    # dtype: under x64 a plain sum would promote the int32 counter to int64.
+    skipped = jnp.sum(per_parameter, dtype=jnp.int32) if n else jnp.zeros((), jnp.int32)
     g = [jnp.where(f, x, 0.0) for f, x in zip(finite, g, strict=False)]
     g_blocks = [jnp.where(B.expand(ok, x), x, 0.0).astype(fdt)
                 for ok, x in zip(block_ok, g_blocks, strict=False)]

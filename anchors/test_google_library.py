@@ -1,0 +1,333 @@
+"""Google's real ``distributed_shampoo`` against ``shampoo_jax`` on a small real model.
+
+What is compared: Google's optax transformation
+``precondition.distributed_shampoo.distributed_shampoo(**kwargs)`` (the
+non-sharded path, 64-bit JAX) and ``shampoo_jax.shampoo(from_google(kwargs,
+x64=True))``, each training the same 64-16-10 tanh MLP on standardized
+scikit-learn digits (float64, softmax cross-entropy) from the same initial
+weights over the same 50 minibatches of 64. Each optimizer computes its own
+gradients (``jax.grad``) at its own weights, so any difference feeds back
+into the trajectory as it would in training. Per case the test asserts, over
+every step and parameter, ``||w_google - w_ours||_inf / max(||w_google||_inf,
+1e-30) <= 1e-8``.
+
+Why 1e-8: both run the same float64 algorithm, so the trajectories differ by
+rounding only (XLA vs XLA, sums and matmuls in another order), amplified by
+the training dynamics and the inverse roots; measured, 2e-12 at worst, most
+cases 1e-15 to 1e-14. 1e-8 leaves room for other CPUs and XLA versions, while
+a rule that differs (a step off by one, a missing factor, an epsilon in
+another place) moves the weights by far more. The tolerance needs a
+trajectory that is not chaotic, hence the learning rate 0.01 (0.001 with no
+graft, where the raw Shampoo direction is about 30x a graft's). At 0.1 the
+RMSProp, sign and no-graft runs are chaotic: their deviation grows tenfold
+every few steps to 1e-2 and beyond by step 50; so does RMSProp with Google's
+default beta2 0.999 at 0.01 (its first steps are about 30x lr). Those runs
+deviate as much from Google's own run from weights one ulp away (7e-5), and
+fed the same gradients both optimizers agree to 6e-15: the dynamics, not
+the implementations.
+
+The cases are the kwargs of reference/tests/anchors/test_reference_matches_google.py
+(checked there only against an emulator of Google's library), fitted to this
+model where a comment says, plus the other arguments docs/migrating.md marks
+"same numerics". Two documented departures (docs/spec.md section 3) are
+taken out of the comparison, not tolerated:
+
+- relative epsilon: Google takes lambda_max from a power iteration, we take
+  the exact one. Every case runs ``relative_matrix_epsilon=False`` (Google's
+  default is True); one case keeps it on and is an expected failure (3.7e-7;
+  with Google's power iteration replaced by the exact lambda_max, 4e-15).
+- initial statistics: Google builds ``matrix_epsilon * I`` in float32 even
+  under x64. Its state is cast to float64 after ``init`` (it cannot update
+  float64 gradients otherwise; ``training_metrics`` stay float32, as it keeps
+  producing them) and the statistics are set to ``matrix_epsilon * I`` in
+  float64, as ours start. Left in float32 they would move the trajectories
+  by 1e-10, five orders above the rounding this test otherwise sees.
+
+One more expected failure is ours: with ``eigh=True``, Google judges eigh
+roots by ``inverse_failure_threshold`` too, which ``from_google`` drops (see
+its reason).
+
+Install (a private environment; Google's package is a test fixture, never a
+project dependency)::
+
+    pip install --no-deps ../shared/thirdparty/precondition-239a8cd.tar.gz \\
+        chex==0.1.92 flax==0.12.8 toolz==1.2.0 msgpack==1.2.4 rich==15.0.0 \\
+        pyyaml==6.0.3 typing-extensions==4.16.0
+
+(flax's own dependencies orbax-checkpoint, tensorstore and treescope are not
+needed: Google imports only ``flax.struct``.) Run::
+
+    nox -s "anchors(library='google')"
+    # or, in that environment:
+    OPENBLAS_NUM_THREADS=1 \\
+    XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false" \\
+        python -m pytest -p no:cacheprovider anchors/test_google_library.py -q
+
+Two compiled programs per case (each library's 50 steps in one jitted
+``lax.scan``); the XLA flags make compiling them about fivefold cheaper. On
+one core the file takes about 70 s with the flags, 260 s without.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import pytest
+
+INSTALL = (
+    "needs Google's library; from the repository root: pip install --no-deps "
+    "../shared/thirdparty/precondition-239a8cd.tar.gz chex==0.1.92 flax==0.12.8 "
+    "toolz==1.2.0 msgpack==1.2.4 rich==15.0.0 pyyaml==6.0.3 typing-extensions==4.16.0"
+)
+ds = pytest.importorskip("precondition.distributed_shampoo", reason=INSTALL)
+
+import jax  # noqa: E402
+
+# Google computes its roots in float64 exactly when 64-bit JAX is on; so do we (x64=True).
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+
+import shampoo_jax  # noqa: E402
+from shampoo_spec import from_google  # noqa: E402
+
+STEPS = 50
+BATCH = 64
+HIDDEN = 16
+TOLERANCE = 1e-8
+
+Params = dict[str, jax.Array]
+Kwargs = dict[str, object]
+
+# block_size 32 (the emulator test's 128 would hold this model in a few 128 x 128
+# blocks, each case several times slower): Google merges the (64, 16) weight into
+# a 1024-vector, 32 blocks of 32 with root 2.
+BASE: Kwargs = {"learning_rate": 0.01, "block_size": 32, "relative_matrix_epsilon": False}
+
+# The emulator test's CASES, same names and kwargs, except where a comment says.
+CASES: dict[str, Kwargs] = {
+    "defaults_sgd": {},
+    "adagrad": {"graft_type": "ADAGRAD"},
+    "rmsprop": {"graft_type": "RMSPROP", "beta2": 0.95},
+    "rmsprop_normalized": {"graft_type": "RMSPROP_NORMALIZED", "beta2": 0.95},
+    "adagrad_normalized": {"graft_type": "ADAGRAD_NORMALIZED"},
+    "sign": {"graft_type": "SQRT_N"},
+    # lr 0.001: with no graft the Shampoo direction is unscaled; at 0.01 the loss rises.
+    "no_graft": {"graft_type": "NONE", "start_preconditioning_step": 0, "learning_rate": 0.001},
+    "no_nesterov_moving_average": {
+        "graft_type": "ADAGRAD",
+        "nesterov": False,
+        "moving_average_for_momentum": True,
+    },
+    "frequency_delayed_start": {
+        "graft_type": "ADAGRAD",
+        "preconditioning_compute_steps": 3,
+        "statistics_compute_steps": 2,
+        "start_preconditioning_step": 4,
+    },
+    # matrix_epsilon 1e-4: BASE already makes every case absolute; this one varies the value.
+    "absolute_epsilon": {
+        "graft_type": "ADAGRAD",
+        "relative_matrix_epsilon": False,
+        "matrix_epsilon": 1e-4,
+    },
+    "eigh": {"graft_type": "ADAGRAD", "eigh": True},
+    "no_merge_blocked": {
+        "graft_type": "ADAGRAD",
+        "merge_small_dims_block_size": 1,
+        "block_size": 4,
+    },
+    # 16, not 6 (every dim of this model exceeds 6): skips the (64, 16) weight only.
+    "skip_large_dims": {"graft_type": "ADAGRAD", "skip_preconditioning_dim_size_gt": 16},
+    "exponent_override": {"graft_type": "ADAGRAD", "exponent_override": 4},
+    "output_side": {
+        "graft_type": "ADAGRAD",
+        "merge_small_dims_block_size": 1,
+        "preconditioner_type": "OUTPUT",
+    },
+    "coupled_weight_decay": {"graft_type": "ADAGRAD", "weight_decay": 0.05},
+    "decoupled_weight_decay": {
+        "graft_type": "ADAGRAD",
+        "weight_decay": 0.05,
+        "decoupled_weight_decay": True,
+    },
+    "coupled_learning_rate": {
+        "graft_type": "ADAGRAD",
+        "weight_decay": 0.05,
+        "decoupled_learning_rate": False,
+    },
+}
+
+# Other "same numerics" rows of docs/migrating.md's inventory.
+INVENTORY: dict[str, Kwargs] = {
+    "beta1_diagonal_epsilon": {"graft_type": "ADAGRAD", "beta1": 0.5, "diagonal_epsilon": 1e-4},
+    # 64: the weights stay 2-D, (64, 16) in blocks (32, 16) with two factors each, root 4.
+    "merge_small_dims_64": {"graft_type": "ADAGRAD", "merge_small_dims_block_size": 64},
+    # INPUT on a 1-D parameter fails inside Google's library (an assertion in
+    # _preconds_for_grad), hence skip_preconditioning_rank_lt=2: the biases take the graft.
+    "input_side_rank_lt_2": {
+        "graft_type": "ADAGRAD",
+        "merge_small_dims_block_size": 1,
+        "preconditioner_type": "INPUT",
+        "skip_preconditioning_rank_lt": 2,
+    },
+    # The Newton errors here range from 1e-12 to 1e-6: at 1e-9 some roots are
+    # kept and some rejected (the previous root stays), a decision per root.
+    "inverse_failure_threshold": {"graft_type": "ADAGRAD", "inverse_failure_threshold": 1e-9},
+}
+
+RELATIVE_EPSILON = pytest.param(
+    "relative_epsilon",
+    {"graft_type": "ADAGRAD", "relative_matrix_epsilon": True},
+    marks=pytest.mark.xfail(
+        strict=True,
+        reason="documented departure (docs/spec.md section 3): Google's relative epsilon "
+        "scales by a power-iteration lambda_max (100 iterations, tolerance 1e-6 absolute), "
+        "ours by the exact one",
+    ),
+)
+
+# Google judges eigh roots by inverse_failure_threshold too; at 1e-30 it rejects
+# every one (their errors are about 1e-20 here) and keeps the identity.
+EIGH_FAILURE_THRESHOLD = pytest.param(
+    "eigh_inverse_failure_threshold",
+    {"graft_type": "ADAGRAD", "eigh": True, "inverse_failure_threshold": 1e-30},
+    marks=pytest.mark.xfail(
+        strict=True,
+        reason="our importer: from_google reads inverse_failure_threshold only for coupled "
+        "Newton (spec/src/shampoo_spec/importers/google.py, _preconditioner: EighConfig() "
+        "when eigh=True) and EighConfig has no failure threshold; Google rejects every root "
+        "whose error >= the threshold, eigh roots included (distributed_shampoo.py, "
+        "_pmap_compute_preconditioners._skip), the eigh error being the absolute "
+        "max|U^T (A + eps I) U - diag(e)| (matrix_inverse_pth_root_eigh)",
+    ),
+)
+
+
+class Problem(NamedTuple):
+    """The initial weights and the minibatches, ``xs`` (steps, batch, 64), ``ys`` (steps, batch)."""
+
+    params: Params
+    xs: jax.Array
+    ys: jax.Array
+
+
+@functools.cache
+def _problem() -> Problem:
+    """Standardized digits, a fixed order of minibatches and scaled Gaussian weights (seed 0)."""
+    digits = load_digits()
+    x = digits.data.astype(np.float64)
+    std = x.std(axis=0)
+    x = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)  # some corner pixels are constant
+    rng = np.random.default_rng(0)
+    epochs = -(-STEPS * BATCH // len(x))
+    order = np.concatenate([rng.permutation(len(x)) for _ in range(epochs)])
+    batches = order[: STEPS * BATCH].reshape(STEPS, BATCH)
+    params = {
+        "w1": rng.standard_normal((64, HIDDEN)) / np.sqrt(64),
+        "b1": np.zeros(HIDDEN),
+        "w2": rng.standard_normal((HIDDEN, 10)) / np.sqrt(HIDDEN),
+        "b2": np.zeros(10),
+    }
+    return Problem(
+        {k: jnp.asarray(v) for k, v in params.items()},
+        jnp.asarray(x[batches]),
+        jnp.asarray(digits.target[batches]),
+    )
+
+
+def _loss(params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
+    hidden = jnp.tanh(x @ params["w1"] + params["b1"])
+    logits = hidden @ params["w2"] + params["b2"]
+    loss: jax.Array = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return loss
+
+
+def _trajectory(tx: optax.GradientTransformation, state: Any, problem: Problem) -> Params:
+    """The weights after each step, stacked: ``{name: (STEPS, *shape)}``.
+
+    All steps run in one jitted ``lax.scan``: one compiled program per case and
+    library, and no per-step dispatch.
+    """
+
+    def step(carry: tuple[Params, Any], batch: tuple[jax.Array, jax.Array]) -> Any:
+        params, state = carry
+        grads = jax.grad(_loss)(params, *batch)
+        updates, new_state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, new_state), params
+
+    def run(params: Params, state: Any, xs: jax.Array, ys: jax.Array) -> Params:
+        trajectory: Params = jax.lax.scan(step, (params, state), (xs, ys))[1]
+        return trajectory
+
+    trajectory: Params = jax.jit(run)(problem.params, state, problem.xs, problem.ys)
+    return trajectory
+
+
+def _google_kwargs(kwargs: Mapping[str, object]) -> Kwargs:
+    """The JSON-form kwargs as Google's function takes them: its enums, its spelling."""
+    out = dict(kwargs)
+    if "graft_type" in out:
+        out["graft_type"] = ds.GraftingType[out["graft_type"]]
+    side = out.pop("preconditioner_type", None)
+    if side is not None:
+        out["precondtioner_type"] = ds.PreconditionerType[side]  # sic: Google's keyword
+    return out
+
+
+def _google_init(tx: optax.GradientTransformation, params: Params, matrix_epsilon: float) -> Any:
+    """Google's initial state in float64, with the statistics ``matrix_epsilon * I`` in float64.
+
+    Google builds statistics and preconditioners in float32 even under x64 and
+    then fails on float64 gradients (mismatched ``lax.cond`` branches); its
+    ``training_metrics`` stay float32, as its update produces them.
+    """
+    state = tx.init(params)
+
+    def to_float64(a: jax.Array) -> jax.Array:
+        return a.astype(jnp.float64) if a.dtype == jnp.float32 else a
+
+    def cast(stats: Any) -> Any:
+        floats = jax.tree.map(to_float64, stats._replace(training_metrics=None))
+        # float32(matrix_epsilon) is a documented departure (docs/spec.md section 3).
+        exact = [matrix_epsilon * jnp.eye(len(s), dtype=jnp.float64) for s in stats.statistics]
+        return floats._replace(statistics=exact, training_metrics=stats.training_metrics)
+
+    is_stats: Callable[[Any], bool] = lambda s: isinstance(s, ds.ParameterStats)  # noqa: E731
+    return state._replace(stats=jax.tree.map(cast, state.stats, is_leaf=is_stats))
+
+
+def _worst_relative_deviation(theirs: Params, ours: Params) -> float:
+    """Max over steps and parameters of ``||a - b||_inf / max(||a||_inf, 1e-30)``."""
+    worst = 0.0
+    for name, a_steps in theirs.items():
+        a = np.asarray(a_steps).reshape(STEPS, -1)
+        b = np.asarray(ours[name]).reshape(STEPS, -1)
+        scale = np.maximum(np.abs(a).max(axis=1), 1e-30)
+        worst = max(worst, float((np.abs(a - b).max(axis=1) / scale).max()))
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("name", "case"),
+    [*CASES.items(), *INVENTORY.items(), RELATIVE_EPSILON, EIGH_FAILURE_THRESHOLD],
+    ids=[*CASES, *INVENTORY, "relative_epsilon", "eigh_inverse_failure_threshold"],
+)
+def test_google_library_matches_shampoo_jax(name: str, case: Kwargs) -> None:
+    kwargs = {**BASE, **case}
+    problem = _problem()
+    google = ds.distributed_shampoo(**_google_kwargs(kwargs))
+    eps = kwargs.get("matrix_epsilon", 1e-6)
+    assert isinstance(eps, float)
+    theirs = _trajectory(google, _google_init(google, problem.params, eps), problem)
+    ours_tx = shampoo_jax.shampoo(from_google(kwargs, x64=True))
+    ours = _trajectory(ours_tx, ours_tx.init(problem.params), problem)
+    worst = _worst_relative_deviation(theirs, ours)
+    print(f"{name}: worst relative deviation {worst:.2e}")  # shown with -s or -rP
+    assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
