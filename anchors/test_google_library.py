@@ -179,7 +179,13 @@ INVENTORY: dict[str, Kwargs] = {
     # The Newton errors here range from 1e-12 to 1e-6: at 1e-9 some roots are
     # kept and some rejected (the previous root stays), a decision per root.
     "inverse_failure_threshold": {"graft_type": "ADAGRAD", "inverse_failure_threshold": 1e-9},
+    # Size-1 dims kept (the (1, n) biases: a 1 x 1 and an n x n factor, root 4) and
+    # nothing merged; the same kwargs with True squeeze them ((n,), root 2).
+    "no_shape_interpretation": {"graft_type": "ADAGRAD", "best_effort_shape_interpretation": False},
+    "shape_interpretation_row_biases": {"graft_type": "ADAGRAD"},
 }
+#: The cases run on the model whose biases are (1, n) rows.
+ROW_BIASES = {"no_shape_interpretation", "shape_interpretation_row_biases"}
 
 RELATIVE_EPSILON = pytest.param(
     "relative_epsilon",
@@ -218,8 +224,12 @@ class Problem(NamedTuple):
 
 
 @functools.cache
-def _problem() -> Problem:
-    """Standardized digits, a fixed order of minibatches and scaled Gaussian weights (seed 0)."""
+def _problem(row_biases: bool = False) -> Problem:
+    """Standardized digits, a fixed order of minibatches and scaled Gaussian weights (seed 0).
+
+    ``row_biases``: the biases as (1, n) rows, so a parameter has a size-1 dim
+    (what ``best_effort_shape_interpretation`` decides about).
+    """
     digits = load_digits()
     x = digits.data.astype(np.float64)
     std = x.std(axis=0)
@@ -230,9 +240,9 @@ def _problem() -> Problem:
     batches = order[: STEPS * BATCH].reshape(STEPS, BATCH)
     params = {
         "w1": rng.standard_normal((64, HIDDEN)) / np.sqrt(64),
-        "b1": np.zeros(HIDDEN),
+        "b1": np.zeros((1, HIDDEN) if row_biases else HIDDEN),
         "w2": rng.standard_normal((HIDDEN, 10)) / np.sqrt(HIDDEN),
-        "b2": np.zeros(10),
+        "b2": np.zeros((1, 10) if row_biases else 10),
     }
     return Problem(
         {k: jnp.asarray(v) for k, v in params.items()},
@@ -321,7 +331,7 @@ def _worst_relative_deviation(theirs: Params, ours: Params) -> float:
 )
 def test_google_library_matches_shampoo_jax(name: str, case: Kwargs) -> None:
     kwargs = {**BASE, **case}
-    problem = _problem()
+    problem = _problem(row_biases=name in ROW_BIASES)
     google = ds.distributed_shampoo(**_google_kwargs(kwargs))
     eps = kwargs.get("matrix_epsilon", 1e-6)
     assert isinstance(eps, float)

@@ -121,6 +121,7 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         "skip_preconditioning_dim_size_gt": draw(st.one_of(st.integers(1, 8192), st.just("inf"))),
         "relative_matrix_epsilon": draw(st.booleans()),
         "merge_small_dims_block_size": draw(st.one_of(st.integers(1, 8192), st.just("inf"))),
+        "best_effort_shape_interpretation": draw(st.booleans()),
         "precondtioner_type": draw(st.sampled_from([side, side_name,
                                                     f"PreconditionerType.{side_name}"])),
         "skip_preconditioning_rank_lt": draw(st.integers(1, 3)),
@@ -298,6 +299,7 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 max_preconditioner_dim=draw(st.sampled_from([128, 1024])),
                 merge_dims_up_to=draw(st.sampled_from([None, 128, 1024, 4096])),
                 merge_direction=draw(st.sampled_from(["last_to_first", "first_to_last"])),
+                squeeze=draw(st.booleans()),
                 skip_dim_size_gt=draw(st.sampled_from([None, 4096])),
                 skip_rank_lt=draw(st.sampled_from([0, 1]))),
             schedule=ss.ScheduleConfig(

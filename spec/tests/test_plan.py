@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -118,6 +119,27 @@ def test_skip_rules() -> None:
     assert ss.plan_parameter((8, 2), c).preconditioned
     skipped = ss.plan_parameter((9, 2), c)
     assert skipped.blocks[0].roots == (0.0,) * len(skipped.merged_shape)
+
+
+def test_without_squeeze_size_one_dims_stay_and_count_in_the_roots() -> None:
+    """Eq. (4) with ``squeeze=False`` (Google's best_effort_shape_interpretation=False)."""
+    c = ss.ShampooConfig(
+        blocking=ss.BlockingConfig(squeeze=False, merge_dims_up_to=None, max_preconditioner_dim=4),
+        exponents=ss.ExponentConfig(default="preconditioned_dims"),
+    )
+    p = ss.plan_parameter((1, 5, 1), c)
+    assert p.merged_shape == (1, 5, 1) and p.preconditioned
+    assert [b.shape for b in p.blocks] == [(1, 4, 1), (1, 1, 1)]
+    assert all(b.roots == (6.0, 6.0, 6.0) for b in p.blocks)  # 2 * three preconditioned dims
+    squeezed = ss.plan_parameter((1, 5, 1), dataclasses.replace(
+        c, blocking=dataclasses.replace(c.blocking, squeeze=True)))
+    assert squeezed.merged_shape == (5,) and squeezed.blocks[0].roots == (2.0,)
+    scalar = ss.plan_parameter((), c)
+    assert not scalar.preconditioned and scalar.merged_shape == (1,)
+    # Merging absorbs size-1 dims while the product fits: (1, 5, 1) -> (5,).
+    merged = dataclasses.replace(c, blocking=dataclasses.replace(c.blocking, merge_dims_up_to=8))
+    assert ss.plan_parameter((1, 5, 1), merged).merged_shape == (5,)
+    assert ss.plan_parameter((1, 9), merged).merged_shape == (1, 9)
 
 
 def test_negative_dims_are_rejected() -> None:

@@ -144,6 +144,16 @@ def named_cases() -> list[Case]:
             _with(blocking=replace(_UNMERGED, preconditioned_dims="last")),
         ),
         Case(
+            # Google's best_effort_shape_interpretation=False: (1, 5, 1) keeps two
+            # 1 x 1 factors, each counting in the root 2 * 3 of its block; the
+            # scalar has no dim and takes the graft direction.
+            "keep_size_one_dims",
+            _with(
+                blocking=replace(_UNMERGED, squeeze=False),
+                exponents=ss.ExponentConfig(default="preconditioned_dims"),
+            ),
+        ),
+        Case(
             "merge_last_to_first",
             _with(blocking=ss.BlockingConfig(max_preconditioner_dim=16, merge_dims_up_to=16)),
         ),

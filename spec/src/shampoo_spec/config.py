@@ -458,7 +458,9 @@ class WeightDecayConfig:
 class BlockingConfig:
     """The shape plan: squeeze, merge, block, skip, eqs. (4)-(5).
 
-    Size-1 dims are dropped. Dims are merged greedily while the product stays
+    Size-1 dims are dropped (``squeeze``; False keeps them, each a 1 x 1
+    factor that counts in its block's order, as Google's
+    ``best_effort_shape_interpretation=False``). Dims are merged greedily while the product stays
     <= ``merge_dims_up_to`` (None: no merging), scanning from the last dim
     toward the first (Meta) or the first toward the last (Google). Each dim is
     then split into chunks of ``max_preconditioner_dim`` (remainder last),
@@ -475,9 +477,11 @@ class BlockingConfig:
     skip_dim_size_gt: int | None = None
     skip_rank_lt: int = 0
     preconditioned_dims: Literal["all", "all_but_last", "last"] = "all"
+    squeeze: bool = True
 
     def __post_init__(self) -> None:
         o = "blocking"
+        v.boolean(o, "squeeze", self.squeeze)
         v.integer(o, "max_preconditioner_dim", self.max_preconditioner_dim, low=1)
         v.optional_integer(o, "merge_dims_up_to", self.merge_dims_up_to, low=1, none_means="off")
         v.choice(o, "merge_direction", self.merge_direction, ("last_to_first", "first_to_last"))

@@ -354,6 +354,7 @@ def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.same("blocking.skip_dim_size_gt", b.skip_dim_size_gt, None,
                "Meta preconditions every dim")
     lacks.same("blocking.skip_rank_lt", b.skip_rank_lt, 0, "Meta preconditions every rank")
+    lacks.same("blocking.squeeze", b.squeeze, True, "Meta drops size-1 dims")
     lacks.same("blocking.preconditioned_dims", b.preconditioned_dims, "all",
                "Meta's one-sided preconditioning is per order (inverse_exponent_override), "
                "not by position")
@@ -535,20 +536,30 @@ _GOOGLE_SIDES = {ours: name for name, ours in SIDES.items()}
 def _google_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``block_size``, ``merge_small_dims_block_size``,
     ``skip_preconditioning_dim_size_gt``, ``skip_preconditioning_rank_lt``,
-    ``precondtioner_type`` (Google's spelling) (eqs. 4-5)."""
+    ``precondtioner_type`` (Google's spelling), ``best_effort_shape_interpretation``
+    (False exactly when size-1 dims are kept) (eqs. 4-5)."""
     b = c.blocking
     lacks.same("blocking.merge_direction", b.merge_direction, "first_to_last",
                "Google merges from the first dim")
-    lacks.need(b.merge_dims_up_to is not None, "blocking.merge_dims_up_to", None,
-               "Google always merges; merge_dims_up_to=1 plans the same shapes")
+    if b.squeeze:
+        lacks.need(b.merge_dims_up_to is not None, "blocking.merge_dims_up_to", None,
+                   "Google merges whenever it drops size-1 dims; merge_dims_up_to=1 plans "
+                   "the same shapes")
+    else:
+        lacks.need(b.merge_dims_up_to is None, "blocking.merge_dims_up_to",
+                   b.merge_dims_up_to, "Google keeps size-1 dims only when it merges nothing")
     lacks.need(b.skip_dim_size_gt is not None, "blocking.skip_dim_size_gt", None,
                f"Google always has a bound; {MAX_INTEGER} (MAX_INTEGER) never skips")
     lacks.need(b.skip_rank_lt >= 1, "blocking.skip_rank_lt", b.skip_rank_lt,
                "Google's skip_preconditioning_rank_lt < 1 (0-d parameters with no factor) "
                "is not imported")
+    shape_kwargs: dict[str, Any] = (
+        {"merge_small_dims_block_size": b.merge_dims_up_to} if b.squeeze
+        else {"best_effort_shape_interpretation": False}
+    )
     return {
         "block_size": b.max_preconditioner_dim,
-        "merge_small_dims_block_size": b.merge_dims_up_to,
+        **shape_kwargs,
         "skip_preconditioning_dim_size_gt": b.skip_dim_size_gt,
         "skip_preconditioning_rank_lt": max(b.skip_rank_lt, 1),
         "precondtioner_type": _GOOGLE_SIDES[b.preconditioned_dims],

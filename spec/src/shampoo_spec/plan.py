@@ -4,7 +4,9 @@ Pure Python over shapes; every backend calls :func:`plan_parameter` and cuts
 blocks with the offsets it returns, so all backends agree on the blocking by
 construction.
 
-1. Squeeze: drop size-1 dims (a 0-d or all-ones shape becomes ``(1,)``).
+1. Squeeze: drop size-1 dims (a 0-d or all-ones shape becomes ``(1,)``);
+   with ``blocking.squeeze=False`` they stay, and a 0-d parameter is not
+   preconditioned.
 2. Merge: greedily multiply adjacent dims while the product stays
    ``<= merge_dims_up_to``, scanning in ``merge_direction``.
 3. Block: split each merged dim into chunks of ``max_preconditioner_dim``,
@@ -139,10 +141,12 @@ def plan_parameter(shape: Sequence[int], config: ShampooConfig) -> ParameterPlan
         if d < 0:
             raise ValueError(f"parameter shape {shape} is invalid: dims must be >= 0.")
     blocking = config.blocking
-    merged = merge_dims(
-        squeeze_shape(shape), blocking.merge_dims_up_to, blocking.merge_direction
-    )
-    if _skipped(shape, blocking) or math.prod(shape) == 0:
+    # Without squeezing, size-1 dims stay (each a 1 x 1 factor); a 0-d
+    # parameter has no dim to precondition and takes the graft direction.
+    kept = squeeze_shape(shape) if blocking.squeeze else (shape or (1,))
+    merged = merge_dims(kept, blocking.merge_dims_up_to, blocking.merge_direction)
+    no_dims = not blocking.squeeze and not shape
+    if _skipped(shape, blocking) or math.prod(shape) == 0 or no_dims:
         whole = BlockPlan(offsets=(0,) * len(merged), shape=merged, roots=(0.0,) * len(merged))
         return ParameterPlan(shape, merged, False, (whole,))
     mask = _side_mask(len(merged), blocking.preconditioned_dims)

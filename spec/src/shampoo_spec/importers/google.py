@@ -109,12 +109,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "frequent_directions": (False, "frequent-directions sketching"),
     "reset_preconditioner": (False, "frequent-directions sketching"),
     "average_grad": (False, "frequent-directions sketching"),
-    "best_effort_shape_interpretation": (
-        True,
-        "Google then keeps size-1 dims, each with a 1 x 1 factor that counts in the root "
-        "2 * (preconditioned dims) and in one-sided preconditioning, and merges nothing; our "
-        "shape plan always drops size-1 dims (eq. 4)",
-    ),
 }
 
 #: ``graft_type`` (GraftingType member names) -> ``grafting.type``.
@@ -232,7 +226,7 @@ def _unsupported(a: Args) -> None:
 
     Refuses a non-default value of what we do not implement: pmap/pjit
     sharding, quantized states, graft clipping, LOBPCG, frequent directions,
-    a decaying root frequency, ``best_effort_shape_interpretation=False``.
+    a decaying root frequency.
     """
     for key, (default, what) in UNSUPPORTED.items():
         a.unsupported(key, default, what)
@@ -362,12 +356,15 @@ def _weight_decay(a: Args) -> WeightDecayConfig:
 def _blocking(a: Args) -> BlockingConfig:
     """Reads ``block_size``, ``preconditioner_type`` (or ``precondtioner_type``),
     ``skip_preconditioning_rank_lt``, ``skip_preconditioning_dim_size_gt``,
-    ``merge_small_dims_block_size``.
+    ``merge_small_dims_block_size``, ``best_effort_shape_interpretation``.
 
     Returns ``blocking`` (eqs. 4-5): dims merged from the first, blocks of
     block_size (<= 0: unbounded), parameters skipped by rank or by an
     original dim, one-sided preconditioning (INPUT, OUTPUT).
+    ``best_effort_shape_interpretation=False``: size-1 dims kept (each a
+    1 x 1 factor, counted in the block's order) and nothing merged.
     """
+    interpret = a.flag("best_effort_shape_interpretation", True)
     block = a.integer("block_size", None, low=-MAX_INTEGER)
     side = choice(
         "preconditioner_type",
@@ -382,11 +379,11 @@ def _blocking(a: Args) -> BlockingConfig:
             f"skip_preconditioning_rank_lt = {rank_lt} is not supported yet (Google then "
             "preconditions 0-d parameters with no factor at all)."
         )
+    merge = dim_limit("merge_small_dims_block_size", a.get("merge_small_dims_block_size", 4096))
     return BlockingConfig(
         max_preconditioner_dim=block if block > 0 else UNBOUNDED,
-        merge_dims_up_to=dim_limit(
-            "merge_small_dims_block_size", a.get("merge_small_dims_block_size", 4096)
-        ),
+        merge_dims_up_to=merge if interpret else None,
+        squeeze=interpret,
         merge_direction="first_to_last",
         skip_dim_size_gt=dim_limit(
             "skip_preconditioning_dim_size_gt", a.get("skip_preconditioning_dim_size_gt", 4096)
