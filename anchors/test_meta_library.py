@@ -255,6 +255,20 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "ignored_basis_change_dims": {"2": [1]},
         },
     },
+    # A per-order override naming order 1 only (the biases): the weights' 2-d
+    # blocks keep Meta's default exponent 1/2 (roots_by_order, not root).
+    "eigenvalue_corrected_partial_override": {
+        "grafting_config": ADAGRAD,
+        "betas": [0.9, 0.95],
+        "epsilon": 1e-8,
+        "max_preconditioner_dim": 8,
+        "precondition_frequency": 9,
+        "preconditioner_config": {
+            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "EighEigendecompositionConfig"},
+            "inverse_exponent_override": {"1": 0.25},
+        },
+    },
     # Adam grafting's defaults (beta2 0.999, epsilon 1e-10), the failure count, and
     # an explicit single-device distributed config with target dimensionality 1.
     "explicit_defaults": {

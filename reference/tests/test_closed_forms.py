@@ -221,3 +221,25 @@ def test_nonfinite_gradient_policy() -> None:
     strict = ReferenceShampoo(base(), {"w": np.ones(2)})
     with pytest.raises(FloatingPointError, match="'w'"):
         strict.step({"w": np.array([np.inf, 1.0])})
+
+
+def test_eigenvalue_correction_roots_by_order_apply_to_their_order_only() -> None:
+    """Eq. (17) with ``roots_by_order``: a 1-d block uses its order's root, a 2-d block
+    the default; each equals the run with that root for every order."""
+    rng = np.random.default_rng(5)
+    params = {"v": rng.standard_normal(6), "m": rng.standard_normal((3, 4))}
+    grads = [{k: rng.standard_normal(x.shape) for k, x in params.items()} for _ in range(6)]
+
+    def corrected(ec: ss.EigenvalueCorrectionConfig) -> list[dict[str, np.ndarray]]:
+        config = ss.ShampooConfig(
+            learning_rate=0.1, epsilon=ss.EpsilonConfig(value=1e-3), eigenvalue_correction=ec,
+            blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        )
+        return run(config, params, grads)
+
+    mixed = corrected(ss.EigenvalueCorrectionConfig(roots_by_order=((1, 4.0),)))
+    all4 = corrected(ss.EigenvalueCorrectionConfig(root=4.0))
+    all2 = corrected(ss.EigenvalueCorrectionConfig())
+    assert np.array_equal(mixed[-1]["v"], all4[-1]["v"])
+    assert np.array_equal(mixed[-1]["m"], all2[-1]["m"])
+    assert not np.allclose(mixed[-1]["v"], all2[-1]["v"])

@@ -135,3 +135,21 @@ def test_epsilons_are_zero_or_float32_normal(build: Any, field: str, zero_ok: bo
     else:
         with pytest.raises(ValueError, match=re.escape(field)):
             build(0.0)
+
+
+def test_eigenvalue_correction_roots_by_order() -> None:
+    ec = ss.EigenvalueCorrectionConfig(root=2.0, roots_by_order=((1, 4.0), (3, 1.5)))
+    assert [ec.root_for(o) for o in (1, 2, 3, 4)] == [4.0, 2.0, 1.5, 2.0]
+    config = ss.ShampooConfig(eigenvalue_correction=ec)
+    assert ss.ShampooConfig.from_dict(config.to_dict()) == config  # JSON pairs back to tuples
+    for bad, why in [
+        (((1, 4.0), (1, 3.0)), "at most one root per order"),
+        (((2, 4.0), (1, 3.0)), "sorted by order"),
+        (((1, 2.0),), "differ from root"),
+        (((0, 4.0),), "order"),
+        (((1, -1.0),), "root"),
+        (((1,),), "pairs"),
+        ([(1, 4.0)], "pairs"),
+    ]:
+        with pytest.raises(ValueError, match=f"eigenvalue_correction.roots_by_order.*{why}"):
+            ss.EigenvalueCorrectionConfig(roots_by_order=bad)  # type: ignore[arg-type]

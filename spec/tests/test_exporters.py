@@ -75,6 +75,10 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         e = draw(st.sampled_from([None, 0.5, 0.25, 1.0 / 3.0]))
         if e is not None:
             pc["inverse_exponent_override"] = {o: e for o in range(1, 65)}
+        # Some orders with their own exponent (the others keep e, or Meta's 1/2).
+        for o in draw(st.lists(st.integers(1, 4), unique=True, max_size=2)):
+            pc.setdefault("inverse_exponent_override", {})[o] = draw(
+                st.sampled_from([0.5, 0.25, 1.0]))
     else:
         pc["type"] = "RootInvShampooPreconditionerConfig"
         if draw(st.booleans()):

@@ -230,10 +230,16 @@ def test_meta_eigenvalue_correction() -> None:
     same = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.25}}
     assert meta._preconditioner(m(preconditioner_config=same), SHARED).eigenvalue_correction
     args = _parse.Args("preconditioner_config", same, meta.PRECONDITIONER_KEYS)
-    assert meta._eigenvalue_correction(args, SHARED, ss.EighConfig(), "ridge").root == 4.0
+    ec = meta._eigenvalue_correction(args, SHARED, ss.EighConfig(), "ridge")
+    # Orders Meta's map does not name keep exponent 1/2 (root 2), not the listed one.
+    assert (ec.root, ec.roots_by_order) == (2.0, ((1, 4.0), (2, 4.0)))
     different = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.5}}
-    with pytest.raises(NotImplementedError, match="inverse_exponent_override with different"):
-        meta._preconditioner(m(preconditioner_config=different), SHARED)
+    ec = meta._preconditioner(m(preconditioner_config=different), SHARED).eigenvalue_correction
+    assert ec is not None and (ec.root, ec.roots_by_order) == (2.0, ((1, 4.0),))
+    every = {**corrected, "inverse_exponent_override": {
+        **{str(o): 0.25 for o in range(1, meta.MAX_ORDER + 1)}, "3": 1.0}}
+    ec = meta._preconditioner(m(preconditioner_config=every), SHARED).eigenvalue_correction
+    assert ec is not None and (ec.root, ec.roots_by_order) == (4.0, ((3, 1.0),))
     newton = {**corrected, "amortized_computation_config": {"type": "CoupledNewtonConfig"}}
     with pytest.raises(NotImplementedError, match="amortized_computation_config: eigenvalue"):
         meta._preconditioner(m(preconditioner_config=newton), SHARED)

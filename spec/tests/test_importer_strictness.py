@@ -332,7 +332,8 @@ def test_meta_eigenvalue_corrected_keys_must_be_orders() -> None:
     with pytest.raises(ValueError, match=r"inverse_exponent_override key = 'x'"):
         ss.from_meta(_override({"x": 0.25}, corrected=True))
     c = ss.from_meta(_override({"1": 0.25, 2: 0.25}, corrected=True))
-    assert c.eigenvalue_correction is not None and c.eigenvalue_correction.root == 4.0
+    assert c.eigenvalue_correction is not None
+    assert c.eigenvalue_correction.roots_by_order == ((1, 4.0), (2, 4.0))
 
 
 @pytest.mark.parametrize(

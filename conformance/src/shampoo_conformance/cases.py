@@ -232,6 +232,18 @@ def named_cases() -> list[Case]:
             steps=12,
         ),
         Case(
+            # Meta's per-order inverse_exponent_override: 1-d blocks root 4, 3-d blocks
+            # root 1, every other order the default 2.
+            "eigenvalue_corrected_roots_by_order",
+            _with(
+                eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+                    beta2=0.95, epsilon=1e-8, roots_by_order=((1, 4.0), (3, 1.0))
+                ),
+                schedule=ss.ScheduleConfig(precondition_frequency=5),
+            ),
+            steps=12,
+        ),
+        Case(
             "meta_preset",
             replace(ss.from_meta({"lr": 0.1, "epsilon": 1e-4}), factor_dtype="float64"),
         ),

@@ -248,7 +248,8 @@ def corrected_direction(
         bc = jnp.where(n > 0, 1.0 - jnp.asarray(ec.beta2, d.dtype) ** n.astype(d.dtype), 1.0)
         d = d / B.expand(bc.astype(d.dtype), d)
     rotated = rotate(fb, grp, gs.inverse_roots, transpose=True)
-    scaled = rotated / (d ** (1.0 / ec.root) + ec.epsilon)
+    root = ec.root_for(len(grp.shape))  # the block order
+    scaled = rotated / (d ** (1.0 / root) + ec.epsilon)
     return rotate(scaled, grp, gs.inverse_roots, transpose=False)
 
 

@@ -461,7 +461,7 @@ class ReferenceShampoo:
         assert ec is not None and bs.corrected_second_moment is not None
         d = bs.corrected_second_moment / ec.bias_correction_factor(bs.corrected_updates)
         rotated = self._rotate(bs, fb, transpose=True)
-        scaled = rotated / (d ** (1.0 / ec.root) + ec.epsilon)
+        scaled = rotated / (d ** (1.0 / ec.root_for(fb.ndim)) + ec.epsilon)
         return self._rotate(bs, scaled, transpose=False)
 
     # ------------------------------------------------ eqs. (19)-(20) momentum

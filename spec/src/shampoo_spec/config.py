@@ -253,12 +253,16 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     that basis (``beta2 == 1``: a sum), bias corrected when
     ``bias_correction``, and the direction is
     ``(F x_k Q_k^T) / (D^(1/root) + epsilon)`` rotated back by ``x_k Q_k``.
+    ``roots_by_order`` gives blocks of some orders (number of block dims) their
+    own root, ``((order, root), ...)``, as Meta's per-order
+    ``inverse_exponent_override`` (root = 1 / exponent); other orders use ``root``.
     """
 
     beta2: float = 0.999
     epsilon: float = 1e-12
     bias_correction: bool = True
     root: float = 2.0
+    roots_by_order: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
@@ -267,6 +271,29 @@ class EigenvalueCorrectionConfig(_MovingAverage):
         v.epsilon(o, "epsilon", self.epsilon, zero=False)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.real(o, "root", self.root, low=0.0, low_open=True)
+        allowed = "a tuple of (order, root) pairs: an integer order >= 1, a root > 0"
+        if not isinstance(self.roots_by_order, tuple):
+            v.fail(o, "roots_by_order", self.roots_by_order, allowed)
+        for item in self.roots_by_order:
+            if not isinstance(item, tuple) or len(item) != 2:
+                v.fail(o, "roots_by_order", self.roots_by_order, allowed)
+            v.integer(o, "roots_by_order[].order", item[0], low=1)
+            v.real(o, "roots_by_order[].root", item[1], low=0.0, low_open=True)
+        orders = [item[0] for item in self.roots_by_order]
+        if len(set(orders)) != len(orders) or orders != sorted(orders):
+            v.fail(o, "roots_by_order", self.roots_by_order,
+                   "at most one root per order, sorted by order")
+        if any(item[1] == self.root for item in self.roots_by_order):
+            # One spelling per config (importers, exporters and checkpoints compare them).
+            v.fail(o, "roots_by_order", self.roots_by_order,
+                   f"only roots that differ from root = {self.root}")
+
+    def root_for(self, order: int) -> float:
+        """The root of eq. (17) for a block with ``order`` dims."""
+        for item_order, root in self.roots_by_order:
+            if item_order == order:
+                return float(root)
+        return float(self.root)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -315,13 +315,22 @@ def _meta_eigenvalue_correction(c: ShampooConfig, lacks: _Lacks) -> dict[str, An
                    "with eigenvalue correction Meta only ignores dims (root 0); other roots "
                    f"stay 2 * order = {2 * item.order}")
         ignored[item.order] = [d for d, r in enumerate(roots) if r == 0.0]
-    out: dict[str, Any] = {"ignored_basis_change_dims": ignored, "inverse_exponent_override": {}}
-    if ec.root != 2.0:
-        e = _reciprocal(ec.root)
-        lacks.need(e is not None, "eigenvalue_correction.root", ec.root,
-                   "no float exponent e such that 1 / e is that root")
-        out["inverse_exponent_override"] = {order: e for order in range(1, MAX_ORDER + 1)}
-    return out
+    # Meta's unlisted orders take exponent 1/2: a root other than 2 is written for
+    # every order it could apply to, and roots_by_order for their own orders.
+    orders = range(1, MAX_ORDER + 1) if ec.root != 2.0 else [o for o, _ in ec.roots_by_order]
+    override: dict[int, float] = {}
+    for order, _ in ec.roots_by_order:
+        lacks.need(order <= MAX_ORDER, "eigenvalue_correction.roots_by_order", ec.roots_by_order,
+                   f"Meta's orders go up to {MAX_ORDER}")
+    for order in orders:
+        root = ec.root_for(order)
+        e = _reciprocal(root)
+        where = ("eigenvalue_correction.root" if root == ec.root
+                 else f"eigenvalue_correction.roots_by_order[order={order}]")
+        lacks.need(e is not None, where, root, "no float exponent e such that 1 / e is that root")
+        if e is not None:
+            override[order] = e
+    return {"ignored_basis_change_dims": ignored, "inverse_exponent_override": override}
 
 
 def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:

@@ -95,6 +95,11 @@ def _section(name: str, cls: type[Any], data: Any) -> Any:
                 fields["roots"] = tuple(roots)
             overrides.append(OrderOverride(**fields))
         kwargs["overrides_by_order"] = tuple(overrides)
+    if cls is EigenvalueCorrectionConfig and isinstance(kwargs.get("roots_by_order"), list):
+        # JSON has no tuples: [[order, root], ...] back to pairs.
+        kwargs["roots_by_order"] = tuple(
+            tuple(item) if isinstance(item, list) else item for item in kwargs["roots_by_order"]
+        )
     return cls(**kwargs)
 
 

@@ -181,7 +181,8 @@ def corrected_direction(
         d = d / _per_row(bc, d)
     rotated = rotate(bg, fb, rows, transpose=True)
     # sqrt is correctly rounded (batch invariant); other exponents one block per call.
-    root_d = torch.sqrt(d) if ec.root == 2 else rowwise(lambda x: x ** (1.0 / ec.root), d)
+    root = ec.root_for(len(bg.shape))  # the block order
+    root_d = torch.sqrt(d) if root == 2 else rowwise(lambda x: x ** (1.0 / root), d)
     scaled = rotated / (root_d + ec.epsilon)
     return rotate(bg, scaled, rows, transpose=False)
 

@@ -486,8 +486,11 @@ def _eigenvalue_correction(
     """Reads ``inverse_exponent_override`` of ``EigenvalueCorrectedShampooPreconditionerConfig``.
 
     Returns ``eigenvalue_correction`` (eq. 17): beta2 = betas[1], epsilon,
-    bias correction = use_bias_correction, root = 1/e for the one exponent
-    e > 0 of every order (default 0.5). Needs eigh roots with the ridge placement.
+    bias correction = use_bias_correction; an order o the override maps to
+    e > 0 gets root 1/e, every other order Meta's exponent 1/2 (root 2).
+    Canonical form: a map naming every order 1..MAX_ORDER sets ``root`` from
+    order MAX_ORDER; ``roots_by_order`` lists the orders whose root differs
+    from ``root``. Needs eigh roots with the ridge placement.
     """
     if not isinstance(root_inverse, EighConfig) or placement != "ridge":
         raise NotImplementedError(
@@ -497,20 +500,18 @@ def _eigenvalue_correction(
     overrides = _by_int_key(
         _OVERRIDE, p.get("inverse_exponent_override", {}), "order -> exponent", high=MAX_ORDER
     )
-    exps = {
-        _exponent(f"{_OVERRIDE}.{order}", e, zero_ok=False) for order, e in overrides.items()
+    roots = {
+        order: 1.0 / _exponent(f"{_OVERRIDE}.{order}", e, zero_ok=False)
+        for order, e in overrides.items()
     }
-    if len(exps) > 1:
-        raise NotImplementedError(
-            "preconditioner_config.inverse_exponent_override with different exponents "
-            "per order is not supported yet for eigenvalue-corrected Shampoo."
-        )
-    exponent = exps.pop() if exps else 0.5
+    every_order = set(roots) >= set(range(1, MAX_ORDER + 1))
+    root = roots[MAX_ORDER] if every_order else 2.0
     return EigenvalueCorrectionConfig(
         beta2=shared.beta2,
         epsilon=shared.epsilon,
         bias_correction=shared.bias_correction,
-        root=1.0 / exponent,
+        root=root,
+        roots_by_order=tuple(sorted((o, r) for o, r in roots.items() if r != root)),
     )
 
 
