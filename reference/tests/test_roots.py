@@ -17,6 +17,7 @@ import pytest
 import scipy.linalg
 
 from shampoo_reference import coupled_newton_iteration, root_inverse_eigh
+import shampoo_spec as ss
 from shampoo_spec import CoupledNewtonConfig
 
 U = np.finfo(np.float64).eps / 2
@@ -89,3 +90,26 @@ def test_newton_error_growth_stop_returns_previous_iterate() -> None:
     # as rounding keeps the error from shrinking; the iterate returned is still accurate.
     assert 0 < grow.iterations < 200
     assert rel(grow.root, truth(a, 4)) < 1e-12
+
+
+def test_power_iteration_stops_on_a_small_change_far_from_lambda_max() -> None:
+    """Eq. (9b): on a factor with eigenvalues <= 1e-6 the first quotient already moves
+    by <= the tolerance 1e-6 from 0, so the estimate is the Rayleigh quotient of the
+    start vector, well below lambda_max (why Google's relative epsilon differs)."""
+    from shampoo_reference.linalg import power_iteration_lambda_max
+
+    n = 6
+    a = np.diag(1e-7 * np.arange(1.0, n + 1))
+    v = ss.power_iteration_start(n)
+    rayleigh = float(v @ a @ v / (v @ v))
+    estimate = power_iteration_lambda_max(a, 100, 1e-6)
+    assert estimate == pytest.approx(rayleigh, rel=1e-14)
+    assert estimate < 0.8 * 6e-7  # exact lambda_max = 6e-7
+    # A separated top eigenvalue: the loop runs until the quotient settles.
+    b = np.diag([10.0, 1.0, 1.0, 0.5])
+    assert power_iteration_lambda_max(b, 100, 1e-6) == pytest.approx(10.0, abs=1e-5)
+    assert power_iteration_lambda_max(b, 1, 1e-6) == pytest.approx(
+        float(ss.power_iteration_start(4) @ b @ ss.power_iteration_start(4))
+        / float(ss.power_iteration_start(4) @ ss.power_iteration_start(4)), rel=1e-14)
+    np.testing.assert_array_equal(
+        ss.power_iteration_start(5), np.random.RandomState(1729).uniform(-1.0, 1.0, 5))

@@ -341,7 +341,7 @@ def test_google_preconditioner() -> None:
     assert p.statistics == ss.StatisticsConfig(beta2=0.95, bias_correction=False,
                                                initial_value="epsilon_identity")
     assert p.epsilon == ss.EpsilonConfig(value=1e-6, scale="relative", relative_floor=1e-25,
-                                         placement="ridge_floor")
+                                         placement="ridge_floor", lambda_max="power_iteration")
     assert isinstance(p.root_inverse, ss.CoupledNewtonConfig)
     assert (p.root_inverse.retries, p.root_inverse.failure_threshold) == (5, 0.1)
     assert p.exponents == ss.ExponentConfig(default="preconditioned_dims", override=0.0)

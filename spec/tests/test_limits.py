@@ -52,7 +52,7 @@ def test_the_field_lists_cover_the_config() -> None:
     names = {f"{owner}.{name}" for _, owner, _, name in INTEGER_FIELDS}
     assert names == {
         "root_inverse.max_iterations", "root_inverse.retries",
-        "exponents.overrides_by_order[].order",
+        "exponents.overrides_by_order[].order", "epsilon.power_iteration_steps",
         "blocking.max_preconditioner_dim", "blocking.merge_dims_up_to",
         "blocking.skip_dim_size_gt", "blocking.skip_rank_lt",
         "schedule.precondition_frequency", "schedule.statistics_frequency",
@@ -174,7 +174,8 @@ def test_config_differences() -> None:
 def test_integer_fields_are_bounded_by_max_integer(
     cls: type[Any], owner: str, base: dict[str, Any], name: str
 ) -> None:
-    high = MAX_NEWTON_ITERATIONS if name == "max_iterations" else ss.MAX_INTEGER
+    iterations = ("max_iterations", "power_iteration_steps")  # loops: at most 10,000 steps
+    high = MAX_NEWTON_ITERATIONS if name in iterations else ss.MAX_INTEGER
     assert getattr(cls(**{**base, name: high}), name) == high
     for bad in (high + 1, 2**31, 2**62, 10**400, -(2**62), True, 2.0, 2.5, math.nan, "3", [3]):
         with pytest.raises(ValueError, match=rf"^{_re(owner)}\.{name} = .* is invalid: allowed "):

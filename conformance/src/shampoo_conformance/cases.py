@@ -127,6 +127,15 @@ def named_cases() -> list[Case]:
             ),
         ),
         Case(
+            # Google's lambda_max estimate (eq. 9b), with a tolerance loose enough
+            # that some factors stop after a few steps, far from the exact value.
+            "relative_epsilon_power_iteration",
+            _with(epsilon=ss.EpsilonConfig(
+                value=1e-3, scale="relative", placement="ridge_floor",
+                lambda_max="power_iteration", power_iteration_tolerance=1e-2,
+            )),
+        ),
+        Case(
             "exponent_overrides",
             _with(
                 exponents=ss.ExponentConfig(

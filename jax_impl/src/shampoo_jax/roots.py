@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
-from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, ShampooConfig
+from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, ShampooConfig, power_iteration_start
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -86,8 +86,40 @@ def effective_epsilon(a: Array, eps: EpsilonConfig, active: Array | None = None)
     """Eq. (9): ``value``, or ``value * max(lambda_max(A), relative_floor)``; shape ``[b]``."""
     if eps.scale == "absolute":
         return jnp.full_like(a[..., 0, 0], eps.value)  # varies with ``a`` under shard_map
-    lam_max = _eigh(symmetrize(a), active)[0][..., -1]
+    if eps.lambda_max == "power_iteration":
+        lam_max = power_iteration_lambda_max(
+            a, eps.power_iteration_steps, eps.power_iteration_tolerance
+        )
+    else:
+        lam_max = _eigh(symmetrize(a), active)[0][..., -1]
     return eps.value * jnp.maximum(lam_max, eps.relative_floor)
+
+
+def power_iteration_lambda_max(a: Array, steps: int, tolerance: float) -> Array:
+    """Eq. (9b) per matrix of ``a`` [..., n, n]: Google's power iteration (its while loop,
+    vmapped: a matrix that has stopped keeps its vector and quotient)."""
+    n = a.shape[-1]
+    start = jnp.asarray(power_iteration_start(n), a.dtype)
+
+    def one(m: Array) -> Array:
+        def cond(state: tuple[Array, Array, Array, Array]) -> Array:
+            i, _, _, running = state
+            return jnp.logical_and(i < steps, running)
+
+        def body(state: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
+            i, v, s, _ = state
+            u = v / jnp.linalg.norm(v)
+            w = jnp.einsum("ij,j->i", m, u, precision=lax.Precision.HIGHEST)
+            s_new = jnp.einsum("i,i->", u, w, precision=lax.Precision.HIGHEST)
+            return i + 1, w, s_new, jnp.abs(s_new - s) > tolerance
+
+        zero = jnp.zeros_like(m[0, 0])  # built from m: varies with it under shard_map
+        init = (jnp.zeros((), jnp.int32), start + zero, zero, zero == 0)
+        return lax.while_loop(cond, body, init)[2]
+
+    batch = a.shape[:-2]
+    flat = a.reshape((-1, n, n))
+    return jax.vmap(one)(flat).reshape(batch)
 
 
 def regularized_eigenvalues(lam: Array, eps: Array, placement: str) -> Array:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shampoo_spec import CoupledNewtonConfig, EpsilonConfig
+from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, power_iteration_start
 
 Array = NDArray[np.float64]
 
@@ -31,11 +31,34 @@ def mode_product(tensor: Array, matrix: Array, k: int) -> Array:
 
 
 def effective_epsilon(matrix: Array, eps: EpsilonConfig) -> float:
-    """Eq. (9): eps, or eps * max(lambda_max(A), floor) when relative."""
+    """Eq. (9): eps, or eps * max(lambda_max(A), floor) when relative.
+
+    lambda_max exact, or Google's power-iteration estimate (eq. 9b).
+    """
     if eps.scale == "absolute":
         return float(eps.value)
-    lam_max = float(np.linalg.eigvalsh(symmetrize(matrix))[-1])
+    if eps.lambda_max == "power_iteration":
+        lam_max = power_iteration_lambda_max(
+            matrix, eps.power_iteration_steps, eps.power_iteration_tolerance
+        )
+    else:
+        lam_max = float(np.linalg.eigvalsh(symmetrize(matrix))[-1])
     return float(eps.value) * max(lam_max, eps.relative_floor)
+
+
+def power_iteration_lambda_max(matrix: Array, steps: int, tolerance: float) -> float:
+    """Eq. (9b): Google's power iteration on A as it is (not symmetrized)."""
+    v = power_iteration_start(matrix.shape[0]).astype(matrix.dtype)
+    s = 0.0
+    for _ in range(steps):
+        u = v / np.sqrt(np.sum(v * v))
+        w = matrix @ u
+        s_new = float(u @ w)
+        moved = abs(s_new - s) > tolerance  # False for NaN: the loop stops, as Google's
+        v, s = w, s_new
+        if not moved:
+            break
+    return s
 
 
 def symmetrize(matrix: Array) -> Array:

@@ -53,6 +53,7 @@ from .exporters import to_google, to_meta
 from .importers import from_google, from_meta
 from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
+from .power_iteration import power_iteration_start
 from .schedule import is_root_step, is_statistics_step, uses_preconditioner
 from .serialization import config_differences, config_from_dict, config_to_dict
 
@@ -90,6 +91,7 @@ __all__ = [
     "assign_blocks",
     "block_cost",
     "block_overflows",
+    "power_iteration_start",
     "config_differences",
     "config_from_dict",
     "config_to_dict",

@@ -125,12 +125,21 @@ class EpsilonConfig:
     - ``"floor"``: eigh(A), then ``max(lambda, eps)``;
     - ``"ridge_floor"``: eigh(A + eps I), then ``max(lambda, eps)`` (Google's
       eigh path).
+
+    ``lambda_max`` (relative scale only): ``"exact"`` (the largest
+    eigenvalue) or ``"power_iteration"``, Google's estimate (eq. 9b): from
+    :func:`shampoo_spec.power_iteration_start`, at most
+    ``power_iteration_steps`` steps, stopping when the Rayleigh quotient moves
+    by at most ``power_iteration_tolerance``.
     """
 
     value: float = 1e-12
     scale: Literal["absolute", "relative"] = "absolute"
     relative_floor: float = 1e-16
     placement: Literal["ridge", "shift_after", "floor", "ridge_floor"] = "ridge"
+    lambda_max: Literal["exact", "power_iteration"] = "exact"
+    power_iteration_steps: int = 100
+    power_iteration_tolerance: float = 1e-6
 
     def __post_init__(self) -> None:
         o = "epsilon"
@@ -140,6 +149,10 @@ class EpsilonConfig:
         v.choice(
             o, "placement", self.placement, ("ridge", "shift_after", "floor", "ridge_floor")
         )
+        v.choice(o, "lambda_max", self.lambda_max, ("exact", "power_iteration"))
+        v.integer(o, "power_iteration_steps", self.power_iteration_steps, low=1,
+                  high=MAX_NEWTON_ITERATIONS)
+        v.real(o, "power_iteration_tolerance", self.power_iteration_tolerance, low=0.0)
 
 
 @dataclass(frozen=True, kw_only=True)

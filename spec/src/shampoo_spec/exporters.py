@@ -213,6 +213,11 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.same("epsilon.scale", eps.scale, "absolute", "Meta's epsilon is absolute")
     lacks.same("epsilon.relative_floor", eps.relative_floor, 1e-16,
                "unused with an absolute epsilon")
+    lacks.same("epsilon.lambda_max", eps.lambda_max, "exact", "unused with an absolute epsilon")
+    lacks.same("epsilon.power_iteration_steps", eps.power_iteration_steps, 100,
+               "unused with an absolute epsilon")
+    lacks.same("epsilon.power_iteration_tolerance", eps.power_iteration_tolerance, 1e-6,
+               "unused with an absolute epsilon")
     lacks.need(c.failure.max_consecutive_root_failures is not None,
                "failure.max_consecutive_root_failures", None,
                "Meta raises after num_tolerated_failed_amortized_computations failures")
@@ -460,6 +465,14 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     use_eigh = isinstance(c.root_inverse, EighConfig)
     lacks.same("epsilon.relative_floor", eps.relative_floor, 1e-6 if use_eigh else 1e-25,
                "Google's floor under lambda_max for its root method")
+    relative = eps.scale == "relative"
+    lacks.same("epsilon.lambda_max", eps.lambda_max, "power_iteration" if relative else "exact",
+               "Google estimates lambda_max by power iteration" if relative
+               else "unused with an absolute epsilon")
+    lacks.same("epsilon.power_iteration_steps", eps.power_iteration_steps, 100,
+               "Google's power iteration runs at most 100 steps")
+    lacks.same("epsilon.power_iteration_tolerance", eps.power_iteration_tolerance, 1e-6,
+               "Google's power iteration stops at a change <= 1e-6")
     lacks.same("eigenvalue_correction", c.eigenvalue_correction, None,
                "Google has no eigenvalue-corrected Shampoo")
     lacks.same("exponents.default", ex.default, "preconditioned_dims",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from shampoo_spec import CoupledNewtonConfig, EpsilonConfig
+from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, power_iteration_start
 
 
 def symmetrize(a: torch.Tensor) -> torch.Tensor:
@@ -67,11 +67,44 @@ def eigh(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def effective_epsilon(a: torch.Tensor, eps: EpsilonConfig) -> torch.Tensor:
-    """Eq. (9) per row: eps, or eps * max(lambda_max(A), floor) (exact eigvalsh)."""
+    """Eq. (9) per row: eps, or eps * max(lambda_max(A), floor).
+
+    lambda_max exact (eigvalsh) or Google's power-iteration estimate (eq. 9b).
+    """
     if eps.scale == "absolute":
         return torch.full((a.shape[0],), eps.value, dtype=a.dtype, device=a.device)
-    lam_max = torch.linalg.eigvalsh(symmetrize(a))[:, -1]
+    if eps.lambda_max == "power_iteration":
+        lam_max = power_iteration_lambda_max(
+            a, eps.power_iteration_steps, eps.power_iteration_tolerance
+        )
+    else:
+        lam_max = torch.linalg.eigvalsh(symmetrize(a))[:, -1]
     return eps.value * torch.clamp_min(lam_max, eps.relative_floor)
+
+
+def power_iteration_lambda_max(a: torch.Tensor, steps: int, tolerance: float) -> torch.Tensor:
+    """Eq. (9b) per row of ``a`` [B, n, n]: Google's power iteration, rows stopping alone.
+
+    A row that has stopped keeps its vector and quotient while the others go
+    on, so each row's result is that of its own loop. One host read per
+    step (root steps only) ends the loop when every row has stopped.
+    """
+    b, n = a.shape[0], a.shape[-1]
+    start = torch.as_tensor(power_iteration_start(n), dtype=a.dtype, device=a.device)
+    v = start.expand(b, n).clone()
+    s = torch.zeros(b, dtype=a.dtype, device=a.device)
+    running = torch.ones(b, dtype=torch.bool, device=a.device)
+    for _ in range(steps):
+        if not bool(running.any()):
+            break
+        u = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+        w = torch.einsum("bij,bj->bi", a, u)
+        s_new = torch.einsum("bi,bi->b", u, w)
+        moved = (s_new - s).abs() > tolerance  # False for NaN, as Google's
+        v = torch.where(running[:, None], w, v)
+        s = torch.where(running, s_new, s)
+        running = running & moved
+    return s
 
 
 def regularized_eigenvalues(lam: torch.Tensor, eps: torch.Tensor, placement: str) -> torch.Tensor:

@@ -287,7 +287,8 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
 
     Returns ``statistics`` (eq. 6 from ``matrix_epsilon * I``, no bias
     correction, eq. 7), ``epsilon`` (eq. 9, relative with floor 1e-25
-    (Newton) or 1e-6 (eigh), ``"ridge_floor"``), ``root_inverse`` (eigh,
+    (Newton) or 1e-6 (eigh) and Google's power-iteration lambda_max, eq. 9b,
+    ``"ridge_floor"``), ``root_inverse`` (eigh,
     eq. 10, or Google's coupled Newton, eq. 11) and ``exponents`` (eq. 12:
     2 * preconditioned dims, or ``exponent_override`` when > 0).
     """
@@ -317,6 +318,8 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
             # Newton's ridge floor is 1e-25; the eigh path floors lambda_max at 1e-6.
             relative_floor=1e-6 if use_eigh else 1e-25,
             placement="ridge_floor",
+            # Google's lambda_max: 100 power-iteration steps, tolerance 1e-6 (eq. 9b).
+            lambda_max="power_iteration" if relative else "exact",
         ),
         root_inverse=root_inverse,
         exponents=ExponentConfig(default="preconditioned_dims", override=max(override, 0.0)),
