@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from shampoo_reference import coupled_newton_iteration, root_inverse_eigh
 import shampoo_spec as ss
+from shampoo_reference import coupled_newton_iteration, root_inverse_eigh
 from shampoo_spec import CoupledNewtonConfig
 
 U = np.finfo(np.float64).eps / 2
