@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -226,6 +227,29 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "max_preconditioner_dim": 1024,
         "precondition_frequency": 10,
         "epsilon": 1e-4,
+    },
+    # Meta's target_parameter_dimensionality (blocking.merge_target_rank; inf:
+    # blocking.squeeze=False, nothing merged): with max_preconditioner_dim 1024 the
+    # weights stay 2-D ((16, 64): factors 16 and 64) instead of one 1024 factor.
+    "target_dimensionality_2": {
+        "grafting_config": ADAGRAD,
+        "max_preconditioner_dim": 1024,
+        "precondition_frequency": 10,
+        "epsilon": 1e-4,
+        "distributed_config": {
+            "type": "SingleDeviceDistributedConfig",
+            "target_parameter_dimensionality": 2,
+        },
+    },
+    "target_dimensionality_inf": {
+        "grafting_config": ADAGRAD,
+        "max_preconditioner_dim": 1024,
+        "precondition_frequency": 10,
+        "epsilon": 1e-4,
+        "distributed_config": {
+            "type": "SingleDeviceDistributedConfig",
+            "target_parameter_dimensionality": "inf",
+        },
     },
     # weight_decay_type CORRECTED: decoupled decay scaled by lr / peak_lr (1 here).
     "corrected_decay": {
@@ -423,6 +447,8 @@ def _meta_value(key: str, value: Any) -> Any:
         return shampoo_types.WeightDecayType[value.rpartition(".")[2]]
     if key == "betas":
         return tuple(value)
+    if key == "target_parameter_dimensionality" and value == "inf":
+        return math.inf
     return value
 
 

@@ -47,6 +47,10 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         "precondition_frequency": freq,
         "start_preconditioning_step": draw(st.one_of(st.just(-1), st.integers(freq, 500))),
     }
+    target = draw(st.sampled_from([None, 1, 2, 3, "inf"]))
+    if target is not None:
+        kwargs["distributed_config"] = {"type": "SingleDeviceDistributedConfig",
+                                        "target_parameter_dimensionality": target}
     mu = draw(st.sampled_from([None, 0.5, 0.9]))
     if mu is not None:
         kwargs["iterate_averaging_config"] = {
@@ -304,6 +308,7 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 merge_dims_up_to=draw(st.sampled_from([None, 128, 1024, 4096])),
                 merge_direction=draw(st.sampled_from(["last_to_first", "first_to_last"])),
                 squeeze=draw(st.booleans()),
+                merge_target_rank=draw(st.sampled_from([1, 2])),
                 skip_dim_size_gt=draw(st.sampled_from([None, 4096])),
                 skip_rank_lt=draw(st.sampled_from([0, 1]))),
             schedule=ss.ScheduleConfig(

@@ -138,9 +138,16 @@ def test_meta_distribution() -> None:
         meta._distribution(m(distributed_config=dist))
     with pytest.raises(NotImplementedError, match=r"distributed_config\.type = 'HSDP"):
         meta._distribution(m(distributed_config={"type": "HSDPDistributedConfig"}))
-    with pytest.raises(NotImplementedError, match="target_parameter_dimensionality = 2"):
-        meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
-                                                 "target_parameter_dimensionality": 2}))
+    assert meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
+                                                    "target_parameter_dimensionality": 2})) == 2
+    for inf in ("inf", "Infinity", float("inf")):
+        assert meta._distribution(m(distributed_config={
+            "type": "SingleDeviceDistributedConfig",
+            "target_parameter_dimensionality": inf})) is None
+    for bad in (0, 2.5, "2", True):
+        with pytest.raises(ValueError, match="target_parameter_dimensionality"):
+            meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
+                                                     "target_parameter_dimensionality": bad}))
     with pytest.raises(NotImplementedError, match="use_merge_dims"):
         meta._distribution(m(use_merge_dims=False))
 
@@ -261,13 +268,13 @@ def test_meta_schedule() -> None:
 
 
 def test_meta_blocking() -> None:
-    assert meta._blocking(m()) == ss.BlockingConfig(
+    assert meta._blocking(m(), 1) == ss.BlockingConfig(
         max_preconditioner_dim=1024, merge_dims_up_to=1024, merge_direction="last_to_first"
     )
-    b = meta._blocking(m(max_preconditioner_dim="inf"))
+    b = meta._blocking(m(max_preconditioner_dim="inf"), 1)
     assert b.max_preconditioner_dim == b.merge_dims_up_to == _parse.UNBOUNDED
     with pytest.raises(ValueError, match="max_preconditioner_dim = 2.5"):
-        meta._blocking(m(max_preconditioner_dim=2.5))
+        meta._blocking(m(max_preconditioner_dim=2.5), 1)
 
 
 def test_meta_grafting() -> None:

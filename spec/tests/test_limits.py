@@ -54,7 +54,7 @@ def test_the_field_lists_cover_the_config() -> None:
         "root_inverse.max_iterations", "root_inverse.retries",
         "exponents.overrides_by_order[].order", "epsilon.power_iteration_steps",
         "blocking.max_preconditioner_dim", "blocking.merge_dims_up_to",
-        "blocking.skip_dim_size_gt", "blocking.skip_rank_lt",
+        "blocking.skip_dim_size_gt", "blocking.skip_rank_lt", "blocking.merge_target_rank",
         "schedule.precondition_frequency", "schedule.statistics_frequency",
         "schedule.start_preconditioning_step", "failure.max_consecutive_root_failures",
     }

@@ -134,8 +134,9 @@ def test_without_squeeze_size_one_dims_stay_and_count_in_the_roots() -> None:
     squeezed = ss.plan_parameter((1, 5, 1), dataclasses.replace(
         c, blocking=dataclasses.replace(c.blocking, squeeze=True)))
     assert squeezed.merged_shape == (5,) and squeezed.blocks[0].roots == (2.0,)
-    scalar = ss.plan_parameter((), c)
-    assert not scalar.preconditioned and scalar.merged_shape == (1,)
+    scalar = ss.plan_parameter((), c)  # no dim: one block with no factor (P = F)
+    assert scalar.preconditioned and scalar.merged_shape == (1,)
+    assert [b.roots for b in scalar.blocks] == [(0.0,)]
     # Merging absorbs size-1 dims while the product fits: (1, 5, 1) -> (5,).
     merged = dataclasses.replace(c, blocking=dataclasses.replace(c.blocking, merge_dims_up_to=8))
     assert ss.plan_parameter((1, 5, 1), merged).merged_shape == (5,)
@@ -145,3 +146,21 @@ def test_without_squeeze_size_one_dims_stay_and_count_in_the_roots() -> None:
 def test_negative_dims_are_rejected() -> None:
     with pytest.raises(ValueError, match="shape"):
         ss.plan_parameter((3, -1), ss.ShampooConfig())
+
+
+@pytest.mark.parametrize(
+    ("shape", "up_to", "target", "expected"),
+    [
+        # Meta's merge_small_dims examples (target_parameter_dimensionality).
+        ((1, 2, 5, 1), 10, 1, (10,)),
+        ((1, 2, 5, 1), 1, 1, (2, 5)),
+        ((32, 3, 64, 64), 8192, 1, (96, 4096)),
+        ((32, 3, 64, 64), 1_000_000, 2, (32, 12_288)),
+        ((32, 3, 64, 64), 1_000_000, 4, (32, 3, 64, 64)),
+        ((4, 4, 4), 64, 2, (4, 16)),
+    ],
+)
+def test_merge_stops_at_the_target_rank(
+    shape: tuple[int, ...], up_to: int, target: int, expected: tuple[int, ...]
+) -> None:
+    assert ss.merge_dims(ss.squeeze_shape(shape), up_to, "last_to_first", target) == expected

@@ -500,9 +500,12 @@ class BlockingConfig:
 
     Size-1 dims are dropped (``squeeze``; False keeps them, each a 1 x 1
     factor that counts in its block's order, as Google's
-    ``best_effort_shape_interpretation=False``). Dims are merged greedily while the product stays
+    ``best_effort_shape_interpretation=False``; a 0-d parameter is then one
+    block with no factor). Dims are merged greedily while the product stays
     <= ``merge_dims_up_to`` (None: no merging), scanning from the last dim
-    toward the first (Meta) or the first toward the last (Google). Each dim is
+    toward the first (Meta) or the first toward the last (Google), and only
+    while more than ``merge_target_rank`` dims could remain (Meta's
+    ``target_parameter_dimensionality``). Each dim is
     then split into chunks of ``max_preconditioner_dim`` (remainder last),
     blocks in row-major order. A parameter is not preconditioned (it takes the
     graft direction) when an original dim exceeds ``skip_dim_size_gt`` or its
@@ -518,10 +521,12 @@ class BlockingConfig:
     skip_rank_lt: int = 0
     preconditioned_dims: Literal["all", "all_but_last", "last"] = "all"
     squeeze: bool = True
+    merge_target_rank: int = 1
 
     def __post_init__(self) -> None:
         o = "blocking"
         v.boolean(o, "squeeze", self.squeeze)
+        v.integer(o, "merge_target_rank", self.merge_target_rank, low=1)
         v.integer(o, "max_preconditioner_dim", self.max_preconditioner_dim, low=1)
         v.optional_integer(o, "merge_dims_up_to", self.merge_dims_up_to, low=1, none_means="off")
         v.choice(o, "merge_direction", self.merge_direction, ("last_to_first", "first_to_last"))

@@ -359,20 +359,35 @@ def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 
 def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
-    """Writes ``max_preconditioner_dim`` (eqs. 4-5): Meta merges up to the block size."""
+    """Writes ``max_preconditioner_dim`` and, unless 1, the target rank as
+    ``distributed_config.target_parameter_dimensionality`` (eqs. 4-5): Meta
+    merges up to the block size, or neither squeezes nor merges (inf)."""
     b = c.blocking
-    lacks.same("blocking.merge_dims_up_to", b.merge_dims_up_to, b.max_preconditioner_dim,
-               "Meta merges dims up to max_preconditioner_dim")
+    out: dict[str, Any] = {"max_preconditioner_dim": b.max_preconditioner_dim}
+    if not b.squeeze:
+        lacks.same("blocking.merge_dims_up_to", b.merge_dims_up_to, None,
+                   "Meta keeps size-1 dims only when it merges nothing (target inf)")
+        lacks.same("blocking.merge_target_rank", b.merge_target_rank, 1,
+                   "unused when nothing is merged")
+        target: float | int = math.inf
+    else:
+        lacks.same("blocking.merge_dims_up_to", b.merge_dims_up_to, b.max_preconditioner_dim,
+                   "Meta merges dims up to max_preconditioner_dim")
+        target = b.merge_target_rank
+    if target != 1:
+        out["distributed_config"] = {
+            "type": "SingleDeviceDistributedConfig",
+            "target_parameter_dimensionality": "inf" if target == math.inf else target,
+        }
     lacks.same("blocking.merge_direction", b.merge_direction, "last_to_first",
                "Meta merges from the last dim")
     lacks.same("blocking.skip_dim_size_gt", b.skip_dim_size_gt, None,
                "Meta preconditions every dim")
     lacks.same("blocking.skip_rank_lt", b.skip_rank_lt, 0, "Meta preconditions every rank")
-    lacks.same("blocking.squeeze", b.squeeze, True, "Meta drops size-1 dims")
     lacks.same("blocking.preconditioned_dims", b.preconditioned_dims, "all",
                "Meta's one-sided preconditioning is per order (inverse_exponent_override), "
                "not by position")
-    return {"max_preconditioner_dim": b.max_preconditioner_dim}
+    return out
 
 
 #: ``grafting.type`` -> Meta's grafting config class.
@@ -563,6 +578,8 @@ def _google_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     b = c.blocking
     lacks.same("blocking.merge_direction", b.merge_direction, "first_to_last",
                "Google merges from the first dim")
+    lacks.same("blocking.merge_target_rank", b.merge_target_rank, 1,
+               "Google merges down to one dim when the sizes allow")
     if b.squeeze:
         lacks.need(b.merge_dims_up_to is not None, "blocking.merge_dims_up_to", None,
                    "Google merges whenever it drops size-1 dims; merge_dims_up_to=1 plans "

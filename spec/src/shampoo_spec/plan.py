@@ -5,8 +5,8 @@ blocks with the offsets it returns, so all backends agree on the blocking by
 construction.
 
 1. Squeeze: drop size-1 dims (a 0-d or all-ones shape becomes ``(1,)``);
-   with ``blocking.squeeze=False`` they stay, and a 0-d parameter is not
-   preconditioned.
+   with ``blocking.squeeze=False`` they stay, and a 0-d parameter is one
+   ``(1,)`` block with no factor (its direction is its filtered gradient).
 2. Merge: greedily multiply adjacent dims while the product stays
    ``<= merge_dims_up_to``, scanning in ``merge_direction``.
 3. Block: split each merged dim into chunks of ``max_preconditioner_dim``,
@@ -69,13 +69,17 @@ def squeeze_shape(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def merge_dims(
-    shape: Sequence[int], up_to: int | None, direction: str = "last_to_first"
+    shape: Sequence[int], up_to: int | None, direction: str = "last_to_first",
+    target_rank: int = 1,
 ) -> tuple[int, ...]:
     """Greedy merge of adjacent dims while the product is <= ``up_to`` (eq. 4).
 
     ``first_to_last``: walk dims in order, multiplying into the current group
     while it fits, else start a new group. ``last_to_first``: the same walk
-    from the last dim, so the leftover small group ends up first.
+    from the last dim, so the leftover small group ends up first. A dim joins
+    the current group only while the groups so far plus the dims still to
+    walk outnumber ``target_rank`` (Meta's target_parameter_dimensionality),
+    so merging stops once the result could keep that many dims.
     """
     dims = list(shape)
     if up_to is None or len(dims) <= 1:
@@ -83,8 +87,8 @@ def merge_dims(
     if direction == "last_to_first":
         dims.reverse()
     groups = [dims[0]]
-    for d in dims[1:]:
-        if groups[-1] * d <= up_to:
+    for i, d in enumerate(dims[1:], start=1):
+        if len(groups) + len(dims) - i > target_rank and groups[-1] * d <= up_to:
             groups[-1] *= d
         else:
             groups.append(d)
@@ -142,11 +146,12 @@ def plan_parameter(shape: Sequence[int], config: ShampooConfig) -> ParameterPlan
             raise ValueError(f"parameter shape {shape} is invalid: dims must be >= 0.")
     blocking = config.blocking
     # Without squeezing, size-1 dims stay (each a 1 x 1 factor); a 0-d
-    # parameter has no dim to precondition and takes the graft direction.
+    # parameter has no dim to precondition: one (1,) block with no factor.
     kept = squeeze_shape(shape) if blocking.squeeze else (shape or (1,))
-    merged = merge_dims(kept, blocking.merge_dims_up_to, blocking.merge_direction)
+    merged = merge_dims(kept, blocking.merge_dims_up_to, blocking.merge_direction,
+                        blocking.merge_target_rank)
     no_dims = not blocking.squeeze and not shape
-    if _skipped(shape, blocking) or math.prod(shape) == 0 or no_dims:
+    if _skipped(shape, blocking) or math.prod(shape) == 0:
         whole = BlockPlan(offsets=(0,) * len(merged), shape=merged, roots=(0.0,) * len(merged))
         return ParameterPlan(shape, merged, False, (whole,))
     mask = _side_mask(len(merged), blocking.preconditioned_dims)
@@ -155,6 +160,6 @@ def plan_parameter(shape: Sequence[int], config: ShampooConfig) -> ParameterPlan
     for combo in itertools.product(*chunks):
         offsets = tuple(start for start, _ in combo)
         bshape = tuple(length for _, length in combo)
-        roots = block_roots(len(bshape), mask, config.exponents)
+        roots = (0.0,) if no_dims else block_roots(len(bshape), mask, config.exponents)
         blocks.append(BlockPlan(offsets=offsets, shape=bshape, roots=roots))
     return ParameterPlan(shape, merged, True, tuple(blocks))

@@ -40,7 +40,17 @@ from ..config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from ._parse import Args, boolean, choice, dim_limit, dtype, integer, number, type_of
+from ._parse import (
+    _INF_NAMES,
+    Args,
+    boolean,
+    choice,
+    dim_limit,
+    dtype,
+    integer,
+    number,
+    type_of,
+)
 
 #: The keyword arguments of ``DistributedShampoo`` (besides ``params``).
 KEYS = {
@@ -160,13 +170,13 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
         weight_decay = _weight_decay(a, shared.lr)
     with a.section():
         momentum = _momentum(a)
-    _distribution(a)
+    target_rank = _distribution(a)
     with a.section():
         pre = _preconditioner(a, shared)
     with a.section():
         schedule = _schedule(a)
     with a.section():
-        blocking = _blocking(a)
+        blocking = _blocking(a, target_rank)
     with a.section():
         grafting = _grafting(a.get("grafting_config", None))
     # The shared values (lr, betas, epsilon, ...) and cross-section rules.
@@ -275,12 +285,13 @@ def _momentum(a: Args) -> MomentumConfig:
     )
 
 
-def _distribution(a: Args) -> None:
-    """Reads ``distributed_config``, ``use_merge_dims``; returns nothing.
+def _distribution(a: Args) -> int | None:
+    """Reads ``distributed_config``, ``use_merge_dims``; returns the target rank.
 
     Accepts only the layouts whose numerics are single-device ones (none,
-    SingleDevice, DDP, with ``target_parameter_dimensionality`` 1, dims
-    merged); FSDP/HSDP and the rest are refused.
+    SingleDevice, DDP, dims merged); FSDP/HSDP and the rest are refused.
+    Returns ``target_parameter_dimensionality`` (default 1; None for inf:
+    neither squeeze nor merge).
     """
     dist = a.get("distributed_config", None)
     kind = type_of("distributed_config", dist)
@@ -290,13 +301,13 @@ def _distribution(a: Args) -> None:
             "block by shard)."
         )
     target = (dist or {}).get("target_parameter_dimensionality", 1)
-    if target != 1:
-        raise NotImplementedError(
-            f"distributed_config.target_parameter_dimensionality = {target!r} is not "
-            "supported yet (only 1)."
-        )
     if not a.flag("use_merge_dims", True):
         raise NotImplementedError("use_merge_dims = False is not supported yet.")
+    if (isinstance(target, str) and target.strip().lower() in _INF_NAMES) or (
+        isinstance(target, float) and target == math.inf
+    ):
+        return None
+    return integer("distributed_config.target_parameter_dimensionality", target, low=1)
 
 
 def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
@@ -539,17 +550,22 @@ def _schedule(a: Args) -> ScheduleConfig:
     )
 
 
-def _blocking(a: Args) -> BlockingConfig:
-    """Reads ``max_preconditioner_dim`` (an integer or inf).
+def _blocking(a: Args, target_rank: int | None) -> BlockingConfig:
+    """Reads ``max_preconditioner_dim`` (an integer or inf), with the target rank.
 
-    Returns ``blocking`` (eqs. 4-5): dims merged from the last while the
-    product <= max_preconditioner_dim, then blocks of that size.
+    Returns ``blocking`` (eqs. 4-5): size-1 dims dropped, dims merged from the
+    last while the product <= max_preconditioner_dim and more than
+    ``target_rank`` dims could remain, then blocks of that size.
+    ``target_rank`` None (Meta's target_parameter_dimensionality = inf): the
+    shape as it is, size-1 dims kept and nothing merged.
     """
     mpd = dim_limit("max_preconditioner_dim", a.get("max_preconditioner_dim", 1024))
     return BlockingConfig(
         max_preconditioner_dim=mpd,
-        merge_dims_up_to=mpd,
+        merge_dims_up_to=mpd if target_rank is not None else None,
         merge_direction="last_to_first",
+        squeeze=target_rank is not None,
+        merge_target_rank=target_rank or 1,
     )
 
 
