@@ -251,6 +251,14 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "target_parameter_dimensionality": "inf",
         },
     },
+    # drop_weighting_factor_on_gsquare: L <- beta2 L + G G^T (statistics.ema_weight
+    # "one"), bias corrected by 1 - beta2^t as usual.
+    "drop_weighting_factor": {
+        "grafting_config": ADAGRAD,
+        "betas": [0.0, 0.95],
+        "epsilon": 1e-6,
+        "preconditioner_config": {**EIGEN64, "drop_weighting_factor_on_gsquare": True},
+    },
     # weight_decay_type CORRECTED: decoupled decay scaled by lr / peak_lr (1 here).
     "corrected_decay": {
         "grafting_config": ADAGRAD,

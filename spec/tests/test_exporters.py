@@ -85,6 +85,7 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                 st.sampled_from([0.5, 0.25, 1.0]))
     else:
         pc["type"] = "RootInvShampooPreconditionerConfig"
+        pc["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
         if draw(st.booleans()):
             pc["amortized_computation_config"] = {
                 "type": "CoupledNewtonConfig", "max_iterations": draw(st.integers(1, 200)),
@@ -193,7 +194,6 @@ META_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
         "momentum", {"learning_rate_placement": "before_momentum"}
     ),
     "statistics.initial_value": ("statistics", {"initial_value": "epsilon_identity"}),
-    "statistics.ema_weight": ("statistics", {"ema_weight": "one"}),
     "epsilon.scale": ("epsilon", {"scale": "relative"}),
     "blocking.skip_rank_lt": ("blocking", {"skip_rank_lt": 1}),
     "blocking.merge_direction": ("blocking", {"merge_direction": "first_to_last"}),

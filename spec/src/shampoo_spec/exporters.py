@@ -158,12 +158,13 @@ def _meta_shared(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     for the filter and the factors, and its factors start at zero.
     """
     s, f = c.statistics, c.gradient_filter
-    lacks.same("statistics.ema_weight", s.ema_weight, "one_minus_beta2",
-               "Meta's factor EMA weighs G G^T by 1 - beta2 (drop_weighting_factor_on_gsquare "
-               "is not imported)")
     lacks.same("statistics.initial_value", s.initial_value, "zero", "Meta's factors start at zero")
-    lacks.same("gradient_filter.bias_correction", f.bias_correction, s.bias_correction,
-               "one use_bias_correction sets both the filter's and the statistics'")
+    if s.ema_weight == "one":
+        lacks.same("statistics.bias_correction", s.bias_correction, False,
+                   "with drop_weighting_factor_on_gsquare Meta does not bias-correct its factors")
+    else:
+        lacks.same("gradient_filter.bias_correction", f.bias_correction, s.bias_correction,
+                   "one use_bias_correction sets both the filter's and the statistics'")
     lacks.need(c.epsilon.value > 0, "epsilon.value", c.epsilon.value,
                "Meta needs epsilon > 0 (0 only with pseudo-inverse roots)")
     return {
@@ -171,7 +172,7 @@ def _meta_shared(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         "betas": [f.beta1, s.beta2],
         "beta3": -1.0 if f.beta3 is None else f.beta3,
         "epsilon": c.epsilon.value,
-        "use_bias_correction": s.bias_correction,
+        "use_bias_correction": f.bias_correction,
     }
 
 
@@ -234,9 +235,14 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         "num_tolerated_failed_amortized_computations": c.failure.max_consecutive_root_failures,
     }
     if corrected:
+        lacks.same("statistics.ema_weight", c.statistics.ema_weight, "one_minus_beta2",
+                   "with eigenvalue correction Meta's drop_weighting_factor_on_gsquare also "
+                   "drops the corrected eigenvalues' weight (not imported)")
         out.update(_meta_eigenvalue_correction(c, lacks))
     else:
         out["inverse_exponent_override"] = _meta_exponents(c, lacks)
+    if c.statistics.ema_weight == "one":
+        out["drop_weighting_factor_on_gsquare"] = True
     return out
 
 

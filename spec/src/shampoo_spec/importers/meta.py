@@ -329,7 +329,13 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         )
     p = Args("preconditioner_config", pc or {}, PRECONDITIONER_KEYS)
     p.unsupported("use_trace_scaling", False, "trace scaling of the factors")
-    p.unsupported("drop_weighting_factor_on_gsquare", False, "factor EMA without 1 - beta2")
+    drop_weight = p.flag("drop_weighting_factor_on_gsquare", False)
+    if drop_weight and kind != "RootInvShampooPreconditionerConfig":
+        raise NotImplementedError(
+            "preconditioner_config.drop_weighting_factor_on_gsquare = True is not supported "
+            "yet for eigenvalue-corrected Shampoo (it also drops the weight of the corrected "
+            "eigenvalues' EMA)."
+        )
     root_inverse, placement = _root_inverse(p.get("amortized_computation_config", None))
     correction = None
     if kind == "RootInvShampooPreconditionerConfig":
@@ -358,7 +364,11 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     tolerated = p.integer("num_tolerated_failed_amortized_computations", 3, low=0)
     return Preconditioner(
         statistics=StatisticsConfig(
-            beta2=shared.beta2, bias_correction=shared.bias_correction, initial_value="zero"
+            beta2=shared.beta2, initial_value="zero",
+            # drop_weighting_factor_on_gsquare: L <- beta2 L + G G^T (eq. 6's weight 1),
+            # and Meta then leaves the factors' bias correction at 1 (not an EMA).
+            bias_correction=shared.bias_correction and not drop_weight,
+            ema_weight="one" if drop_weight else "one_minus_beta2",
         ),
         epsilon=EpsilonConfig(value=shared.epsilon, scale="absolute", placement=placement),
         root_inverse=root_inverse,
