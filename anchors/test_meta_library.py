@@ -259,6 +259,14 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "epsilon": 1e-6,
         "preconditioner_config": {**EIGEN64, "drop_weighting_factor_on_gsquare": True},
     },
+    # use_trace_scaling: the roots see A * max(tr A, epsilon)^(-0.25) (eq. 7b).
+    "trace_scaling": {
+        "grafting_config": ADAGRAD,
+        "epsilon": 1e-6,
+        "preconditioner_config": {
+            **EIGEN64, "use_trace_scaling": True, "trace_scaling_exponent": 0.25,
+        },
+    },
     # weight_decay_type CORRECTED: decoupled decay scaled by lr / peak_lr (1 here).
     "corrected_decay": {
         "grafting_config": ADAGRAD,

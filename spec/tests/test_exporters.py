@@ -87,6 +87,9 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         pc["type"] = "RootInvShampooPreconditionerConfig"
         pc["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
         if draw(st.booleans()):
+            pc["use_trace_scaling"] = True
+            pc["trace_scaling_exponent"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
+        if draw(st.booleans()):
             pc["amortized_computation_config"] = {
                 "type": "CoupledNewtonConfig", "max_iterations": draw(st.integers(1, 200)),
                 "tolerance": draw(small),

@@ -179,7 +179,6 @@ def test_meta_preconditioner_values() -> None:
     ("config", "match"),
     [({"type": "KLShampooPreconditionerConfig"}, r"preconditioner_config\.type = 'KL"),
      ({"type": "MyConfig"}, r"preconditioner_config\.type = 'MyConfig'"),
-     ({"use_trace_scaling": True}, r"preconditioner_config\.use_trace_scaling = True"),
      ({"factor_matrix_dtype": "bfloat16"}, r"preconditioner_config\.factor_matrix_dtype"),
      ({"ignored_basis_change_dims": {"1": [0]}}, "ignored_basis_change_dims")],
 )

@@ -136,6 +136,11 @@ def named_cases() -> list[Case]:
             )),
         ),
         Case(
+            # Meta's use_trace_scaling (eq. 7b): the roots see A / tr(A)^0.5.
+            "trace_scaling",
+            _with(statistics=ss.StatisticsConfig(trace_scaling_exponent=0.5)),
+        ),
+        Case(
             "exponent_overrides",
             _with(
                 exponents=ss.ExponentConfig(

@@ -144,6 +144,10 @@ def refresh_inverse_roots(
                     beta2 = jnp.asarray(stats.beta2, lk.dtype)
                     bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(lk.dtype), 1.0)
                     a = lk / bc[:, None, None]
+                tau = stats.trace_scaling_exponent
+                if tau > 0:  # eq. (7b), per block
+                    trace = jnp.trace(a, axis1=-2, axis2=-1)
+                    a = a * (jnp.maximum(trace, config.epsilon.value) ** -tau)[:, None, None]
                 batches.setdefault((grp.shape[k], grp.roots[k]), []).append((gi, i, a))
                 wanted.setdefault((grp.shape[k], grp.roots[k]), []).append(block_ok[gi])
         results: dict[tuple[int, int], tuple[Array, Array]] = {}

@@ -364,7 +364,11 @@ class ReferenceShampoo:
         for k, lk in enumerate(bs.factors):
             if lk is None:
                 continue
-            new = self._inverse_root(lk / bc, roots[k])
+            a = lk / bc
+            tau = cfg.statistics.trace_scaling_exponent
+            if tau > 0:  # eq. (7b)
+                a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
+            new = self._inverse_root(a, roots[k])
             if new is None or not np.all(np.isfinite(new)):
                 # Eq. (13): keep the previous root, count the failure.
                 self.metrics.root_failures += 1

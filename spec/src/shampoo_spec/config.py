@@ -86,12 +86,16 @@ class StatisticsConfig(_MovingAverage):
     for roots is ``L_k / (1 - beta2^n)``, n the number of updates so far.
     ``initial_value`` is the factor before the first update: zero (Meta) or
     ``epsilon * I`` (Google, with the epsilon of :class:`EpsilonConfig`).
+    ``trace_scaling_exponent`` tau > 0 (Meta's ``use_trace_scaling``) scales
+    the factor the roots see: ``A * max(tr A, epsilon.value)^(-tau)`` (eq. 7b);
+    0 leaves it.
     """
 
     beta2: float = 1.0
     ema_weight: Literal["one_minus_beta2", "one"] = "one_minus_beta2"
     bias_correction: bool = False
     initial_value: Literal["zero", "epsilon_identity"] = "zero"
+    trace_scaling_exponent: float = 0.0
 
     def __post_init__(self) -> None:
         o = "statistics"
@@ -99,6 +103,7 @@ class StatisticsConfig(_MovingAverage):
         v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
         v.boolean(o, "bias_correction", self.bias_correction)
         v.choice(o, "initial_value", self.initial_value, ("zero", "epsilon_identity"))
+        v.real(o, "trace_scaling_exponent", self.trace_scaling_exponent, low=0.0, high=1.0)
 
     @property
     def update_weight(self) -> float:

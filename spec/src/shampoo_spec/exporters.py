@@ -243,6 +243,9 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         out["inverse_exponent_override"] = _meta_exponents(c, lacks)
     if c.statistics.ema_weight == "one":
         out["drop_weighting_factor_on_gsquare"] = True
+    if c.statistics.trace_scaling_exponent > 0:  # eq. (7b)
+        out["use_trace_scaling"] = True
+        out["trace_scaling_exponent"] = c.statistics.trace_scaling_exponent
     return out
 
 
@@ -481,6 +484,8 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google does not bias-correct its statistics")
     lacks.same("statistics.initial_value", s.initial_value, "epsilon_identity",
                "Google's statistics start at matrix_epsilon * I")
+    lacks.same("statistics.trace_scaling_exponent", s.trace_scaling_exponent, 0.0,
+               "Google has no trace scaling")
     lacks.same("epsilon.placement", eps.placement, "ridge_floor",
                "Google adds a ridge and floors the eigenvalues at it")
     use_eigh = isinstance(c.root_inverse, EighConfig)

@@ -112,6 +112,11 @@ def refresh_inverse_roots(
         a = take(bg.factors[k], rows)
         if bc is not None:
             a = a / bc[:, None, None]
+        if stats.trace_scaling_exponent > 0:  # eq. (7b), per row
+            trace = torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
+            tau = stats.trace_scaling_exponent  # pow one row per call: batch invariance
+            scale = rowwise(lambda x: torch.clamp_min(x, cfg.epsilon.value) ** -tau, trace)
+            a = a * scale[:, None, None]
         if cfg.eigenvalue_correction is not None:
             new, good = rowwise(roots.eigenbasis, a)
         elif isinstance(method, CoupledNewtonConfig):

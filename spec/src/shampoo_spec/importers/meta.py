@@ -328,7 +328,13 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             f"({UNSUPPORTED_PRECONDITIONERS[kind]})."
         )
     p = Args("preconditioner_config", pc or {}, PRECONDITIONER_KEYS)
-    p.unsupported("use_trace_scaling", False, "trace scaling of the factors")
+    trace_scaling = p.flag("use_trace_scaling", False)
+    tau = p.number("trace_scaling_exponent", 0.5)
+    if trace_scaling and not 0.0 < tau <= 1.0:
+        raise ValueError(
+            f"preconditioner_config.trace_scaling_exponent = {tau!r} is invalid: allowed a "
+            "number in (0, 1] with use_trace_scaling = True."
+        )
     drop_weight = p.flag("drop_weighting_factor_on_gsquare", False)
     if drop_weight and kind != "RootInvShampooPreconditionerConfig":
         raise NotImplementedError(
@@ -369,6 +375,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             # and Meta then leaves the factors' bias correction at 1 (not an EMA).
             bias_correction=shared.bias_correction and not drop_weight,
             ema_weight="one" if drop_weight else "one_minus_beta2",
+            trace_scaling_exponent=tau if trace_scaling else 0.0,  # eq. (7b)
         ),
         epsilon=EpsilonConfig(value=shared.epsilon, scale="absolute", placement=placement),
         root_inverse=root_inverse,
