@@ -82,6 +82,11 @@ def update_statistics(
     bg.statistics_updates = _count(bg.statistics_updates, rows, ok)
 
 
+def _trace_scale(trace: torch.Tensor, eps: float, tau: float) -> torch.Tensor:
+    """Eq. (7b)'s factor ``max(tr A, eps)^(-tau)`` per row."""
+    return torch.clamp_min(trace, eps) ** -tau
+
+
 def refresh_inverse_roots(
     bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,8 +119,9 @@ def refresh_inverse_roots(
             a = a / bc[:, None, None]
         if stats.trace_scaling_exponent > 0:  # eq. (7b), per row
             trace = torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
-            tau = stats.trace_scaling_exponent  # pow one row per call: batch invariance
-            scale = rowwise(lambda x: torch.clamp_min(x, cfg.epsilon.value) ** -tau, trace)
+            # pow one row per call: batch invariance
+            scale = rowwise(partial(_trace_scale, eps=cfg.epsilon.value,
+                                    tau=stats.trace_scaling_exponent), trace)
             a = a * scale[:, None, None]
         if cfg.eigenvalue_correction is not None:
             new, good = rowwise(roots.eigenbasis, a)
