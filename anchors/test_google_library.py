@@ -185,7 +185,15 @@ INVENTORY: dict[str, Kwargs] = {
     "shape_interpretation_row_biases": {"graft_type": "ADAGRAD"},
 }
 #: The cases run on the model whose biases are (1, n) rows.
-ROW_BIASES = {"no_shape_interpretation", "shape_interpretation_row_biases"}
+ROW_BIASES = {"no_shape_interpretation", "shape_interpretation_row_biases",
+              "scalar_without_factor"}
+# skip_preconditioning_rank_lt 0: the 0-d scale is preconditioned with no factor
+# (blocking.scalar_factor = False). Without a graft that direction is the gradient
+# itself (a 1 x 1 factor would make it sign(g)); with one both rescale to the graft.
+INVENTORY["scalar_without_factor"] = {
+    "graft_type": "NONE", "start_preconditioning_step": 0, "learning_rate": 0.001,
+    "skip_preconditioning_rank_lt": 0,
+}
 # The eigh path's power iteration (floor 1e-6 under lambda_max instead of Newton's 1e-25).
 INVENTORY["eigh_relative_epsilon"] = {
     "graft_type": "ADAGRAD", "eigh": True, "relative_matrix_epsilon": True,
@@ -243,6 +251,8 @@ def _problem(row_biases: bool = False) -> Problem:
         "w2": rng.standard_normal((HIDDEN, 10)) / np.sqrt(HIDDEN),
         "b2": np.zeros((1, 10) if row_biases else 10),
     }
+    if row_biases:  # and a 0-d logit scale, for the rules about 0-d parameters
+        params["scale"] = np.ones(())
     return Problem(
         {k: jnp.asarray(v) for k, v in params.items()},
         jnp.asarray(x[batches]),
@@ -252,7 +262,7 @@ def _problem(row_biases: bool = False) -> Problem:
 
 def _loss(params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
     hidden = jnp.tanh(x @ params["w1"] + params["b1"])
-    logits = hidden @ params["w2"] + params["b2"]
+    logits = (hidden @ params["w2"] + params["b2"]) * params.get("scale", 1.0)
     loss: jax.Array = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
     return loss
 

@@ -136,7 +136,7 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         "best_effort_shape_interpretation": draw(st.booleans()),
         "precondtioner_type": draw(st.sampled_from([side, side_name,
                                                     f"PreconditionerType.{side_name}"])),
-        "skip_preconditioning_rank_lt": draw(st.integers(1, 3)),
+        "skip_preconditioning_rank_lt": draw(st.integers(0, 3)),
         "decoupled_learning_rate": draw(st.booleans()) or graft == 0,
         "decoupled_weight_decay": draw(st.booleans()),
         "eigh": draw(st.booleans()),
@@ -312,6 +312,7 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 merge_direction=draw(st.sampled_from(["last_to_first", "first_to_last"])),
                 squeeze=draw(st.booleans()),
                 merge_target_rank=draw(st.sampled_from([1, 2])),
+                scalar_factor=draw(st.booleans()),
                 skip_dim_size_gt=draw(st.sampled_from([None, 4096])),
                 skip_rank_lt=draw(st.sampled_from([0, 1]))),
             schedule=ss.ScheduleConfig(

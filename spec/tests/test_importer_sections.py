@@ -399,8 +399,8 @@ def test_google_blocking() -> None:
     )
     with pytest.raises(ValueError, match="preconditioner_type = 'BOTH'"):
         google._blocking(g(block_size=8, preconditioner_type="BOTH"))
-    with pytest.raises(NotImplementedError, match="skip_preconditioning_rank_lt = 0"):
-        google._blocking(g(block_size=8, skip_preconditioning_rank_lt=0))
+    scalar = google._blocking(g(block_size=8, skip_preconditioning_rank_lt=0))
+    assert (scalar.skip_rank_lt, scalar.scalar_factor) == (0, False)
     with pytest.raises(ValueError, match="merge_small_dims_block_size = 0"):
         google._blocking(g(block_size=8, merge_small_dims_block_size=0))
     with pytest.raises(ValueError, match="block_size = None"):

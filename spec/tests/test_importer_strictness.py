@@ -155,9 +155,14 @@ def test_google_integral_floats_and_inf_bounds_map_as_before() -> None:
     assert limit.schedule.start_preconditioning_step == ss.MAX_INTEGER
 
 
-def test_google_rank_below_one_still_unsupported() -> None:
-    with pytest.raises(NotImplementedError, match="skip_preconditioning_rank_lt = 0"):
-        ss.from_google({**GOOGLE, "skip_preconditioning_rank_lt": 0})
+def test_google_rank_below_one_preconditions_scalars_without_a_factor() -> None:
+    for rank_lt in (0, -3):
+        b = ss.from_google({**GOOGLE, "skip_preconditioning_rank_lt": rank_lt}).blocking
+        assert (b.skip_rank_lt, b.scalar_factor) == (0, False)
+        plan = ss.plan_parameter((), ss.ShampooConfig(blocking=b))
+        assert plan.preconditioned and [blk.roots for blk in plan.blocks] == [(0.0,)]
+    b = ss.from_google({**GOOGLE, "skip_preconditioning_rank_lt": 1}).blocking
+    assert (b.skip_rank_lt, b.scalar_factor) == (1, True)
 
 
 @pytest.mark.parametrize(

@@ -134,9 +134,13 @@ def test_without_squeeze_size_one_dims_stay_and_count_in_the_roots() -> None:
     squeezed = ss.plan_parameter((1, 5, 1), dataclasses.replace(
         c, blocking=dataclasses.replace(c.blocking, squeeze=True)))
     assert squeezed.merged_shape == (5,) and squeezed.blocks[0].roots == (2.0,)
-    scalar = ss.plan_parameter((), c)  # no dim: one block with no factor (P = F)
-    assert scalar.preconditioned and scalar.merged_shape == (1,)
-    assert [b.roots for b in scalar.blocks] == [(0.0,)]
+    scalar = ss.plan_parameter((), c)  # a (1,) block with a 1 x 1 factor, root 2 * 1
+    assert scalar.preconditioned and [b.roots for b in scalar.blocks] == [(2.0,)]
+    bare = dataclasses.replace(c, blocking=dataclasses.replace(c.blocking, scalar_factor=False))
+    no_factor = ss.plan_parameter((), bare)  # no dim, no factor: P = F
+    assert no_factor.preconditioned and no_factor.merged_shape == (1,)
+    assert [b.roots for b in no_factor.blocks] == [(0.0,)]
+    assert ss.plan_parameter((1,), bare).blocks[0].roots == (2.0,)  # only 0-d loses it
     # Merging absorbs size-1 dims while the product fits: (1, 5, 1) -> (5,).
     merged = dataclasses.replace(c, blocking=dataclasses.replace(c.blocking, merge_dims_up_to=8))
     assert ss.plan_parameter((1, 5, 1), merged).merged_shape == (5,)

@@ -160,10 +160,10 @@ def named_cases() -> list[Case]:
         Case(
             # Google's best_effort_shape_interpretation=False: (1, 5, 1) keeps two
             # 1 x 1 factors, each counting in the root 2 * 3 of its block; the
-            # scalar has no dim and takes the graft direction.
+            # scalar is a block with no factor (P = F, then the graft rescale).
             "keep_size_one_dims",
             _with(
-                blocking=replace(_UNMERGED, squeeze=False),
+                blocking=replace(_UNMERGED, squeeze=False, scalar_factor=False),
                 exponents=ss.ExponentConfig(default="preconditioned_dims"),
             ),
         ),

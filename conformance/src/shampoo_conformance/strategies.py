@@ -155,6 +155,7 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         skip_rank_lt=draw(st.sampled_from([0, 1])),
         preconditioned_dims=draw(st.sampled_from(["all", "all_but_last", "last"])),
         squeeze=draw(st.booleans()),
+        scalar_factor=draw(st.booleans()),
     )
     schedule = ss.ScheduleConfig(
         precondition_frequency=draw(st.sampled_from([1, 2, 3])),

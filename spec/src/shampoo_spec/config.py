@@ -505,8 +505,10 @@ class BlockingConfig:
 
     Size-1 dims are dropped (``squeeze``; False keeps them, each a 1 x 1
     factor that counts in its block's order, as Google's
-    ``best_effort_shape_interpretation=False``; a 0-d parameter is then one
-    block with no factor). Dims are merged greedily while the product stays
+    ``best_effort_shape_interpretation=False``). A 0-d parameter is one
+    ``(1,)`` block with a 1 x 1 factor, or with no factor when
+    ``scalar_factor`` is False (Meta's target dimensionality inf, Google's
+    ``skip_preconditioning_rank_lt=0``). Dims are merged greedily while the product stays
     <= ``merge_dims_up_to`` (None: no merging), scanning from the last dim
     toward the first (Meta) or the first toward the last (Google), and only
     while more than ``merge_target_rank`` dims could remain (Meta's
@@ -527,10 +529,12 @@ class BlockingConfig:
     preconditioned_dims: Literal["all", "all_but_last", "last"] = "all"
     squeeze: bool = True
     merge_target_rank: int = 1
+    scalar_factor: bool = True
 
     def __post_init__(self) -> None:
         o = "blocking"
         v.boolean(o, "squeeze", self.squeeze)
+        v.boolean(o, "scalar_factor", self.scalar_factor)
         v.integer(o, "merge_target_rank", self.merge_target_rank, low=1)
         v.integer(o, "max_preconditioner_dim", self.max_preconditioner_dim, low=1)
         v.optional_integer(o, "merge_dims_up_to", self.merge_dims_up_to, low=1, none_means="off")

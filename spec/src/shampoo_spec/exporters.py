@@ -378,10 +378,14 @@ def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                    "Meta keeps size-1 dims only when it merges nothing (target inf)")
         lacks.same("blocking.merge_target_rank", b.merge_target_rank, 1,
                    "unused when nothing is merged")
+        lacks.same("blocking.scalar_factor", b.scalar_factor, False,
+                   "Meta keeps a 0-d parameter 0-d (no factor) when it merges nothing")
         target: float | int = math.inf
     else:
         lacks.same("blocking.merge_dims_up_to", b.merge_dims_up_to, b.max_preconditioner_dim,
                    "Meta merges dims up to max_preconditioner_dim")
+        lacks.same("blocking.scalar_factor", b.scalar_factor, True,
+                   "Meta promotes a 0-d parameter to (1,), a 1 x 1 factor")
         target = b.merge_target_rank
     if target != 1:
         out["distributed_config"] = {
@@ -600,9 +604,12 @@ def _google_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                    b.merge_dims_up_to, "Google keeps size-1 dims only when it merges nothing")
     lacks.need(b.skip_dim_size_gt is not None, "blocking.skip_dim_size_gt", None,
                f"Google always has a bound; {MAX_INTEGER} (MAX_INTEGER) never skips")
-    lacks.need(b.skip_rank_lt >= 1, "blocking.skip_rank_lt", b.skip_rank_lt,
-               "Google's skip_preconditioning_rank_lt < 1 (0-d parameters with no factor) "
-               "is not imported")
+    if b.skip_rank_lt < 1:
+        lacks.same("blocking.scalar_factor", b.scalar_factor, False,
+                   "Google preconditions a 0-d parameter with no factor")
+    else:
+        lacks.same("blocking.scalar_factor", b.scalar_factor, True,
+                   "unused when 0-d parameters are skipped (Google's spelling)")
     shape_kwargs: dict[str, Any] = (
         {"merge_small_dims_block_size": b.merge_dims_up_to} if b.squeeze
         else {"best_effort_shape_interpretation": False}
@@ -611,7 +618,7 @@ def _google_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         "block_size": b.max_preconditioner_dim,
         **shape_kwargs,
         "skip_preconditioning_dim_size_gt": b.skip_dim_size_gt,
-        "skip_preconditioning_rank_lt": max(b.skip_rank_lt, 1),
+        "skip_preconditioning_rank_lt": b.skip_rank_lt,
         "precondtioner_type": _GOOGLE_SIDES[b.preconditioned_dims],
     }
 

@@ -5,8 +5,9 @@ blocks with the offsets it returns, so all backends agree on the blocking by
 construction.
 
 1. Squeeze: drop size-1 dims (a 0-d or all-ones shape becomes ``(1,)``);
-   with ``blocking.squeeze=False`` they stay, and a 0-d parameter is one
-   ``(1,)`` block with no factor (its direction is its filtered gradient).
+   with ``blocking.squeeze=False`` they stay. A 0-d parameter is one ``(1,)``
+   block, with no factor when ``blocking.scalar_factor`` is False (its
+   direction is then its filtered gradient).
 2. Merge: greedily multiply adjacent dims while the product stays
    ``<= merge_dims_up_to``, scanning in ``merge_direction``.
 3. Block: split each merged dim into chunks of ``max_preconditioner_dim``,
@@ -145,12 +146,12 @@ def plan_parameter(shape: Sequence[int], config: ShampooConfig) -> ParameterPlan
         if d < 0:
             raise ValueError(f"parameter shape {shape} is invalid: dims must be >= 0.")
     blocking = config.blocking
-    # Without squeezing, size-1 dims stay (each a 1 x 1 factor); a 0-d
-    # parameter has no dim to precondition: one (1,) block with no factor.
+    # Without squeezing, size-1 dims stay (each a 1 x 1 factor). A 0-d
+    # parameter is a (1,) block, with no factor unless scalar_factor.
     kept = squeeze_shape(shape) if blocking.squeeze else (shape or (1,))
     merged = merge_dims(kept, blocking.merge_dims_up_to, blocking.merge_direction,
                         blocking.merge_target_rank)
-    no_dims = not blocking.squeeze and not shape
+    no_dims = not blocking.scalar_factor and not shape
     if _skipped(shape, blocking) or math.prod(shape) == 0:
         whole = BlockPlan(offsets=(0,) * len(merged), shape=merged, roots=(0.0,) * len(merged))
         return ParameterPlan(shape, merged, False, (whole,))

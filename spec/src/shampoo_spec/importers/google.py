@@ -377,11 +377,6 @@ def _blocking(a: Args) -> BlockingConfig:
         values=SIDE_VALUES,
     )
     rank_lt = a.integer("skip_preconditioning_rank_lt", 1, low=-MAX_INTEGER)
-    if rank_lt < 1:
-        raise NotImplementedError(
-            f"skip_preconditioning_rank_lt = {rank_lt} is not supported yet (Google then "
-            "preconditions 0-d parameters with no factor at all)."
-        )
     merge = dim_limit("merge_small_dims_block_size", a.get("merge_small_dims_block_size", 4096))
     return BlockingConfig(
         max_preconditioner_dim=block if block > 0 else UNBOUNDED,
@@ -391,7 +386,10 @@ def _blocking(a: Args) -> BlockingConfig:
         skip_dim_size_gt=dim_limit(
             "skip_preconditioning_dim_size_gt", a.get("skip_preconditioning_dim_size_gt", 4096)
         ),
-        skip_rank_lt=rank_lt,
+        # Below 1 Google preconditions a 0-d parameter with no factor at all (its
+        # shape merges to ()); our plan's (1,) block without a factor is that.
+        skip_rank_lt=max(rank_lt, 0),
+        scalar_factor=rank_lt >= 1,
         preconditioned_dims=side,
     )
 

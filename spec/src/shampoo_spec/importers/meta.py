@@ -583,6 +583,8 @@ def _blocking(a: Args, target_rank: int | None) -> BlockingConfig:
         merge_direction="last_to_first",
         squeeze=target_rank is not None,
         merge_target_rank=target_rank or 1,
+        # inf: Meta leaves a 0-d parameter 0-d, a block with no factor.
+        scalar_factor=target_rank is not None,
     )
 
 
