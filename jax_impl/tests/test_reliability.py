@@ -483,3 +483,13 @@ def test_state_dtypes_are_stable_under_x64(devices: int | None) -> None:
         grads = {k: jnp.full(s, 0.5, jnp.float64) for k, s in SHAPES.items()}
         _, new = jax.jit(opt.update)(grads, state, params)
         assert jax.tree.map(lambda x: x.dtype, new) == jax.tree.map(lambda x: x.dtype, state)
+
+
+def test_huge_integer_learning_rates_do_not_overflow() -> None:
+    """A learning rate given as a Python int beyond int32 (the fuzzer drew 2**62) is a
+    float to JAX: the update is computed, not an OverflowError."""
+    params = {k: jnp.ones(s) for k, s in SHAPES.items()}
+    grads = {k: jnp.full(s, 0.5) for k, s in SHAPES.items()}
+    for opt in (shampoo_jax.shampoo(CONFIG, 2**62), shampoo_jax.shampoo(CONFIG, lambda _: 2**62)):
+        u, _ = opt.update(grads, opt.init(params), params)
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(u))

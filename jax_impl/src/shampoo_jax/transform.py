@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import Array
 
@@ -170,6 +171,8 @@ def shampoo(
         # Eq. (1): the 1-based step and the learning rate of this step.
         t = state.count + 1
         lr_t = lr(state.count) if callable(lr) else lr
+        if isinstance(lr_t, (int, np.integer)):
+            lr_t = float(lr_t)  # a Python int such as 2**62 overflows JAX's int32 arguments
         g, w = _merged_inputs(g_leaves, params, tree, config)
         v = tree.merged(state.graft) if state.graft is not None else None
         masked = refuse_blocks(g, state, v, layout, fdt, sharding)
