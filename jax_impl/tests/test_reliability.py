@@ -256,7 +256,7 @@ def test_checkpoint_always_stores_the_config_and_refuses_another(tmp_path: Any) 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         arrays = _saved(shampoo_jax.state_to_arrays(s), tmp_path / "c.npz")
-        assert len(arrays) == len(jax.tree.leaves(s)) + 1
+        assert len(arrays) == len(jax.tree.leaves(s)) + 2  # the format and config entries
         assert ss.ShampooConfig.from_dict(json.loads(str(arrays[-1]))) == CONFIG
         # The config argument (first version of the API) is the same entry.
         legacy = shampoo_jax.state_to_arrays(s, CONFIG)
@@ -270,7 +270,7 @@ def test_checkpoint_always_stores_the_config_and_refuses_another(tmp_path: Any) 
         chain = optax.chain(optax.clip_by_global_norm(1.0), opt)
         cs = chain.init(params)
         chained = shampoo_jax.state_to_arrays(cs)
-        assert len(chained) == len(jax.tree.leaves(cs)) + 1
+        assert len(chained) == len(jax.tree.leaves(cs)) + 2
         shampoo_jax.state_from_arrays(chained, chain.init(params))
     other = dataclasses.replace(CONFIG, learning_rate=0.2,
                                 statistics=ss.StatisticsConfig(beta2=0.99))
@@ -405,13 +405,25 @@ def test_checkpoint_written_before_the_update_guard_loads() -> None:
     params = {k: jnp.ones(s) for k, s in SHAPES.items()}
     _, s = _run(*_data(2))[-1]
     arrays = shampoo_jax.state_to_arrays(s)
-    before = [*arrays[:-2], arrays[-1]]  # withheld_updates: the state's last array
+    # Before the guard: no withheld_updates (the state's last array), no format entry.
+    assert str(arrays[-2]) == shampoo_jax.checkpoint.FORMAT
+    before = [*arrays[:-3], arrays[-1]]
     restored = shampoo_jax.state_from_arrays(before, opt.init(params))
     assert int(restored.withheld_updates) == 0
     for a, b in zip(jax.tree.leaves(restored)[:-1], jax.tree.leaves(s)[:-1], strict=True):
         assert np.array_equal(np.asarray(a), np.asarray(b))
+    # Without the format entry only that older layout loads: any other count is damage.
+    with pytest.raises(ValueError, match="no format entry"):
+        shampoo_jax.state_from_arrays([*arrays[:-4], arrays[-1]], opt.init(params))
+    with pytest.raises(ValueError, match="no format entry"):
+        shampoo_jax.state_from_arrays([*arrays[:-2], arrays[-1]], opt.init(params))
+    # With it, exactly the current layout: a missing counter is refused, not shifted.
     with pytest.raises(ValueError, match="len"):
-        shampoo_jax.state_from_arrays([*arrays[:-3], arrays[-1]], opt.init(params))
+        shampoo_jax.state_from_arrays([*arrays[:-3], *arrays[-2:]], opt.init(params))
+    with pytest.raises(ValueError, match="format entry is"):
+        shampoo_jax.state_from_arrays(
+            [*arrays[:-2], np.asarray("shampoo_jax.state_to_arrays/9"), arrays[-1]],
+            opt.init(params))
 
 
 # ------------------------------------------------------- eq. (22), update guard

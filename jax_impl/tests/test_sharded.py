@@ -246,9 +246,9 @@ def test_checkpoint_restores_onto_another_device_count(before, after, data) -> N
     else:
         arrays = shampoo_jax.sharded_state_to_arrays(s, like, sharding_1d(before))
     # The saved arrays are those of the single-device state at the same step,
-    # then the config entry.
+    # then the format and config entries.
     _, s_cut = trajectory(config, params, grads[:cut], None)
-    for a, b in zip(arrays[:-1], jax.tree.leaves(s_cut), strict=True):
+    for a, b in zip(arrays[:-2], jax.tree.leaves(s_cut), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
     assert str(arrays[-1]) == str(shampoo_jax.config_array(config))
     if after is None:

@@ -21,9 +21,9 @@ resumes on N' (or on one device with ``state_from_arrays``) exactly.
 
 The config: every state made by ``shampoo(config).init`` carries its config
 (as JSON, in the static ``ShampooState.info``), and ``state_to_arrays``
-always stores it, as one more array after the state's: a 0-d NumPy string
-array (loadable with ``allow_pickle=False``; one per Shampoo state in the
-pytree, in tree order). ``state_from_arrays(arrays, like)`` compares it
+always stores it, after the state's arrays and the format entry: a 0-d NumPy
+string array (loadable with ``allow_pickle=False``; one per Shampoo state in
+the pytree, in tree order, the last entries). ``state_from_arrays(arrays, like)`` compares it
 with the config ``like`` was initialised under and raises ``ValueError``
 naming every field that differs (``shampoo_spec.config_differences``), so
 resuming under another config (a learning rate, a beta2, a block size)
@@ -41,9 +41,12 @@ skip counters start at zero). Arrays with the current layout but no config
 entry (the entry was dropped) are refused: ``state_to_arrays`` never
 writes them.
 
-Checkpoints written before the update guard (eq. 22) existed hold one array
-fewer per Shampoo state (``withheld_updates``): they load, that counter
-starting at zero.
+After the state's arrays comes a format entry, a 0-d string array
+(:data:`FORMAT`), then the config entries: the arrays must then have exactly
+the current layout. Checkpoints written before the update guard (eq. 22)
+existed have no format entry and one array fewer per Shampoo state
+(``withheld_updates``): they load, that counter starting at zero; any other
+count is refused.
 
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built
@@ -68,6 +71,11 @@ from .state import ShampooState, config_json
 
 # Fields added by the update guard (eq. 22): absent from older checkpoints.
 _GUARD_FIELDS = ("withheld_updates",)
+#: The format entry between the state's arrays and its config entries: the
+#: layout is exactly the current one. Without it, a checkpoint with configs is
+#: one written before the update guard (one array fewer per Shampoo state).
+_FORMAT_PREFIX = "shampoo_jax.state_to_arrays/"
+FORMAT = _FORMAT_PREFIX + "3"
 
 
 def config_array(config: ShampooConfig) -> np.ndarray:
@@ -85,8 +93,16 @@ def _shampoo_states(tree: Any) -> list[ShampooState]:
             if isinstance(x, ShampooState)]
 
 
-def _is_config_entry(x: Any) -> bool:
+def _is_text_entry(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind == "U" and x.ndim == 0
+
+
+def _is_format_entry(x: Any) -> bool:
+    return _is_text_entry(x) and str(x[()]).startswith(_FORMAT_PREFIX)
+
+
+def _is_config_entry(x: Any) -> bool:
+    return _is_text_entry(x) and not _is_format_entry(x)
 
 
 def _parse(text: str, what: str) -> ShampooConfig:
@@ -163,7 +179,7 @@ def state_to_arrays(state: Any, config: ShampooConfig | None = None) -> list[np.
         )
         stored = []
     arrays = [np.asarray(x) for x in jax.tree.leaves(state)]
-    return arrays + [np.asarray(c) for c in stored]
+    return arrays + [np.asarray(FORMAT)] + [np.asarray(c) for c in stored]
 
 
 def state_from_arrays(
@@ -194,6 +210,14 @@ def _load(arrays: list[np.ndarray], like: Any, config: ShampooConfig | None,
     saved: list[str] = []
     while arrays and _is_config_entry(arrays[-1]):
         saved.insert(0, str(arrays.pop()[()]))
+    current_format = bool(arrays) and _is_format_entry(arrays[-1])
+    if current_format:
+        found = str(arrays.pop()[()])
+        if found != FORMAT:
+            raise ValueError(
+                f"the checkpoint's format entry is {found!r}: allowed {FORMAT!r} (written by "
+                "another version of shampoo_jax)."
+            )
     current = _configs(like, config, "like")
     known = bool(current) and all(c is not None for c in current)
     if saved:
@@ -216,19 +240,26 @@ def _load(arrays: list[np.ndarray], like: Any, config: ShampooConfig | None,
                         f"the checkpoint was saved under another config{which}; fields that "
                         f"differ (saved -> current): {'; '.join(diffs)}."
                     )
-        before_guard = _layout_without(like, _GUARD_FIELDS)
-        if before_guard is not None and len(arrays) == len(before_guard) != len(leaves):
+        if not current_format:  # written before the update guard, or damaged
+            before_guard = _layout_without(like, _GUARD_FIELDS)
+            if before_guard is None or len(arrays) != len(before_guard):
+                raise ValueError(
+                    f"the checkpoint has config entries but no format entry and {len(arrays)} "
+                    "arrays: a checkpoint written before the update guard has "
+                    f"{len(before_guard or leaves)}, state_to_arrays writes a format entry "
+                    f"({FORMAT!r}); the arrays are damaged."
+                )
             arrays = _with_zeros(arrays, before_guard, paths, leaves)
     else:
         old = _layout_without(like, ("skipped_per_parameter", *_GUARD_FIELDS))
-        if old is not None and len(arrays) == len(old) != len(leaves):
+        if not current_format and old is not None and len(arrays) == len(old) != len(leaves):
             warnings.warn(
                 "the checkpoint holds no config (written before configs were stored): loaded "
                 "without checking the config; the per-parameter skip counters "
                 "(skipped_per_parameter) start at zero.", stacklevel=stacklevel,
             )
             arrays = _with_zeros(arrays, old, paths, leaves)
-        elif known and len(arrays) == len(leaves):
+        elif known and (current_format or len(arrays) == len(leaves)):
             raise ValueError(
                 "the arrays hold no config entry but have the current layout (state_to_arrays "
                 "always stores the config, so the entry was dropped): refused; append "
