@@ -301,7 +301,10 @@ def _shampoo_directions(
     need_shampoo = use_shampoo is not False or state.graft_momentum is not None
     f_blocks = gd_blocks = None
     if need_shampoo:
-        f_blocks = B.gather(used, layout, fdt)
+        # With inverse_root_dtype the blocks keep the filtered gradient's dtype
+        # here: precondition_blocks rounds them to the roots' dtype straight
+        # from it (eq. 16), never through the factor dtype (two roundings).
+        f_blocks = B.gather(used, layout, None if config.rounds_inverse_roots else fdt)
         if config.grafting.rescale_scope == "block":
             gd_blocks = B.gather(graft_dir, layout, fdt)
     inputs = BlockInputs(masked.blocks, masked.block_ok, f_blocks, gd_blocks)
