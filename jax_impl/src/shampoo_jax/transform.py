@@ -138,6 +138,12 @@ def shampoo(
             f"sharding = {sharding!r} is invalid: allowed None or a shampoo_jax.ShardingConfig."
         )
     lr = config.learning_rate if learning_rate is None else learning_rate
+    if isinstance(lr, int) and not isinstance(lr, bool):
+        # A Python int enters the traced arithmetic as a weak int32 (int64 under
+        # x64): one beyond that range (2**62, valid for the config) would raise
+        # OverflowError inside jit. As a float it is exact up to 2**53 and
+        # otherwise rounded as any float learning rate.
+        lr = float(lr)
     wd = config.weight_decay
     # Any decay (eqs. 2, 19, 21) needs the weights W.
     needs_w = wd.applies(wd.type)
