@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import shampoo_jax
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
+from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_jax.blocks import make_layout
+from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 
 from .helpers import relative_error, stream
@@ -180,3 +186,116 @@ def test_float32_within_documented_bound(name: str) -> None:
     got = jax_run(config, params, grads, dtype=np.float32)
     err, where = relative_error(got, want, params)
     assert err <= 1e-2, f"{name}: float32 relative error {err:.3e} at {where}"
+
+
+# ------------------------------------------------- inverse_root_dtype, eqs. (11a), (16)
+#: Significant bits of each storage dtype (one ulp at 1 is 2^(1 - bits)).
+ROOT_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
+ROOT_BASE = ss.ShampooConfig(
+    learning_rate=0.05, epsilon=ss.EpsilonConfig(value=1e-3), factor_dtype="float64",
+    blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+)
+ROOT_CASES = {
+    "plain": ROOT_BASE,
+    "adagrad_momentum_newton": dataclasses.replace(
+        ROOT_BASE, grafting=ss.GraftingConfig(type="adagrad"),
+        momentum=ss.MomentumConfig(momentum=0.9, nesterov=True),
+        root_inverse=ss.CoupledNewtonConfig(),
+        schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
+    ),
+    "merged_parameter_graft": dataclasses.replace(
+        ROOT_BASE, blocking=ss.BlockingConfig(merge_dims_up_to=64),
+        grafting=ss.GraftingConfig(type="rmsprop", beta2=0.9, norm_scope="parameter"),
+        exponents=ss.ExponentConfig(
+            overrides_by_order=(ss.OrderOverride(order=2, roots=(4.0, 0.0)),)
+        ),
+    ),
+}
+
+
+def _root_config(name: str, dtype: str) -> ss.ShampooConfig:
+    return dataclasses.replace(ROOT_CASES[name], inverse_root_dtype=dtype)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(ROOT_CASES))
+def test_inverse_root_dtype_within_derived_bound(name: str, dtype: str) -> None:
+    """float64 JAX with roots stored in s against the reference's exact emulation.
+
+    Bound: spec section 5 for roots stored in s, ``SAFETY n u_s kappa steps``
+    capped at 1e-2 (``tolerances.trajectory_bound``, whose u is u_s here): the
+    reference emulates every rounding of eqs. (11a) and (16), so only a root
+    or product whose unrounded value lies across a rounding boundary of s
+    from the reference's can differ, by one ulp of s. The cap applies here;
+    measured (seed 0, 20 steps): float32 5e-7 to 1.5e-5 (XLA's float32 dots
+    accumulate in float32, n u32 times the cancellation); bfloat16 and
+    float16 0 to 4e-16 with blocks of 4 (their dots accumulate in float32,
+    far below one ulp of s: no entry rounds otherwise), 6e-5 (float16) and
+    3e-4 (bfloat16) with the merged 70-dim factor, where a few entries do.
+    """
+    config = _root_config(name, dtype)
+    params, grads = stream()
+    # u = u_s here: the tolerance module takes the roots' storage dtype when coarser.
+    rtol = min(1e-2, trajectory_bound(config, params, grads, np.float64).rtol)
+    want = reference_run(config, params, grads)
+    got = jax_run(config, params, grads, dtype=np.float64)
+    err, where = relative_error(got, want, params)
+    assert err <= rtol, f"{name} {dtype}: relative error {err:.3e} at {where}"
+
+
+def _differing(ours: np.ndarray, ref: np.ndarray, dtype: str) -> float:
+    """Fraction of entries not equal bit for bit; asserts each is within one ulp of s."""
+    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(ref), 1e-300))) + 1 - ROOT_BITS[dtype])
+    assert np.all(np.abs(ours - ref) <= ulp), np.max(np.abs(ours - ref) / ulp)
+    return float(np.mean(ours != ref))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_stored_roots_are_the_references_bit_for_bit(dtype: str) -> None:
+    """Eq. (11a) at the first root step (factors equal to the reference's to ~1e-16).
+
+    The unrounded roots differ by about kappa u64, so an entry rounds
+    otherwise only that close to a boundary of s: about kappa u64 / u_s per
+    entry (<= 1e-4 for float32 at kappa 1e4). At most 1% may differ, by one
+    ulp; unrounded or truncated roots differ in about half the entries.
+    """
+    config = _root_config("plain", dtype)
+    params, grads = stream(steps=1, seed=11)
+    ref = ReferenceShampoo(config, params)
+    ref.step(grads[0])
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config)
+        p = {k: jnp.asarray(params[k]) for k in names}
+        state = opt.init(p)
+        _, state = jax.jit(opt.update)({k: jnp.asarray(grads[0][k]) for k in names}, state, p)
+        layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
+        fractions = []
+        for grp, gs in zip(layout.groups, state.groups, strict=True):
+            for i, k in enumerate(grp.preconditioned_dims):
+                x = np.asarray(gs.inverse_roots[i])
+                assert x.dtype == np.dtype(getattr(jnp, dtype))
+                for row, (leaf, block) in enumerate(grp.members):
+                    want = ref.state[names[leaf]].blocks[block].inverse_roots[k]
+                    assert want is not None
+                    fractions.append(_differing(x[row].astype(np.float64), want, dtype))
+    assert fractions and float(np.mean(fractions)) <= 0.01, fractions
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_first_direction_is_the_references_bit_for_bit(dtype: str) -> None:
+    """Eq. (16) at step 1 (W_0 = 0, lr = 1, no graft: W_1 = -P exactly).
+
+    XLA's bfloat16/float16 dots on CPU accumulate in float32: a product
+    differs from the reference's by about n u32 times the cancellation, so
+    an entry rounds otherwise only within that of a boundary of s, about
+    n u32 c / u_s per entry. At most 1% may differ, by one ulp; a product
+    rounded once at the end, or a gradient not rounded first, moves most.
+    """
+    config = dataclasses.replace(_root_config("plain", dtype), learning_rate=1.0)
+    params, grads = stream(steps=1, seed=5)
+    params = {k: np.zeros_like(v) for k, v in params.items()}
+    (want,) = reference_run(config, params, grads)
+    (got,) = jax_run(config, params, grads, dtype=np.float64)
+    fractions = [_differing(got[k], want[k], dtype) for k in params if want[k].size > 1]
+    assert float(np.mean(fractions)) <= 0.01, fractions

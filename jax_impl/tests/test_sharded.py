@@ -78,6 +78,8 @@ CONFIGS = {
         momentum=ss.MomentumConfig(momentum=0.9, buffers="separate"),
         epsilon=ss.EpsilonConfig(value=1e-3, scale="relative"),
     ),
+    # Roots stored in bfloat16 (eq. 11a), products in bfloat16 (eq. 16).
+    "bf16_roots": dataclasses.replace(BASE, inverse_root_dtype="bfloat16"),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.
@@ -166,7 +168,7 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.count) == STEPS
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
-    if name == "eigh":
+    if name in ("eigh", "bf16_roots"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)

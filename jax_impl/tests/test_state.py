@@ -86,6 +86,42 @@ def test_checkpoint_round_trip_resumes_bit_identically(tmp_path) -> None:  # noq
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_checkpoint_keeps_the_inverse_root_dtype(tmp_path, dtype: str) -> None:  # noqa: ANN001
+    """Eq. (11a): roots live and are saved in ``inverse_root_dtype``; through numpy.savez
+    (bfloat16 comes back as raw 2-byte voids) they load bit for bit and resume exactly."""
+    config = dataclasses.replace(CONFIG, inverse_root_dtype=dtype)  # type: ignore[arg-type]
+    opt, step = _make_step(config)
+    params, grads = stream(SHAPES, steps=8)
+    p = _jnp(params)
+    s = opt.init(p)
+    for g in grads[:4]:
+        p, s = step(p, s, _jnp(g))
+    want = np.dtype(getattr(jnp, dtype))
+    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.inverse_roots} == {want}
+    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.factors} == {np.dtype(np.float32)}
+    path = tmp_path / "state.npz"
+    arrays = shampoo_jax.state_to_arrays(s)
+    np.savez(path, *arrays)
+    loaded = np.load(path, allow_pickle=False)
+    s2 = shampoo_jax.state_from_arrays([loaded[f"arr_{i}"] for i in range(len(arrays))],
+                                       like=opt.init(p))
+    for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    p2 = p
+    for g in grads[4:]:
+        p, s = step(p, s, _jnp(g))
+        p2, s2 = step(p2, s2, _jnp(g))
+    for k in p:
+        assert np.array_equal(np.asarray(p[k]), np.asarray(p2[k])), k
+    # Roots in another dtype are refused, naming the field (never re-rounded on load).
+    wrong = [a.astype(np.float32) if np.dtype(a.dtype) == want and a.ndim == 3 else a
+             for a in arrays]
+    if dtype != "float32":
+        with pytest.raises(ValueError, match=r"inverse_roots.*the state needs"):
+            shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
+
+
 class _GroupBeforeRename(NamedTuple):
     """``BlockGroupState`` as it was before ``roots`` became ``inverse_roots``."""
 

@@ -97,11 +97,23 @@ def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -
         (lambda: ss.ShampooConfig(
             root_inverse=ss.CoupledNewtonConfig(),
             exponents=ss.ExponentConfig(override=2.5)), "override"),
+        (lambda: ss.ShampooConfig(
+            eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
+            inverse_root_dtype="float32"), "inverse_root_dtype"),
     ],
 )
 def test_cross_field_rules(make: typing.Callable[[], object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         make()
+
+
+def test_inverse_root_dtype_error_names_field_value_and_allowed() -> None:
+    with pytest.raises(ValueError) as err:
+        ss.ShampooConfig(inverse_root_dtype="float8")  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "ShampooConfig.inverse_root_dtype = 'float8' is invalid: allowed one of 'float64', "
+        "'float32', 'bfloat16', 'float16', or None (the roots stay in factor_dtype)."
+    )
 
 
 def test_defaults_are_valid_and_frozen() -> None:

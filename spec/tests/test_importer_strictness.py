@@ -463,6 +463,51 @@ def test_meta_weight_decay_type_refused(bad: Any) -> None:
 def test_meta_dtype_forms(spelled: str, key: str) -> None:
     c = ss.from_meta({"preconditioner_config": {**ROOT_INV, key: spelled}})
     assert c.factor_dtype == ("float64" if key == "factor_matrix_dtype" else "float32")
+    # float64 factors with Meta's default float32 roots; float32 factors with float64 roots.
+    assert c.inverse_root_dtype == ("float32" if key == "factor_matrix_dtype" else "float64")
+
+
+@pytest.mark.parametrize(
+    ("factor", "inv", "expected"),
+    [
+        (None, None, None),  # Meta's defaults: float32 factors and roots
+        ("float64", None, "float32"),  # Meta's default roots are float32 whatever the factors
+        ("float64", "float64", None),
+        ("float64", "torch.float32", "float32"),
+        ("float64", "bfloat16", "bfloat16"),
+        ("float32", "float16", "float16"),
+        ("float32", "torch.float32", None),
+        ("float32", "float64", "float64"),
+    ],
+)
+def test_meta_inv_factor_matrix_dtype_maps_to_inverse_root_dtype(
+    factor: str | None, inv: str | None, expected: str | None
+) -> None:
+    """Eqs. (11a), (16): Meta's root storage dtype, None where it is the factor dtype."""
+    pc: dict[str, Any] = dict(ROOT_INV)
+    if factor is not None:
+        pc["factor_matrix_dtype"] = factor
+    if inv is not None:
+        pc["inv_factor_matrix_dtype"] = inv
+    c = ss.from_meta({"preconditioner_config": pc})
+    assert c.inverse_root_dtype == expected
+    assert ss.from_meta(ss.to_meta(c)) == c
+
+
+def test_meta_inv_factor_matrix_dtype_refused_with_eigenvalue_correction() -> None:
+    """Meta's EigenvalueCorrected config has no inv_factor_matrix_dtype: refused, not ignored."""
+    _refused(ss.from_meta, {"preconditioner_config": {**EIGEN_CORRECTED,
+                                                      "inv_factor_matrix_dtype": "float64"}},
+             "preconditioner_config.inv_factor_matrix_dtype",
+             "only with RootInvShampooPreconditionerConfig")
+    assert ss.from_meta({"preconditioner_config": EIGEN_CORRECTED}).inverse_root_dtype is None
+
+
+def test_google_has_no_inverse_root_dtype() -> None:
+    """Google keeps preconditioners in its computation dtype: None, and to_google refuses one."""
+    assert ss.from_google(GOOGLE).inverse_root_dtype is None
+    with pytest.raises(ValueError, match=r"inverse_root_dtype = 'float32' \(Google keeps"):
+        ss.to_google(dataclasses.replace(ss.from_google(GOOGLE), inverse_root_dtype="float32"))
 
 
 @pytest.mark.parametrize("bad", ["jnp.float64", "torch.int32", "double", 64, None, "float"])

@@ -166,6 +166,8 @@ def test_config_differences() -> None:
     assert "eigenvalue_correction.beta2: '<absent>' -> 0.9" in diff
     newton = dataclasses.replace(a, root_inverse=ss.CoupledNewtonConfig())
     assert "root_inverse.method: 'eigh' -> 'coupled_newton'" in ss.config_differences(a, newton)
+    rounded = dataclasses.replace(a, inverse_root_dtype="bfloat16")
+    assert ss.config_differences(a, rounded) == ["inverse_root_dtype: None -> 'bfloat16'"]
 
 
 # ------------------------------------------------------- integer fields

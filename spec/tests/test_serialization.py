@@ -46,6 +46,8 @@ configs = st.builds(
                        nesterov=st.booleans()),
     schedule=st.builds(ss.ScheduleConfig, precondition_frequency=st.integers(1, 100),
                        start_preconditioning_step=st.one_of(st.none(), st.integers(1, 100))),
+    factor_dtype=st.sampled_from(["float32", "float64"]),
+    inverse_root_dtype=st.one_of(st.none(), st.sampled_from(ss.INVERSE_ROOT_DTYPES)),
 )
 
 
@@ -60,6 +62,24 @@ def test_eigenvalue_correction_round_trip() -> None:
     assert ss.ShampooConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
 
 
+@pytest.mark.parametrize("dtype", [None, *ss.INVERSE_ROOT_DTYPES])
+def test_inverse_root_dtype_round_trip(dtype: str | None) -> None:
+    """Eqs. (11a), (16): the storage dtype of the roots survives JSON; None is written as null."""
+    c = ss.ShampooConfig(factor_dtype="float64", inverse_root_dtype=dtype)  # type: ignore[arg-type]
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["inverse_root_dtype"] == dtype
+    assert ss.ShampooConfig.from_dict(data) == c
+    assert c.root_dtype == (dtype or "float64")
+    assert c.rounds_inverse_roots is (dtype is not None)
+
+
+def test_dict_without_inverse_root_dtype_reads_none() -> None:
+    """A dict saved before the field existed (checkpoints) reads as None: today's numerics."""
+    data = ss.ShampooConfig(factor_dtype="float64").to_dict()
+    del data["inverse_root_dtype"]
+    assert ss.ShampooConfig.from_dict(data).inverse_root_dtype is None
+
+
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
@@ -68,6 +88,7 @@ def test_eigenvalue_correction_round_trip() -> None:
         ({"root_inverse": {"method": "lobpcg"}}, "lobpcg"),
         ({"grafting": "adagrad"}, "grafting"),
         ({"exponents": {"overrides_by_order": 4}}, "overrides_by_order"),
+        ({"inverse_root_dtype": "float8"}, "inverse_root_dtype"),
     ],
 )
 def test_malformed_dicts_raise_naming_the_key(data: dict[str, object], needle: str) -> None:

@@ -56,6 +56,11 @@ RESUME_CASES = {
                             failure=FailureConfig(nonfinite_gradient="skip_block")),
         torch.float32,
     ),
+    # Eq. (11a): float64 factors, roots stored in bfloat16.
+    "bfloat16_roots_float64": (
+        dataclasses.replace(RICH, factor_dtype="float64", inverse_root_dtype="bfloat16"),
+        torch.float64,
+    ),
 }
 
 
@@ -153,6 +158,60 @@ def test_load_rejects_a_different_config() -> None:
     opt = Shampoo(params, other)
     with pytest.raises(ValueError, match=r"config.*grafting"):
         opt.load_state_dict(_saved())
+
+
+def _root_dtypes(sd: dict) -> set[torch.dtype]:
+    return {x.dtype for entry in sd["state"].values()
+            for block in (entry["blocks"].values() if isinstance(entry["blocks"], dict)
+                          else entry["blocks"])
+            for x in block["inverse_roots"].values()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_checkpoints_carry_the_inverse_root_dtype(dtype: str) -> None:
+    """Eq. (11a): roots are saved in ``inverse_root_dtype`` (both formats), factors in
+    ``factor_dtype``, and they load back bit for bit."""
+    config = dataclasses.replace(RICH, factor_dtype="float64",
+                                 inverse_root_dtype=dtype)  # type: ignore[arg-type]
+    params = make_params(torch.float64)
+    opt = Shampoo(params, config)
+    run_steps(opt, params, make_grads(4))
+    want = getattr(torch, dtype)
+    for saved in (roundtrip(opt.state_dict()), roundtrip(opt.distributed_state_dict())):
+        assert _root_dtypes(saved) == {want}
+        factors = {f.dtype for entry in saved["state"].values()
+                   for block in (entry["blocks"].values() if isinstance(entry["blocks"], dict)
+                                 else entry["blocks"])
+                   for f in block["factors"].values()}
+        assert factors == {torch.float64}
+    fresh = Shampoo(make_params(torch.float64), config)
+    fresh.load_state_dict(roundtrip(opt.state_dict()))
+    assert_trees_equal(fresh.state_dict(), opt.state_dict())
+    assert {x.dtype for v in fresh.blocks() for x in (v.inverse_roots or ()) if x is not None} \
+        == {want}
+
+
+def test_load_refuses_inverse_roots_in_another_dtype_and_changes_nothing() -> None:
+    """A root saved in float64 where the config stores bfloat16 is refused, not re-rounded."""
+    config = dataclasses.replace(RICH, factor_dtype="float64", inverse_root_dtype="bfloat16")
+    params = make_params(torch.float64)
+    opt = Shampoo(params, config)
+    run_steps(opt, params, make_grads(4))
+    saved = roundtrip(opt.state_dict())
+    for entry in saved["state"].values():
+        for block in entry["blocks"]:
+            block["inverse_roots"] = {k: x.double() for k, x in block["inverse_roots"].items()}
+    fresh = Shampoo(make_params(torch.float64), config)
+    before = roundtrip(fresh.state_dict())
+    with pytest.raises(ValueError, match=r"inverse_roots.*dtype torch\.float64 does not match "
+                                         r"torch\.bfloat16"):
+        fresh.load_state_dict(saved)
+    assert_trees_equal(fresh.state_dict(), before)
+    # A different inverse_root_dtype in the config is named as such.
+    other = Shampoo(make_params(torch.float64),
+                    dataclasses.replace(config, inverse_root_dtype="float32"))
+    with pytest.raises(ValueError, match="inverse_root_dtype: 'bfloat16' -> 'float32'"):
+        other.load_state_dict(roundtrip(opt.state_dict()))
 
 
 def test_load_rejects_other_shapes_and_changes_nothing() -> None:

@@ -25,6 +25,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
 from shampoo_conformance.adapters.torch import run as torch_run
 from shampoo_reference import ReferenceShampoo
@@ -48,6 +49,7 @@ from shampoo_spec import (
     from_google,
     from_meta,
 )
+from shampoo_torch import Shampoo
 
 SHAPES = {"w": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": (), "o": (1, 5, 1)}
 STEPS = 20
@@ -258,3 +260,122 @@ def test_float32_within_derived_bound(name: str) -> None:
     ref = reference_run(config, params, grads)
     ours = torch_run(config, params, grads, dtype=np.float32)
     assert max_relative_error(params, ours, ref) <= rtol
+
+
+# ------------------------------------------------- inverse_root_dtype, eqs. (11a), (16)
+#: Significant bits of each storage dtype (one ulp at 1 is 2^(1 - bits)).
+ROOT_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
+ROOT_CASES = ["plain", "blocked", "graft_adagrad_block", "newton", "exponent_by_order",
+              "momentum_nesterov_dampening"]
+
+
+def _root_config(name: str, dtype: str) -> ShampooConfig:
+    return dataclasses.replace(CASES[name], epsilon=EpsilonConfig(value=1e-3),
+                               factor_dtype="float64",
+                               inverse_root_dtype=dtype)  # type: ignore[arg-type]
+
+
+def _storage_rtol(config: ShampooConfig, params: dict, grads: list[dict], dtype: str) -> float:
+    """Spec section 5 for roots stored in s: the float32 bound with u = u_s, capped at 1e-2.
+
+    The reference emulates every rounding of eqs. (11a) and (16); what is left
+    is a root or product whose unrounded value differs (kappa u64, resp. the
+    backend's accumulation error) across a rounding boundary of s, one ulp of
+    s in that entry, entering the direction as a root error does.
+    """
+    return min(1e-2, _float32_rtol(config, params, grads) * 2.0 ** (24 - ROOT_BITS[dtype]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("name", ROOT_CASES)
+def test_inverse_root_dtype_within_derived_bound(name: str, dtype: str) -> None:
+    """float64 torch with roots stored in s against the reference's exact emulation.
+
+    The bound is the spec's worst case (every entry one ulp off), here the
+    1e-2 cap; measured (seed 7, 20 steps): float32 3e-6 to 5e-6 (torch's
+    float32 GEMMs accumulate in float32, n u32 times the cancellation, which
+    eps = 1e-3 keeps small); bfloat16 0 to 2e-15 (its CPU GEMMs accumulate in
+    float32, far below one ulp of bfloat16: no entry rounds otherwise than in
+    the reference, the trajectories are the same); float16 up to 1.4e-5 (a
+    few entries one ulp of float16 apart). The tests below check the roots
+    and the first direction entry by entry, where a wrong rule cannot hide.
+    """
+    config = _root_config(name, dtype)
+    params, grads = stream(seed=7)
+    rtol = _storage_rtol(config, params, grads, dtype)
+    ref = reference_run(config, params, grads)
+    ours = torch_run(config, params, grads, dtype=np.float64)
+    assert max_relative_error(params, ours, ref) <= rtol
+
+
+def _differing(ours: np.ndarray, ref: np.ndarray, dtype: str) -> float:
+    """Fraction of entries not equal bit for bit; asserts each is within one ulp of s."""
+    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(ref), 1e-300))) + 1 - ROOT_BITS[dtype])
+    assert np.all(np.abs(ours - ref) <= ulp), np.max(np.abs(ours - ref) / ulp)
+    return float(np.mean(ours != ref))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_stored_roots_are_the_references_bit_for_bit(dtype: str) -> None:
+    """Eq. (11a) at the first root step, where torch's factors equal the reference's to
+    ~1e-16: the unrounded roots differ by kappa u64 (kappa <= 1e4 here), so a root
+    entry can round differently only when it lies that close to a boundary of s,
+    probability about kappa u64 / u_s per entry (<= 1e-4 for float32). We allow
+    1% of the entries to differ, by one ulp of s at most; a root not rounded, or
+    rounded by truncation, differs in about half of them.
+    """
+    config = _root_config("blocked", dtype)
+    params, grads = stream(seed=11, steps=1)
+    ref = ReferenceShampoo(config, params)
+    ref.step(grads[0])
+    ours = torch_run_with_views(config, params, grads)
+    fractions = []
+    for name, blocks in ours.items():
+        for bs, roots in zip(ref.state[name].blocks, blocks, strict=True):
+            for x, y in zip(bs.inverse_roots, roots, strict=True):
+                if x is not None:
+                    assert y is not None and y.dtype == ROOT_TORCH_DTYPES[dtype]
+                    fractions.append(_differing(y.double().numpy(), x, dtype))
+    assert fractions and float(np.mean(fractions)) <= 0.01, fractions
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_first_direction_is_the_references_bit_for_bit(dtype: str) -> None:
+    """Eq. (16) at step 1 (W_0 = 0, lr = 1, no graft: W_1 = -P exactly).
+
+    Torch's bfloat16/float16 GEMMs on CPU accumulate in float32: the product
+    differs from the reference's float64 one by about n u32 times the
+    cancellation of the sum, so an entry rounds differently only within that
+    of a boundary of s: probability about n u32 c / u_s (< 1e-3 here). At most
+    1% of the entries may differ, each by one ulp; computing the product
+    wider than s and rounding only once (or not rounding the gradient) moves
+    most entries.
+    """
+    config = dataclasses.replace(_root_config("blocked", dtype), learning_rate=1.0)
+    params, grads = stream(seed=5, steps=1)
+    params = {k: np.zeros_like(v) for k, v in params.items()}
+    (ref,) = reference_run(config, params, grads)
+    (ours,) = torch_run(config, params, grads, dtype=np.float64)
+    fractions = [_differing(ours[k], ref[k], dtype) for k in params if ref[k].size > 1]
+    assert float(np.mean(fractions)) <= 0.01, fractions
+
+
+ROOT_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                     "float16": torch.float16}
+
+
+def torch_run_with_views(
+    config: ShampooConfig, params: dict, grads: list[dict]
+) -> dict[str, list[tuple[torch.Tensor | None, ...]]]:
+    """Step torch (float64 parameters) through ``grads``; each parameter's blocks' roots."""
+    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    opt = Shampoo(list(tensors.items()), config)
+    for g in grads:
+        for k, t in tensors.items():
+            t.grad = torch.tensor(g[k])
+        opt.step()
+    out: dict[str, list[tuple[torch.Tensor | None, ...]]] = {k: [] for k in params}
+    for view in opt.blocks():
+        assert view.inverse_roots is not None
+        out[view.name].append(view.inverse_roots)
+    return out

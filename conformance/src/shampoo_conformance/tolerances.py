@@ -15,6 +15,13 @@ the parameters themselves. A coupled Newton root adds its stopping
 tolerance (relative error of X about tolerance / r). Eigenvalue-corrected
 Shampoo uses eigenvectors, whose error is u * ||A|| / gap (the smallest
 eigenvalue gap), so kappa there also covers ||A|| / gap.
+
+Inverse roots stored in ``inverse_root_dtype`` s (eqs. 11a, 16): the
+reference emulates those roundings, so a backend differs from it only where
+its unrounded root or product lies across a rounding boundary of s from the
+reference's, one ulp of s in that entry; that enters the direction as a
+root error does, so u is then the larger of the backend dtype's and s's
+(:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5).
 """
 
 from __future__ import annotations
@@ -33,6 +40,19 @@ SAFETY = 4.0
 
 def unit_roundoff(dtype: DTypeLike) -> float:
     return float(np.finfo(np.dtype(dtype)).eps) / 2.0
+
+
+#: u of each ``inverse_root_dtype`` (bfloat16 is no NumPy dtype): 2^-(significant bits).
+STORAGE_UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8,
+                         "float16": 2.0**-11}
+
+
+def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
+    """u of the bound: the backend dtype's, or the roots' storage dtype's when coarser."""
+    u = unit_roundoff(dtype)
+    if config.inverse_root_dtype is not None:
+        u = max(u, STORAGE_UNIT_ROUNDOFF[config.inverse_root_dtype])
+    return u
 
 
 @dataclass(frozen=True)
@@ -105,7 +125,7 @@ def bound_and_reference(
                         else 1.0
                     )
                     kappa = max(kappa, _factor_kappa(config, lk / bc))
-    u = unit_roundoff(dtype)
+    u = config_unit_roundoff(config, dtype)
     steps = len(grads)
     rtol = SAFETY * max_dim * u * kappa * steps
     if isinstance(config.root_inverse, CoupledNewtonConfig):

@@ -48,6 +48,12 @@ existed have no format entry and one array fewer per Shampoo state
 (``withheld_updates``): they load, that counter starting at zero; any other
 count is refused.
 
+Arrays keep the state's dtypes, the inverse roots in ``inverse_root_dtype``
+when it is set (eq. 11a); an array in another dtype than the state's is
+refused. A bfloat16 array comes back from ``numpy.load`` as raw 2-byte
+voids (NumPy has no bfloat16): where the state needs bfloat16, such an
+array is read as bfloat16, bytes unchanged.
+
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built
 (a finite state stays finite, so such a file is damaged).
@@ -269,6 +275,7 @@ def _load(arrays: list[np.ndarray], like: Any, config: ShampooConfig | None,
         raise ValueError(
             f"len(arrays) = {len(arrays)} is invalid: the state has {len(leaves)} arrays."
         )
+    arrays = [_bfloat16_from_void(arr, ref) for arr, ref in zip(arrays, leaves, strict=True)]
     for i, (path, ref, arr) in enumerate(zip(paths, leaves, arrays, strict=True)):
         if tuple(ref.shape) != tuple(arr.shape) or np.dtype(ref.dtype) != arr.dtype:
             raise ValueError(
@@ -283,6 +290,21 @@ def _load(arrays: list[np.ndarray], like: Any, config: ShampooConfig | None,
                 "damaged)."
             )
     return jax.tree.unflatten(treedef, [jnp.asarray(a) for a in arrays])
+
+
+def _bfloat16_from_void(arr: np.ndarray, ref: Any) -> np.ndarray:
+    """A bfloat16 array as ``numpy.load`` returns it (raw 2-byte voids) read as bfloat16.
+
+    NumPy has no bfloat16: ``numpy.savez`` writes ml_dtypes' bfloat16 (the
+    inverse roots with ``inverse_root_dtype="bfloat16"``, eq. 11a) as the
+    void dtype ``|V2``, bytes intact. Only where ``like`` needs bfloat16 and
+    the array is exactly that, so no other dtype is ever reinterpreted; the
+    checks that follow (shape, dtype, finiteness) then apply as to any array.
+    """
+    if (np.dtype(ref.dtype) == np.dtype(jnp.bfloat16) and arr.dtype.kind == "V"
+            and arr.dtype.itemsize == 2 and arr.dtype.fields is None):
+        return arr.view(np.dtype(jnp.bfloat16))
+    return arr
 
 
 def sharded_state_to_arrays(

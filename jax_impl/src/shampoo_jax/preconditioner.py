@@ -16,7 +16,7 @@ correction) are *inverse roots* (``BlockGroupState.inverse_roots``).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 from jax import Array, lax
@@ -26,13 +26,14 @@ from shampoo_spec import ShampooConfig
 from . import blocks as B
 from . import grafting, schedule
 from .roots import compute_inverse_root
-from .state import BlockGroupState
+from .state import BlockGroupState, factor_dtype
 
 Groups = tuple[BlockGroupState, ...]
 
 
 class BlockInputs(NamedTuple):
-    """Per block group, stacks ``[nb, *block_shape]`` (``[nb]`` for flags) in the factor dtype.
+    """Per block group, stacks ``[nb, *block_shape]`` (``[nb]`` for flags) in the factor dtype
+    (``filtered`` in the filtered gradient's own dtype when ``inverse_root_dtype`` is set).
 
     ``grads``: the masked gradient blocks (eq. 6); ``ok``: finite-gradient
     flags (eq. 3); ``filtered``: the blocks of the (filtered) gradient to
@@ -119,6 +120,10 @@ def refresh_inverse_roots(
 ) -> tuple[Groups, Array]:
     """On root steps (eq. 8), recompute every inverse root; ``lax.cond`` so other steps pay nothing.
 
+    Roots are computed in the factor dtype; with ``inverse_root_dtype`` they
+    are stored rounded to it (eq. 11a, XLA's round-to-nearest-even convert,
+    through float32 for bfloat16/float16 like torch's), and a root that is
+    not finite after the rounding fails (eq. 13).
     A block skipped this step (eq. 3) keeps its inverse roots and failure
     count. A failed inverse root (eq. 13) keeps the previous one; the
     returned count adds up failed factors, and a block's
@@ -180,6 +185,9 @@ def refresh_inverse_roots(
             failed_factors = jnp.zeros(ok.shape, jnp.int32)
             for i, xk in enumerate(gs.inverse_roots):
                 x, good = results[(gi, i)]
+                if x.dtype != xk.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
+                    x = x.astype(xk.dtype)
+                    good = good & jnp.all(jnp.isfinite(x), axis=(1, 2))
                 failed = ok & ~good
                 inverse_roots.append(jnp.where((ok & good)[:, None, None], x, xk))
                 any_failed = any_failed | failed
@@ -258,6 +266,25 @@ def corrected_direction(
 
 
 # ------------------------------------------------------- eqs. (16)-(18)
+def rounded(x: Array, dtype: Any) -> Array:
+    """``round_s(x)`` of eqs. (11a), (16): ``x`` in ``dtype``, rounded there for certain.
+
+    XLA may keep a narrow value in wider precision (``xla_allow_excess_precision``,
+    on by default): on CPU it computes a bfloat16/float16 dot in float32 and
+    then drops a float32 -> bfloat16 -> float32 pair of converts around it, so
+    a product would skip its rounding, depending on the batch size and the
+    fusion (measured on jax 0.10.2: every entry of a batched matrix-vector
+    product). The barrier makes the value in ``dtype`` a real value of the
+    program. ``lax.reduce_precision`` would not do: it flushes float16
+    subnormals (below 6.1e-5, common gradient entries) to zero.
+    """
+    y = x.astype(dtype)
+    if y.dtype == x.dtype and x.dtype in (jnp.float32, jnp.float64):
+        return y  # already in dtype: nothing to round
+    out: Array = lax.optimization_barrier(y)
+    return out
+
+
 def precondition_blocks(
     groups: Groups,
     layout: B.Layout,
@@ -269,12 +296,26 @@ def precondition_blocks(
 
     ``gd_blocks``: the graft direction's blocks when the rescale is per block
     (``grafting.rescale_scope == "block"``), else None (no rescale here).
+    With ``inverse_root_dtype`` s, ``f_blocks`` arrive in the filtered
+    gradient's own dtype (:func:`shampoo_jax.transform`): a block with
+    preconditioned dims is rounded to s straight from it (as Meta's
+    ``grad.to(...)``), its mode products are in s (each rounded to s), and P
+    returns to the factor dtype for eq. (18); a block with none goes to the
+    factor dtype unrounded (Meta's empty preconditioner list).
     """
     ne = config.grafting.norm_epsilon
     stacks = []
     for gi, (grp, gs, fb) in enumerate(zip(layout.groups, groups, f_blocks, strict=False)):
         if config.eigenvalue_correction is not None:
             pb = corrected_direction(gs, grp, fb, config)
+        elif config.rounds_inverse_roots and gs.inverse_roots:
+            rdt = gs.inverse_roots[0].dtype
+            pb = rounded(fb, rdt)
+            for k, xk in zip(grp.preconditioned_dims, gs.inverse_roots, strict=False):
+                pb = rounded(B.mode_product(pb, rounded(xk, rdt), k), rdt)
+            pb = pb.astype(factor_dtype(config))
+        elif config.rounds_inverse_roots:
+            pb = fb.astype(factor_dtype(config))  # no preconditioned dim: not rounded
         else:
             pb = fb
             for k, xk in zip(grp.preconditioned_dims, gs.inverse_roots, strict=False):

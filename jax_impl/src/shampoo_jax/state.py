@@ -5,8 +5,8 @@ NamedTuple of arrays (checkpoint it as is). Per-block state lives in one
 :class:`BlockGroupState` per block group (equal-shape blocks stacked on a
 leading axis, :class:`shampoo_jax.blocks.BlockGroupLayout`); elementwise
 states have the structure and shapes of the parameters. Also here: the
-dtype rules (:func:`factor_dtype`, :func:`elementwise_dtype`) shared by
-every phase of the step.
+dtype rules (:func:`factor_dtype`, :func:`root_dtype`,
+:func:`elementwise_dtype`) shared by every phase of the step.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class BlockGroupState(NamedTuple):
     ``factors[i]`` / ``inverse_roots[i]`` belong to the i-th preconditioned
     dim of the group's block shape. With eigenvalue correction
     ``inverse_roots`` hold the eigenbases Q_k and ``corrected_moment`` the D
-    of eq. (17).
+    of eq. (17). Factors and D are in :func:`factor_dtype`, inverse roots in
+    :func:`root_dtype` (``inverse_root_dtype`` when set, eq. 11a).
     """
 
     factors: tuple[Array, ...]
@@ -119,6 +120,28 @@ def factor_dtype(config: ShampooConfig) -> Any:
     return jnp.float32
 
 
+#: ``inverse_root_dtype`` -> JAX dtype (float64 also needs x64, :func:`root_dtype`).
+_ROOT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def root_dtype(config: ShampooConfig) -> Any:
+    """The dtype inverse roots are stored in (eq. 11a): ``config.inverse_root_dtype``, or
+    :func:`factor_dtype` when None. float64 needs x64, as for the factors."""
+    s = config.inverse_root_dtype
+    if s is None:
+        return factor_dtype(config)
+    if s == "float64":
+        if not _x64_enabled():
+            raise ValueError(
+                "inverse_root_dtype = 'float64' needs 64-bit JAX: call "
+                "jax.config.update('jax_enable_x64', True) or use the "
+                "`with jax.enable_x64(True):` context; allowed otherwise: 'float32', "
+                "'bfloat16', 'float16' or None."
+            )
+        return jnp.float64
+    return _ROOT_DTYPES[s]
+
+
 def elementwise_dtype(leaf_dtype: Any) -> Any:
     """Dtype of the elementwise state and arithmetic: at least float32 (bf16 params)."""
     return jnp.promote_types(leaf_dtype, jnp.float32)
@@ -133,11 +156,13 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
     """A block group before the first step: factors ``c I`` (eq. 6), inverse roots I (eq. 13)."""
     nb = grp.size
     init_scale = config.initial_factor_scale
+    rdt = root_dtype(config)
     factors, inverse_roots = [], []
     for k in grp.preconditioned_dims:
         eye = jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt), (nb, grp.shape[k], grp.shape[k]))
         factors.append(jnp.asarray(init_scale, fdt) * eye)
-        inverse_roots.append(jnp.array(eye))  # identity before the first root (eq. 13)
+        # Identity before the first root (eq. 13), exact in any storage dtype (eq. 11a).
+        inverse_roots.append(jnp.array(eye, dtype=rdt))
     ec = config.eigenvalue_correction is not None
 
     def zeros_i() -> Array:  # a fresh buffer per field, so the state can be donated
@@ -191,4 +216,5 @@ __all__ = [
     "init_group",
     "init_state",
     "leaf_shapes",
+    "root_dtype",
 ]

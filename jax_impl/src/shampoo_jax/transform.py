@@ -139,6 +139,12 @@ def shampoo(
             f"sharding = {sharding!r} is invalid: allowed None or a shampoo_jax.ShardingConfig."
         )
     lr = config.learning_rate if learning_rate is None else learning_rate
+    if isinstance(lr, int) and not isinstance(lr, bool):
+        # A Python int enters the traced arithmetic as a weak int32 (int64 under
+        # x64): one beyond that range (2**62, valid for the config) would raise
+        # OverflowError inside jit. As a float it is exact up to 2**53 and
+        # otherwise rounded as any float learning rate.
+        lr = float(lr)
     wd = config.weight_decay
     # Any decay (eqs. 2, 19, 21) needs the weights W.
     needs_w = wd.applies(wd.type)
@@ -304,7 +310,10 @@ def _shampoo_directions(
     need_shampoo = use_shampoo is not False or state.graft_momentum is not None
     f_blocks = gd_blocks = None
     if need_shampoo:
-        f_blocks = B.gather(used, layout, fdt)
+        # With inverse_root_dtype the blocks keep the filtered gradient's dtype
+        # here: precondition_blocks rounds them to the roots' dtype straight
+        # from it (eq. 16), never through the factor dtype (two roundings).
+        f_blocks = B.gather(used, layout, None if config.rounds_inverse_roots else fdt)
         if config.grafting.rescale_scope == "block":
             gd_blocks = B.gather(graft_dir, layout, fdt)
     inputs = BlockInputs(masked.blocks, masked.block_ok, f_blocks, gd_blocks)

@@ -11,6 +11,7 @@ from .linalg import (
     mode_product,
     root_inverse_coupled_newton,
     root_inverse_eigh,
+    round_to,
 )
 from .optimizer import (
     Metrics,
@@ -30,5 +31,6 @@ __all__ = [
     "mode_product",
     "root_inverse_coupled_newton",
     "root_inverse_eigh",
+    "round_to",
     "run",
 ]

@@ -46,6 +46,7 @@ from .linalg import (
     mode_product,
     root_inverse_coupled_newton,
     root_inverse_eigh,
+    round_to,
 )
 
 Array = NDArray[np.float64]
@@ -369,6 +370,11 @@ class ReferenceShampoo:
             if tau > 0:  # eq. (7b)
                 a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
             new = self._inverse_root(a, roots[k])
+            if new is not None and cfg.inverse_root_dtype is not None:
+                # Eq. (11a): the root is stored rounded; eq. (13) judges the
+                # stored root (a float16 one can overflow where X did not).
+                with np.errstate(over="ignore"):
+                    new = round_to(new, cfg.inverse_root_dtype)
             if new is None or not np.all(np.isfinite(new)):
                 # Eq. (13): keep the previous root, count the failure.
                 self.metrics.root_failures += 1
@@ -446,10 +452,7 @@ class ReferenceShampoo:
             if cfg.eigenvalue_correction is not None:
                 pb = self._corrected_direction(bs, fb)
             else:
-                pb = fb
-                for k, xk in enumerate(bs.inverse_roots):
-                    if xk is not None:
-                        pb = mode_product(pb, xk, k)
+                pb = self._kronecker_direction(bs, fb)
             if scope_block:
                 pb = pb * np.linalg.norm(graft_dir[b.slices]) / (
                     np.linalg.norm(pb) + cfg.grafting.norm_epsilon
@@ -459,6 +462,30 @@ class ReferenceShampoo:
             scale = np.linalg.norm(graft_dir) / (np.linalg.norm(out) + cfg.grafting.norm_epsilon)
             out = out * scale
         return out
+
+    def _kronecker_direction(self, bs: BlockState, fb: Array) -> Array:
+        """Eq. (16): ``P_B = F~_B x_k1 X_k1 x_k2 X_k2 ...`` over the preconditioned dims.
+
+        With ``inverse_root_dtype`` s (roots already rounded, eq. 11a) the
+        products are Meta's in s: ``round_s(F~_B)``, then each mode product
+        rounded to s, in dim order. Each product is formed in float64 (exact
+        products of numbers of s; only the n-term sums round, at 2^-53) and
+        rounded once, the most accurate result a product in s can have. A
+        block with no preconditioned dim is not rounded (Meta's empty
+        preconditioner list keeps the gradient's dtype).
+        """
+        dtype = self.config.inverse_root_dtype
+        preconditioned = [(k, xk) for k, xk in enumerate(bs.inverse_roots) if xk is not None]
+        if dtype is None or not preconditioned:
+            pb = fb
+            for k, xk in preconditioned:
+                pb = mode_product(pb, xk, k)
+            return pb
+        with np.errstate(over="ignore", invalid="ignore"):  # float16 overflow: eq. (22)
+            pb = round_to(fb, dtype)
+            for k, xk in preconditioned:
+                pb = round_to(mode_product(pb, xk, k), dtype)
+        return pb
 
     def _corrected_direction(self, bs: BlockState, fb: Array) -> Array:
         ec = self.config.eigenvalue_correction

@@ -20,10 +20,13 @@ from shampoo_spec import from_meta
 
 SHAPES = {"m": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": ()}
 ADAGRAD = {"type": "AdaGradPreconditionerConfig", "epsilon": 1e-10}
+#: float64 factors and roots: the emulator computes in float64 throughout (Meta's
+#: default float32 roots would import as inverse_root_dtype="float32", eq. 11a).
 EIGEN64 = {
     "type": "RootInvShampooPreconditionerConfig",
     "amortized_computation_config": {"type": "EigenConfig"},
     "factor_matrix_dtype": "float64",
+    "inv_factor_matrix_dtype": "float64",
 }
 
 CASES: dict[str, dict[str, object]] = {
@@ -79,6 +82,7 @@ CASES: dict[str, dict[str, object]] = {
                 "tolerance": 1e-12,
             },
             "factor_matrix_dtype": "float64",
+            "inv_factor_matrix_dtype": "float64",
         },
     },
     "no_merge_small_blocks": {

@@ -26,6 +26,7 @@ from .assignment import (
 from .config import (
     GRAFTING_TYPES,
     GRAFTING_TYPES_WITH_STATE,
+    INVERSE_ROOT_DTYPES,
     BlockingConfig,
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
@@ -35,6 +36,7 @@ from .config import (
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
+    InverseRootDtype,
     MomentumConfig,
     OrderOverride,
     RootInverseConfig,
@@ -60,6 +62,7 @@ from .serialization import config_differences, config_from_dict, config_to_dict
 __all__ = [
     "GRAFTING_TYPES",
     "GRAFTING_TYPES_WITH_STATE",
+    "INVERSE_ROOT_DTYPES",
     "LARGE_BLOCK_DIM",
     "MAX_INTEGER",
     "ROOT_FLOPS_PER_CUBE",
@@ -77,6 +80,7 @@ __all__ = [
     "FailureConfig",
     "GradientFilterConfig",
     "GraftingConfig",
+    "InverseRootDtype",
     "MomentumConfig",
     "NonFiniteGradientError",
     "OrderOverride",

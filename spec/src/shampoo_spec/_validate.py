@@ -99,10 +99,16 @@ def optional_integer(
         fail(owner, field, value, allowed)
 
 
-def choice(owner: str, field: str, value: Any, options: Iterable[str]) -> None:
+def choice(
+    owner: str, field: str, value: Any, options: Iterable[str], *, none_means: str | None = None
+) -> None:
+    """One of ``options`` (a string); ``none_means`` names what None would mean, if allowed."""
     opts = tuple(options)
     if not isinstance(value, str) or value not in opts:
-        fail(owner, field, value, "one of " + ", ".join(repr(o) for o in opts))
+        allowed = "one of " + ", ".join(repr(o) for o in opts)
+        if none_means is not None:
+            allowed += f", or None ({none_means})"
+        fail(owner, field, value, allowed)
 
 
 def boolean(owner: str, field: str, value: Any) -> None:

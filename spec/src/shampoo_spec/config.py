@@ -39,6 +39,10 @@ GRAFTING_TYPES: tuple[str, ...] = (
     "rmsprop_normalized",
 )
 
+#: The dtypes inverse roots may be stored in (``ShampooConfig.inverse_root_dtype``, eqs. 11a, 16).
+InverseRootDtype = Literal["float64", "float32", "bfloat16", "float16"]
+INVERSE_ROOT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
+
 #: Grafting types that keep a second-moment state V (eq. 14b).
 GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
     "adagrad",
@@ -608,6 +612,16 @@ class ShampooConfig:
     (eq. 16) for the eigenvalue-corrected one (eq. 17). ``factor_dtype`` is
     the precision fast backends keep factors and roots in; the reference
     always computes in float64.
+
+    ``inverse_root_dtype`` (Meta's ``inv_factor_matrix_dtype``) is a rule,
+    not a precision: when set to s, every inverse root is stored rounded to s
+    (eq. 11a, ``X^ = round_s(X)``, X computed from the factor as before) and
+    the Kronecker products of eq. (16) are computed in s (the filtered
+    gradient block rounded to s, each mode product rounded to s), as Meta
+    does; the reference emulates both roundings exactly. None (the default)
+    keeps the roots in ``factor_dtype`` and the reference unrounded: today's
+    numerics, bit for bit. Not with ``eigenvalue_correction`` (its Q_k are
+    eigenbases, which Meta stores under other dtype arguments).
     """
 
     learning_rate: float = 1e-2
@@ -624,6 +638,7 @@ class ShampooConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     failure: FailureConfig = field(default_factory=FailureConfig)
     factor_dtype: Literal["float32", "float64"] = "float32"
+    inverse_root_dtype: InverseRootDtype | None = None
 
     def __post_init__(self) -> None:
         o = "ShampooConfig"
@@ -645,6 +660,9 @@ class ShampooConfig:
         v.instance(o, "schedule", self.schedule, (ScheduleConfig,))
         v.instance(o, "failure", self.failure, (FailureConfig,))
         v.choice(o, "factor_dtype", self.factor_dtype, ("float32", "float64"))
+        if self.inverse_root_dtype is not None:
+            v.choice(o, "inverse_root_dtype", self.inverse_root_dtype, INVERSE_ROOT_DTYPES,
+                     none_means="the roots stay in factor_dtype")
         # Cross-field rules.
         if self.momentum.buffers == "separate" and self.grafting.type == "none":
             v.fail(
@@ -657,6 +675,14 @@ class ShampooConfig:
             v.fail(
                 "root_inverse", "method", "coupled_newton",
                 "'eigh' with eigenvalue_correction (it needs the eigenbasis)",
+            )
+        if self.eigenvalue_correction is not None and self.inverse_root_dtype is not None:
+            # Eq. (17) stores eigenbases Q_k, not inverse roots: Meta's
+            # EigenvalueCorrectedShampooPreconditionerConfig has no
+            # inv_factor_matrix_dtype (its Q_k and D have dtypes of their own).
+            v.fail(
+                o, "inverse_root_dtype", self.inverse_root_dtype,
+                "None with eigenvalue_correction (eq. 17 keeps eigenbases, not inverse roots)",
             )
         if isinstance(self.root_inverse, CoupledNewtonConfig):
             # The coupled Newton iteration raises a matrix to the integer power r.
@@ -671,6 +697,16 @@ class ShampooConfig:
                         "exponents.overrides_by_order[]", "roots", item.roots,
                         "integer roots with root_inverse.method='coupled_newton'",
                     )
+
+    @property
+    def root_dtype(self) -> str:
+        """The inverse roots' storage dtype: ``inverse_root_dtype``, else ``factor_dtype``."""
+        return self.factor_dtype if self.inverse_root_dtype is None else self.inverse_root_dtype
+
+    @property
+    def rounds_inverse_roots(self) -> bool:
+        """Whether eqs. (11a) and (16) round roots and products to ``inverse_root_dtype``."""
+        return self.inverse_root_dtype is not None
 
     @property
     def initial_factor_scale(self) -> float:

@@ -208,7 +208,8 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
     From ``epsilon`` (absolute; eq. 10 placement), ``root_inverse``,
     ``exponents`` (per-order exponents 1 / root), ``eigenvalue_correction``,
-    ``factor_dtype`` and ``failure``.
+    ``factor_dtype``, ``inverse_root_dtype`` (RootInv's
+    ``inv_factor_matrix_dtype``, eqs. 11a, 16) and ``failure``.
     """
     eps = c.epsilon
     lacks.same("epsilon.scale", eps.scale, "absolute", "Meta's epsilon is absolute")
@@ -240,6 +241,7 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                    "drops the corrected eigenvalues' weight (not imported)")
         out.update(_meta_eigenvalue_correction(c, lacks))
     else:
+        out["inv_factor_matrix_dtype"] = _meta_inverse_root_dtype(c, lacks)
         out["inverse_exponent_override"] = _meta_exponents(c, lacks)
     if c.statistics.ema_weight == "one":
         out["drop_weighting_factor_on_gsquare"] = True
@@ -247,6 +249,17 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         out["use_trace_scaling"] = True
         out["trace_scaling_exponent"] = c.statistics.trace_scaling_exponent
     return out
+
+
+def _meta_inverse_root_dtype(c: ShampooConfig, lacks: _Lacks) -> str:
+    """Writes ``inv_factor_matrix_dtype`` (eqs. 11a, 16): ``inverse_root_dtype``, or the
+    factor dtype for None (Meta then keeps its roots in the factor dtype, as we do)."""
+    lacks.need(c.inverse_root_dtype != c.factor_dtype, "inverse_root_dtype",
+               c.inverse_root_dtype,
+               "Meta's inv_factor_matrix_dtype equal to factor_matrix_dtype keeps the roots in "
+               "the factor dtype: inverse_root_dtype=None (the reference rounds an explicit "
+               "inverse_root_dtype, eq. 11a, but not factor_dtype)")
+    return c.root_dtype
 
 
 def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
@@ -505,6 +518,8 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google's power iteration stops at a change <= 1e-6")
     lacks.same("eigenvalue_correction", c.eigenvalue_correction, None,
                "Google has no eigenvalue-corrected Shampoo")
+    lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
+               "Google keeps its preconditioners in the computation dtype (eq. 11a)")
     lacks.same("exponents.default", ex.default, "preconditioned_dims",
                "Google's root is 2 * (preconditioned dims of the parameter)")
     lacks.same("exponents.overrides_by_order", ex.overrides_by_order, (),

@@ -56,7 +56,10 @@ class BlockGroup:
     ``members[row] = (parameter position in the param group, block index)``.
     ``factors[k]`` (eq. 6) and ``inverse_roots[k]`` (eqs. 10-11; the
     eigenbasis Q_k with eigenvalue correction, eq. 17) exist for each
-    preconditioned dim k, i.e. each dim whose root r_k is not 0.
+    preconditioned dim k, i.e. each dim whose root r_k is not 0. Factors and
+    the corrected moment are in ``dtype`` (``factor_dtype``); inverse roots
+    in ``root_dtype`` (``config.root_dtype``: ``inverse_root_dtype``, eq. 11a,
+    else the factor dtype; None here means ``dtype``).
     """
 
     shape: tuple[int, ...]
@@ -70,6 +73,16 @@ class BlockGroup:
     consecutive_failures: torch.Tensor | None = None  # [B] int64, eq. (13)
     corrected: torch.Tensor | None = None  # [B, *shape], D of eq. (17)
     corrected_updates: torch.Tensor | None = None  # [B] int64
+    root_dtype: torch.dtype | None = None  # None: ``dtype``
+
+    def __post_init__(self) -> None:
+        if self.root_dtype is None:
+            self.root_dtype = self.dtype
+
+    @property
+    def rounds_roots(self) -> bool:
+        """Whether inverse roots and eq. (16)'s products are in another dtype than the factors."""
+        return self.root_dtype != self.dtype
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -86,7 +99,7 @@ class BlockGroup:
             n = self.shape[k]
             eye = torch.eye(n, dtype=dt, device=dev).expand(b, n, n)
             self.factors[k] = (initial_value * eye).contiguous()
-            self.inverse_roots[k] = eye.clone()
+            self.inverse_roots[k] = eye.to(self.root_dtype, copy=True)  # exact in any dtype
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)
         self.consecutive_failures = torch.zeros(b, dtype=torch.int64, device=dev)
         if eigenvalue_correction:
@@ -124,11 +137,13 @@ def build_block_groups(
     devices: Sequence[torch.device],
     dtype: torch.dtype,
     owned: Callable[[int, int], bool] | None = None,
+    root_dtype: torch.dtype | None = None,
 ) -> tuple[list[ParamLayout], list[BlockGroup]]:
     """Group the blocks of all preconditioned parameters by (shape, roots, device).
 
     ``owned(position, block)``: only the blocks it accepts get a block-group
     row (the blocks this rank owns, :mod:`shampoo_torch.distributed`); None: all.
+    ``dtype`` is the factor dtype, ``root_dtype`` the inverse roots' (None: ``dtype``).
     """
     groups: list[BlockGroup] = []
     index: dict[tuple[object, ...], int] = {}
@@ -141,7 +156,8 @@ def build_block_groups(
                 key = (block.shape, block.roots, device)
                 if key not in index:
                     index[key] = len(groups)
-                    groups.append(BlockGroup(block.shape, block.roots, device, dtype, []))
+                    groups.append(BlockGroup(block.shape, block.roots, device, dtype, [],
+                                             root_dtype=root_dtype))
                 groups[index[key]].members.append((pos, bi))
         layouts.append(ParamLayout(plan, tuple(b.slices for b in plan.blocks)))
     return layouts, groups
@@ -267,11 +283,13 @@ def gather(
     layouts: Sequence[ParamLayout],
     tensors: Mapping[int, torch.Tensor],
     members: Sequence[int],
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Stack the blocks ``members`` (block-group rows) of per-parameter merged tensors.
 
-    Returns ``[len(members), *bg.shape]`` in the block group's dtype; a
-    single whole-parameter block is returned as a view.
+    Returns ``[len(members), *bg.shape]`` in ``dtype`` (None: the block
+    group's factor dtype), cast straight from the tensors' own dtype; a
+    single whole-parameter block in that dtype is returned as a view.
     """
     views = []
     for row in members:
@@ -280,7 +298,7 @@ def gather(
         x = tensors[pos]
         views.append(x if lay.single_block else x[lay.block_slices[bi]])
     out = views[0].unsqueeze(0) if len(views) == 1 else torch.stack(views)
-    return out.to(bg.dtype)
+    return out.to(bg.dtype if dtype is None else dtype)
 
 
 def assemble(

@@ -23,6 +23,12 @@ Layout (version 2)::
      "param_groups": [{"lr": float, "config": dict, "params": [index, ...], ...}],
      "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
 
+Tensors keep the optimizer's dtypes: factors (and the corrected moment) in
+``factor_dtype``, inverse roots in ``config.root_dtype`` (``inverse_root_dtype``
+when set, eq. 11a: a bfloat16 root is saved as bfloat16). A saved inverse
+root in any other dtype is refused, not converted (converting would round a
+root the rule never rounded, or widen one it did).
+
 With ``Shampoo(..., distributed=...)`` :meth:`~shampoo_torch.Shampoo.state_dict`
 is this rank's state (blocks owned elsewhere are ``{}``) and loads at the same
 world size and rank only. The portable form is the *distributed state dict*
@@ -135,16 +141,24 @@ def _fail(where: str, message: str) -> NoReturn:
     raise ValueError(f"cannot load Shampoo state: {where}: {message}")
 
 
-def _check_tree(where: str, ours: Any, saved: Any) -> None:
-    """Same keys, same tensor shapes; ints for ints."""
+def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) -> None:
+    """Same keys, same tensor shapes; ints for ints; inverse roots in our dtype exactly.
+
+    The inverse roots' dtype is a rule (``inverse_root_dtype``, eq. 11a: the
+    stored roots are rounded to it), so a root saved in any other dtype is
+    refused rather than re-rounded or widened on copy; other floating state
+    may be any floating dtype (the config, checked first, fixes the factor dtype).
+    """
     if isinstance(ours, torch.Tensor):
         if not isinstance(saved, torch.Tensor):
             _fail(where, f"expected a tensor, got {type(saved).__name__}")
         if tuple(saved.shape) != tuple(ours.shape):
             _fail(where, f"shape {tuple(saved.shape)} does not match {tuple(ours.shape)}")
         if ours.dtype.is_floating_point:
-            if not saved.dtype.is_floating_point:
-                _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}")
+            if not saved.dtype.is_floating_point or (exact_dtype and saved.dtype != ours.dtype):
+                _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}"
+                      + (" (the inverse roots' dtype, config.root_dtype, eq. 11a)"
+                         if exact_dtype else ""))
             if saved.numel() and not bool(torch.isfinite(saved.to(ours.dtype)).all()):
                 _fail(where, f"non-finite entries (NaN or inf, in {ours.dtype}): allowed "
                       "finite state only")
@@ -159,13 +173,14 @@ def _check_tree(where: str, ours: Any, saved: Any) -> None:
             got = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
             _fail(where, f"keys {got} do not match {sorted(map(str, ours))}")
         for k in ours:
-            _check_tree(f"{where}[{k!r}]", ours[k], saved[k])
+            _check_tree(f"{where}[{k!r}]", ours[k], saved[k],
+                        exact_dtype or k == "inverse_roots")
         return
     if isinstance(ours, list):
         if not isinstance(saved, list) or len(saved) != len(ours):
             _fail(where, f"expected a list of {len(ours)} entries")
         for j, (a, b) in enumerate(zip(ours, saved, strict=True)):
-            _check_tree(f"{where}[{j}]", a, b)
+            _check_tree(f"{where}[{j}]", a, b, exact_dtype)
         return
     if isinstance(ours, int) and not _is_count(saved):
         _fail(where, f"expected a step count in [0, {_MAX_COUNT}], got {_shown(saved)}")

@@ -85,7 +85,8 @@ class Shampoo(torch.optim.Optimizer):
             parameters, configs and DistributedConfig.
 
     Parameters may be float32/float64/bfloat16/float16 on any device. Factors
-    and inverse roots are kept in ``config.factor_dtype``; elementwise state
+    and inverse roots are kept in ``config.factor_dtype`` (the roots in
+    ``config.inverse_root_dtype`` when set, eq. 11a); elementwise state
     (graft, filter, momentum) in the wider of the parameter dtype and the
     factor dtype; the update is cast back to the parameter dtype.
     :meth:`blocks` shows the Kronecker state of every block.
@@ -398,7 +399,11 @@ class Shampoo(torch.optim.Optimizer):
         c.owned = {}
         for index, (members, rows, _) in c.selected.items():
             bg = gp.block_groups[index]
-            fb = gather(bg, gp.layouts, c.filtered, members)
+            # Eq. (16) with inverse_root_dtype: the filtered gradient is rounded
+            # to the roots' dtype straight from its own (as Meta's grad.to(...)),
+            # not through the factor dtype (two roundings could differ).
+            fb = gather(bg, gp.layouts, c.filtered, members,
+                        bg.root_dtype if bg.rounds_roots and bg.dims else None)
             pb = preconditioner.shampoo_direction(bg, fb, rows, cfg)
             if graft.rescale_scope == "block":
                 gd = gather(bg, gp.layouts, c.graft_dir, members)

@@ -94,8 +94,12 @@ def refresh_inverse_roots(
 
     Each factor is bias corrected (eq. 7), then ``X_k = (L_k + eps)^(-1/r_k)``
     by eigendecomposition (eqs. 9-10) or coupled Newton (eq. 11); with
-    eigenvalue correction the eigenbasis Q_k instead. A failed or non-finite
-    result keeps the previous one (eq. 13). Computed one block per call on
+    eigenvalue correction the eigenbasis Q_k instead, computed in the factor
+    dtype. With ``inverse_root_dtype`` the result is then rounded to it
+    (eq. 11a: ``X^ = round_s(X)``, torch's round-to-nearest-even cast, as
+    Meta's ``.to(dtype=inv_factor_matrix.dtype)``). A failed or non-finite
+    result (after the rounding: a float16 root can overflow) keeps the
+    previous one (eq. 13). Computed one block per call on
     CPU (:func:`~shampoo_torch.invariance.rowwise`) and stored row-major, so
     later matmuls pick the same kernel for a block whatever its batch.
 
@@ -137,6 +141,9 @@ def refresh_inverse_roots(
             )
         # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
         new = new.contiguous()
+        if bg.rounds_roots:
+            new = new.to(bg.root_dtype)  # eq. (11a); elementwise, so batch invariant
+            good = good & roots.finite_rows(new)
         failed = ~good if ok is None else (~good & ok)
         keep_new = good if ok is None else (good & ok)
         old = take(bg.inverse_roots[k], rows)
@@ -204,14 +211,18 @@ def shampoo_direction(
     """The preconditioned direction of each row from its filtered gradient blocks ``fb``.
 
     Eq. (16): ``P = F x_1 X_1 x_2 X_2 ...`` over the preconditioned dims, or
-    eq. (17) with eigenvalue correction.
+    eq. (17) with eigenvalue correction. With ``inverse_root_dtype`` s the
+    products are in s, as Meta's (``fb`` arrives rounded to s; each ``bmm``
+    of two s tensors returns s, i.e. every mode product rounded to s) and P
+    goes back to the factor dtype for eqs. (18)-(21), as Meta casts it back
+    to the gradient's dtype.
     """
     if cfg.eigenvalue_correction is not None:
         return corrected_direction(bg, fb, rows, cfg.eigenvalue_correction)
     pb = fb
     for k in bg.dims:
         pb = mode_product(pb, take(bg.inverse_roots[k], rows), k)
-    return pb
+    return pb.to(bg.dtype) if bg.rounds_roots else pb
 
 
 def rescale_blocks_to_graft(

@@ -24,6 +24,8 @@ from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_
 from .distributed import Distributor, is_dtensor
 
 FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: ``config.root_dtype`` (``inverse_root_dtype``, else ``factor_dtype``) -> torch dtype.
+ROOT_DTYPES = {**FACTOR_DTYPES, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -120,7 +122,9 @@ def build_param_group_plan(
         def owned(pos: int, b: int) -> bool:
             return table[(pos, b)] == rank
 
-    layouts, block_groups = build_block_groups(plans, [p.device for p in params], fdt, owned)
+    layouts, block_groups = build_block_groups(
+        plans, [p.device for p in params], fdt, owned, ROOT_DTYPES[cfg.root_dtype]
+    )
     for bg in block_groups:
         bg.allocate(cfg.initial_factor_scale, cfg.eigenvalue_correction is not None)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
@@ -169,7 +173,8 @@ class BlockView:
         corrected_updates: with eigenvalue correction, the updates of D.
 
     The counters are None when another rank holds the block. The tensors
-    are the optimizer's own (no copy, on its device, in ``factor_dtype``):
+    are the optimizer's own (no copy, on its device, in ``factor_dtype``;
+    the inverse roots in ``config.root_dtype``, eq. 11a):
     do not modify them, and ``clone()`` what you keep past the next
     ``step()``, which may replace or overwrite them.
     """

@@ -231,6 +231,10 @@ def step_configs(
             nonfinite_gradient=_policy(policy or draw(st.sampled_from(["raise", "skip_block"]))),
             max_consecutive_root_failures=draw(st.sampled_from([None, None, 0, 2])),
         ),
+        # Roots stored rounded (eqs. 11a, 16; not with eigenvalue correction): float16
+        # roots overflow (a failed root, eq. 13) and products overflow (eq. 22).
+        inverse_root_dtype=None if eigen else draw(
+            st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
     )
     return config
 
@@ -364,7 +368,7 @@ def fixed_configs() -> list[ss.ShampooConfig]:
     The first two and the last keep blocks independent (invariant c); between
     them they cover both root methods, eigenvalue correction, every kind of
     weight decay, filtering, separate momentum buffers, skip rules, relative
-    and zero epsilons.
+    and zero epsilons, and roots stored in bfloat16 (eqs. 11a, 16).
     """
     return [
         ss.ShampooConfig(
@@ -373,6 +377,7 @@ def fixed_configs() -> list[ss.ShampooConfig]:
             momentum=ss.MomentumConfig(momentum=0.9, nesterov=True),
             weight_decay=ss.WeightDecayConfig(value=0.1, type="l2"),
             blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+            inverse_root_dtype="bfloat16",
         ),
         ss.ShampooConfig(
             learning_rate=0.01,

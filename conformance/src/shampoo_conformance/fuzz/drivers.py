@@ -38,7 +38,10 @@ BACKENDS = ("reference", "torch", "jax")
 
 def _numpy(x: Any) -> Any:
     if hasattr(x, "detach"):  # torch
-        return x.detach().cpu().numpy().copy()
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":  # inverse_root_dtype: NumPy has no bfloat16
+            x = x.float()  # exact
+        return x.numpy().copy()
     if hasattr(x, "__array__") and not isinstance(x, np.ndarray):
         return np.array(x)
     return x

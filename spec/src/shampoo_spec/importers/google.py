@@ -159,7 +159,9 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     ``None`` (not said) gives float64, as before this argument existed: the
     float64 statement of Google's algorithm that the reference and the
     conformance comparisons run (``factor_dtype`` only sets the precision
-    fast backends keep factors in, never the algorithm).
+    fast backends keep factors in, never the algorithm). ``inverse_root_dtype``
+    stays None: Google has no storage dtype of its own for the roots (they
+    are in the computation dtype, the one ``x64`` sets).
 
     Rules settled from Google's source (docs/spec.md section 4.2): 0-based
     count (so ``period_anchor="start"``, statistics at count % s == 0, roots

@@ -32,6 +32,7 @@ from ..config import (
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
+    InverseRootDtype,
     MomentumConfig,
     OrderOverride,
     RootInverseConfig,
@@ -149,6 +150,7 @@ class Preconditioner(NamedTuple):
     exponents: ExponentConfig
     eigenvalue_correction: EigenvalueCorrectionConfig | None
     factor_dtype: FactorDtype
+    inverse_root_dtype: InverseRootDtype | None
     failure: FailureConfig
 
 
@@ -196,6 +198,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
             schedule=schedule,
             failure=pre.failure,
             factor_dtype=pre.factor_dtype,
+            inverse_root_dtype=pre.inverse_root_dtype,
         )
 
 
@@ -317,7 +320,8 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     ``epsilon`` (eq. 9, absolute; placement from the root method, eq. 10),
     ``root_inverse`` (eqs. 10-11, :func:`_root_inverse`), ``exponents``
     (eq. 12, :func:`_exponents`), ``eigenvalue_correction`` (eq. 17, for
-    ``EigenvalueCorrectedShampooPreconditionerConfig``), ``factor_dtype`` and
+    ``EigenvalueCorrectedShampooPreconditionerConfig``), ``factor_dtype``,
+    ``inverse_root_dtype`` (eqs. 11a, 16, :func:`_inverse_root_dtype`) and
     ``failure`` (eq. 13, ``num_tolerated_failed_amortized_computations``).
     """
     pc = a.get("preconditioner_config", None)
@@ -360,12 +364,10 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} is not supported yet "
             "(factors in float32 or float64)."
         )
-    # Storage dtypes of the roots, eigenvectors and corrected eigenvalues: read
+    inverse_root_dtype = _inverse_root_dtype(p, kind, factor_dtype)
+    # Storage dtypes of the eigenvectors and corrected eigenvalues: read
     # strictly; the backends keep them in factor_dtype (docs/migrating.md, inventory).
-    for key in (
-        "inv_factor_matrix_dtype", "corrected_eigenvalues_dtype",
-        "factor_matrix_eigenvectors_dtype",
-    ):
+    for key in ("corrected_eigenvalues_dtype", "factor_matrix_eigenvectors_dtype"):
         dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
     tolerated = p.integer("num_tolerated_failed_amortized_computations", 3, low=0)
     return Preconditioner(
@@ -382,8 +384,43 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         exponents=exponents,
         eigenvalue_correction=correction,
         factor_dtype=_FACTOR_DTYPES[factor_dtype],
+        inverse_root_dtype=inverse_root_dtype,
         failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=tolerated),
     )
+
+
+#: ``inv_factor_matrix_dtype`` values (Meta takes any torch floating dtype).
+_ROOT_DTYPES: dict[str, InverseRootDtype] = {
+    "float64": "float64", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+}
+
+
+def _inverse_root_dtype(p: Args, kind: str, factor_dtype: str) -> InverseRootDtype | None:
+    """Reads ``preconditioner_config.inv_factor_matrix_dtype`` (RootInv only; default float32).
+
+    Returns ``inverse_root_dtype`` (eqs. 11a, 16). Meta computes each root in
+    the factor dtype, casts it to this dtype to store it, and multiplies the
+    gradient, cast to it, by the roots in it (docs/spec.md eqs. 11a, 16, with
+    the lines of Meta's source). Equal to ``factor_matrix_dtype`` that is
+    Meta storing the roots in the factor dtype: None (the roots in
+    ``factor_dtype``, unrounded by the reference, exactly as before this
+    option). Otherwise its value, Meta's default float32 included: with
+    float64 factors Meta rounds its roots to float32.
+    ``EigenvalueCorrectedShampooPreconditionerConfig`` has no such field
+    (Meta's constructor refuses it): a ValueError there.
+    """
+    key = "inv_factor_matrix_dtype"
+    value = dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
+    if kind != "RootInvShampooPreconditionerConfig":
+        if key in p:
+            raise ValueError(
+                f"preconditioner_config.{key} = {p.data[key]!r} is invalid: allowed only with "
+                f"RootInvShampooPreconditionerConfig ({kind} has no such field; its "
+                "eigenvectors and eigenvalues have factor_matrix_eigenvectors_dtype and "
+                "corrected_eigenvalues_dtype)."
+            )
+        return None
+    return None if value == factor_dtype else _ROOT_DTYPES[value]
 
 
 def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
