@@ -6,11 +6,16 @@ docstrings refer to docs/spec.md.
 """
 
 from .linalg import (
+    EighResult,
     coupled_newton_iteration,
+    eigenbasis_with_error,
+    eigh_error,
+    eigh_fails,
     factor_contraction,
     mode_product,
     root_inverse_coupled_newton,
     root_inverse_eigh,
+    root_inverse_eigh_with_error,
 )
 from .optimizer import (
     Metrics,
@@ -21,14 +26,19 @@ from .optimizer import (
 )
 
 __all__ = [
+    "EighResult",
     "Metrics",
     "NonFiniteGradientError",
     "ReferenceShampoo",
     "RootFailureError",
     "coupled_newton_iteration",
+    "eigenbasis_with_error",
+    "eigh_error",
+    "eigh_fails",
     "factor_contraction",
     "mode_product",
     "root_inverse_coupled_newton",
     "root_inverse_eigh",
+    "root_inverse_eigh_with_error",
     "run",
 ]
