@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import Array
 
@@ -138,6 +139,10 @@ def shampoo(
             f"sharding = {sharding!r} is invalid: allowed None or a shampoo_jax.ShardingConfig."
         )
     lr = config.learning_rate if learning_rate is None else learning_rate
+    if isinstance(lr, (int, np.integer)):
+        # A float, as every backend scales by: an integer rate beyond int32 is no JAX
+        # weak type without x64 (lr = 2**62 overflowed in the update).
+        lr = float(lr)
     wd = config.weight_decay
     # Any decay (eqs. 2, 19, 21) needs the weights W.
     needs_w = wd.applies(wd.type)
