@@ -11,10 +11,12 @@ gradients), capped at 1e-2: 70 * 6e-8 * 1e4 * 20 > 1e-2, so 1e-2 here.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import shampoo_jax
@@ -22,8 +24,9 @@ import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_conformance.tolerances import trajectory_bound
 from shampoo_jax.blocks import make_layout
-from shampoo_reference import ReferenceShampoo
+from shampoo_reference import ReferenceShampoo, eigh_error
 from shampoo_reference import run as reference_run
+from shampoo_reference.linalg import eigh_input
 
 from .helpers import relative_error, stream
 
@@ -299,3 +302,88 @@ def test_first_direction_is_the_references_bit_for_bit(dtype: str) -> None:
     (got,) = jax_run(config, params, grads, dtype=np.float64)
     fractions = [_differing(got[k], want[k], dtype) for k in params if want[k].size > 1]
     assert float(np.mean(fractions)) <= 0.01, fractions
+
+
+# ------------------------------------------- eq. (13): eigh roots judged by their error
+#: Gradient scales per parameter for eq. (13)'s threshold: the eigh error e is
+#: rounding noise, about 1e-16 ||B||, so small gradients give e <= 1e-17 and large
+#: ones e >= 1e-8 (float64); "vector" switches from small to large at step 15, so
+#: its roots pass, then fail and keep the root of step 14. tau = 1e-11 sits >= 100x
+#: from every error (checked on the reference's factors).
+EIGH_TAU = 1e-11
+EIGH_SCALES = {"matrix": 1e-4, "tensor": 1e4, "long": 1e-2, "scalar": 1.0, "ones": 1e-2}
+EIGH_SWITCH = 15
+EIGH_FAILURE_CASES = {
+    "eigh": ss.ShampooConfig(
+        epsilon=ss.EpsilonConfig(value=1e-6),
+        root_inverse=ss.EighConfig(failure_threshold=EIGH_TAU),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        grafting=ss.GraftingConfig(type="adagrad"),
+    ),
+    # Eq. (17): the eigenbases judged alike (from step 13, once the factors are full rank).
+    "eigenvalue_correction": ss.ShampooConfig(
+        epsilon=ss.EpsilonConfig(value=1e-6),
+        root_inverse=ss.EighConfig(failure_threshold=EIGH_TAU),
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        grafting=ss.GraftingConfig(type="adagrad"),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=13),
+    ),
+}
+
+
+def eigh_failure_stream(seed: int = 5) -> tuple[dict, list[dict]]:
+    params, grads = stream(seed=seed)
+    for t, g in enumerate(grads, start=1):
+        for k in g:
+            g[k] = g[k] * EIGH_SCALES.get(k, 1e-4 if t < EIGH_SWITCH else 1e4)
+    return params, grads
+
+
+def reference_eigh_failures(config: ss.ShampooConfig, params: dict, grads: list[dict]) -> int:
+    """The reference's root failures, after checking that every error is >= 100x from tau."""
+    opt = ReferenceShampoo(config, params)
+    passed = 0
+    for g in grads:
+        opt.step(g)
+        if not ss.is_root_step(opt.t, config.schedule):
+            continue
+        for a in (a for st in opt.state.values() for bs in st.blocks for a in bs.factors):
+            if a is None:
+                continue
+            if config.eigenvalue_correction is None:
+                b = eigh_input(a, config.epsilon.value, config.epsilon.placement)
+            else:
+                b = 0.5 * (a + a.T)
+            lam, q = np.linalg.eigh(b)
+            e = eigh_error(b, lam, q)
+            assert e <= EIGH_TAU / 100 or e >= EIGH_TAU * 100, e
+            passed += e < EIGH_TAU
+    assert opt.metrics.root_failures > 0 and passed > 0
+    return opt.metrics.root_failures
+
+
+@pytest.mark.parametrize("name", sorted(EIGH_FAILURE_CASES))
+def test_eigh_failure_threshold_equals_reference(name: str) -> None:
+    """Some roots fail (kept and counted, eq. 13), some pass: float64 equals the reference."""
+    config = dataclasses.replace(EIGH_FAILURE_CASES[name], factor_dtype="float64")
+    params, grads = eigh_failure_stream()
+    failures = reference_eigh_failures(config, params, grads)
+    want = reference_run(config, params, grads)
+    with jax.enable_x64(True):
+        opt = shampoo_jax.shampoo(config)
+
+        @jax.jit
+        def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
+            u, s = opt.update(g, s, p)
+            return optax.apply_updates(p, u), s
+
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        s = opt.init(p)
+        got = []
+        for g in grads:
+            p, s = step(p, s, {k: jnp.asarray(v) for k, v in g.items()})
+            got.append({k: np.asarray(v) for k, v in p.items()})
+        assert int(s.root_failures) == failures
+    err, where = relative_error(got, want, params)
+    assert err <= 1e-9, f"{name}: relative error {err:.3e} at {where}"

@@ -163,6 +163,17 @@ def test_bad_learning_rate_is_a_value_error(lr: Any) -> None:
         shampoo_jax.shampoo(CONFIG, learning_rate=lr)
 
 
+def test_integer_learning_rate_beyond_int32_updates() -> None:
+    """An int rate is used as a float: 2**62 is no int32 weak type without x64 (the fuzzer)."""
+    params = {"a": jnp.ones(3)}
+    for opt in (shampoo_jax.shampoo(CONFIG, learning_rate=2**62),
+                shampoo_jax.shampoo(dataclasses.replace(CONFIG, learning_rate=2**62)),
+                shampoo_jax.shampoo(CONFIG, learning_rate=np.int64(2**62))):
+        update, _ = opt.update({"a": jnp.ones(3)}, opt.init(params), params)
+        assert update["a"].dtype == jnp.float32
+        assert np.all(np.isfinite(np.asarray(update["a"])))
+
+
 def test_good_learning_rates_and_bad_configs() -> None:
     for lr in (0.0, 0.1, 1, np.float32(0.5), optax.constant_schedule(0.1), lambda c: 0.1):
         shampoo_jax.shampoo(CONFIG, learning_rate=lr)

@@ -70,6 +70,11 @@ CONFIGS = {
             precondition_frequency=2, statistics_frequency=2, start_preconditioning_step=3
         ),
     ),
+    # Eq. (13): eigh roots judged by their error; 3e-6 is about the median float32
+    # error of these factors, so some roots fail (kept, counted) and some pass.
+    "eigh_threshold": dataclasses.replace(
+        BASE, root_inverse=ss.EighConfig(failure_threshold=3e-6)
+    ),
     # Eigenvalue correction (eq. 17), gradient filter, separate momentum buffers.
     "corrected": dataclasses.replace(
         BASE,
@@ -162,6 +167,10 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
     params, grads = data
     want, s1 = trajectory(config, params, grads, None)
     assert any(not np.array_equal(want[-1][k], params[k]) for k in params)
+    if name == "eigh_threshold":  # both decisions of eq. (13) happen
+        roots = [np.asarray(x) for gs in s1.groups for x in gs.inverse_roots]
+        assert int(s1.root_failures) > 0
+        assert any(not np.array_equal(x, np.eye(x.shape[-1])) for r in roots for x in r)
     for n in (1, 2, 3, 4):
         got, s = trajectory(config, params, grads, n)
         assert_within_bound(config, params, grads, got, want)

@@ -1,4 +1,5 @@
-"""Inverse roots (eqs. 10-11) against scipy.linalg.fractional_matrix_power.
+"""Inverse roots (eqs. 10-11) against scipy.linalg.fractional_matrix_power; eq. (13)'s
+eigh error test in closed form.
 
 Tolerances follow from perturbation theory, not from tuning: for a symmetric
 positive definite A with condition number kappa, a backward-stable
@@ -12,12 +13,22 @@ about tol / p once converged; we allow 10 * tol plus the same kappa * u term.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import scipy.linalg
 
 import shampoo_spec as ss
-from shampoo_reference import coupled_newton_iteration, root_inverse_eigh
+from shampoo_reference import (
+    coupled_newton_iteration,
+    eigenbasis_with_error,
+    eigh_error,
+    eigh_fails,
+    root_inverse_eigh,
+    root_inverse_eigh_with_error,
+)
+from shampoo_reference.linalg import eigh_input
 from shampoo_spec import CoupledNewtonConfig
 
 U = np.finfo(np.float64).eps / 2
@@ -113,3 +124,46 @@ def test_power_iteration_stops_on_a_small_change_far_from_lambda_max() -> None:
         / float(ss.power_iteration_start(4) @ ss.power_iteration_start(4)), rel=1e-14)
     np.testing.assert_array_equal(
         ss.power_iteration_start(5), np.random.RandomState(1729).uniform(-1.0, 1.0, 5))
+
+# ------------------------------------------------- eq. (13): the eigh error test
+def test_eigh_error_closed_form() -> None:
+    """B = diag(1, 2), Q = R(theta) a rotation, lambda = (1, 2): by hand
+    Q^T B Q = [[1 + s^2, s c], [s c, 2 - s^2]], so e = max(s^2, |s c|) = |s c|."""
+    b = np.diag([1.0, 2.0])
+    for theta in (1e-3, 0.1, 0.5):
+        s, c = np.sin(theta), np.cos(theta)
+        q = np.array([[c, -s], [s, c]])
+        assert eigh_error(b, np.array([1.0, 2.0]), q) == pytest.approx(abs(s * c), rel=1e-12)
+    # An exact decomposition has no error: a diagonal B, Q = I.
+    assert eigh_error(np.diag([3.0, 1e-9, 7.0]), np.array([3.0, 1e-9, 7.0]), np.eye(3)) == 0.0
+
+
+def test_eigh_error_is_on_the_decomposed_matrix() -> None:
+    """B = sym(A) + eps I for the ridge placements, sym(A) otherwise (eq. 10)."""
+    a = spd(6, 1e3, seed=5) * 1e4
+    eps = 0.5
+    for placement in ("ridge", "ridge_floor", "shift_after", "floor"):
+        result = root_inverse_eigh_with_error(a, 2, eps, placement)
+        b = eigh_input(a, eps, placement)
+        lam, q = np.linalg.eigh(b)
+        assert result.error == eigh_error(b, lam, q)
+        assert np.array_equal(result.root, root_inverse_eigh(a, 2, eps, placement))
+    basis = eigenbasis_with_error(a)  # eq. (17): B = sym(A), no epsilon
+    sym = 0.5 * (a + a.T)
+    lam, q = np.linalg.eigh(sym)
+    assert basis.error == eigh_error(sym, lam, q) and np.array_equal(basis.root, q)
+
+
+def test_eigh_fails_compares_in_float32() -> None:
+    """fl32(e) >= fl32(tau), or e NaN: Google's comparison of its float32 error metric."""
+    tau32 = ss.EighConfig(failure_threshold=0.1).failure_threshold_float32
+    assert tau32 is not None
+    assert eigh_fails(0.1, tau32) and eigh_fails(1.0, tau32) and eigh_fails(math.nan, tau32)
+    assert not eigh_fails(0.09, tau32) and not eigh_fails(0.0, tau32)
+    # Just below 0.1 in float64, but 0.1 once rounded to float32: fails, as in Google.
+    below = math.nextafter(0.1, 0.0)
+    assert below < 0.1 and np.float32(below) == np.float32(0.1) and eigh_fails(below, tau32)
+    # Beyond float32's range e rounds to inf: fails whatever the threshold.
+    huge = ss.EighConfig(failure_threshold=3e38).failure_threshold_float32
+    assert huge is not None and eigh_fails(1e39, huge) and not eigh_fails(1e38, huge)
+    assert eigh_fails(math.inf, math.inf) and not eigh_fails(3.4e38, math.inf)

@@ -134,6 +134,8 @@ def test_defaults_are_valid_and_frozen() -> None:
          False),
         (lambda e: ss.GraftingConfig(type="none", norm_epsilon=e), "grafting.norm_epsilon",
          True),
+        # Compared in float32 (eq. 13): a subnormal threshold would be flushed to 0 by XLA.
+        (lambda e: ss.EighConfig(failure_threshold=e), "root_inverse.failure_threshold", False),
     ],
 )
 def test_epsilons_are_zero_or_float32_normal(build: Any, field: str, zero_ok: bool) -> None:
@@ -165,3 +167,24 @@ def test_eigenvalue_correction_roots_by_order() -> None:
     ]:
         with pytest.raises(ValueError, match=f"eigenvalue_correction.roots_by_order.*{why}"):
             ss.EigenvalueCorrectionConfig(roots_by_order=bad)  # type: ignore[arg-type]
+
+def test_eigh_failure_threshold() -> None:
+    """None (fail only when non-finite) or a finite real >= 2^-126, rounded to float32 (eq. 13)."""
+    assert ss.EighConfig().failure_threshold is None
+    assert ss.EighConfig().failure_threshold_float32 is None
+    assert ss.EighConfig(failure_threshold=0.1).failure_threshold_float32 == 0.10000000149011612
+    assert ss.EighConfig(failure_threshold=1e-30).failure_threshold_float32 == (
+        1.0000000031710769e-30
+    )
+    # Beyond float32's range the rounded threshold is inf: only an inf or NaN error fails.
+    assert ss.EighConfig(failure_threshold=1e39).failure_threshold_float32 == math.inf
+    assert ss.EighConfig(failure_threshold=3.4028235e38).failure_threshold_float32 == (
+        3.4028234663852886e38
+    )
+    for bad in (0.0, -0.1, math.nan, math.inf, True, "0.1", 1e-40):
+        with pytest.raises(ValueError, match=r"^root_inverse\.failure_threshold = .* is invalid: "
+                           r"allowed a finite number >= 2\^-126 .*, or None \(an eigh root"):
+            ss.EighConfig(failure_threshold=bad)
+    c = ss.ShampooConfig(root_inverse=ss.EighConfig(failure_threshold=1e-9),
+                         eigenvalue_correction=ss.EigenvalueCorrectionConfig())
+    assert ss.ShampooConfig.from_dict(c.to_dict()) == c

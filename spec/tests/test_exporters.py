@@ -133,7 +133,8 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         "graft_type": draw(st.sampled_from([graft, name, f"GraftingType.{name}"])),
         "nesterov": draw(st.booleans()),
         "exponent_override": draw(st.integers(0, 8)),
-        "inverse_failure_threshold": draw(st.sampled_from([0.1, 0.5])),
+        # Both root methods carry it (eqs. 11, 13); 1e-30 and 1e-9 as in the anchor tests.
+        "inverse_failure_threshold": draw(st.sampled_from([0.1, 0.5, 1e-9, 1e-30])),
         "moving_average_for_momentum": draw(st.booleans()),
         "skip_preconditioning_dim_size_gt": draw(st.one_of(st.integers(1, 8192), st.just("inf"))),
         "relative_matrix_epsilon": draw(st.booleans()),
@@ -211,6 +212,9 @@ META_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "failure.nonfinite_gradient": ("failure", {"nonfinite_gradient": "skip_block"}),
     # Roots stored explicitly in the factor dtype: Meta's equal dtypes import as None.
     "inverse_root_dtype": ("inverse_root_dtype=factor_dtype", {}),
+
+    # Meta judges no root by its error: neither eigh (eq. 13) nor Newton (eq. 11).
+    "root_inverse.failure_threshold": ("root_inverse", {"failure_threshold": 0.1}),
 }
 
 #: Moves off Google's space.
@@ -226,6 +230,8 @@ GOOGLE_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "blocking.merge_direction": ("blocking", {"merge_direction": "last_to_first"}),
     "factor_dtype+eigenvalue_correction": ("eigenvalue_correction", {}),
     "inverse_root_dtype": ("inverse_root_dtype=bfloat16", {}),
+    # Google judges every root, eigh included, by inverse_failure_threshold.
+    "root_inverse.failure_threshold": ("root_inverse", {"failure_threshold": None}),
 }
 
 
@@ -305,7 +311,8 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 error_growth_limit=draw(st.sampled_from([None, 1.2])),
                 retries=draw(st.sampled_from([0, 5])),
                 failure_threshold=draw(st.sampled_from([None, 0.1])),
-            ) if newton else ss.EighConfig(),
+            ) if newton else ss.EighConfig(
+                failure_threshold=draw(st.sampled_from([None, 0.1, 1e-30]))),
             exponents=ss.ExponentConfig(
                 default=draw(st.sampled_from(["block_order", "preconditioned_dims"])),
                 override=draw(st.sampled_from([0.0, 4.0]))),
@@ -386,6 +393,24 @@ def test_google_default_config() -> None:
     assert exported["graft_type"] == "SGD" and exported["precondtioner_type"] == "ALL"
     assert exported["start_preconditioning_step"] == 5 and exported["exponent_override"] == 0
     assert ss.from_google(exported) == c
+
+
+def test_google_eigh_failure_threshold_round_trip() -> None:
+    """eigh=True carries inverse_failure_threshold both ways (eq. 13); Meta has none."""
+    c = ss.from_google({"learning_rate": 0.1, "block_size": 128, "eigh": True,
+                        "inverse_failure_threshold": 1e-30})
+    assert c.root_inverse == ss.EighConfig(failure_threshold=1e-30)
+    exported = ss.to_google(c)
+    assert exported["eigh"] is True and exported["inverse_failure_threshold"] == 1e-30
+    assert ss.from_google(exported) == c
+    default = ss.to_google(ss.from_google({"learning_rate": 0.1, "block_size": 128,
+                                           "eigh": True}))
+    assert default["inverse_failure_threshold"] == 0.1
+    with pytest.raises(ValueError, match=r"root_inverse.failure_threshold = None \(Google "):
+        ss.to_google(dataclasses.replace(c, root_inverse=ss.EighConfig()))
+    meta = ss.from_meta({})
+    with pytest.raises(ValueError, match=r"root_inverse.failure_threshold = 0.1 \(Meta's "):
+        ss.to_meta(dataclasses.replace(meta, root_inverse=ss.EighConfig(failure_threshold=0.1)))
 
 
 #: Meta's AlgoPerf submission (ANCHORS.md C: block 1024, roots every 100 steps, fp32

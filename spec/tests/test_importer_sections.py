@@ -353,13 +353,18 @@ def test_google_preconditioner() -> None:
     assert p.exponents == ss.ExponentConfig(default="preconditioned_dims", override=0.0)
     e = google._preconditioner(g(eigh=True, relative_matrix_epsilon=False, matrix_epsilon=1e-4,
                                  exponent_override=4), 0.95)
-    assert e.root_inverse == ss.EighConfig() and e.exponents.override == 4.0
+    # Google judges eigh roots by inverse_failure_threshold too (eq. 13), default 0.1.
+    assert e.root_inverse == ss.EighConfig(failure_threshold=0.1) and e.exponents.override == 4.0
     assert (e.epsilon.value, e.epsilon.scale, e.epsilon.relative_floor) == (1e-4, "absolute", 1e-6)
+    strict = google._preconditioner(g(eigh=True, inverse_failure_threshold=1e-30), 0.95)
+    assert strict.root_inverse == ss.EighConfig(failure_threshold=1e-30)
     assert google._preconditioner(g(exponent_override=-2), 0.95).exponents.override == 0.0
     with pytest.raises(ValueError, match="matrix_epsilon = 'small'"):
         google._preconditioner(g(matrix_epsilon="small"), 0.95)
     with pytest.raises(ValueError, match="root_inverse.failure_threshold"):
         google._preconditioner(g(inverse_failure_threshold=0), 0.95)
+    with pytest.raises(ValueError, match=r"root_inverse.failure_threshold = 0.0 .*2\^-126"):
+        google._preconditioner(g(eigh=True, inverse_failure_threshold=0), 0.95)
 
 
 def test_google_momentum() -> None:

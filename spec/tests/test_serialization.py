@@ -26,7 +26,8 @@ configs = st.builds(
         placement=st.sampled_from(["ridge", "shift_after", "floor"]),
     ),
     root_inverse=st.one_of(
-        st.just(ss.EighConfig()),
+        st.builds(ss.EighConfig, failure_threshold=st.one_of(
+            st.none(), st.floats(2.0**-126, 1e300), st.sampled_from([0.1, 1e-30]))),
         st.builds(ss.CoupledNewtonConfig, max_iterations=st.integers(1, 200),
                   error_growth_limit=st.one_of(st.none(), st.just(1.2)),
                   retries=st.integers(0, 6)),

@@ -28,13 +28,14 @@ import pytest
 import torch
 
 from shampoo_conformance.adapters.torch import run as torch_run
-from shampoo_reference import ReferenceShampoo
+from shampoo_reference import ReferenceShampoo, eigh_error
 from shampoo_reference import run as reference_run
-from shampoo_reference.linalg import effective_epsilon
+from shampoo_reference.linalg import effective_epsilon, eigh_input
 from shampoo_spec import (
     BlockingConfig,
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
+    EighConfig,
     EpsilonConfig,
     ExponentConfig,
     FailureConfig,
@@ -48,6 +49,7 @@ from shampoo_spec import (
     WeightDecayConfig,
     from_google,
     from_meta,
+    is_root_step,
 )
 from shampoo_torch import Shampoo
 
@@ -379,3 +381,78 @@ def torch_run_with_views(
         assert view.inverse_roots is not None
         out[view.name].append(view.inverse_roots)
     return out
+
+
+# ------------------------------------------- eq. (13): eigh roots judged by their error
+#: Gradient scales per parameter for eq. (13)'s threshold: the eigh error e is
+#: rounding noise, about 1e-16 ||B||, so small gradients give e <= 1e-17 and large
+#: ones e >= 1e-8 (float64); "v" switches from small to large at step 15, so its
+#: roots pass, then fail and keep the root of step 14. tau = 1e-11 sits >= 100x
+#: from every error (checked on the reference's factors).
+EIGH_TAU = 1e-11
+EIGH_SCALES = {"w": 1e-4, "t": 1e4, "u": 1e-2, "s": 1.0, "o": 1e-2}
+EIGH_SWITCH = 15
+
+
+def eigh_failure_stream(seed: int = 5) -> tuple[dict, list[dict]]:
+    params, grads = stream(seed)
+    for t, g in enumerate(grads, start=1):
+        for k in g:
+            g[k] = g[k] * EIGH_SCALES.get(k, 1e-4 if t < EIGH_SWITCH else 1e4)
+    return params, grads
+
+
+EIGH_FAILURE_CASES = {
+    "eigh": cfg(root_inverse=EighConfig(failure_threshold=EIGH_TAU), grafting=ADAGRAD),
+    # Eq. (17): the eigenbases judged alike (from step 13, once the factors are full rank).
+    "eigenvalue_correction": cfg(
+        root_inverse=EighConfig(failure_threshold=EIGH_TAU), grafting=ADAGRAD,
+        eigenvalue_correction=EigenvalueCorrectionConfig(),
+        schedule=sched(start_preconditioning_step=13),
+    ),
+}
+
+
+def reference_eigh_failures(config: ShampooConfig, params: dict, grads: list[dict]) -> int:
+    """The reference's root failures, after checking that every error is >= 100x from tau."""
+    opt = ReferenceShampoo(config, params)
+    passed = 0
+    for g in grads:
+        opt.step(g)
+        if not is_root_step(opt.t, config.schedule):
+            continue
+        for st in opt.state.values():
+            for bs in st.blocks:
+                for a in bs.factors:
+                    if a is None:
+                        continue
+                    if config.eigenvalue_correction is None:
+                        b = eigh_input(a, config.epsilon.value, config.epsilon.placement)
+                    else:
+                        b = 0.5 * (a + a.T)
+                    lam, q = np.linalg.eigh(b)
+                    e = eigh_error(b, lam, q)
+                    assert e <= EIGH_TAU / 100 or e >= EIGH_TAU * 100, e
+                    passed += e < EIGH_TAU
+    assert opt.metrics.root_failures > 0 and passed > 0
+    return opt.metrics.root_failures
+
+
+@pytest.mark.parametrize("name", sorted(EIGH_FAILURE_CASES))
+def test_eigh_failure_threshold_equals_reference(name: str) -> None:
+    """Some roots fail (kept and counted, eq. 13), some pass: float64 equals the reference."""
+    config = EIGH_FAILURE_CASES[name]
+    params, grads = eigh_failure_stream()
+    failures = reference_eigh_failures(config, params, grads)
+    ref = reference_run(config, params, grads)
+    config64 = dataclasses.replace(config, factor_dtype="float64")
+    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    opt = Shampoo(list(tensors.items()), config64)
+    ours = []
+    for g in grads:
+        for k, p in tensors.items():
+            p.grad = torch.tensor(g[k])
+        opt.step()
+        ours.append({k: p.detach().numpy().copy() for k, p in tensors.items()})
+    assert max_relative_error(params, ours, ref) <= 1e-9
+    assert opt.metrics["root_failures"] == failures

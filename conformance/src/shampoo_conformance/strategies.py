@@ -95,6 +95,10 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         st.sampled_from(
             [
                 ss.EighConfig(),
+                # Eq. (10b): the error test runs, and never fails here (e is at most about
+                # n u ||B|| <= 1e4 on these streams, float32 included): a decision near
+                # tau would depend on each backend's rounding, not on the spec.
+                ss.EighConfig(failure_threshold=1e10),
                 ss.CoupledNewtonConfig(tolerance=1e-12, max_iterations=300),
                 ss.CoupledNewtonConfig(
                     tolerance=1e-12, max_iterations=300, error_growth_limit=1.2, retries=2

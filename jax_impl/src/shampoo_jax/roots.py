@@ -6,7 +6,9 @@ matrix never affects its neighbours and nothing branches in Python on a
 traced value. The rules are those of ``shampoo_reference.linalg``:
 
 - :func:`effective_epsilon`: eq. (9), with the exact largest eigenvalue;
-- :func:`root_inverse_eigh`: eq. (10), every epsilon placement;
+- :func:`root_inverse_eigh`: eq. (10), every epsilon placement, with
+  eq. (10b)'s error test (:func:`eigh_passes`) when ``EighConfig.failure_threshold``
+  is set;
 - :func:`root_inverse_coupled_newton`: eq. (11) as a ``lax.while_loop``
   over the whole stack (a matrix stops iterating when it converges, stalls
   or its error grows, while the others go on), then the retries;
@@ -25,7 +27,13 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
-from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, ShampooConfig, power_iteration_start
+from shampoo_spec import (
+    CoupledNewtonConfig,
+    EighConfig,
+    EpsilonConfig,
+    ShampooConfig,
+    power_iteration_start,
+)
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -133,21 +141,59 @@ def regularized_eigenvalues(lam: Array, eps: Array, placement: str) -> Array:
     return jnp.maximum(lam, e)  # "floor" and "ridge_floor"
 
 
+def eigh_error(b: Array, lam: Array, q: Array) -> Array:
+    """Eq. (10b) per matrix: ``e = max_ij |(Q^T B Q - diag(lambda))_ij|``, shape ``[b]``.
+
+    The products in Google's order, ``Q^T (B Q)``, as reference ``linalg.eigh_error``.
+    """
+    recovered = _matmul(jnp.swapaxes(q, -1, -2), _matmul(b, q))
+    diag = lam[..., :, None] * _eye_like(b)
+    return jnp.max(jnp.abs(recovered - diag), axis=(-2, -1))
+
+
+def eigh_passes(b: Array, lam: Array, q: Array, threshold_float32: float | None) -> Array | None:
+    """Eq. (10b): ``[b]`` bools, False where ``fl32(e) >= fl32(tau)`` or e is NaN.
+
+    ``threshold_float32`` is ``fl32(tau)`` (``EighConfig.failure_threshold_float32``),
+    a normal float32 or inf, so no flush to zero can move it. None: no
+    threshold, e is not computed and None is returned (nothing traced).
+    """
+    if threshold_float32 is None:
+        return None
+    error32 = eigh_error(b, lam, q).astype(jnp.float32)  # overflow rounds to inf: fails
+    tau = jnp.asarray(threshold_float32, jnp.float32)
+    passes: Array = error32 < tau  # NaN compares False
+    return passes
+
+
 def root_inverse_eigh(
-    a: Array, root: float, eps: Array, placement: str, active: Array | None = None
-) -> Array:
-    """Eq. (10): ``X = Q diag(lambda'^(-1/root)) Q^T`` for each matrix (``active``: see _eigh)."""
+    a: Array, root: float, eps: Array, placement: str, active: Array | None = None,
+    failure_threshold: float | None = None,
+) -> tuple[Array, Array | None]:
+    """Eq. (10): ``X = Q diag(lambda'^(-1/root)) Q^T`` for each matrix (``active``: see _eigh).
+
+    Returns ``(X, passes)``: ``passes`` is eq. (10b)'s test of the
+    eigendecomposition's error on B (``A + eps I`` for the ridge placements,
+    else A) against ``failure_threshold`` (``fl32(tau)``); None without one.
+    """
     a = symmetrize(a)
     if placement in ("ridge", "ridge_floor"):
         a = a + eps[..., None, None] * _eye_like(a)
     lam, q = _eigh(a, active)
+    passes = eigh_passes(a, lam, q, failure_threshold)
     lam = regularized_eigenvalues(lam, eps, placement)
-    return _matmul(q * lam[..., None, :] ** (-1.0 / root), jnp.swapaxes(q, -1, -2))
+    x = _matmul(q * lam[..., None, :] ** (-1.0 / root), jnp.swapaxes(q, -1, -2))
+    return x, passes
 
 
-def eigenbasis(a: Array, active: Array | None = None) -> Array:
-    """Eq. (17): orthonormal eigenvectors (columns, ascending eigenvalues)."""
-    return _eigh(symmetrize(a), active)[1]
+def eigenbasis(
+    a: Array, active: Array | None = None, failure_threshold: float | None = None
+) -> tuple[Array, Array | None]:
+    """Eq. (17): orthonormal eigenvectors (columns, ascending eigenvalues), and eq. (10b)'s
+    ``passes`` on ``B = sym(A)`` as :func:`root_inverse_eigh`."""
+    b = symmetrize(a)
+    lam, q = _eigh(b, active)
+    return q, eigh_passes(b, lam, q, failure_threshold)
 
 
 def matrix_power(a: Array, n: int) -> Array:
@@ -267,10 +313,13 @@ def compute_inverse_root(
 ) -> tuple[Array, Array]:
     """Eq. (10)/(11)/(17) for one stack of (bias-corrected) factors: ``(inverse root, ok)``.
 
-    ``ok`` is False where the input or output is non-finite or the coupled
-    Newton iteration failed (eq. 11); the caller keeps the previous inverse root there
-    (eq. 13). Non-finite inputs are replaced by the identity before the
-    decomposition so that they cannot disturb the batched LAPACK call.
+    ``ok`` is False where the input or output is non-finite, the coupled
+    Newton iteration failed (eq. 11) or an eigendecomposition's error e
+    reached ``EighConfig.failure_threshold`` tau (eq. 10b, ``fl32(e) >= fl32(tau)``;
+    e is computed only when tau is set); the caller keeps the previous
+    inverse root there and counts it (eq. 13). Non-finite inputs are
+    replaced by the identity before the decomposition so that they cannot
+    disturb the batched LAPACK call.
     ``active`` (optional ``[b]`` bools): matrices the caller will discard
     whatever comes out (eq. 3's masked blocks, padding); where the method
     allows it (one-at-a-time eigh on CPU, coupled Newton) they are not
@@ -279,18 +328,22 @@ def compute_inverse_root(
     finite_in = all_finite(a)
     a = jnp.where(finite_in[..., None, None], a, _eye_like(a))
     ok = finite_in
+    method = config.root_inverse
+    tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
+    passes: Array | None = None
     if config.eigenvalue_correction is not None:
-        x = eigenbasis(a, active)
+        x, passes = eigenbasis(a, active, tau)
     else:
         eps = effective_epsilon(a, config.epsilon, active)
-        method = config.root_inverse
         if isinstance(method, CoupledNewtonConfig):
             x, error = root_inverse_coupled_newton(a, int(root), eps, method, active)
             ok = ok & jnp.isfinite(error)
             if method.failure_threshold is not None:
                 ok = ok & (error < method.failure_threshold)
         else:
-            x = root_inverse_eigh(a, root, eps, config.epsilon.placement, active)
+            x, passes = root_inverse_eigh(a, root, eps, config.epsilon.placement, active, tau)
+    if passes is not None:
+        ok = ok & passes
     ok = ok & all_finite(x)
     return x, ok
 
@@ -300,6 +353,8 @@ __all__ = [
     "compute_inverse_root",
     "effective_epsilon",
     "eigenbasis",
+    "eigh_error",
+    "eigh_passes",
     "matrix_power",
     "root_inverse_coupled_newton",
     "root_inverse_eigh",

@@ -6,11 +6,16 @@ docstrings refer to docs/spec.md.
 """
 
 from .linalg import (
+    EighResult,
     coupled_newton_iteration,
+    eigenbasis_with_error,
+    eigh_error,
+    eigh_fails,
     factor_contraction,
     mode_product,
     root_inverse_coupled_newton,
     root_inverse_eigh,
+    root_inverse_eigh_with_error,
     round_to,
 )
 from .optimizer import (
@@ -22,15 +27,20 @@ from .optimizer import (
 )
 
 __all__ = [
+    "EighResult",
     "Metrics",
     "NonFiniteGradientError",
     "ReferenceShampoo",
     "RootFailureError",
     "coupled_newton_iteration",
+    "eigenbasis_with_error",
+    "eigh_error",
+    "eigh_fails",
     "factor_contraction",
     "mode_product",
     "root_inverse_coupled_newton",
     "root_inverse_eigh",
     "round_to",
+    "root_inverse_eigh_with_error",
     "run",
 ]

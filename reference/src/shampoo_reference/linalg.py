@@ -7,6 +7,7 @@ design (it is the method being specified, with its stopping rule).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,21 +129,84 @@ def regularized_eigenvalues(lam: Array, eps: float, placement: str) -> Array:
     return np.maximum(lam, eps)
 
 
+@dataclass(frozen=True)
+class EighResult:
+    """An eigendecomposition's product (inverse root, eq. 10, or eigenbasis, eq. 17) and
+    its error ``e`` of eq. (10b)."""
+
+    root: Array
+    error: float
+
+
+def eigh_error(b: Array, lam: Array, q: Array) -> float:
+    """Eq. (10b): ``e = max_ij |(Q^T B Q - diag(lambda))_ij|`` for ``eigh(B) = (lambda, Q)``.
+
+    Google's eigh error (``matrix_inverse_pth_root_eigh``: ``U^T (R U) - diag(e)``
+    on its regularized input R), in that order of products. Rounding noise of
+    the decomposition, about ``u ||B||`` (u the unit roundoff of B's dtype).
+    """
+    return float(np.max(np.abs(q.T @ (b @ q) - np.diag(lam))))
+
+
+def eigh_fails(error: float, threshold_float32: float) -> bool:
+    """Eqs. (10b), (13): whether an eigh root with error ``e`` fails at threshold tau.
+
+    ``fl32(e) >= fl32(tau)``, or e NaN: both rounded to float32 as Google
+    compares them (its error is a float32 metric). ``threshold_float32`` is
+    ``fl32(tau)`` (``EighConfig.failure_threshold_float32``); an ``e`` beyond
+    float32's range rounds to inf and fails.
+    """
+    with np.errstate(over="ignore"):
+        e32 = np.float32(error)
+    return not bool(e32 < np.float32(threshold_float32))
+
+
+def eigh_input(matrix: Array, eps: float, placement: str) -> Array:
+    """B of eq. (10), the matrix eigh decomposes: ``sym(A) + eps I`` (ridge placements),
+    else ``sym(A)``."""
+    a = symmetrize(matrix)
+    if placement in ("ridge", "ridge_floor"):
+        a = a + eps * np.eye(a.shape[0])
+    return a
+
+
+def _root_inverse_eigh(
+    matrix: Array, root: float, eps: float, placement: str, with_error: bool
+) -> EighResult:
+    b = eigh_input(matrix, eps, placement)
+    lam, q = np.linalg.eigh(b)
+    error = eigh_error(b, lam, q) if with_error else math.nan
+    lam_reg = regularized_eigenvalues(lam, eps, placement)
+    root_inverse: Array = (q * lam_reg ** (-1.0 / root)) @ q.T
+    return EighResult(root_inverse, error)
+
+
 def root_inverse_eigh(matrix: Array, root: float, eps: float, placement: str) -> Array:
     """``X = Q diag(lambda'^(-1/root)) Q^T`` with lambda' from eq. (10)."""
-    a = symmetrize(matrix)
-    n = a.shape[0]
-    if placement in ("ridge", "ridge_floor"):
-        a = a + eps * np.eye(n)
-    lam, q = np.linalg.eigh(a)
-    lam = regularized_eigenvalues(lam, eps, placement)
-    root_inverse: Array = (q * lam ** (-1.0 / root)) @ q.T
-    return root_inverse
+    return _root_inverse_eigh(matrix, root, eps, placement, with_error=False).root
+
+
+def root_inverse_eigh_with_error(
+    matrix: Array, root: float, eps: float, placement: str
+) -> EighResult:
+    """Eq. (10)'s X and its eigendecomposition's error e of eq. (10b), computed on B.
+
+    Costs two more matrix products than :func:`root_inverse_eigh`: only for
+    ``EighConfig.failure_threshold`` set.
+    """
+    return _root_inverse_eigh(matrix, root, eps, placement, with_error=True)
 
 
 def eigenbasis(matrix: Array) -> Array:
     """Orthonormal eigenvectors of a symmetric factor, ascending eigenvalues (eq. 17)."""
     return np.linalg.eigh(symmetrize(matrix))[1]
+
+
+def eigenbasis_with_error(matrix: Array) -> EighResult:
+    """Eq. (17)'s eigenbasis Q of ``B = sym(A)`` and its error e of eq. (10b)."""
+    b = symmetrize(matrix)
+    lam, q = np.linalg.eigh(b)
+    return EighResult(q, eigh_error(b, lam, q))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from shampoo_spec import (
     CoupledNewtonConfig,
+    EighConfig,
     NonFiniteGradientError,
     ParameterPlan,
     RootFailureError,
@@ -42,10 +43,13 @@ from . import grafting
 from .linalg import (
     effective_epsilon,
     eigenbasis,
+    eigenbasis_with_error,
+    eigh_fails,
     factor_contraction,
     mode_product,
     root_inverse_coupled_newton,
     root_inverse_eigh,
+    root_inverse_eigh_with_error,
     round_to,
 )
 
@@ -395,18 +399,25 @@ class ReferenceShampoo:
     def _inverse_root(self, a: Array, root: float) -> Array | None:
         """Eq. (10) or (11) for one factor: ``A^(-1/root)`` (or its eigenbasis, eq. 17).
 
-        None when the method fails.
+        None when the method fails: a non-finite input, eq. (11)'s failure, or
+        an eigendecomposition whose error e reaches ``EighConfig.failure_threshold``
+        tau in float32 (eq. 10b: ``fl32(e) >= fl32(tau)``); e is computed only
+        when tau is set.
         """
         cfg = self.config
         if not np.all(np.isfinite(a)):
             return None
+        method = cfg.root_inverse
+        tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
         if cfg.eigenvalue_correction is not None:
             try:
-                return eigenbasis(a)
+                if tau is None:
+                    return eigenbasis(a)
+                basis = eigenbasis_with_error(a)
             except np.linalg.LinAlgError:
                 return None
+            return None if eigh_fails(basis.error, tau) else basis.root
         eps = effective_epsilon(a, cfg.epsilon)
-        method = cfg.root_inverse
         if isinstance(method, CoupledNewtonConfig):
             result = root_inverse_coupled_newton(a, int(root), eps, method)
             threshold = method.failure_threshold
@@ -416,9 +427,12 @@ class ReferenceShampoo:
                 return None
             return result.root
         try:
-            return root_inverse_eigh(a, root, eps, cfg.epsilon.placement)
+            if tau is None:
+                return root_inverse_eigh(a, root, eps, cfg.epsilon.placement)
+            checked = root_inverse_eigh_with_error(a, root, eps, cfg.epsilon.placement)
         except np.linalg.LinAlgError:
             return None
+        return None if eigh_fails(checked.error, tau) else checked.root
 
     # -------------------------------------------- eq. (17) eigenvalue-corrected
     def _rotate(self, bs: BlockState, x: Array, transpose: bool) -> Array:

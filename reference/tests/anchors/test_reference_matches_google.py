@@ -42,6 +42,11 @@ CASES: dict[str, dict[str, object]] = {
     },
     "absolute_epsilon": {"graft_type": "ADAGRAD", "relative_matrix_epsilon": False},
     "eigh": {"graft_type": "ADAGRAD", "eigh": True},
+    # Eq. (13): Google judges eigh roots by inverse_failure_threshold too; at 1e-30 every
+    # root fails (the errors are about 1e-16 ||B||) and the identity stays.
+    "eigh_failure_threshold": {
+        "graft_type": "ADAGRAD", "eigh": True, "inverse_failure_threshold": 1e-30,
+    },
     "no_merge_blocked": {
         "graft_type": "ADAGRAD",
         "merge_small_dims_block_size": 1,

@@ -66,15 +66,24 @@ def real(
 SMALLEST_EPSILON = 2.0**-126
 
 
+_NORMAL = f"a finite number >= 2^-126 = {SMALLEST_EPSILON:.6g} (float32's smallest normal)"
+
+
 def epsilon(owner: str, field: str, value: Any, *, zero: bool) -> None:
     """An epsilon: 0 (only when ``zero``, i.e. it never divides) or >= :data:`SMALLEST_EPSILON`."""
-    allowed = f"a finite number >= 2^-126 = {SMALLEST_EPSILON:.6g} (float32's smallest normal)"
-    if zero:
-        allowed = "0 or " + allowed
+    allowed = "0 or " + _NORMAL if zero else _NORMAL
     if not _is_real(value) or not _is_finite(value):
         fail(owner, field, value, allowed)
     if value < SMALLEST_EPSILON and not (zero and value == 0):
         fail(owner, field, value, allowed)
+
+
+def optional_normal(owner: str, field: str, value: Any, *, none_means: str) -> None:
+    """None, or a finite real >= :data:`SMALLEST_EPSILON` (a float32 normal when rounded)."""
+    if value is None:
+        return
+    if not _is_real(value) or not _is_finite(value) or value < SMALLEST_EPSILON:
+        fail(owner, field, value, f"{_NORMAL}, or None ({none_means})")
 
 
 def integer(

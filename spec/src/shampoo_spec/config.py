@@ -10,6 +10,8 @@ value and what is allowed.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -166,12 +168,52 @@ class EpsilonConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EighConfig:
-    """Root inverse by exact symmetric eigendecomposition, eq. (10)."""
+    """Root inverse by exact symmetric eigendecomposition, eqs. (10), (10b) and (13).
+
+    ``failure_threshold`` (Google's ``inverse_failure_threshold`` with
+    ``eigh=True``): None, an eigh root fails only when non-finite (eq. 13);
+    a float tau, it also fails when the eigendecomposition's error
+
+        e = max_ij |(Q^T B Q - diag(lambda))_ij|
+
+    reaches tau, compared in float32: ``fl32(e) >= fl32(tau)`` or e NaN
+    (eq. 10b), as Google compares its float32 error metric. B is the
+    symmetric matrix decomposed, ``B = Q diag(lambda) Q^T``: ``A + eps I``
+    for the ridge placements, A otherwise (eq. 10), A for the eigenbasis of
+    eq. (17); lambda before eq. (10)'s epsilon rule. A failed root keeps the
+    previous one and is counted (eq. 13). tau is at least 2^-126 (float32's
+    smallest normal, so no backend flushes it to 0).
+    """
 
     method: Literal["eigh"] = "eigh"
+    failure_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        v.choice("root_inverse", "method", self.method, ("eigh",))
+        o = "root_inverse"
+        v.choice(o, "method", self.method, ("eigh",))
+        # >= 2^-126, not just > 0: tau is compared in float32 (eq. 10b), where a
+        # smaller one is subnormal and XLA on CPU flushes it to 0.
+        v.optional_normal(
+            o, "failure_threshold", self.failure_threshold,
+            none_means="an eigh root fails only when non-finite",
+        )
+
+    @property
+    def failure_threshold_float32(self) -> float | None:
+        """``fl32(tau)`` of eq. (10b): the threshold rounded to the nearest float32.
+
+        A Python float holding a float32 value (inf above float32's range), so
+        that every backend compares ``fl32(e)`` with the same number; None
+        without a threshold.
+        """
+        if self.failure_threshold is None:
+            return None
+        try:
+            packed = struct.pack("<f", self.failure_threshold)
+        except OverflowError:  # rounds beyond float32's largest value
+            return math.inf
+        rounded: float = struct.unpack("<f", packed)[0]
+        return rounded
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -267,6 +267,8 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     for eigenvalue correction), with perturb-after for ``"shift_after"``; CoupledNewtonConfig."""
     placement = c.epsilon.placement
     if isinstance(c.root_inverse, EighConfig):
+        lacks.same("root_inverse.failure_threshold", c.root_inverse.failure_threshold, None,
+                   "Meta's eigendecomposition fails a root only when it is non-finite")
         corrected = c.eigenvalue_correction is not None
         allowed = ("ridge",) if corrected else ("ridge", "shift_after")
         lacks.need(placement in allowed, "epsilon.placement", placement,
@@ -492,7 +494,8 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     From ``statistics`` (EMA from eps I, no bias correction), ``epsilon``
     (ridge plus floor; lambda_max floored at 1e-25 for Newton, 1e-6 for
     eigh), ``root_inverse`` (eigh, or Google's fixed Newton rules) and
-    ``exponents`` (2 * preconditioned dims, or one override).
+    ``exponents`` (2 * preconditioned dims, or one override). Both root
+    methods carry ``inverse_failure_threshold`` (eqs. 11, 13).
     """
     s, eps, ex = c.statistics, c.epsilon, c.exponents
     lacks.same("statistics.ema_weight", s.ema_weight, "one_minus_beta2",
@@ -540,9 +543,11 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         for name, value in fixed.items():
             lacks.same(f"root_inverse.{name}", getattr(newton, name), value,
                        "fixed in Google's coupled Newton")
-        lacks.need(newton.failure_threshold is not None, "root_inverse.failure_threshold", None,
-                   "Google always judges a root by inverse_failure_threshold")
-        out["inverse_failure_threshold"] = newton.failure_threshold
+    # Eq. (11) for Newton, eq. (13) for eigh: Google judges both by the one threshold.
+    threshold = c.root_inverse.failure_threshold
+    lacks.need(threshold is not None, "root_inverse.failure_threshold", None,
+               "Google always judges a root by inverse_failure_threshold (eigh roots too)")
+    out["inverse_failure_threshold"] = threshold
     return out
 
 

@@ -29,6 +29,7 @@ import torch
 from shampoo_spec import (
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
+    EighConfig,
     ShampooConfig,
     StatisticsConfig,
 )
@@ -99,7 +100,9 @@ def refresh_inverse_roots(
     (eq. 11a: ``X^ = round_s(X)``, torch's round-to-nearest-even cast, as
     Meta's ``.to(dtype=inv_factor_matrix.dtype)``). A failed or non-finite
     result (after the rounding: a float16 root can overflow) keeps the
-    previous one (eq. 13). Computed one block per call on
+    previous one and is counted (eq. 13): Newton's failure (eq. 11), or an
+    eigendecomposition whose error e reaches ``EighConfig.failure_threshold``
+    tau, ``fl32(e) >= fl32(tau)``. Computed one block per call on
     CPU (:func:`~shampoo_torch.invariance.rowwise`) and stored row-major, so
     later matmuls pick the same kernel for a block whatever its batch.
 
@@ -117,6 +120,8 @@ def refresh_inverse_roots(
     failed_any = torch.zeros(n.shape[0], dtype=torch.bool, device=bg.device)
     failures = torch.zeros((), dtype=torch.int64, device=bg.device)
     method = cfg.root_inverse
+    # Eq. (10b): fl32(tau) for eigh roots and eigenbases (None: no error computed).
+    tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
     for k in bg.dims:
         a = take(bg.factors[k], rows)
         if bc is not None:
@@ -128,7 +133,7 @@ def refresh_inverse_roots(
                                     tau=stats.trace_scaling_exponent), trace)
             a = a * scale[:, None, None]
         if cfg.eigenvalue_correction is not None:
-            new, good = rowwise(roots.eigenbasis, a)
+            new, good = rowwise(partial(roots.eigenbasis, failure_threshold=tau), a)
         elif isinstance(method, CoupledNewtonConfig):
             new, good = rowwise(
                 partial(roots.root_inverse_coupled_newton, root=int(bg.roots[k]),
@@ -137,7 +142,9 @@ def refresh_inverse_roots(
             )
         else:
             new, good = rowwise(
-                partial(roots.root_inverse_eigh, root=bg.roots[k], eps=cfg.epsilon), a
+                partial(roots.root_inverse_eigh, root=bg.roots[k], eps=cfg.epsilon,
+                        failure_threshold=tau),
+                a,
             )
         # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
         new = new.contiguous()

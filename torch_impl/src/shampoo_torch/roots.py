@@ -2,7 +2,8 @@
 
 Every function takes a stack ``[B, n, n]`` of (bias-corrected, eq. 7)
 factors and returns the new inverse roots ``A^(-1/r)`` (or eigenbases)
-together with a per-row ``ok`` mask; the caller
+together with a per-row ``ok`` mask (False: non-finite, eq. 11's Newton
+failure, or eq. 10b's eigh error at ``EighConfig.failure_threshold``); the caller
 (:func:`shampoo_torch.preconditioner.refresh_inverse_roots`) keeps the
 previous inverse root wherever ``ok`` is False (eq. 13). ``root`` arguments
 are the exponents r of eq. (12). Rows with
@@ -118,25 +119,59 @@ def regularized_eigenvalues(lam: torch.Tensor, eps: torch.Tensor, placement: str
     return torch.maximum(lam, e)  # "floor", "ridge_floor"
 
 
+def eigh_error(b: torch.Tensor, lam: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Eq. (10b) per row: ``e = max_ij |(Q^T B Q - diag(lambda))_ij|``, ``[B]``.
+
+    The products in Google's order, ``Q^T (B Q)``, as reference
+    ``linalg.eigh_error``.
+    """
+    recovered = torch.matmul(q.transpose(1, 2), torch.matmul(b, q))
+    return (recovered - torch.diag_embed(lam)).abs().flatten(1).amax(dim=1)
+
+
+def eigh_passes(
+    b: torch.Tensor, lam: torch.Tensor, q: torch.Tensor, threshold_float32: float
+) -> torch.Tensor:
+    """Eq. (10b): ``[B]`` bools, False where ``fl32(e) >= fl32(tau)`` or e is NaN.
+
+    ``threshold_float32`` is ``fl32(tau)`` (``EighConfig.failure_threshold_float32``).
+    Callers skip it without a threshold: e is then never computed.
+    """
+    error32 = eigh_error(b, lam, q).to(torch.float32)  # overflow rounds to inf: fails
+    return error32 < threshold_float32  # exact: a float32 value; NaN compares False
+
+
 def root_inverse_eigh(
-    a: torch.Tensor, root: float, eps: EpsilonConfig
+    a: torch.Tensor, root: float, eps: EpsilonConfig, failure_threshold: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``X = Q diag(lambda'^(-1/root)) Q^T`` for each row, eqs. (9)-(10)."""
+    """``X = Q diag(lambda'^(-1/root)) Q^T`` for each row, eqs. (9)-(10), and ok (eq. 13).
+
+    A row fails when non-finite or, with ``failure_threshold`` (``fl32(tau)``),
+    when its eigendecomposition's error e of eq. (10b) has ``fl32(e) >= fl32(tau)``.
+    """
     a, ok = sanitize(a)
     e = effective_epsilon(a, eps)
     a = symmetrize(a)
     if eps.placement in ("ridge", "ridge_floor"):
         a = a + e[:, None, None] * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     lam, q, ok_eigh = eigh(a)
+    if failure_threshold is not None:
+        ok = ok & eigh_passes(a, lam, q, failure_threshold)
     lam = regularized_eigenvalues(lam, e, eps.placement)
     x = torch.matmul(q * lam.pow(-1.0 / root).unsqueeze(1), q.transpose(1, 2))
     return x, ok & ok_eigh & finite_rows(x)
 
 
-def eigenbasis(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenvectors (ascending eigenvalues) of each row, eq. (17)."""
+def eigenbasis(
+    a: torch.Tensor, failure_threshold: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvectors (ascending eigenvalues) of each row, eq. (17), and ok (eq. 10b as
+    :func:`root_inverse_eigh`, on ``B = sym(A)``)."""
     a, ok = sanitize(a)
-    _, q, ok_eigh = eigh(symmetrize(a))
+    b = symmetrize(a)
+    lam, q, ok_eigh = eigh(b)
+    if failure_threshold is not None:
+        ok = ok & eigh_passes(b, lam, q, failure_threshold)
     return q, ok & ok_eigh & finite_rows(q)
 
 

@@ -169,7 +169,8 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     statistics from ``matrix_epsilon * I`` without bias correction, one root
     ``2 * (preconditioned dims)`` per parameter, coupled Newton with
     tolerance 1e-6, growth stop 1.2, five retries at 10x ridge while the
-    error > 0.05 and failure at ``inverse_failure_threshold``, graft norm
+    error > 0.05, failure of any root (eigh too, eq. 13) at
+    ``inverse_failure_threshold``, graft norm
     over the whole parameter with 1e-25, heavy-ball momentum in two buffers
     with Nesterov. ``learning_rate`` must be a number (schedules belong to
     the framework backends). ``decoupled_weight_decay`` follows the current
@@ -291,14 +292,20 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
     correction, eq. 7), ``epsilon`` (eq. 9, relative with floor 1e-25
     (Newton) or 1e-6 (eigh) and Google's power-iteration lambda_max, eq. 9b,
     ``"ridge_floor"``), ``root_inverse`` (eigh,
-    eq. 10, or Google's coupled Newton, eq. 11) and ``exponents`` (eq. 12:
-    2 * preconditioned dims, or ``exponent_override`` when > 0).
+    eq. 10, or Google's coupled Newton, eq. 11, each failing at
+    ``inverse_failure_threshold``: eq. 13's eigh error
+    ``max|Q^T (A + eps I) Q - diag(lambda)|``, eq. 11's Newton error) and
+    ``exponents`` (eq. 12: 2 * preconditioned dims, or ``exponent_override``
+    when > 0).
     """
     eps = a.number("matrix_epsilon", 1e-6)
     use_eigh = a.flag("eigh", False)
     relative = a.flag("relative_matrix_epsilon", True)
+    # Google judges every root by it, eigh roots included (_skip: error >= threshold,
+    # the error a float32 metric): eq. (13) for eigh, eq. (11) for Newton.
+    threshold = a.number("inverse_failure_threshold", 0.1)
     if use_eigh:
-        root_inverse: RootInverseConfig = EighConfig()
+        root_inverse: RootInverseConfig = EighConfig(failure_threshold=threshold)
     else:
         root_inverse = CoupledNewtonConfig(
             max_iterations=100,
@@ -307,7 +314,7 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
             retries=5,
             retry_epsilon_factor=10.0,
             retry_error_threshold=0.05,
-            failure_threshold=a.number("inverse_failure_threshold", 0.1),
+            failure_threshold=threshold,
         )
     override = a.number("exponent_override", 0)
     return Preconditioner(
