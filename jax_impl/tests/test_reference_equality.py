@@ -23,7 +23,7 @@ import shampoo_jax
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_conformance.eigh_failures import reference_eigh_failures
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.tolerances import fraction_not_bitwise, trajectory_bound
 from shampoo_jax.blocks import make_layout
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
@@ -192,8 +192,6 @@ def test_float32_within_documented_bound(name: str) -> None:
 
 
 # ------------------------------------------------- inverse_root_dtype, eqs. (11a), (16)
-#: Significant bits of each storage dtype (one ulp at 1 is 2^(1 - bits)).
-ROOT_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
 ROOT_BASE = ss.ShampooConfig(
     learning_rate=0.05, epsilon=ss.EpsilonConfig(value=1e-3), factor_dtype="float64",
     blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
@@ -246,13 +244,6 @@ def test_inverse_root_dtype_within_derived_bound(name: str, dtype: str) -> None:
     assert err <= rtol, f"{name} {dtype}: relative error {err:.3e} at {where}"
 
 
-def _differing(ours: np.ndarray, ref: np.ndarray, dtype: str) -> float:
-    """Fraction of entries not equal bit for bit; asserts each is within one ulp of s."""
-    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(ref), 1e-300))) + 1 - ROOT_BITS[dtype])
-    assert np.all(np.abs(ours - ref) <= ulp), np.max(np.abs(ours - ref) / ulp)
-    return float(np.mean(ours != ref))
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_stored_roots_are_the_references_bit_for_bit(dtype: str) -> None:
     """Eq. (11a) at the first root step (factors equal to the reference's to ~1e-16).
@@ -281,7 +272,7 @@ def test_stored_roots_are_the_references_bit_for_bit(dtype: str) -> None:
                 for row, (leaf, block) in enumerate(grp.members):
                     want = ref.state[names[leaf]].blocks[block].inverse_roots[k]
                     assert want is not None
-                    fractions.append(_differing(x[row].astype(np.float64), want, dtype))
+                    fractions.append(fraction_not_bitwise(x[row].astype(np.float64), want, dtype))
     assert fractions and float(np.mean(fractions)) <= 0.01, fractions
 
 
@@ -300,7 +291,7 @@ def test_first_direction_is_the_references_bit_for_bit(dtype: str) -> None:
     params = {k: np.zeros_like(v) for k, v in params.items()}
     (want,) = reference_run(config, params, grads)
     (got,) = jax_run(config, params, grads, dtype=np.float64)
-    fractions = [_differing(got[k], want[k], dtype) for k in params if want[k].size > 1]
+    fractions = [fraction_not_bitwise(got[k], want[k], dtype) for k in params if want[k].size > 1]
     assert float(np.mean(fractions)) <= 0.01, fractions
 
 

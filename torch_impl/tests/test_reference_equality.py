@@ -29,6 +29,7 @@ import torch
 
 from shampoo_conformance.adapters.torch import run as torch_run
 from shampoo_conformance.eigh_failures import reference_eigh_failures
+from shampoo_conformance.tolerances import STORAGE_UNIT_ROUNDOFF, fraction_not_bitwise
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 from shampoo_reference.linalg import effective_epsilon
@@ -265,8 +266,6 @@ def test_float32_within_derived_bound(name: str) -> None:
 
 
 # ------------------------------------------------- inverse_root_dtype, eqs. (11a), (16)
-#: Significant bits of each storage dtype (one ulp at 1 is 2^(1 - bits)).
-ROOT_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
 ROOT_CASES = ["plain", "blocked", "graft_adagrad_block", "newton", "exponent_by_order",
               "momentum_nesterov_dampening"]
 
@@ -285,7 +284,7 @@ def _storage_rtol(config: ShampooConfig, params: dict, grads: list[dict], dtype:
     backend's accumulation error) across a rounding boundary of s, one ulp of
     s in that entry, entering the direction as a root error does.
     """
-    return min(1e-2, _float32_rtol(config, params, grads) * 2.0 ** (24 - ROOT_BITS[dtype]))
+    return min(1e-2, _float32_rtol(config, params, grads) * STORAGE_UNIT_ROUNDOFF[dtype] / 2.0**-24)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -310,13 +309,6 @@ def test_inverse_root_dtype_within_derived_bound(name: str, dtype: str) -> None:
     assert max_relative_error(params, ours, ref) <= rtol
 
 
-def _differing(ours: np.ndarray, ref: np.ndarray, dtype: str) -> float:
-    """Fraction of entries not equal bit for bit; asserts each is within one ulp of s."""
-    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(ref), 1e-300))) + 1 - ROOT_BITS[dtype])
-    assert np.all(np.abs(ours - ref) <= ulp), np.max(np.abs(ours - ref) / ulp)
-    return float(np.mean(ours != ref))
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_stored_roots_are_the_references_bit_for_bit(dtype: str) -> None:
     """Eq. (11a) at the first root step, where torch's factors equal the reference's to
@@ -337,7 +329,7 @@ def test_stored_roots_are_the_references_bit_for_bit(dtype: str) -> None:
             for x, y in zip(bs.inverse_roots, roots, strict=True):
                 if x is not None:
                     assert y is not None and y.dtype == ROOT_TORCH_DTYPES[dtype]
-                    fractions.append(_differing(y.double().numpy(), x, dtype))
+                    fractions.append(fraction_not_bitwise(y.double().numpy(), x, dtype))
     assert fractions and float(np.mean(fractions)) <= 0.01, fractions
 
 
@@ -358,7 +350,7 @@ def test_first_direction_is_the_references_bit_for_bit(dtype: str) -> None:
     params = {k: np.zeros_like(v) for k, v in params.items()}
     (ref,) = reference_run(config, params, grads)
     (ours,) = torch_run(config, params, grads, dtype=np.float64)
-    fractions = [_differing(ours[k], ref[k], dtype) for k in params if ref[k].size > 1]
+    fractions = [fraction_not_bitwise(ours[k], ref[k], dtype) for k in params if ref[k].size > 1]
     assert float(np.mean(fractions)) <= 0.01, fractions
 
 

@@ -47,6 +47,19 @@ STORAGE_UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2
                          "float16": 2.0**-11}
 
 
+def fraction_not_bitwise(ours: NDArray[np.float64], ref: NDArray[np.float64],
+                         storage: str) -> float:
+    """Fraction of entries of ``ours`` that differ from ``ref``; asserts each is within
+    one ulp of the ``storage`` dtype (``inverse_root_dtype``) of ``ref``'s entry.
+
+    One ulp at x is 2^floor(log2 |x|) * 2u, u from :data:`STORAGE_UNIT_ROUNDOFF`.
+    """
+    exponent = np.floor(np.log2(np.maximum(np.abs(ref), 1e-300)))
+    ulp = np.exp2(exponent) * 2.0 * STORAGE_UNIT_ROUNDOFF[storage]
+    assert np.all(np.abs(ours - ref) <= ulp), np.max(np.abs(ours - ref) / ulp)
+    return float(np.mean(ours != ref))
+
+
 def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
     """u of the bound: the backend dtype's, or the roots' storage dtype's when coarser."""
     u = unit_roundoff(dtype)
