@@ -83,20 +83,25 @@ def effective_epsilon(a: torch.Tensor, eps: EpsilonConfig) -> torch.Tensor:
     return eps.value * torch.clamp_min(lam_max, eps.relative_floor)
 
 
+#: Power-iteration steps between host reads of "has every row stopped?".
+_POWER_CHECK_EVERY = 8
+
+
 def power_iteration_lambda_max(a: torch.Tensor, steps: int, tolerance: float) -> torch.Tensor:
     """Eq. (9b) per row of ``a`` [B, n, n]: Google's power iteration, rows stopping alone.
 
     A row that has stopped keeps its vector and quotient while the others go
-    on, so each row's result is that of its own loop. One host read per
-    step (root steps only) ends the loop when every row has stopped.
+    on, so each row's result is that of its own loop. A host read every
+    :data:`_POWER_CHECK_EVERY` steps (root steps only) ends the loop once every
+    row has stopped; the steps in between change no stopped row.
     """
     b, n = a.shape[0], a.shape[-1]
     start = torch.as_tensor(power_iteration_start(n), dtype=a.dtype, device=a.device)
     v = start.expand(b, n).clone()
     s = torch.zeros(b, dtype=a.dtype, device=a.device)
     running = torch.ones(b, dtype=torch.bool, device=a.device)
-    for _ in range(steps):
-        if not bool(running.any()):
+    for i in range(steps):
+        if i % _POWER_CHECK_EVERY == 0 and not bool(running.any()):
             break
         u = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
         w = torch.einsum("bij,bj->bi", a, u)
