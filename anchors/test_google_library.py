@@ -67,6 +67,7 @@ one core the file takes about 70 s with the flags, 260 s without.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -78,6 +79,13 @@ INSTALL = (
     "toolz==1.2.0 msgpack==1.2.4 rich==15.0.0 pyyaml==6.0.3 typing-extensions==4.16.0"
 )
 ds = pytest.importorskip("precondition.distributed_shampoo", reason=INSTALL)
+
+# Two host devices for the pmap case (batch_axis_name), set before JAX starts;
+# every other case runs on the first device, as before.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    ).strip()
 
 import jax  # noqa: E402
 
@@ -334,3 +342,121 @@ def test_google_library_matches_shampoo_jax(name: str, case: Kwargs) -> None:
     worst = _worst_relative_deviation(theirs, ours)
     print(f"{name}: worst relative deviation {worst:.2e}")  # shown with -s or -rP
     assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
+
+
+# ---------------------------------------------------------------- distribution
+# Google's pjit path (shard_optimizer_states=True) takes a step's direction from
+# the roots in its state and refreshes them after it: schedule.roots_take_effect
+# = "next_step" (docs/spec.md eq. 8). The JSON kwargs' partition specs are lists.
+SHARDED: dict[str, Kwargs] = {
+    "sharded_states": {"graft_type": "ADAGRAD", "start_preconditioning_step": 0},
+    "sharded_states_frequency": {
+        "graft_type": "ADAGRAD",
+        "preconditioning_compute_steps": 3,
+        "start_preconditioning_step": 2,
+        "statistics_partition_spec": [None, None, None],
+        "preconditioner_partition_spec": [None, None, None],
+    },
+}
+
+
+def _partition_specs(kwargs: Kwargs) -> Kwargs:
+    spec = jax.sharding.PartitionSpec
+    return {k: (spec(*v) if k.endswith("_partition_spec") and v is not None else v)
+            for k, v in kwargs.items()}
+
+
+def _google_sharded_init(fns: Any, params: Params, matrix_epsilon: float) -> Any:
+    """Google's pjit-mode state in float64, statistics ``matrix_epsilon * I``.
+
+    As :func:`_google_init`: the stacked statistics (padded to the largest
+    factor) and roots, built in float32 by Google, in float64.
+    """
+    state = fns.init_fn(params)
+    g = state.stats.global_stats
+    n, size = g.statistics.shape[:2]
+    exact = matrix_epsilon * jnp.broadcast_to(jnp.eye(size, dtype=jnp.float64), (n, size, size))
+    return state._replace(stats=state.stats._replace(global_stats=g.replace(
+        statistics=exact, preconditioners=g.preconditioners.astype(jnp.float64))))
+
+
+@pytest.mark.parametrize("name", sorted(SHARDED))
+def test_google_sharded_states_match_shampoo_jax(name: str) -> None:
+    """shard_optimizer_states=True (one device, num_devices_for_pjit=1) against ours.
+
+    The same kwargs without the lag (roots taking effect the same step) must
+    be far from Google's run, or the case could not fail.
+    """
+    kwargs = {**BASE, **SHARDED[name], "shard_optimizer_states": True, "num_devices_for_pjit": 1}
+    problem = _problem()
+    google = ds.distributed_shampoo(**_google_kwargs(_partition_specs(kwargs)))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    with jax.set_mesh(mesh):
+        state = _google_sharded_init(google.init(None), problem.params, 1e-6)
+        theirs = _trajectory(google, state, problem)
+    config = from_google(kwargs, x64=True)
+    assert config.schedule.roots_take_effect == "next_step"
+    ours_tx = shampoo_jax.shampoo(config)
+    worst = _worst_relative_deviation(theirs, _trajectory(ours_tx, ours_tx.init(problem.params),
+                                                          problem))
+    same_step = {k: v for k, v in kwargs.items() if k != "shard_optimizer_states"}
+    unlagged_tx = shampoo_jax.shampoo(from_google(same_step, x64=True))
+    unlagged = _worst_relative_deviation(
+        theirs, _trajectory(unlagged_tx, unlagged_tx.init(problem.params), problem))
+    print(f"{name}: worst relative deviation {worst:.2e} (roots the same step: {unlagged:.2e})")
+    assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
+    assert unlagged > 1e3 * TOLERANCE, f"{name}: the lag made no difference ({unlagged:.2e})"
+
+
+def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
+    """batch_axis_name (pmap over two devices): the root work split between them.
+
+    Both optimizers run in the same ``pmap``: each device takes half of every
+    minibatch and the gradients are averaged (``pmean``, the caller's job in
+    Google's contract); Google's update gets the axis name and computes each
+    device's share of the roots, ours (imported from the same kwargs) the
+    whole step on every device. Replicas must agree and match at <= 1e-8.
+    """
+    if jax.device_count() < 2:
+        pytest.skip("needs two JAX devices: XLA_FLAGS=--xla_force_host_platform_device_count=2 "
+                    "before JAX starts")
+    kwargs = {**BASE, "graft_type": "ADAGRAD", "preconditioning_compute_steps": 2,
+              "batch_axis_name": "batch"}
+    problem = _problem()
+    google = ds.distributed_shampoo(**_google_kwargs(kwargs))
+    ours = shampoo_jax.shampoo(from_google(kwargs, x64=True))
+    assert from_google(kwargs, x64=True) == from_google(
+        {k: v for k, v in kwargs.items() if k != "batch_axis_name"}, x64=True)
+
+    def run(tx: optax.GradientTransformation, state: Any, xs: jax.Array, ys: jax.Array) -> Params:
+        def step(carry: tuple[Params, Any], batch: tuple[jax.Array, jax.Array]) -> Any:
+            params, state = carry
+            grads = jax.lax.pmean(jax.grad(_loss)(params, *batch), "batch")
+            updates, state = tx.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, state), params
+
+        trajectory: Params = jax.lax.scan(step, (problem.params, state), (xs, ys))[1]
+        return trajectory
+
+    halves = (jnp.stack(jnp.split(problem.xs, 2, axis=1)),
+              jnp.stack(jnp.split(problem.ys, 2, axis=1)))
+
+    def replicated(tree: Any) -> Any:  # a leading axis of two: one copy per device
+        return jax.tree.map(lambda x: jnp.stack([x, x]), tree)
+
+    pmapped = {
+        "google": (google, _google_init(google, problem.params, 1e-6)),
+        "ours": (ours, ours.init(problem.params)),
+    }
+    out = {}
+    for who, (tx, state) in pmapped.items():
+        go = jax.pmap(functools.partial(run, tx), axis_name="batch")
+        out[who] = go(replicated(state), *halves)
+    for who, trajectory in out.items():
+        for name, a in trajectory.items():  # the replicas agree bitwise
+            np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(a[1]), err_msg=who + name)
+    theirs = {k: v[0] for k, v in out["google"].items()}
+    worst = _worst_relative_deviation(theirs, {k: v[0] for k, v in out["ours"].items()})
+    print(f"batch_axis_name: worst relative deviation {worst:.2e}")
+    assert worst <= TOLERANCE, f"batch_axis_name: worst relative deviation {worst:.2e}"

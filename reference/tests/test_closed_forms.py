@@ -50,6 +50,33 @@ def test_vector_parameter_is_full_matrix_adagrad() -> None:
         np.testing.assert_allclose(out[t]["w"], w, rtol=RTOL, atol=1e-12)
 
 
+@pytest.mark.parametrize("frequency", [1, 3])
+def test_roots_taking_effect_next_step_use_the_previous_root_steps_statistics(
+    frequency: int,
+) -> None:
+    """Eq. (8) ``roots_take_effect="next_step"`` (Google's shard_optimizer_states).
+
+    1-d, Google's schedule (roots at t = 1, f + 1, ...): the direction at step
+    t is X g_t with X the root of the statistics through the last root step
+    *before* t (the identity before any), not through t itself.
+    """
+    n, steps, eps, lr = 5, 9, 1e-3, 0.1
+    gs = stream((n,), steps, seed=3)
+    w0 = np.ones(n)
+    schedule = ss.ScheduleConfig(
+        precondition_frequency=frequency, period_anchor="start", roots_before_start=True,
+        roots_take_effect="next_step",
+    )
+    out = run(base(schedule=schedule), {"w": w0}, [{"w": g} for g in gs])
+    w, acc, root = w0.copy(), np.zeros((n, n)), np.eye(n)
+    for t, g in enumerate(gs, start=1):
+        acc += np.outer(g, g)
+        w = w - lr * root @ g
+        if (t - 1) % frequency == 0:
+            root = fmp(acc + eps * np.eye(n), -0.5)
+        np.testing.assert_allclose(out[t - 1]["w"], w, rtol=RTOL, atol=1e-12)
+
+
 @pytest.mark.parametrize("shape", [(4, 3), (2, 3, 4)])
 def test_tensor_update_is_the_explicit_kronecker_formula(shape: tuple[int, ...]) -> None:
     """Order-k block: vec(P) = (L_1^(1/k) kron ... kron L_k^(1/k))^(-1/2) vec(G).

@@ -146,6 +146,12 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         "decoupled_learning_rate": draw(st.booleans()) or graft == 0,
         "decoupled_weight_decay": draw(st.booleans()),
         "eigh": draw(st.booleans()),
+        # pjit: roots one step late (eq. 8); the device count and specs only place work.
+        **draw(st.sampled_from([{}, {"shard_optimizer_states": False}, {
+            "shard_optimizer_states": True, "num_devices_for_pjit": 4,
+            "statistics_partition_spec": [None, "mdl"],
+            "preconditioner_partition_spec": [["data", "mdl"], None, None]}])),
+        "batch_axis_name": draw(st.sampled_from([None, "batch"])),
     }
 
 
@@ -207,6 +213,7 @@ META_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "blocking.skip_rank_lt": ("blocking", {"skip_rank_lt": 1}),
     "blocking.merge_direction": ("blocking", {"merge_direction": "first_to_last"}),
     "schedule.roots_before_start": ("schedule", {"roots_before_start": True}),
+    "schedule.roots_take_effect": ("schedule", {"roots_take_effect": "next_step"}),
     "schedule.statistics_frequency": ("schedule", {"statistics_frequency": 2}),
     "grafting.norm_scope": ("grafting", {"norm_scope": "parameter"}),
     "failure.nonfinite_gradient": ("failure", {"nonfinite_gradient": "skip_block"}),
@@ -343,7 +350,8 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 precondition_frequency=draw(st.sampled_from([1, 10])),
                 start_preconditioning_step=draw(st.sampled_from([None, 1, 10, 26])),
                 period_anchor=draw(st.sampled_from(["end", "start"])),
-                roots_before_start=draw(st.booleans())),
+                roots_before_start=draw(st.booleans()),
+                roots_take_effect=draw(st.sampled_from(["same_step", "next_step"]))),
             failure=ss.FailureConfig(max_consecutive_root_failures=draw(
                 st.sampled_from([None, 3]))),
             factor_dtype=draw(st.sampled_from(["float32", "float64"])),

@@ -424,3 +424,20 @@ def test_google_schedule() -> None:
     )
     with pytest.raises(ValueError, match="statistics_compute_steps = 'x'"):
         google._schedule(g(statistics_compute_steps="x"))
+
+
+def test_google_sharded_states_take_roots_effect_next_step() -> None:
+    """shard_optimizer_states: the step's direction uses the roots in the state (eq. 8)."""
+    assert google._schedule(g()).roots_take_effect == "same_step"
+    lagged = google._schedule(g(shard_optimizer_states=True, num_devices_for_pjit=8))
+    assert lagged.roots_take_effect == "next_step"
+    assert google._schedule(g(shard_optimizer_states=False, num_devices_for_pjit=8)) == (
+        google._schedule(g())
+    )
+    with pytest.raises(ValueError, match="num_devices_for_pjit = None is invalid: allowed a "
+                       "positive integer with shard_optimizer_states = true"):
+        google._schedule(g(shard_optimizer_states=True))
+    with pytest.raises(ValueError, match="num_devices_for_pjit = 0 is invalid"):
+        google._schedule(g(shard_optimizer_states=True, num_devices_for_pjit=0))
+    with pytest.raises(ValueError, match="shard_optimizer_states = 'yes' is invalid"):
+        google._schedule(g(shard_optimizer_states="yes", num_devices_for_pjit=1))

@@ -423,14 +423,21 @@ def test_google_precision_forms_have_no_numerical_effect(spelled: Any) -> None:
     [({"precision": "FASTEST"}, "precision", "Precision.NAME"),
      ({"tensordot_precision": 3}, "tensordot_precision", "0=DEFAULT, 1=HIGH, 2=HIGHEST"),
      ({"generate_training_metrics": "no"}, "generate_training_metrics", "true or false"),
-     ({"reuse_preconditioner": 1}, "reuse_preconditioner", "true or false")],
+     ({"reuse_preconditioner": 1}, "reuse_preconditioner", "true or false"),
+     ({"batch_axis_name": 3}, "batch_axis_name", "null or a mesh axis name (a string)"),
+     ({"statistics_partition_spec": "mdl"}, "statistics_partition_spec",
+      "null or a list of entries, each null, an axis name or a list of axis names"),
+     ({"preconditioner_partition_spec": [["a", 1]]}, "preconditioner_partition_spec",
+      "null or a list of entries")],
 )
 def test_google_no_effect_keys_are_read_strictly(
     kwargs: dict[str, Any], path: str, allowed: str
 ) -> None:
     _refused(ss.from_google, {**GOOGLE, **kwargs}, path, allowed)
     assert ss.from_google(
-        {**GOOGLE, "generate_training_metrics": False, "reuse_preconditioner": True}
+        {**GOOGLE, "generate_training_metrics": False, "reuse_preconditioner": True,
+         "batch_axis_name": "batch", "statistics_partition_spec": [None, ["data", "mdl"]],
+         "preconditioner_partition_spec": [], "num_devices_for_pjit": 2}
     ) == ss.from_google(GOOGLE)
 
 

@@ -95,7 +95,6 @@ def test_google_defaults() -> None:
         (ss.from_google, {"best_effort_memory_usage_reduction": True}, "quantized"),
         (ss.from_google, {"frequent_directions": True}, "frequent_directions"),
         (ss.from_google, {"lobpcg_topk_precondition": 4}, "lobpcg_topk_precondition"),
-        (ss.from_google, {"shard_optimizer_states": True}, "shard_optimizer_states"),
         (ss.from_google, {"graft_type": "NONE", "decoupled_learning_rate": False},
          "decoupled_learning_rate"),
     ],

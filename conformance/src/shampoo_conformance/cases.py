@@ -233,6 +233,19 @@ def named_cases() -> list[Case]:
             ),
         ),
         Case(
+            # Google's shard_optimizer_states: a root step's roots precondition
+            # only the steps after it (the step itself uses the previous ones).
+            "schedule_roots_next_step",
+            _with(
+                schedule=ss.ScheduleConfig(
+                    precondition_frequency=3,
+                    period_anchor="start",
+                    roots_before_start=True,
+                    roots_take_effect="next_step",
+                )
+            ),
+        ),
+        Case(
             "never_start",
             _with(schedule=ss.ScheduleConfig(start_preconditioning_step=None)),
         ),

@@ -89,8 +89,10 @@ class _BlocksInWrongOrder(ReferenceShampoo):
 class _Float32Factors(ReferenceShampoo):
     """Accumulates the factors in float32 although float64 was asked for."""
 
-    def _update_block(self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array) -> None:
-        super()._update_block(name, roots, bs, gb)
+    def _update_block(
+        self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array, roots_now: bool
+    ) -> None:
+        super()._update_block(name, roots, bs, gb, roots_now)
         bs.factors = [
             None if f is None else f.astype(np.float32).astype(np.float64) for f in bs.factors
         ]

@@ -167,6 +167,7 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         start_preconditioning_step=draw(st.sampled_from([1, 2, 4, None])),
         period_anchor=draw(st.sampled_from(["end", "start"])),
         roots_before_start=draw(st.booleans()),
+        roots_take_effect=draw(st.sampled_from(["same_step", "next_step"])),
     )
     return ss.ShampooConfig(
         learning_rate=draw(st.sampled_from([0.01, 0.1])),

@@ -60,17 +60,24 @@ def block_step(
     ``failures``: the number of failed inverse roots (eq. 13), a scalar.
 
     Statistics (eq. 6), inverse roots (eqs. 7, 9-13), the corrected moment
-    (eq. 17) and the preconditioned, block-rescaled stacks (eqs. 16-18).
+    (eq. 17) and the preconditioned, block-rescaled stacks (eqs. 16-18); the
+    roots after the stacks with ``schedule.roots_take_effect="next_step"``.
     Every operation is per block, so the same function runs on any slice of
     the stacks: the sharded transformation calls it on each device's shard.
     """
+    lag = config.schedule.roots_take_effect == "next_step"
     groups = update_statistics(groups, layout, inputs.grads, inputs.ok, t, config)
-    groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config)
+    if not lag:
+        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config)
     if config.eigenvalue_correction is not None:
         groups = update_corrected_moment(groups, layout, inputs.grads, inputs.ok, config)
     stacks = None
     if inputs.filtered is not None:
         stacks = precondition_blocks(groups, layout, inputs.filtered, inputs.graft, config)
+    if lag:
+        # Eq. (8), roots_take_effect="next_step": this step's directions used the
+        # roots held before it; the refreshed ones take effect from t + 1.
+        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config)
     return groups, failures, stacks
 
 

@@ -290,10 +290,11 @@ class ReferenceShampoo:
         filtered = self._filter(st, g, finite)
 
         # Eqs. (6)-(13): statistics and roots, block by block.
-        for b, bs in zip(plan.blocks, st.blocks, strict=True):
-            if not finite[b.slices].all():
-                continue
-            self._update_block(name, b.roots, bs, g[b.slices])
+        admitted = [(b, bs) for b, bs in zip(plan.blocks, st.blocks, strict=True)
+                    if finite[b.slices].all()]
+        lagged = cfg.schedule.roots_take_effect == "next_step" and is_root_step(t, cfg.schedule)
+        for b, bs in admitted:
+            self._update_block(name, b.roots, bs, g[b.slices], roots_now=not lagged)
 
         # Eq. (14c): the graft direction (whole parameter, elementwise).
         graft_dir = grafting.direction(filtered, st.graft, t, cfg.grafting)
@@ -302,6 +303,11 @@ class ReferenceShampoo:
         use_shampoo = uses_preconditioner(t, cfg.schedule)
         need_shampoo = use_shampoo or st.graft_momentum is not None
         shampoo_dir = self._shampoo_direction(st, filtered, graft_dir) if need_shampoo else None
+        if lagged:
+            # Eq. (8), roots_take_effect="next_step": this step's direction used the
+            # roots held before it; the roots refreshed now take effect from t + 1.
+            for b, bs in admitted:
+                self._refresh_inverse_roots(name, b.roots, bs)
 
         # Eqs. (19)-(21): weight decay, momentum, update.
         buffers = (st.momentum, st.graft_momentum)
@@ -340,7 +346,10 @@ class ReferenceShampoo:
         return used
 
     # --------------------------------------------------- eqs. (6)-(13) block
-    def _update_block(self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array) -> None:
+    def _update_block(
+        self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array, roots_now: bool
+    ) -> None:
+        """Eq. (6), and eqs. (7), (9)-(13) and (17) on root steps when ``roots_now``."""
         cfg, t = self.config, self.t
         stats = cfg.statistics
         if is_statistics_step(t, cfg.schedule):
@@ -351,7 +360,7 @@ class ReferenceShampoo:
                 decayed = stats.beta2 * lk if stats.decays else lk
                 bs.factors[k] = decayed + w * factor_contraction(gb, k)
             bs.statistics_updates += 1
-        if is_root_step(t, cfg.schedule):
+        if roots_now and is_root_step(t, cfg.schedule):
             self._refresh_inverse_roots(name, roots, bs)
         if cfg.eigenvalue_correction is not None:
             # Eq. (17): the corrected second moment sees this step's (refreshed) basis.

@@ -603,6 +603,12 @@ class ScheduleConfig:
     the grafting method throughout). ``roots_before_start=False`` computes
     roots only from the start step, and always at it (Meta);
     ``True`` follows the frequency from step 1 (Google).
+
+    ``roots_take_effect``: roots refreshed at a root step precondition that
+    step's direction (``"same_step"``), or only the next step's on
+    (``"next_step"``: the step's direction uses the roots held before it, as
+    Google's ``shard_optimizer_states=True`` does). Not with
+    ``eigenvalue_correction``.
     """
 
     precondition_frequency: int = 1
@@ -610,6 +616,7 @@ class ScheduleConfig:
     start_preconditioning_step: int | None = 1
     period_anchor: Literal["end", "start"] = "end"
     roots_before_start: bool = False
+    roots_take_effect: Literal["same_step", "next_step"] = "same_step"
 
     def __post_init__(self) -> None:
         o = "schedule"
@@ -621,6 +628,7 @@ class ScheduleConfig:
         )
         v.choice(o, "period_anchor", self.period_anchor, ("end", "start"))
         v.boolean(o, "roots_before_start", self.roots_before_start)
+        v.choice(o, "roots_take_effect", self.roots_take_effect, ("same_step", "next_step"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -725,6 +733,15 @@ class ShampooConfig:
             v.fail(
                 o, "inverse_root_dtype", self.inverse_root_dtype,
                 "None with eigenvalue_correction (eq. 17 keeps eigenbases, not inverse roots)",
+            )
+        if (self.eigenvalue_correction is not None
+                and self.schedule.roots_take_effect == "next_step"):
+            # Eq. (17) updates its corrected moment in the basis refreshed this
+            # step; a lagged basis would need a rule of its own, and neither
+            # anchor has one (Google's lag has no eigenvalue correction).
+            v.fail(
+                "schedule", "roots_take_effect", "next_step",
+                "'same_step' with eigenvalue_correction (eq. 17 uses this step's eigenbasis)",
             )
         if isinstance(self.root_inverse, CoupledNewtonConfig):
             # The coupled Newton iteration raises a matrix to the integer power r.

@@ -370,6 +370,8 @@ def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.same("schedule.period_anchor", s.period_anchor, "end", "Meta's roots are at t % f == 0")
     lacks.same("schedule.roots_before_start", s.roots_before_start, False,
                "Meta computes no roots before the start step")
+    lacks.same("schedule.roots_take_effect", s.roots_take_effect, "same_step",
+               "Meta's roots precondition the step that computes them")
     start = s.start_preconditioning_step
     lacks.need(start is not None, "schedule.start_preconditioning_step", start,
                "Meta always starts preconditioning")
@@ -645,7 +647,9 @@ def _google_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 def _google_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``start_preconditioning_step`` (ours - 1: Google counts from 0),
-    ``preconditioning_compute_steps``, ``statistics_compute_steps`` (eq. 8)."""
+    ``preconditioning_compute_steps``, ``statistics_compute_steps`` (eq. 8);
+    ``shard_optimizer_states`` (with ``num_devices_for_pjit=1``, which it
+    needs) for roots that take effect the next step."""
     s = c.schedule
     lacks.same("schedule.period_anchor", s.period_anchor, "start",
                "Google's work is at count % f == 0, count = t - 1")
@@ -658,4 +662,6 @@ def _google_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         "start_preconditioning_step": (start if start is not None else 1) - 1,
         "preconditioning_compute_steps": s.precondition_frequency,
         "statistics_compute_steps": s.statistics_frequency,
+        **({"shard_optimizer_states": True, "num_devices_for_pjit": 1}
+           if s.roots_take_effect == "next_step" else {}),
     }

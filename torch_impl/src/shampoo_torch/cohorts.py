@@ -71,6 +71,11 @@ class Cohort:
     def root_step(self) -> bool:
         return is_root_step(self.t, self.config.schedule)
 
+    @property
+    def roots_lag(self) -> bool:
+        """Eq. (8), ``roots_take_effect="next_step"``: refresh the roots after the directions."""
+        return self.config.schedule.roots_take_effect == "next_step"
+
 
 def read_gradients(
     gi: int, group: dict[str, Any], gp: ParamGroupPlan, state: Mapping[torch.Tensor, Any]

@@ -12,6 +12,8 @@ param group; parameters of a group at the same step t form a *cohort*:
    (eqs. 6-13, 17; :mod:`shampoo_torch.preconditioner`);
 4. directions: graft (eq. 14c), Shampoo per block group (eqs. 16-17) with the
    per-block graft rescale (eq. 18), exchanged between ranks when distributed;
+   with ``schedule.roots_take_effect = "next_step"`` the inverse roots of
+   phase 3 are refreshed here, after the directions (eq. 8);
 5. per parameter: the per-parameter graft rescale (eq. 18), direction decay,
    momentum and the update (eqs. 19-21; :mod:`shampoo_torch.elementwise`);
 6. the eq. (13) failure limit, raised only now, after every parameter moved
@@ -218,6 +220,8 @@ class Shampoo(torch.optim.Optimizer):
             self._block_state(c)  # 3. statistics, inverse roots, corrected moment
         for c in cohorts:
             self._directions(c)  # 4. graft and block directions
+            if c.roots_lag:
+                self._refresh_roots(c)  # 4b. eq. (8) "next_step": from t + 1 on
         blocks = self._exchange(cohorts)  # distributed: all-gather
         for c in cohorts:
             self._update(c, blocks)  # 5. parameter rescale, momentum, update
@@ -330,14 +334,27 @@ class Shampoo(torch.optim.Optimizer):
             gb = gather(bg, gp.layouts, c.g, members)
             if is_statistics_step(c.t, cfg.schedule):
                 preconditioner.update_statistics(bg, gb, rows, ok, cfg.statistics)
-            if c.root_step:
-                updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, cfg)
-                self._counter(bg.device)["root_failures"].add_(failures)
-                c.root_counts.append((bg, members, updated))
+            if not c.roots_lag:
+                self._refresh_group_roots(c, index)
             if cfg.eigenvalue_correction is not None:
                 preconditioner.update_corrected_moment(
                     bg, gb, rows, ok, cfg.eigenvalue_correction
                 )
+
+    def _refresh_roots(self, c: Cohort) -> None:
+        """Eqs. (7), (9)-(13) for every block group of the cohort (after its directions)."""
+        for index in c.selected:
+            self._refresh_group_roots(c, index)
+
+    def _refresh_group_roots(self, c: Cohort, index: int) -> None:
+        """Eqs. (7), (9)-(13) for one block group on a root step; counts the failures."""
+        if not c.root_step:
+            return
+        members, rows, ok = c.selected[index]
+        bg = c.inp.gp.block_groups[index]
+        updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config)
+        self._counter(bg.device)["root_failures"].add_(failures)
+        c.root_counts.append((bg, members, updated))
 
     def _check_root_failures(self, cohorts: list[Cohort]) -> None:
         """Eq. (13): raise when a block's inverse roots failed too many root steps in a row.

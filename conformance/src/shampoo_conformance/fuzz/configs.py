@@ -229,6 +229,8 @@ def step_configs(
             start_preconditioning_step=draw(st.sampled_from([1, 2, None])),
             period_anchor=draw(st.sampled_from(["end", "start"])),
             roots_before_start=draw(st.booleans()),
+            roots_take_effect="same_step" if eigen else draw(
+                st.sampled_from(["same_step", "next_step"])),
         ),
         failure=ss.FailureConfig(
             nonfinite_gradient=_policy(policy or draw(st.sampled_from(["raise", "skip_block"]))),

@@ -40,7 +40,7 @@ from ..config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from ._parse import UNBOUNDED, Args, choice, dim_limit
+from ._parse import UNBOUNDED, Args, _refuse, choice, dim_limit
 
 #: The keyword arguments of ``distributed_shampoo`` (``precondtioner_type``: Google's spelling).
 KEYS = {
@@ -95,11 +95,6 @@ KEYS = {
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "decay_preconditioning_compute_steps": (False, "a decaying root frequency"),
     "end_preconditioning_compute_steps": (None, "a decaying root frequency"),
-    "batch_axis_name": (None, "pmap sharding; the caller averages gradients"),
-    "statistics_partition_spec": (None, "pjit sharding"),
-    "preconditioner_partition_spec": (None, "pjit sharding"),
-    "num_devices_for_pjit": (None, "pjit sharding"),
-    "shard_optimizer_states": (False, "pjit sharding (roots one step late)"),
     "best_effort_memory_usage_reduction": (False, "quantized int8/int16 states"),
     "clip_by_scaled_gradient_norm": (None, "clipping of the RMSProp graft"),
     "lobpcg_topk_precondition": (0, "LOBPCG"),
@@ -253,6 +248,40 @@ def _no_numerical_effect(a: Args) -> None:
                enum="Precision", values=PRECISION_VALUES)
     a.flag("generate_training_metrics", True)
     a.flag("reuse_preconditioner", False)
+    _distribution_hints(a)
+
+
+def _distribution_hints(a: Args) -> None:
+    """Reads ``batch_axis_name``, ``statistics_partition_spec``,
+    ``preconditioner_partition_spec``; returns nothing.
+
+    Where Google's root work runs, not what it computes. ``batch_axis_name``
+    (pmap): each device computes the roots of a share of the statistics and
+    ``all_gather`` gives every device all of them; Google does not average
+    the gradients (the caller does, before ``update``), so from the averaged
+    gradient the numbers are the non-sharded path's. The partition specs
+    (pjit, with ``shard_optimizer_states``) place the stacked statistics and
+    roots. Our JAX backend places its blocks with its own ShardingConfig.
+    """
+    name = a.get("batch_axis_name", None)
+    if name is not None and not isinstance(name, str):
+        raise _refuse("batch_axis_name", name, "null or a mesh axis name (a string)")
+    for key in ("statistics_partition_spec", "preconditioner_partition_spec"):
+        _partition_spec(key, a.get(key, None))
+
+
+def _partition_spec(key: str, spec: Any) -> None:
+    """A ``jax.sharding.PartitionSpec`` in JSON form: null, or a list of
+    entries, each null, an axis name or a list of axis names."""
+    allowed = "null or a list of entries, each null, an axis name or a list of axis names"
+    if spec is None:
+        return
+    if not isinstance(spec, (list, tuple)):
+        raise _refuse(key, spec, allowed)
+    for entry in spec:
+        names = entry if isinstance(entry, (list, tuple)) else [entry]
+        if entry is not None and not all(isinstance(n, str) for n in names):
+            raise _refuse(key, spec, allowed)
 
 
 def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
@@ -409,13 +438,29 @@ def _schedule(a: Args) -> ScheduleConfig:
 
     Returns ``schedule`` (eq. 8) for Google's 0-based count: anchored at the
     start, roots from the first step, the Shampoo direction from start + 1.
+
+    Also reads ``shard_optimizer_states``, ``num_devices_for_pjit``. Google's
+    pjit path (``shard_optimizer_states=True``) computes a step's direction
+    from the roots in its state and refreshes them afterwards, so roots
+    take effect the step after their root step (``roots_take_effect =
+    "next_step"``); ``num_devices_for_pjit`` (required there, as in Google)
+    only pads the stacked statistics with identities to a multiple of it.
     """
     # Our start step is Google's + 1 (1-based), so Google's may be at most MAX_INTEGER - 1.
     start = a.integer("start_preconditioning_step", 5, low=0, high=MAX_INTEGER - 1)
+    sharded = a.flag("shard_optimizer_states", False)
+    devices = a.get("num_devices_for_pjit", None)
+    if devices is not None or sharded:
+        if devices is None:
+            raise _refuse("num_devices_for_pjit", None,
+                          "a positive integer with shard_optimizer_states = true "
+                          "(Google pads its statistics to a multiple of it)")
+        a.integer("num_devices_for_pjit", None, low=1)
     return ScheduleConfig(
         precondition_frequency=a.integer("preconditioning_compute_steps", 1, low=1),
         statistics_frequency=a.integer("statistics_compute_steps", 1, low=1),
         start_preconditioning_step=start + 1,
         period_anchor="start",
         roots_before_start=True,
+        roots_take_effect="next_step" if sharded else "same_step",
     )
