@@ -158,6 +158,17 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "epsilon": 1e-6,
         "preconditioner_config": {**EIGEN64, "drop_weighting_factor_on_gsquare": True},
     },
+    # PseudoInverseConfig (epsilon 0; eq. 10's "pseudo_inverse"): factors from zero
+    # are rank-deficient for the first steps, and the output bias's factor always
+    # (its gradient is orthogonal to the ones vector): eigenvalues at or below
+    # 1e-8 lambda_max get a zero root, the rest lambda^(-1/2).
+    "pseudo_inverse": {
+        "grafting_config": ADAGRAD,
+        "epsilon": 0.0,
+        "preconditioner_config": {**EIGEN64, "amortized_computation_config": {
+            "type": "EigenConfig", "rank_deficient_stability_config": {
+                "type": "PseudoInverseConfig", "rank_rtol": 1e-8}}},
+    },
     # use_trace_scaling: the roots see A * max(tr A, epsilon)^(-0.25) (eq. 7b).
     "trace_scaling": {
         "grafting_config": ADAGRAD,

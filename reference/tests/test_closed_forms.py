@@ -50,6 +50,34 @@ def test_vector_parameter_is_full_matrix_adagrad() -> None:
         np.testing.assert_allclose(out[t]["w"], w, rtol=RTOL, atol=1e-12)
 
 
+def test_pseudo_inverse_root_of_rank_deficient_statistics() -> None:
+    """Eq. (10) ``"pseudo_inverse"`` (Meta's PseudoInverseConfig, epsilon 0).
+
+    1-d, factors from zero: after t < n steps the factor sum g g^T has rank t;
+    the direction is ``U_k S_k^(-1/2) U_k^T g`` over the singular values above
+    the cutoff (here by SVD, not eigh), and at step 1 exactly ``g / |g|``.
+    """
+    n, steps, lr, rtol = 6, 8, 0.1, 1e-9
+    gs = stream((n,), steps, seed=5)
+    w0 = np.ones(n)
+    cfg = base(
+        epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=rtol),
+        statistics=ss.StatisticsConfig(initial_value="zero"),
+        factor_dtype="float64",
+    )
+    out = run(cfg, {"w": w0}, [{"w": g} for g in gs])
+    np.testing.assert_allclose(out[0]["w"], w0 - lr * gs[0] / np.linalg.norm(gs[0]),
+                               rtol=RTOL, atol=1e-12)
+    w, acc = w0.copy(), np.zeros((n, n))
+    for t, g in enumerate(gs):
+        acc += np.outer(g, g)
+        u, sv, _ = scipy.linalg.svd(acc)
+        k = sv > rtol * sv[0]
+        assert k.sum() == min(t + 1, n)
+        w = w - lr * (u[:, k] * sv[k] ** -0.5) @ u[:, k].T @ g
+        np.testing.assert_allclose(out[t]["w"], w, rtol=RTOL, atol=1e-12)
+
+
 @pytest.mark.parametrize("frequency", [1, 3])
 def test_roots_taking_effect_next_step_use_the_previous_root_steps_statistics(
     frequency: int,

@@ -100,6 +100,19 @@ def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -
         (lambda: ss.ShampooConfig(
             eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
             inverse_root_dtype="float32"), "inverse_root_dtype"),
+        (lambda: ss.ShampooConfig(
+            eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
+            schedule=ss.ScheduleConfig(roots_take_effect="next_step")), "roots_take_effect"),
+        (lambda: ss.EpsilonConfig(value=1e-12, placement="pseudo_inverse"), "value"),
+        (lambda: ss.EpsilonConfig(rank_rtol=1e-6), "rank_rtol"),
+        (lambda: ss.EpsilonConfig(rank_atol=1e-9), "rank_atol"),
+        (lambda: ss.EpsilonConfig(rank_rtol=None), "rank_rtol"),
+        (lambda: ss.ShampooConfig(
+            epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse"),
+            root_inverse=ss.CoupledNewtonConfig()), "placement"),
+        (lambda: ss.ShampooConfig(
+            epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse"),
+            eigenvalue_correction=ss.EigenvalueCorrectionConfig()), "placement"),
     ],
 )
 def test_cross_field_rules(make: typing.Callable[[], object], field: str) -> None:
@@ -188,3 +201,17 @@ def test_eigh_failure_threshold() -> None:
     c = ss.ShampooConfig(root_inverse=ss.EighConfig(failure_threshold=1e-9),
                          eigenvalue_correction=ss.EigenvalueCorrectionConfig())
     assert ss.ShampooConfig.from_dict(c.to_dict()) == c
+
+
+def test_pseudo_inverse_rank_cutoff() -> None:
+    """Eq. (10): the relative cutoff is rank_rtol, or n * machine epsilon of the factor dtype."""
+    e = ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=None, rank_atol=1e-9)
+    assert e.pseudo_inverse and e.rank_cutoff_rtol(10, "float32") == 10 * 2.0**-23
+    assert e.rank_cutoff_rtol(3, "float64") == 3 * 2.0**-52
+    assert dataclasses.replace(e, rank_rtol=1e-4).rank_cutoff_rtol(10, "float32") == 1e-4
+    with pytest.raises(ValueError, match=r"epsilon.value = 1e-12 is invalid: allowed 0 with "
+                       "placement 'pseudo_inverse'"):
+        dataclasses.replace(e, value=1e-12)
+    with pytest.raises(ValueError, match=r"epsilon.rank_atol = 1e-09 is invalid: allowed 0.0 "
+                       "unless placement is 'pseudo_inverse'"):
+        dataclasses.replace(e, placement="ridge", value=1e-12, rank_rtol=0.0)

@@ -101,9 +101,16 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             }
         else:
             pc["amortized_computation_config"] = {
-                "type": "EigenConfig", "rank_deficient_stability_config": {
-                    "type": "PerturbationConfig",
-                    "perturb_before_computation": draw(st.booleans())}}
+                "type": "EigenConfig", "rank_deficient_stability_config": draw(st.sampled_from([
+                    {"type": "PerturbationConfig",
+                     "perturb_before_computation": draw(st.booleans())},
+                    # Meta's rule: epsilon 0 (set below) exactly with the pseudo-inverse.
+                    {"type": "PseudoInverseConfig", "rank_rtol": draw(
+                        st.sampled_from([None, 0.0, 1e-6])), "rank_atol": draw(
+                        st.sampled_from([0.0, 1e-9]))}]))}
+            if pc["amortized_computation_config"]["rank_deficient_stability_config"][
+                    "type"] == "PseudoInverseConfig":
+                kwargs["epsilon"] = 0.0
         pc["inverse_exponent_override"] = {
             o: draw(st.one_of(exponent, st.dictionaries(st.integers(0, o - 1), exponent)))
             for o in orders
@@ -313,7 +320,11 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
             epsilon=ss.EpsilonConfig(
                 value=draw(small), scale=draw(st.sampled_from(["absolute", "relative"])),
                 relative_floor=draw(st.sampled_from([1e-16, 1e-25, 1e-6])),
-                placement=draw(st.sampled_from(["ridge", "shift_after", "floor", "ridge_floor"]))),
+                placement=draw(st.sampled_from(["ridge", "shift_after", "floor", "ridge_floor"])),
+            ) if not draw(st.booleans()) else ss.EpsilonConfig(
+                value=0.0, placement="pseudo_inverse",
+                rank_rtol=draw(st.sampled_from([None, 0.0, 1e-6])),
+                rank_atol=draw(st.sampled_from([0.0, 1e-9]))),
             root_inverse=ss.CoupledNewtonConfig(
                 error_growth_limit=draw(st.sampled_from([None, 1.2])),
                 retries=draw(st.sampled_from([0, 5])),

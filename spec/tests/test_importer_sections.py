@@ -88,7 +88,7 @@ def test_meta_shared_defaults_and_values() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "key"),
     [({"betas": [0.9]}, "betas"), ({"betas": [0.9, "x"]}, r"betas\[1\]"),
-     ({"epsilon": 0.0}, "epsilon"), ({"lr": "fast"}, "lr"), ({"beta3": None}, "beta3")],
+     ({"epsilon": -1e-8}, "epsilon"), ({"lr": "fast"}, "lr"), ({"beta3": None}, "beta3")],
 )
 def test_meta_shared_refuses(kwargs: dict[str, Any], key: str) -> None:
     with pytest.raises(ValueError, match=f"^{key} = "):
@@ -191,19 +191,45 @@ def test_meta_preconditioner_refuses(config: dict[str, Any], match: str) -> None
 
 
 def test_meta_root_inverse() -> None:
-    assert meta._root_inverse(None) == (ss.EighConfig(), "ridge")
+    assert meta._root_inverse(None) == (ss.EighConfig(), {"placement": "ridge"})
     after = {"type": "EigenConfig",
              "rank_deficient_stability_config": {"type": "PerturbationConfig",
                                                  "perturb_before_computation": False}}
-    assert meta._root_inverse(after) == (ss.EighConfig(), "shift_after")
+    assert meta._root_inverse(after) == (ss.EighConfig(), {"placement": "shift_after"})
     assert meta._root_inverse({"type": "CoupledNewtonConfig"}) == (
-        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), "ridge"
+        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), {"placement": "ridge"}
     )
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.tolerance"):
         meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01})
-    with pytest.raises(NotImplementedError, match=r"rank_deficient_stability_config\.type"):
+    pseudo = {"type": "EigenConfig", "rank_deficient_stability_config": {
+        "type": "PseudoInverseConfig", "rank_rtol": None, "rank_atol": 1e-9}}
+    assert meta._root_inverse(pseudo) == (ss.EighConfig(), {
+        "placement": "pseudo_inverse", "rank_rtol": None, "rank_atol": 1e-9})
+    assert meta._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
+        "type": "PseudoInverseConfig"}})[1] == {
+        "placement": "pseudo_inverse", "rank_rtol": 0.0, "rank_atol": 0.0}
+    with pytest.raises(ValueError, match=r"rank_deficient_stability_config\.type = 'Other' is "
+                       "invalid: allowed 'PerturbationConfig' or 'PseudoInverseConfig'"):
         meta._root_inverse({"type": "EigenConfig",
-                            "rank_deficient_stability_config": {"type": "PseudoInverseConfig"}})
+                            "rank_deficient_stability_config": {"type": "Other"}})
+    with pytest.raises(ValueError, match=r"rank_deficient_stability_config\.rank_rtol = 'x'"):
+        meta._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
+            "type": "PseudoInverseConfig", "rank_rtol": "x"}})
+
+
+def test_meta_pseudo_inverse_needs_epsilon_zero_and_only_it() -> None:
+    """Meta's rule: epsilon == 0 with PseudoInverseConfig, > 0 otherwise."""
+    pseudo = {"type": "RootInvShampooPreconditionerConfig", "amortized_computation_config": {
+        "type": "EigenConfig", "rank_deficient_stability_config": {
+            "type": "PseudoInverseConfig", "rank_rtol": 1e-6}}}
+    c = ss.from_meta({"epsilon": 0.0, "preconditioner_config": pseudo})
+    assert c.epsilon == ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=1e-6)
+    with pytest.raises(ValueError, match=r"epsilon = 1e-12 is invalid: allowed 0.0 with "
+                       "rank_deficient_stability_config PseudoInverseConfig"):
+        ss.from_meta({"preconditioner_config": pseudo})
+    with pytest.raises(ValueError, match=r"epsilon = 0.0 is invalid: allowed a number > 0 "
+                       r"\(0 only with PseudoInverseConfig\)"):
+        ss.from_meta({"epsilon": 0.0})
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.type = 'QR"):
         meta._root_inverse({"type": "QREigendecompositionConfig"})
 

@@ -111,6 +111,14 @@ def named_cases() -> list[Case]:
         ),
         Case("epsilon_floor", _with(epsilon=ss.EpsilonConfig(value=1e-2, placement="floor"))),
         Case(
+            # Meta's PseudoInverseConfig: factors from zero are rank-deficient for the
+            # first steps; eigenvalues below 1e-4 lambda_max (float32 eigh noise is
+            # about 1e-7 lambda_max, the kept ones about 1) get a zero root.
+            "pseudo_inverse",
+            _with(epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse",
+                                           rank_rtol=1e-4)),
+        ),
+        Case(
             "coupled_newton",
             _with(root_inverse=ss.CoupledNewtonConfig(tolerance=1e-12, max_iterations=200)),
         ),

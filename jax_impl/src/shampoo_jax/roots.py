@@ -134,11 +134,27 @@ def regularized_eigenvalues(lam: Array, eps: Array, placement: str) -> Array:
     """Eq. (10): eigenvalues after the epsilon rule (``lam`` ascending, ``eps`` per matrix)."""
     lam_min = lam[..., :1]
     e = eps[..., None]
+    if placement == "pseudo_inverse":
+        return lam  # no epsilon: inverse_root_eigenvalues' rank cutoff instead
     if placement == "ridge":
         return lam + jnp.maximum(0.0, e - lam_min)
     if placement == "shift_after":
         return lam - jnp.minimum(lam_min, 0.0) + e
     return jnp.maximum(lam, e)  # "floor" and "ridge_floor"
+
+
+def inverse_root_eigenvalues(
+    lam: Array, root: float, rank: tuple[float, float] | None
+) -> Array:
+    """``lambda'^(-1/root)`` of eq. (10) (ascending ``lam``); with ``rank = (rtol, atol)``
+    (``"pseudo_inverse"``) 0 at or below ``max(rtol * max(lambda_max, 0), atol)``."""
+    if rank is None:
+        powered: Array = lam ** (-1.0 / root)
+        return powered
+    rtol, atol = rank
+    cutoff = jnp.maximum(rtol * jnp.maximum(lam[..., -1:], 0.0), atol)
+    kept = lam > cutoff
+    return jnp.where(kept, jnp.where(kept, lam, 1.0) ** (-1.0 / root), 0.0)
 
 
 def eigh_error(b: Array, lam: Array, q: Array) -> Array:
@@ -168,13 +184,14 @@ def eigh_passes(b: Array, lam: Array, q: Array, threshold_float32: float | None)
 
 def root_inverse_eigh(
     a: Array, root: float, eps: Array, placement: str, active: Array | None = None,
-    failure_threshold: float | None = None,
+    failure_threshold: float | None = None, rank: tuple[float, float] | None = None,
 ) -> tuple[Array, Array | None]:
     """Eq. (10): ``X = Q diag(lambda'^(-1/root)) Q^T`` for each matrix (``active``: see _eigh).
 
     Returns ``(X, passes)``: ``passes`` is eq. (10b)'s test of the
     eigendecomposition's error on B (``A + eps I`` for the ridge placements,
     else A) against ``failure_threshold`` (``fl32(tau)``); None without one.
+    ``rank``: ``(rtol, atol)`` of ``"pseudo_inverse"`` (:func:`inverse_root_eigenvalues`).
     """
     a = symmetrize(a)
     if placement in ("ridge", "ridge_floor"):
@@ -182,7 +199,8 @@ def root_inverse_eigh(
     lam, q = _eigh(a, active)
     passes = eigh_passes(a, lam, q, failure_threshold)
     lam = regularized_eigenvalues(lam, eps, placement)
-    x = _matmul(q * lam[..., None, :] ** (-1.0 / root), jnp.swapaxes(q, -1, -2))
+    x = _matmul(q * inverse_root_eigenvalues(lam, root, rank)[..., None, :],
+                jnp.swapaxes(q, -1, -2))
     return x, passes
 
 
@@ -341,7 +359,11 @@ def compute_inverse_root(
             if method.failure_threshold is not None:
                 ok = ok & (error < method.failure_threshold)
         else:
-            x, passes = root_inverse_eigh(a, root, eps, config.epsilon.placement, active, tau)
+            e = config.epsilon
+            dtype = "float64" if a.dtype == jnp.float64 else "float32"
+            rank = (e.rank_cutoff_rtol(a.shape[-1], dtype), e.rank_atol) if (
+                e.pseudo_inverse) else None
+            x, passes = root_inverse_eigh(a, root, eps, e.placement, active, tau, rank)
     if passes is not None:
         ok = ok & passes
     ok = ok & all_finite(x)

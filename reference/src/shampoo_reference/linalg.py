@@ -121,12 +121,27 @@ def regularized_eigenvalues(lam: Array, eps: float, placement: str) -> Array:
     ``"ridge"`` and ``"ridge_floor"``, of ``A`` otherwise.
     """
     lam_min = float(lam.min())
+    if placement == "pseudo_inverse":
+        return lam  # no epsilon: the rank cutoff of inverse_root_eigenvalues instead
     if placement == "ridge":
         return lam + max(0.0, eps - lam_min)
     # "floor" and "ridge_floor" (whose lam are of A + eps I) both floor at eps.
     if placement == "shift_after":
         return lam - min(lam_min, 0.0) + eps
     return np.maximum(lam, eps)
+
+
+def inverse_root_eigenvalues(lam: Array, root: float, rank: tuple[float, float] | None) -> Array:
+    """``lambda'^(-1/root)`` of eq. (10); with ``rank = (rtol, atol)`` (``"pseudo_inverse"``)
+    0 for every eigenvalue at or below ``max(rtol * max(lambda_max, 0), atol)``."""
+    if rank is None:
+        powered: Array = lam ** (-1.0 / root)
+        return powered
+    rtol, atol = rank
+    cutoff = max(rtol * max(float(lam.max()), 0.0), atol)
+    kept = lam > cutoff
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(kept, np.where(kept, lam, 1.0) ** (-1.0 / root), 0.0)
 
 
 @dataclass(frozen=True)
@@ -171,30 +186,36 @@ def eigh_input(matrix: Array, eps: float, placement: str) -> Array:
 
 
 def _root_inverse_eigh(
-    matrix: Array, root: float, eps: float, placement: str, with_error: bool
+    matrix: Array, root: float, eps: float, placement: str, with_error: bool,
+    rank: tuple[float, float] | None,
 ) -> EighResult:
     b = eigh_input(matrix, eps, placement)
     lam, q = np.linalg.eigh(b)
     error = eigh_error(b, lam, q) if with_error else math.nan
     lam_reg = regularized_eigenvalues(lam, eps, placement)
-    root_inverse: Array = (q * lam_reg ** (-1.0 / root)) @ q.T
+    root_inverse: Array = (q * inverse_root_eigenvalues(lam_reg, root, rank)) @ q.T
     return EighResult(root_inverse, error)
 
 
-def root_inverse_eigh(matrix: Array, root: float, eps: float, placement: str) -> Array:
-    """``X = Q diag(lambda'^(-1/root)) Q^T`` with lambda' from eq. (10)."""
-    return _root_inverse_eigh(matrix, root, eps, placement, with_error=False).root
+def root_inverse_eigh(
+    matrix: Array, root: float, eps: float, placement: str,
+    rank: tuple[float, float] | None = None,
+) -> Array:
+    """``X = Q diag(lambda'^(-1/root)) Q^T`` with lambda' from eq. (10); ``rank``: the
+    ``(rtol, atol)`` of ``"pseudo_inverse"`` (:func:`inverse_root_eigenvalues`)."""
+    return _root_inverse_eigh(matrix, root, eps, placement, False, rank).root
 
 
 def root_inverse_eigh_with_error(
-    matrix: Array, root: float, eps: float, placement: str
+    matrix: Array, root: float, eps: float, placement: str,
+    rank: tuple[float, float] | None = None,
 ) -> EighResult:
     """Eq. (10)'s X and its eigendecomposition's error e of eq. (10b), computed on B.
 
     Costs two more matrix products than :func:`root_inverse_eigh`: only for
     ``EighConfig.failure_threshold`` set.
     """
-    return _root_inverse_eigh(matrix, root, eps, placement, with_error=True)
+    return _root_inverse_eigh(matrix, root, eps, placement, True, rank)
 
 
 def eigenbasis(matrix: Array) -> Array:

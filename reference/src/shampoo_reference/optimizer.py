@@ -435,10 +435,13 @@ class ReferenceShampoo:
             ):
                 return None
             return result.root
+        e = cfg.epsilon
+        rank = (e.rank_cutoff_rtol(a.shape[0], cfg.factor_dtype), e.rank_atol) if (
+            e.pseudo_inverse) else None
         try:
             if tau is None:
-                return root_inverse_eigh(a, root, eps, cfg.epsilon.placement)
-            checked = root_inverse_eigh_with_error(a, root, eps, cfg.epsilon.placement)
+                return root_inverse_eigh(a, root, eps, e.placement, rank)
+            checked = root_inverse_eigh_with_error(a, root, eps, e.placement, rank)
         except np.linalg.LinAlgError:
             return None
         return None if eigh_fails(checked.error, tau) else checked.root

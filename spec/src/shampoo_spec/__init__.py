@@ -24,6 +24,7 @@ from .assignment import (
     plan_block_costs,
 )
 from .config import (
+    EPSILON_PLACEMENTS,
     GRAFTING_TYPES,
     GRAFTING_TYPES_WITH_STATE,
     INVERSE_ROOT_DTYPES,
@@ -60,6 +61,7 @@ from .schedule import is_root_step, is_statistics_step, uses_preconditioner
 from .serialization import config_differences, config_from_dict, config_to_dict
 
 __all__ = [
+    "EPSILON_PLACEMENTS",
     "GRAFTING_TYPES",
     "GRAFTING_TYPES_WITH_STATE",
     "INVERSE_ROOT_DTYPES",

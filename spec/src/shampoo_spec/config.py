@@ -119,6 +119,10 @@ class StatisticsConfig(_MovingAverage):
         return 1.0 - self.beta2
 
 
+#: ``EpsilonConfig.placement``: the epsilon rules of eq. (10).
+EPSILON_PLACEMENTS = ("ridge", "shift_after", "floor", "ridge_floor", "pseudo_inverse")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EpsilonConfig:
     """Regularisation of a factor before its inverse root, eqs. (9)-(10).
@@ -135,7 +139,14 @@ class EpsilonConfig:
       (Meta's epsilon-after variant);
     - ``"floor"``: eigh(A), then ``max(lambda, eps)``;
     - ``"ridge_floor"``: eigh(A + eps I), then ``max(lambda, eps)`` (Google's
-      eigh path).
+      eigh path);
+    - ``"pseudo_inverse"`` (``value`` must be 0; Meta's PseudoInverseConfig):
+      eigh(A), and an eigenvalue at or below the rank cutoff
+      ``max(rank_rtol * max(lambda_max, 0), rank_atol)`` gets a zero inverse
+      root instead of ``lambda^(-1/r)``. ``rank_rtol=None``: ``n * eps_f``,
+      n the factor's size and eps_f the machine epsilon (spacing at 1) of
+      ``factor_dtype``, as ``torch.linalg.matrix_rank``. The two tolerances
+      are 0 with every other placement.
 
     ``lambda_max`` (relative scale only): ``"exact"`` (the largest
     eigenvalue) or ``"power_iteration"``, Google's estimate (eq. 9b): from
@@ -147,23 +158,48 @@ class EpsilonConfig:
     value: float = 1e-12
     scale: Literal["absolute", "relative"] = "absolute"
     relative_floor: float = 1e-16
-    placement: Literal["ridge", "shift_after", "floor", "ridge_floor"] = "ridge"
+    placement: Literal["ridge", "shift_after", "floor", "ridge_floor", "pseudo_inverse"] = "ridge"
     lambda_max: Literal["exact", "power_iteration"] = "exact"
     power_iteration_steps: int = 100
     power_iteration_tolerance: float = 1e-6
+    rank_rtol: float | None = 0.0
+    rank_atol: float = 0.0
 
     def __post_init__(self) -> None:
         o = "epsilon"
         v.epsilon(o, "value", self.value, zero=True)
         v.choice(o, "scale", self.scale, ("absolute", "relative"))
         v.epsilon(o, "relative_floor", self.relative_floor, zero=True)
-        v.choice(
-            o, "placement", self.placement, ("ridge", "shift_after", "floor", "ridge_floor")
-        )
+        v.choice(o, "placement", self.placement, EPSILON_PLACEMENTS)
         v.choice(o, "lambda_max", self.lambda_max, ("exact", "power_iteration"))
         v.integer(o, "power_iteration_steps", self.power_iteration_steps, low=1,
                   high=MAX_NEWTON_ITERATIONS)
         v.real(o, "power_iteration_tolerance", self.power_iteration_tolerance, low=0.0)
+        if self.rank_rtol is not None:
+            v.real(o, "rank_rtol", self.rank_rtol, low=0.0)
+        v.real(o, "rank_atol", self.rank_atol, low=0.0)
+        if self.pseudo_inverse:
+            if self.value != 0:
+                v.fail(o, "value", self.value,
+                       "0 with placement 'pseudo_inverse' (eigenvalues at or below the rank "
+                       "cutoff get a zero inverse root instead of a regularization)")
+        else:
+            for name in ("rank_rtol", "rank_atol"):
+                if getattr(self, name) != 0.0:
+                    v.fail(o, name, getattr(self, name),
+                           "0.0 unless placement is 'pseudo_inverse' (the rank cutoff)")
+
+    @property
+    def pseudo_inverse(self) -> bool:
+        """Eq. (10) by the pseudo-inverse rule: no epsilon, a rank cutoff instead."""
+        return self.placement == "pseudo_inverse"
+
+    def rank_cutoff_rtol(self, n: int, factor_dtype: str) -> float:
+        """The relative rank tolerance for an ``n x n`` factor: ``rank_rtol``, or, when
+        None, ``n`` times the machine epsilon of ``factor_dtype`` (eq. 10)."""
+        if self.rank_rtol is not None:
+            return self.rank_rtol
+        return n * {"float32": 2.0**-23, "float64": 2.0**-52}[factor_dtype]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -742,6 +778,17 @@ class ShampooConfig:
             v.fail(
                 "schedule", "roots_take_effect", "next_step",
                 "'same_step' with eigenvalue_correction (eq. 17 uses this step's eigenbasis)",
+            )
+        if self.epsilon.pseudo_inverse and (
+            isinstance(self.root_inverse, CoupledNewtonConfig)
+            or self.eigenvalue_correction is not None
+        ):
+            # Eq. (11) needs a positive definite A + eps I; eq. (17) keeps eigenbases
+            # and regularizes with its own epsilon (Meta refuses both too).
+            v.fail(
+                "epsilon", "placement", "pseudo_inverse",
+                "another placement with root_inverse.method='coupled_newton' or with "
+                "eigenvalue_correction (the pseudo-inverse is an eigh inverse root, eq. 10)",
             )
         if isinstance(self.root_inverse, CoupledNewtonConfig):
             # The coupled Newton iteration raises a matrix to the integer power r.

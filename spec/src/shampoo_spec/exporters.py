@@ -165,8 +165,8 @@ def _meta_shared(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     else:
         lacks.same("gradient_filter.bias_correction", f.bias_correction, s.bias_correction,
                    "one use_bias_correction sets both the filter's and the statistics'")
-    lacks.need(c.epsilon.value > 0, "epsilon.value", c.epsilon.value,
-               "Meta needs epsilon > 0 (0 only with pseudo-inverse roots)")
+    lacks.need(c.epsilon.value > 0 or c.epsilon.pseudo_inverse, "epsilon.value",
+               c.epsilon.value, "Meta needs epsilon > 0 (0 only with pseudo-inverse roots)")
     return {
         "lr": c.learning_rate,
         "betas": [f.beta1, s.beta2],
@@ -270,7 +270,7 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         lacks.same("root_inverse.failure_threshold", c.root_inverse.failure_threshold, None,
                    "Meta's eigendecomposition fails a root only when it is non-finite")
         corrected = c.eigenvalue_correction is not None
-        allowed = ("ridge",) if corrected else ("ridge", "shift_after")
+        allowed = ("ridge",) if corrected else ("ridge", "shift_after", "pseudo_inverse")
         lacks.need(placement in allowed, "epsilon.placement", placement,
                    f"Meta's eigendecomposition places epsilon as one of {list(allowed)}")
         out: dict[str, Any] = {
@@ -279,6 +279,11 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         if placement == "shift_after":
             out["rank_deficient_stability_config"] = {
                 "type": "PerturbationConfig", "perturb_before_computation": False,
+            }
+        if placement == "pseudo_inverse":
+            out["rank_deficient_stability_config"] = {
+                "type": "PseudoInverseConfig",
+                "rank_rtol": c.epsilon.rank_rtol, "rank_atol": c.epsilon.rank_atol,
             }
         return out
     newton = c.root_inverse

@@ -117,11 +117,25 @@ def regularized_eigenvalues(lam: torch.Tensor, eps: torch.Tensor, placement: str
     """Eq. (10): the eigenvalues after the epsilon rule (ascending ``lam``, ``eps`` [B])."""
     lam_min = lam[:, :1]
     e = eps[:, None]
+    if placement == "pseudo_inverse":
+        return lam  # no epsilon: inverse_root_eigenvalues' rank cutoff instead
     if placement == "ridge":
         return lam + torch.clamp_min(e - lam_min, 0.0)
     if placement == "shift_after":
         return lam - torch.clamp_max(lam_min, 0.0) + e
     return torch.maximum(lam, e)  # "floor", "ridge_floor"
+
+
+def inverse_root_eigenvalues(lam: torch.Tensor, root: float, eps: EpsilonConfig) -> torch.Tensor:
+    """``lambda'^(-1/root)`` of eq. (10), rows ascending; ``"pseudo_inverse"``: 0 at or
+    below the cutoff ``max(rtol * max(lambda_max, 0), atol)`` of each row."""
+    if not eps.pseudo_inverse:
+        return lam.pow(-1.0 / root)
+    dtype = "float64" if lam.dtype == torch.float64 else "float32"
+    rtol = eps.rank_cutoff_rtol(lam.shape[-1], dtype)
+    cutoff = torch.clamp_min(rtol * torch.clamp_min(lam[:, -1:], 0.0), eps.rank_atol)
+    kept = lam > cutoff
+    return torch.where(kept, torch.where(kept, lam, 1.0).pow(-1.0 / root), 0.0)
 
 
 def eigh_error(b: torch.Tensor, lam: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -163,7 +177,8 @@ def root_inverse_eigh(
     if failure_threshold is not None:
         ok = ok & eigh_passes(a, lam, q, failure_threshold)
     lam = regularized_eigenvalues(lam, e, eps.placement)
-    x = torch.matmul(q * lam.pow(-1.0 / root).unsqueeze(1), q.transpose(1, 2))
+    x = torch.matmul(q * inverse_root_eigenvalues(lam, root, eps).unsqueeze(1),
+                     q.transpose(1, 2))
     return x, ok & ok_eigh & finite_rows(x)
 
 

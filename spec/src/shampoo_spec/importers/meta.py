@@ -119,7 +119,7 @@ UNSUPPORTED_PRECONDITIONERS = {
     "AdamPreconditionerConfig": "Adam as the preconditioner",
 }
 
-Placement = Literal["ridge", "shift_after"]
+Placement = Literal["ridge", "shift_after", "pseudo_inverse"]
 FactorDtype = Literal["float32", "float64"]
 _FACTOR_DTYPES: dict[str, FactorDtype] = {"float32": "float32", "float64": "float64"}
 
@@ -218,7 +218,7 @@ def _shared(a: Args) -> Shared:
     beta1, beta2 = number("betas[0]", betas[0]), number("betas[1]", betas[1])
     beta3 = a.number("beta3", -1.0)
     eps = a.number("epsilon", 1e-12)
-    if eps <= 0:
+    if eps < 0:  # 0 only with PseudoInverseConfig (checked with the root method)
         raise ValueError(f"epsilon = {eps!r} is invalid: allowed a number > 0.")
     return Shared(
         lr=lr,
@@ -346,7 +346,15 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "yet for eigenvalue-corrected Shampoo (it also drops the weight of the corrected "
             "eigenvalues' EMA)."
         )
-    root_inverse, placement = _root_inverse(p.get("amortized_computation_config", None))
+    root_inverse, rule = _root_inverse(p.get("amortized_computation_config", None))
+    placement = rule["placement"]
+    if (placement == "pseudo_inverse") != (shared.epsilon == 0):
+        raise ValueError(
+            f"epsilon = {shared.epsilon!r} is invalid: allowed "
+            + ("0.0 with rank_deficient_stability_config PseudoInverseConfig (Meta's rule)."
+               if placement == "pseudo_inverse" else
+               "a number > 0 (0 only with PseudoInverseConfig).")
+        )
     correction = None
     if kind == "RootInvShampooPreconditionerConfig":
         p.unsupported("ignored_basis_change_dims", {}, "only for eigenvalue-corrected Shampoo")
@@ -379,7 +387,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             ema_weight="one" if drop_weight else "one_minus_beta2",
             trace_scaling_exponent=tau if trace_scaling else 0.0,  # eq. (7b)
         ),
-        epsilon=EpsilonConfig(value=shared.epsilon, scale="absolute", placement=placement),
+        epsilon=EpsilonConfig(value=shared.epsilon, scale="absolute", **rule),
         root_inverse=root_inverse,
         exponents=exponents,
         eigenvalue_correction=correction,
@@ -423,32 +431,42 @@ def _inverse_root_dtype(p: Args, kind: str, factor_dtype: str) -> InverseRootDty
     return None if value == factor_dtype else _ROOT_DTYPES[value]
 
 
-def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
+def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, dict[str, Any]]:
     """Reads ``preconditioner_config.amortized_computation_config``.
 
-    Returns ``root_inverse`` and the epsilon placement: ``EigenConfig`` /
-    ``EighEigendecompositionConfig`` -> eigh (eq. 10) with ``"ridge"``, or
-    ``"shift_after"`` when ``perturb_before_computation`` is False;
-    ``CoupledNewtonConfig`` -> coupled Newton (eq. 11; max_iterations 100,
-    tolerance 1e-6) with the ridge.
+    Returns ``root_inverse`` and the epsilon rule (``EpsilonConfig`` fields):
+    ``EigenConfig`` / ``EighEigendecompositionConfig`` -> eigh (eq. 10) with
+    ``"ridge"``, or ``"shift_after"`` when ``perturb_before_computation`` is
+    False, or ``"pseudo_inverse"`` with its ``rank_rtol`` (None: n times the
+    factor dtype's machine epsilon) and ``rank_atol`` for
+    ``PseudoInverseConfig``; ``CoupledNewtonConfig`` -> coupled Newton (eq.
+    11; max_iterations 100, tolerance 1e-6) with the ridge.
     """
     kind = type_of("amortized_computation_config", cfg) or "EigenConfig"
     args = Args("preconditioner_config.amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
     if kind in ("EigenConfig", "EighEigendecompositionConfig"):
         args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal criterion")
+        where = "preconditioner_config.amortized_computation_config.rank_deficient_stability_config"
         stab = args.get("rank_deficient_stability_config", None)
-        stab_kind = type_of("rank_deficient_stability_config", stab) or "PerturbationConfig"
+        stab_kind = type_of(where, stab) or "PerturbationConfig"
+        if stab_kind == "PseudoInverseConfig":
+            pseudo = Args(where, stab, {"rank_atol", "rank_rtol"})
+            rtol = pseudo.get("rank_rtol", 0.0)
+            return EighConfig(), {
+                "placement": "pseudo_inverse",
+                "rank_rtol": None if rtol is None else number(f"{where}.rank_rtol", rtol),
+                "rank_atol": pseudo.number("rank_atol", 0.0),
+            }
         if stab_kind != "PerturbationConfig":
-            raise NotImplementedError(
-                f"rank_deficient_stability_config.type = {stab_kind!r} is not supported yet "
-                "(pseudo-inverse roots)."
+            raise ValueError(
+                f"{where}.type = {stab_kind!r} is invalid: allowed 'PerturbationConfig' or "
+                "'PseudoInverseConfig'."
             )
         before = boolean(
-            "preconditioner_config.amortized_computation_config.rank_deficient_stability_config"
-            ".perturb_before_computation",
+            f"{where}.perturb_before_computation",
             (stab or {}).get("perturb_before_computation", True),
         )
-        return EighConfig(), ("ridge" if before else "shift_after")
+        return EighConfig(), {"placement": "ridge" if before else "shift_after"}
     if kind == "CoupledNewtonConfig":
         return (
             CoupledNewtonConfig(
@@ -457,7 +475,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
                 ),
                 tolerance=args.number("tolerance", 1e-6),
             ),
-            "ridge",
+            {"placement": "ridge"},
         )
     raise NotImplementedError(
         f"amortized_computation_config.type = {kind!r} is not supported yet "
