@@ -169,6 +169,25 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "type": "EigenConfig", "rank_deficient_stability_config": {
                 "type": "PseudoInverseConfig", "rank_rtol": 1e-8}}},
     },
+    # CoupledHigherOrderConfig (eq. 11c): Meta's default order 3 and tolerance,
+    # its own ridge 1e-6 (the epsilon argument is unused by this method).
+    "higher_order_newton": {
+        "grafting_config": ADAGRAD,
+        "preconditioner_config": {**EIGEN64, "amortized_computation_config": {
+            "type": "CoupledHigherOrderConfig", "rel_epsilon": 0.0, "abs_epsilon": 1e-6}},
+    },
+    # Order 5 with a relative ridge and fractional roots: 1 / 0.4 = 5/2 for the
+    # biases (X for p = 5, squared), 1 / 0.2 = 5 for the weights.
+    "higher_order_newton_fractional": {
+        "grafting_config": ADAGRAD,
+        "preconditioner_config": {
+            **EIGEN64,
+            "amortized_computation_config": {
+                "type": "CoupledHigherOrderConfig", "rel_epsilon": 1e-5, "abs_epsilon": 1e-8,
+                "order": 5, "tolerance": 1e-12},
+            "inverse_exponent_override": {"1": 0.4, "2": 0.2},
+        },
+    },
     # use_trace_scaling: the roots see A * max(tr A, epsilon)^(-0.25) (eq. 7b).
     "trace_scaling": {
         "grafting_config": ADAGRAD,

@@ -28,7 +28,11 @@ from shampoo_reference import (
     root_inverse_eigh,
     root_inverse_eigh_with_error,
 )
-from shampoo_reference.linalg import eigh_input
+from shampoo_reference.linalg import (
+    eigh_input,
+    higher_order_coefficients,
+    root_inverse_higher_order,
+)
 from shampoo_spec import CoupledNewtonConfig
 
 U = np.finfo(np.float64).eps / 2
@@ -167,3 +171,47 @@ def test_eigh_fails_compares_in_float32() -> None:
     huge = ss.EighConfig(failure_threshold=3e38).failure_threshold_float32
     assert huge is not None and eigh_fails(1e39, huge) and not eigh_fails(1e38, huge)
     assert eigh_fails(math.inf, math.inf) and not eigh_fails(3.4e38, math.inf)
+
+
+# ------------------------------------------------------ eq. (11c) higher order
+@pytest.mark.parametrize("order", [2, 3, 5])
+@pytest.mark.parametrize("root", [1.0, 2.0, 4.0, 2.5, 0.75])
+@pytest.mark.parametrize("cond", [1e0, 1e2, 1e4])
+def test_higher_order_root_matches_fractional_matrix_power(
+    order: int, root: float, cond: float
+) -> None:
+    """Eq. (11c) converges to ``(A + eps I)^(-1/r)``, r = p/q a fraction (5/2, 3/4 too).
+
+    Tolerance 1e-8 (``tolerance`` 1e-12; the iteration converges quadratically or
+    faster, and X^q amplifies the error of X by q, plus kappa * u as above).
+    """
+    a = spd(16, cond, seed=int(10 * root) + order)
+    config = ss.HigherOrderNewtonConfig(order=order, abs_epsilon=1e-8, rel_epsilon=1e-9,
+                                        tolerance=1e-12)
+    x = root_inverse_higher_order(a, root, config)
+    assert x is not None
+    eps = max(1e-9 * np.abs(a).sum(axis=1).max(), 1e-8)
+    expected = np.real(scipy.linalg.fractional_matrix_power(a + eps * np.eye(16), -1.0 / root))
+    assert rel(x, expected) <= 1e-8 + 1e3 * cond * U
+
+
+def test_higher_order_root_failures() -> None:
+    """Eq. (11c) fails on ||A||_inf = inf, and when one iteration leaves
+    max|(A + eps I) X^p - I| above 0.1."""
+    config = ss.HigherOrderNewtonConfig()
+    a = spd(8, 1e6, seed=1)
+    assert root_inverse_higher_order(a, 2.0, ss.HigherOrderNewtonConfig(max_iterations=1)) is None
+    assert root_inverse_higher_order(a, 2.0, config) is not None
+    assert root_inverse_higher_order(np.full((3, 3), np.inf), 2.0, config) is None
+    assert root_inverse_higher_order(np.zeros((3, 3)), 2.0, config) is None  # tr = 0
+
+
+def test_higher_order_coefficients_are_lakic_binomials() -> None:
+    """b_i = prod_{j<i} (1 + j p) / (i! p^i): the series of (1 - x)^(-1/p) (eq. 11c)."""
+    for p in (1, 2, 3, 4):
+        b = higher_order_coefficients(p, 6)
+        expected = [math.prod(1 + j * p for j in range(i)) / (math.factorial(i) * p**i)
+                    for i in range(6)]
+        np.testing.assert_allclose(b, expected, rtol=1e-15)
+        # binomial series of (1 - x)^(-1/p): coefficient of x^i is (1/p)_i / i!
+        assert abs(b[1] - 1.0 / p) < 1e-15

@@ -18,6 +18,7 @@ SECTIONS = [
     ss.EpsilonConfig,
     ss.EighConfig,
     ss.CoupledNewtonConfig,
+    ss.HigherOrderNewtonConfig,
     ss.ExponentConfig,
     ss.EigenvalueCorrectionConfig,
     ss.GraftingConfig,

@@ -94,7 +94,14 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                                     "torch.float32", "torch.bfloat16"]))
         if inv is not None:
             pc["inv_factor_matrix_dtype"] = inv
-        if draw(st.booleans()):
+        method = draw(st.sampled_from(["newton", "higher_order", "eigen"]))
+        if method == "higher_order":  # eq. (11c), any root (fractional ones too)
+            pc["amortized_computation_config"] = {
+                "type": "CoupledHigherOrderConfig", "rel_epsilon": draw(small),
+                "abs_epsilon": draw(st.sampled_from([0.0, 1e-8])),
+                "order": draw(st.integers(2, 6)), "max_iterations": draw(st.integers(1, 200)),
+                "tolerance": draw(small)}
+        elif method == "newton":
             pc["amortized_computation_config"] = {
                 "type": "CoupledNewtonConfig", "max_iterations": draw(st.integers(1, 200)),
                 "tolerance": draw(small),
@@ -185,6 +192,8 @@ def _is_field(path: str) -> bool:
     config = ss.ShampooConfig(eigenvalue_correction=ss.EigenvalueCorrectionConfig())
     _flatten("", ss.config_to_dict(config), flat)
     _flatten("", ss.config_to_dict(ss.ShampooConfig(root_inverse=ss.CoupledNewtonConfig())), flat)
+    _flatten("", ss.config_to_dict(ss.ShampooConfig(root_inverse=ss.HigherOrderNewtonConfig())),
+             flat)
     base = path.split("[", 1)[0]
     return base in flat or base == "eigenvalue_correction" or base == "exponents.overrides_by_order"
 
@@ -263,8 +272,11 @@ def _moved(c: ss.ShampooConfig, moves: dict[str, tuple[str, dict[str, Any]]],
             value = c.factor_dtype if value == "factor_dtype" else value
             c = dataclasses.replace(c, inverse_root_dtype=value)
         else:
-            c = dataclasses.replace(c, **{section: dataclasses.replace(getattr(c, section),
-                                                                       **values)})
+            current = getattr(c, section)
+            if not all(hasattr(current, k) for k in values):
+                # e.g. a failure_threshold for a root method without one: assumed away.
+                raise ValueError(f"{type(current).__name__} has no {sorted(values)}")
+            c = dataclasses.replace(c, **{section: dataclasses.replace(current, **values)})
     return c
 
 
@@ -329,8 +341,10 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 error_growth_limit=draw(st.sampled_from([None, 1.2])),
                 retries=draw(st.sampled_from([0, 5])),
                 failure_threshold=draw(st.sampled_from([None, 0.1])),
-            ) if newton else ss.EighConfig(
-                failure_threshold=draw(st.sampled_from([None, 0.1, 1e-30]))),
+            ) if newton else draw(st.sampled_from([
+                ss.EighConfig(failure_threshold=draw(st.sampled_from([None, 0.1, 1e-30]))),
+                ss.HigherOrderNewtonConfig(order=draw(st.integers(2, 5)),
+                                           abs_epsilon=draw(st.sampled_from([0.0, 1e-6])))])),
             exponents=ss.ExponentConfig(
                 default=draw(st.sampled_from(["block_order", "preconditioned_dims"])),
                 override=draw(st.sampled_from([0.0, 4.0]))),

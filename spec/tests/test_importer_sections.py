@@ -230,6 +230,17 @@ def test_meta_pseudo_inverse_needs_epsilon_zero_and_only_it() -> None:
     with pytest.raises(ValueError, match=r"epsilon = 0.0 is invalid: allowed a number > 0 "
                        r"\(0 only with PseudoInverseConfig\)"):
         ss.from_meta({"epsilon": 0.0})
+    higher = {"type": "CoupledHigherOrderConfig", "rel_epsilon": 1e-6, "abs_epsilon": 0.0,
+              "order": 4, "tolerance": 1e-10, "disable_tf32": True}
+    assert meta._root_inverse(higher) == (ss.HigherOrderNewtonConfig(
+        order=4, rel_epsilon=1e-6, abs_epsilon=0.0, tolerance=1e-10), {"placement": "ridge"})
+    with pytest.raises(ValueError, match=r"amortized_computation_config\.abs_epsilon is "
+                       "required"):
+        meta._root_inverse({"type": "CoupledHigherOrderConfig", "rel_epsilon": 0.0})
+    with pytest.raises(NotImplementedError, match=r"disable_tf32 = False"):
+        meta._root_inverse({**higher, "disable_tf32": False})
+    with pytest.raises(ValueError, match=r"amortized_computation_config\.order = 1 is invalid"):
+        meta._root_inverse({**higher, "order": 1})
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.type = 'QR"):
         meta._root_inverse({"type": "QREigendecompositionConfig"})
 

@@ -135,6 +135,21 @@ def named_cases() -> list[Case]:
             ),
         ),
         Case(
+            # Meta's CoupledHigherOrderConfig (eq. 11c): its own ridge, order 3.
+            "higher_order_newton",
+            _with(root_inverse=ss.HigherOrderNewtonConfig(abs_epsilon=1e-3, tolerance=1e-12)),
+        ),
+        Case(
+            # A fractional root r = 5/2 (X computed for p = 5, then squared), order 4.
+            "higher_order_newton_fractional_root",
+            _with(
+                root_inverse=ss.HigherOrderNewtonConfig(
+                    order=4, rel_epsilon=1e-3, abs_epsilon=1e-6, tolerance=1e-12
+                ),
+                exponents=ss.ExponentConfig(override=2.5),
+            ),
+        ),
+        Case(
             # Google's lambda_max estimate (eq. 9b), with a tolerance loose enough
             # that some factors stop after a few steps, far from the exact value.
             "relative_epsilon_power_iteration",

@@ -103,6 +103,9 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
                 ss.CoupledNewtonConfig(
                     tolerance=1e-12, max_iterations=300, error_growth_limit=1.2, retries=2
                 ),
+                # Eq. (11c): its own ridge (the drawn epsilon section is unused by it).
+                ss.HigherOrderNewtonConfig(rel_epsilon=1e-4, abs_epsilon=1e-4,
+                                           tolerance=1e-12),
             ]
         )
     )

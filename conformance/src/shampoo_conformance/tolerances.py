@@ -12,7 +12,11 @@ n-term inner products add n * u), and the errors of successive steps add:
 with u the unit roundoff of the backend's dtype and C = 4 a safety factor
 for the handful of operations per step. The second term is the rounding of
 the parameters themselves. A coupled Newton root adds its stopping
-tolerance (relative error of X about tolerance / r). Eigenvalue-corrected
+tolerance (relative error of X about tolerance / r; the higher-order one
+of eq. 11c too, with kappa of A + its own ridge). A pseudo-inverse root
+(eq. 10) inverts only the eigenvalues above its rank cutoff: kappa is over
+those (the cut ones are rounding noise; a backend agrees only while none
+is near the cutoff, which the cases ensure). Eigenvalue-corrected
 Shampoo uses eigenvectors, whose error is u * ||A|| / gap (the smallest
 eigenvalue gap), so kappa there also covers ||A|| / gap.
 
@@ -33,7 +37,12 @@ from numpy.typing import DTypeLike, NDArray
 
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference.linalg import effective_epsilon, regularized_eigenvalues
-from shampoo_spec import CoupledNewtonConfig, ShampooConfig, is_root_step
+from shampoo_spec import (
+    CoupledNewtonConfig,
+    HigherOrderNewtonConfig,
+    ShampooConfig,
+    is_root_step,
+)
 
 SAFETY = 4.0
 
@@ -90,8 +99,18 @@ def _factor_kappa(config: ShampooConfig, a: NDArray[np.float64]) -> float:
         gaps = np.diff(lam)
         gap = float(gaps.min()) if gaps.size else float("inf")
         return float(np.abs(lam).max() / gap) if gap > 0 else float("inf")
+    method = config.root_inverse
+    if isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge
+        ridge = max(method.rel_epsilon * float(np.abs(a).sum(axis=1).max()), method.abs_epsilon)
+        reg = lam + ridge
+        return float(reg.max() / reg.min()) if reg.min() > 0 else float("inf")
     eps = effective_epsilon(a, config.epsilon)
-    if isinstance(config.root_inverse, CoupledNewtonConfig) or config.epsilon.placement in (
+    if config.epsilon.pseudo_inverse:
+        # Eq. (10): only the eigenvalues above the rank cutoff are inverted.
+        rtol = config.epsilon.rank_cutoff_rtol(a.shape[0], config.factor_dtype)
+        kept = lam[lam > max(rtol * max(float(lam.max()), 0.0), config.epsilon.rank_atol)]
+        return float(kept.max() / kept.min()) if kept.size else 1.0
+    if isinstance(method, CoupledNewtonConfig) or config.epsilon.placement in (
         "ridge",
         "ridge_floor",
     ):
@@ -141,7 +160,7 @@ def bound_and_reference(
     u = config_unit_roundoff(config, dtype)
     steps = len(grads)
     rtol = SAFETY * max_dim * u * kappa * steps
-    if isinstance(config.root_inverse, CoupledNewtonConfig):
+    if isinstance(config.root_inverse, (CoupledNewtonConfig, HigherOrderNewtonConfig)):
         rtol += SAFETY * config.root_inverse.tolerance * steps
     bound = Bound(
         rtol=rtol,

@@ -23,6 +23,8 @@ traced value. The rules are those of ``shampoo_reference.linalg``:
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 from jax import Array, lax
@@ -31,6 +33,7 @@ from shampoo_spec import (
     CoupledNewtonConfig,
     EighConfig,
     EpsilonConfig,
+    HigherOrderNewtonConfig,
     ShampooConfig,
     power_iteration_start,
 )
@@ -326,10 +329,86 @@ def root_inverse_coupled_newton(
     return x, error
 
 
+def higher_order_coefficients(p: int, order: int) -> list[float]:
+    """Lakic's b_0..b_{order-1} of eq. (11c) (reference ``higher_order_coefficients``)."""
+    b, num, den = [1.0], 1, 1
+    for i in range(1, order):
+        num *= 1 + (i - 1) * p
+        den *= i * p
+        b.append(num / den)
+    return b
+
+
+def root_inverse_higher_order(
+    a: Array, root: float, config: HigherOrderNewtonConfig, active: Array | None = None
+) -> tuple[Array, Array]:
+    """``A^(-1/root)`` per matrix by eq. (11c), Meta's coupled higher-order iteration; (X, ok).
+
+    Matrix by matrix reference ``linalg.root_inverse_higher_order``: ``root =
+    p/q`` exactly, the ridge ``max(rel_epsilon ||A||_inf, abs_epsilon)``, one
+    Newton step, then Horner steps of ``order`` in one ``lax.while_loop``
+    where each matrix stops on its own (tolerance, ``max_iterations``, or
+    an error that grew beyond 1.2 times or stalled below 1e-3, that iterate
+    kept). ``ok`` is False on a non-finite ``||A||_inf``, on
+    ``max|(A + eps I) X^p - I| > 0.1`` or on a non-finite ``X^q``.
+    ``active`` False: the caller discards the matrix, which does not iterate.
+    """
+    fraction = Fraction(root)
+    p, q = fraction.numerator, fraction.denominator
+    a = symmetrize(a)
+    eye = _eye_like(a)
+    lam = jnp.max(jnp.sum(jnp.abs(a), axis=-1), axis=-1)
+    eps = jnp.maximum(lam * config.rel_epsilon, config.abs_epsilon)
+    a = a + eps[..., None, None] * eye
+    z = 1.0 / jnp.trace(a, axis1=-2, axis2=-1)
+    s = -1.0 / p
+    x = (z ** (1.0 / p))[..., None, None] * eye
+    m = z[..., None, None] * a
+    t = s * m + (1.0 - s) * eye  # the Newton step first
+    x = _matmul(x, t)
+    m = _matmul(matrix_power(t, p), m)
+    error = _max_abs_dev(m)
+    b = higher_order_coefficients(p, config.order)
+    running = error > config.tolerance  # False for NaN, as the reference's loop
+    if active is not None:
+        running = running & active
+    iters = jnp.ones_like(error, jnp.int32)
+
+    def cond(carry: tuple[Array, Array, Array, Array, Array]) -> Array:
+        return jnp.any(carry[3])
+
+    def body(
+        carry: tuple[Array, Array, Array, Array, Array],
+    ) -> tuple[Array, Array, Array, Array, Array]:
+        x, m, error, running, iters = carry
+        base = eye - m
+        t = b[-1] * base + b[-2] * eye
+        for coefficient in reversed(b[:-2]):
+            t = coefficient * eye + _matmul(t, base)
+        sel = running[..., None, None]
+        x = jnp.where(sel, _matmul(x, t), x)
+        m = jnp.where(sel, _matmul(matrix_power(t, p), m), m)
+        new_error = _max_abs_dev(m)
+        stop = (new_error > error * 1.2) | ((new_error == error) & (error < 1e-3))
+        error = jnp.where(running & ~stop, new_error, error)
+        iters = iters + running.astype(jnp.int32)
+        running = (running & ~stop & (new_error > config.tolerance)
+                   & (iters < config.max_iterations))
+        return x, m, error, running, iters
+
+    running = running & (iters < config.max_iterations)
+    x = lax.while_loop(cond, body, (x, m, error, running, iters))[0]
+    true_error = _max_abs_dev(_matmul(a, matrix_power(x, p)))
+    ok = jnp.isfinite(lam) & ~(true_error > 0.1)  # NaN passes here, as Meta's; X^q decides
+    if q > 1:
+        x = matrix_power(x, q)
+    return x, ok & all_finite(x)
+
+
 def compute_inverse_root(
     a: Array, root: float, config: ShampooConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
-    """Eq. (10)/(11)/(17) for one stack of (bias-corrected) factors: ``(inverse root, ok)``.
+    """Eq. (10)/(11)/(11c)/(17) for one stack of (bias-corrected) factors: ``(inverse root, ok)``.
 
     ``ok`` is False where the input or output is non-finite, the coupled
     Newton iteration failed (eq. 11) or an eigendecomposition's error e
@@ -351,6 +430,9 @@ def compute_inverse_root(
     passes: Array | None = None
     if config.eigenvalue_correction is not None:
         x, passes = eigenbasis(a, active, tau)
+    elif isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge
+        x, higher_ok = root_inverse_higher_order(a, root, method, active)
+        ok = ok & higher_ok
     else:
         eps = effective_epsilon(a, config.epsilon, active)
         if isinstance(method, CoupledNewtonConfig):

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from numpy.typing import NDArray
 
-from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, power_iteration_start
+from shampoo_spec import (
+    CoupledNewtonConfig,
+    EpsilonConfig,
+    HigherOrderNewtonConfig,
+    power_iteration_start,
+)
 
 Array = NDArray[np.float64]
 
@@ -296,3 +302,69 @@ def root_inverse_coupled_newton(
         ridge *= config.retry_epsilon_factor
         result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config)
     return result
+
+
+def higher_order_coefficients(p: int, order: int) -> list[float]:
+    """Lakic's coefficients b_0..b_{order-1} of eq. (11c) for root numerator p."""
+    b, num, den = [1.0], 1, 1
+    for i in range(1, order):
+        num *= 1 + (i - 1) * p
+        den *= i * p
+        b.append(num / den)
+    return b
+
+
+def root_inverse_higher_order(
+    matrix: Array, root: float, config: HigherOrderNewtonConfig
+) -> Array | None:
+    """``A^(-1/root)`` by Meta's coupled higher-order iteration, eq. (11c); None: failed.
+
+    ``root = p / q`` exactly (``Fraction(root)``). Ridge
+    ``eps = max(rel_epsilon ||A||_inf, abs_epsilon)``, ``z = 1 / tr(A + eps I)``,
+    ``X = z^(1/p) I``, ``M = z (A + eps I)``; one Newton step
+    ``T = s M + (1 - s) I`` (s = -1/p), ``X <- X T``, ``M <- T^p M``; then
+    while ``max|M - I| > tolerance`` and fewer than ``max_iterations`` steps:
+    ``T = sum_i b_i (I - M)^i`` (Horner), ``X <- X T``, ``M <- T^p M``,
+    stopping (the new iterate kept) when the error grows beyond 1.2 times or
+    repeats below 1e-3. Fails when ``||A||_inf`` is not finite, when
+    ``max|(A + eps I) X^p - I| > 0.1`` or when ``X^q`` is not finite.
+    """
+    fraction = Fraction(root)
+    p, q = fraction.numerator, fraction.denominator
+    matrix = symmetrize(matrix)  # as eq. (11): a no-op on the symmetric factors
+    n = matrix.shape[0]
+    identity = np.eye(n)
+    with np.errstate(all="ignore"):
+        lam = float(np.max(np.sum(np.abs(matrix), axis=1)))
+        if not math.isfinite(lam):
+            return None
+        eps = max(lam * config.rel_epsilon, config.abs_epsilon)
+        a = matrix + eps * identity
+        z = float(np.float64(1.0) / np.trace(a))  # inf for a zero trace: X non-finite
+        s = -1.0 / p
+        x = z ** (1.0 / p) * identity
+        m = z * a
+        t = s * m + (1.0 - s) * identity  # one Newton step first (Meta's convergence guard)
+        x = x @ t
+        m = np.linalg.matrix_power(t, p) @ m
+        error = float(np.max(np.abs(m - identity)))
+        b = higher_order_coefficients(p, config.order)
+        iterations = 1
+        while error > config.tolerance and iterations < config.max_iterations:
+            iterations += 1
+            base = identity - m
+            t = b[-1] * base + b[-2] * identity
+            for coefficient in reversed(b[:-2]):
+                t = coefficient * identity + t @ base
+            x = x @ t
+            m = np.linalg.matrix_power(t, p) @ m
+            new_error = float(np.max(np.abs(m - identity)))
+            if new_error > error * 1.2 or (new_error == error and error < 1e-3):
+                break  # Meta keeps this last iterate
+            error = new_error
+        true_error = float(np.max(np.abs(a @ np.linalg.matrix_power(x, p) - identity)))
+        if true_error > 0.1:
+            return None
+        if q > 1:
+            x = np.linalg.matrix_power(x, q)
+    return x if bool(np.all(np.isfinite(x))) else None

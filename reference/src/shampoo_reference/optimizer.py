@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from shampoo_spec import (
     CoupledNewtonConfig,
     EighConfig,
+    HigherOrderNewtonConfig,
     NonFiniteGradientError,
     ParameterPlan,
     RootFailureError,
@@ -50,6 +51,7 @@ from .linalg import (
     root_inverse_coupled_newton,
     root_inverse_eigh,
     root_inverse_eigh_with_error,
+    root_inverse_higher_order,
     round_to,
 )
 
@@ -426,6 +428,8 @@ class ReferenceShampoo:
             except np.linalg.LinAlgError:
                 return None
             return None if eigh_fails(basis.error, tau) else basis.root
+        if isinstance(method, HigherOrderNewtonConfig):
+            return root_inverse_higher_order(a, root, method)  # eq. (11c): its own ridge
         eps = effective_epsilon(a, cfg.epsilon)
         if isinstance(method, CoupledNewtonConfig):
             result = root_inverse_coupled_newton(a, int(root), eps, method)

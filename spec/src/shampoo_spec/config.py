@@ -19,6 +19,8 @@ from . import _validate as v
 
 #: Upper bound of ``CoupledNewtonConfig.max_iterations``.
 MAX_NEWTON_ITERATIONS = 10_000
+#: The largest order of eq. (11c): each step costs about order matrix products.
+MAX_HIGHER_ORDER = 16
 
 GraftingType = Literal[
     "none",
@@ -291,7 +293,38 @@ class CoupledNewtonConfig:
             v.real(o, "failure_threshold", self.failure_threshold, low=0.0, low_open=True)
 
 
-RootInverseConfig = EighConfig | CoupledNewtonConfig
+@dataclass(frozen=True, kw_only=True)
+class HigherOrderNewtonConfig:
+    """Root inverse by Meta's coupled higher-order iteration, eq. (11c).
+
+    Meta's ``CoupledHigherOrderConfig``: for root ``r = p / q`` (the exact
+    fraction of the float r), a ridge ``max(rel_epsilon ||A||_inf,
+    abs_epsilon)`` (not eq. 9's epsilon), one Newton step, then steps of
+    order ``order`` (Horner's rule on Lakic's coefficients) until
+    ``max|M - I| <= tolerance``, ``max_iterations``, or the error grows by
+    more than 1.2 or stalls below 1e-3 (the last iterate kept); the root
+    fails when ``max|(A + eps I) X^p - I| > 0.1`` or X is non-finite, and
+    is raised to q at the end.
+    """
+
+    method: Literal["higher_order_newton"] = "higher_order_newton"
+    order: int = 3
+    rel_epsilon: float = 0.0
+    abs_epsilon: float = 0.0
+    max_iterations: int = 100
+    tolerance: float = 1e-8
+
+    def __post_init__(self) -> None:
+        o = "root_inverse"
+        v.choice(o, "method", self.method, ("higher_order_newton",))
+        v.integer(o, "order", self.order, low=2, high=MAX_HIGHER_ORDER)
+        v.real(o, "rel_epsilon", self.rel_epsilon, low=0.0)
+        v.real(o, "abs_epsilon", self.abs_epsilon, low=0.0)
+        v.integer(o, "max_iterations", self.max_iterations, low=1, high=MAX_NEWTON_ITERATIONS)
+        v.real(o, "tolerance", self.tolerance, low=0.0)
+
+
+RootInverseConfig = EighConfig | CoupledNewtonConfig | HigherOrderNewtonConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -731,7 +764,8 @@ class ShampooConfig:
         v.real(o, "learning_rate", self.learning_rate, low=0.0)
         v.instance(o, "statistics", self.statistics, (StatisticsConfig,))
         v.instance(o, "epsilon", self.epsilon, (EpsilonConfig,))
-        v.instance(o, "root_inverse", self.root_inverse, (EighConfig, CoupledNewtonConfig))
+        v.instance(o, "root_inverse", self.root_inverse,
+                   (EighConfig, CoupledNewtonConfig, HigherOrderNewtonConfig))
         v.instance(o, "exponents", self.exponents, (ExponentConfig,))
         if self.eigenvalue_correction is not None:
             v.instance(
@@ -755,11 +789,11 @@ class ShampooConfig:
                 "momentum", "buffers", "separate",
                 "'shared' when grafting.type is 'none' (the graft buffer needs a graft)",
             )
-        if self.eigenvalue_correction is not None and isinstance(
-            self.root_inverse, CoupledNewtonConfig
+        if self.eigenvalue_correction is not None and not isinstance(
+            self.root_inverse, EighConfig
         ):
             v.fail(
-                "root_inverse", "method", "coupled_newton",
+                "root_inverse", "method", self.root_inverse.method,
                 "'eigh' with eigenvalue_correction (it needs the eigenbasis)",
             )
         if self.eigenvalue_correction is not None and self.inverse_root_dtype is not None:
@@ -780,14 +814,14 @@ class ShampooConfig:
                 "'same_step' with eigenvalue_correction (eq. 17 uses this step's eigenbasis)",
             )
         if self.epsilon.pseudo_inverse and (
-            isinstance(self.root_inverse, CoupledNewtonConfig)
+            not isinstance(self.root_inverse, EighConfig)
             or self.eigenvalue_correction is not None
         ):
-            # Eq. (11) needs a positive definite A + eps I; eq. (17) keeps eigenbases
-            # and regularizes with its own epsilon (Meta refuses both too).
+            # Eqs. (11), (11c) need a positive definite A + eps I; eq. (17) keeps
+            # eigenbases and regularizes with its own epsilon (Meta refuses both too).
             v.fail(
                 "epsilon", "placement", "pseudo_inverse",
-                "another placement with root_inverse.method='coupled_newton' or with "
+                "another placement with a Newton root_inverse.method or with "
                 "eigenvalue_correction (the pseudo-inverse is an eigh inverse root, eq. 10)",
             )
         if isinstance(self.root_inverse, CoupledNewtonConfig):

@@ -33,6 +33,7 @@ from ._validate import MAX_INTEGER
 from .config import (
     CoupledNewtonConfig,
     EighConfig,
+    HigherOrderNewtonConfig,
     OrderOverride,
     ShampooConfig,
 )
@@ -264,7 +265,8 @@ def _meta_inverse_root_dtype(c: ShampooConfig, lacks: _Lacks) -> str:
 
 def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``amortized_computation_config``: EigenConfig (or EighEigendecompositionConfig
-    for eigenvalue correction), with perturb-after for ``"shift_after"``; CoupledNewtonConfig."""
+    for eigenvalue correction), with perturb-after for ``"shift_after"`` or the
+    pseudo-inverse; CoupledNewtonConfig; CoupledHigherOrderConfig."""
     placement = c.epsilon.placement
     if isinstance(c.root_inverse, EighConfig):
         lacks.same("root_inverse.failure_threshold", c.root_inverse.failure_threshold, None,
@@ -286,6 +288,19 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                 "rank_rtol": c.epsilon.rank_rtol, "rank_atol": c.epsilon.rank_atol,
             }
         return out
+    if isinstance(c.root_inverse, HigherOrderNewtonConfig):  # eq. (11c)
+        higher = c.root_inverse
+        lacks.same("epsilon.placement", placement, "ridge",
+                   "unused by CoupledHigherOrderConfig (its own ridge): the default")
+        return {
+            "type": "CoupledHigherOrderConfig",
+            "rel_epsilon": higher.rel_epsilon,
+            "abs_epsilon": higher.abs_epsilon,
+            "max_iterations": higher.max_iterations,
+            "tolerance": higher.tolerance,
+            "order": higher.order,
+            "disable_tf32": True,
+        }
     newton = c.root_inverse
     lacks.same("epsilon.placement", placement, "ridge", "Meta's coupled Newton adds a ridge")
     for name in ("error_growth_limit", "retries", "retry_epsilon_factor",
@@ -550,6 +565,10 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         for name, value in fixed.items():
             lacks.same(f"root_inverse.{name}", getattr(newton, name), value,
                        "fixed in Google's coupled Newton")
+    if isinstance(c.root_inverse, HigherOrderNewtonConfig):
+        lacks.need(False, "root_inverse.method", c.root_inverse.method,
+                   "Google's roots are eigh or its coupled Newton")
+        return out
     # Eq. (11) for Newton, eq. (13) for eigh: Google judges both by the one threshold.
     threshold = c.root_inverse.failure_threshold
     lacks.need(threshold is not None, "root_inverse.failure_threshold", None,

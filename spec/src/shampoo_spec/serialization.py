@@ -20,6 +20,7 @@ from .config import (
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
+    HigherOrderNewtonConfig,
     MomentumConfig,
     OrderOverride,
     ScheduleConfig,
@@ -41,7 +42,11 @@ _SECTIONS: dict[str, type[Any]] = {
     "schedule": ScheduleConfig,
     "failure": FailureConfig,
 }
-_ROOT_METHODS: dict[str, type[Any]] = {"eigh": EighConfig, "coupled_newton": CoupledNewtonConfig}
+_ROOT_METHODS: dict[str, type[Any]] = {
+    "eigh": EighConfig,
+    "coupled_newton": CoupledNewtonConfig,
+    "higher_order_newton": HigherOrderNewtonConfig,
+}
 
 
 def _plain(value: Any) -> Any:

@@ -30,6 +30,7 @@ from shampoo_spec import (
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
     EighConfig,
+    HigherOrderNewtonConfig,
     ShampooConfig,
     StatisticsConfig,
 )
@@ -134,6 +135,10 @@ def refresh_inverse_roots(
             a = a * scale[:, None, None]
         if cfg.eigenvalue_correction is not None:
             new, good = rowwise(partial(roots.eigenbasis, failure_threshold=tau), a)
+        elif isinstance(method, HigherOrderNewtonConfig):
+            new, good = rowwise(
+                partial(roots.root_inverse_higher_order, root=bg.roots[k], config=method), a
+            )
         elif isinstance(method, CoupledNewtonConfig):
             new, good = rowwise(
                 partial(roots.root_inverse_coupled_newton, root=int(bg.roots[k]),

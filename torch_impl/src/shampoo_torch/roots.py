@@ -20,9 +20,16 @@ because finished rows are frozen.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import torch
 
-from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, power_iteration_start
+from shampoo_spec import (
+    CoupledNewtonConfig,
+    EpsilonConfig,
+    HigherOrderNewtonConfig,
+    power_iteration_start,
+)
 
 
 def symmetrize(a: torch.Tensor) -> torch.Tensor:
@@ -275,3 +282,66 @@ def root_inverse_coupled_newton(
     if config.failure_threshold is not None:
         good = good & (error < config.failure_threshold)
     return x, ok & good & finite_rows(x)
+
+
+def root_inverse_higher_order(
+    a: torch.Tensor, root: float, config: HigherOrderNewtonConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``A^(-1/root)`` of each row by eq. (11c), Meta's coupled higher-order iteration; (X, ok).
+
+    Row by row reference ``linalg.root_inverse_higher_order``: ``root = p/q``
+    exactly, the ridge ``max(rel_epsilon ||A||_inf, abs_epsilon)``, one
+    Newton step, then Horner steps of ``order`` while a row's error exceeds
+    the tolerance (rows stop independently, keeping the iterate that grew
+    or stalled); a row fails on a non-finite ``||A||_inf``, on
+    ``max|(A + eps I) X^p - I| > 0.1`` or on a non-finite ``X^q``.
+    """
+    fraction = Fraction(root)
+    p, q = fraction.numerator, fraction.denominator
+    a, ok = sanitize(a)
+    a = symmetrize(a)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    lam = a.abs().sum(dim=-1).amax(dim=-1)
+    ok = ok & torch.isfinite(lam)
+    eps = torch.clamp_min(lam * config.rel_epsilon, config.abs_epsilon)
+    a = a + eps[:, None, None] * eye
+    z = 1.0 / torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
+    s = -1.0 / p
+    x = z.pow(1.0 / p)[:, None, None] * eye
+    m = z[:, None, None] * a
+    t = s * m + (1.0 - s) * eye  # the Newton step first
+    x = torch.matmul(x, t)
+    m = torch.matmul(torch.linalg.matrix_power(t, p), m)
+    error = (m - eye).abs().flatten(1).amax(dim=1)
+    b = _higher_order_coefficients(p, config.order)
+    active = error > config.tolerance  # False for NaN, as the reference's loop
+    check_every = _check_every(a.device)
+    for it in range(1, config.max_iterations):
+        if (it - 1) % check_every == 0 and not bool(active.any()):
+            break
+        base = eye - m
+        t = b[-1] * base + b[-2] * eye
+        for coefficient in reversed(b[:-2]):
+            t = coefficient * eye + torch.matmul(t, base)
+        act = active[:, None, None]
+        x = torch.where(act, torch.matmul(x, t), x)
+        m = torch.where(act, torch.matmul(torch.linalg.matrix_power(t, p), m), m)
+        new_error = (m - eye).abs().flatten(1).amax(dim=1)
+        stop = (new_error > error * 1.2) | ((new_error == error) & (error < 1e-3))
+        error = torch.where(active & ~stop, new_error, error)
+        active = active & ~stop & (new_error > config.tolerance)
+    true_error = (torch.matmul(a, torch.linalg.matrix_power(x, p)) - eye).abs().flatten(1)
+    ok = ok & ~(true_error.amax(dim=1) > 0.1)  # NaN passes here, as Meta's test; X^q decides
+    if q > 1:
+        x = torch.linalg.matrix_power(x, q)
+    return x, ok & finite_rows(x)
+
+
+def _higher_order_coefficients(p: int, order: int) -> list[float]:
+    """Lakic's b_0..b_{order-1} of eq. (11c) (reference ``higher_order_coefficients``)."""
+    b, num, den = [1.0], 1, 1
+    for i in range(1, order):
+        num *= 1 + (i - 1) * p
+        den *= i * p
+        b.append(num / den)
+    return b

@@ -157,6 +157,14 @@ def step_configs(
             retries=draw(st.sampled_from([0, 2])),
             failure_threshold=draw(st.sampled_from([None, 0.1, 1e-30])),
         )
+    elif not eigen and draw(st.booleans()):
+        # Eq. (11c): no ridge at all (a singular factor's root fails), or a tiny one.
+        root_inverse = ss.HigherOrderNewtonConfig(
+            order=draw(st.sampled_from([2, 3, 5])),
+            rel_epsilon=draw(st.sampled_from([0.0, 1e-6])),
+            abs_epsilon=draw(st.sampled_from([0.0, 1e-30, 1e-3])),
+            max_iterations=draw(st.sampled_from([1, 5, 100])),
+        )
     newton = isinstance(root_inverse, ss.CoupledNewtonConfig)
     overrides = [ss.ExponentConfig(), ss.ExponentConfig(default="preconditioned_dims"),
                  ss.ExponentConfig(override=1.0),
@@ -190,7 +198,12 @@ def step_configs(
             scale=draw(st.sampled_from(["absolute", "relative"])),
             relative_floor=draw(st.sampled_from([0.0, 1e-16, 1e-6])),
             placement=draw(st.sampled_from(["ridge", "shift_after", "floor", "ridge_floor"])),
-        ),
+        ) if eigen or not isinstance(root_inverse, ss.EighConfig) or draw(st.booleans()) else (
+            # Eq. (10) pseudo-inverse: rtol 0 inverts rounding noise (huge roots, the
+            # update guard's case); None is n u_f.
+            ss.EpsilonConfig(value=0.0, placement="pseudo_inverse",
+                             rank_rtol=draw(st.sampled_from([0.0, None, 1e-6])),
+                             rank_atol=draw(st.sampled_from([0.0, 1e-30])))),
         root_inverse=root_inverse,
         exponents=draw(st.sampled_from(overrides)),
         eigenvalue_correction=ss.EigenvalueCorrectionConfig(

@@ -32,6 +32,7 @@ from ..config import (
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
+    HigherOrderNewtonConfig,
     InverseRootDtype,
     MomentumConfig,
     OrderOverride,
@@ -100,6 +101,10 @@ PRECONDITIONER_KEYS = {
 AMORTIZED_KEYS = {
     "max_iterations",
     "tolerance",
+    "rel_epsilon",
+    "abs_epsilon",
+    "order",
+    "disable_tf32",
     "rank_deficient_stability_config",
     "retry_double_precision",
     "exponent_multiplier",
@@ -477,9 +482,34 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, dict[str, Any]]:
             ),
             {"placement": "ridge"},
         )
+    if kind == "CoupledHigherOrderConfig":
+        for key in ("rel_epsilon", "abs_epsilon"):
+            if key not in args:
+                raise ValueError(
+                    f"preconditioner_config.amortized_computation_config.{key} is required "
+                    "(Meta's CoupledHigherOrderConfig has no default)."
+                )
+        if not args.flag("disable_tf32", True):
+            raise NotImplementedError(
+                "preconditioner_config.amortized_computation_config.disable_tf32 = False is "
+                "not supported (TF32 matmuls on CUDA are not reproduced; with True, the "
+                "default, every matmul is at full precision)."
+            )
+        return (
+            HigherOrderNewtonConfig(
+                order=args.integer("order", 3, low=2),
+                rel_epsilon=args.number("rel_epsilon", None),
+                abs_epsilon=args.number("abs_epsilon", None),
+                max_iterations=args.integer(
+                    "max_iterations", 100, low=1, high=MAX_NEWTON_ITERATIONS
+                ),
+                tolerance=args.number("tolerance", 1e-8),
+            ),
+            {"placement": "ridge"},
+        )
     raise NotImplementedError(
         f"amortized_computation_config.type = {kind!r} is not supported yet "
-        "(supported: EigenConfig, CoupledNewtonConfig)."
+        "(supported: EigenConfig, CoupledNewtonConfig, CoupledHigherOrderConfig)."
     )
 
 
