@@ -101,7 +101,9 @@ def shampoo(
 
     ``learning_rate`` overrides ``config.learning_rate``; a schedule is called
     with the number of steps taken so far (0 at the first step, optax's
-    convention). The returned updates are *added* to the parameters
+    convention). With ``schedule.precondition_frequency_growth`` the root
+    period follows ``lr(count) / lr(0)`` (eq. 8b, in the schedule's dtype);
+    a constant rate gives the ratio 1. The returned updates are *added* to the parameters
     (``optax.apply_updates``): they already carry the minus sign and the
     learning rate. ``update`` needs ``params`` when weight decay is on.
 

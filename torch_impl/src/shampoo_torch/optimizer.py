@@ -75,7 +75,9 @@ class Shampoo(torch.optim.Optimizer):
         lr: learning rate overriding ``config.learning_rate``. Per group the
             rate is the group's ``"lr"``, else this ``lr``, else the group
             config's ``learning_rate``; it is stored in ``group["lr"]`` so LR
-            schedulers work.
+            schedulers work. With ``schedule.precondition_frequency_growth``
+            the root period follows ``group["lr"]`` over the group's rate at
+            its first step (eq. 8b), kept in ``group["first_step_lr"]``.
         distributed: spread the block work over the ranks of a
             ``torch.distributed`` process group (:mod:`shampoo_torch.distributed`):
             every rank keeps the factors of its own blocks only and the
