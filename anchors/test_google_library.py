@@ -364,8 +364,20 @@ DECAYING_ROOTS: Kwargs = {
 CLIPPED_GRAFT: Kwargs = {
     "graft_type": "RMSPROP", "beta2": 0.95, "clip_by_scaled_gradient_norm": 2.0,
 }
+#: Eq. (8b) at a constant callable rate, as to_google exports a growing period: the
+#: ratio is 1 and Google's period is floor(15 / 10) * 10 = 10, not 15.
+CONSTANT_CALLABLE: Kwargs = {
+    "graft_type": "ADAGRAD",
+    "learning_rate": ss.importers.google.ConstantSchedule(0.01),
+    "preconditioning_compute_steps": 15,
+    "decay_preconditioning_compute_steps": True,
+    "end_preconditioning_compute_steps": 5,
+}
 CONTROLLED: dict[str, tuple[Kwargs, tuple[str, ...]]] = {
     "decaying_root_frequency": (DECAYING_ROOTS, ("decay_preconditioning_compute_steps",)),
+    "decay_at_constant_callable_rate": (
+        CONSTANT_CALLABLE, ("decay_preconditioning_compute_steps",)
+    ),
     "clip_by_scaled_gradient_norm": (CLIPPED_GRAFT, ("clip_by_scaled_gradient_norm",)),
 }
 
