@@ -66,6 +66,7 @@ one core the file takes about 70 s with the flags, 260 s without.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Mapping
@@ -98,6 +99,7 @@ import optax  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 import shampoo_jax  # noqa: E402
+import shampoo_spec as ss  # noqa: E402
 from shampoo_spec import from_google  # noqa: E402
 
 STEPS = 50
@@ -460,3 +462,89 @@ def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
     worst = _worst_relative_deviation(theirs, {k: v[0] for k, v in out["ours"].items()})
     print(f"batch_axis_name: worst relative deviation {worst:.2e}")
     assert worst <= TOLERANCE, f"batch_axis_name: worst relative deviation {worst:.2e}"
+
+
+# Arguments whose effect the test also proves: each case runs a control, ours with
+# that argument removed, which must deviate from Google's run by more than CONTROL_GAP
+# (so the case fails if the argument were ignored on both sides).
+CONTROL_GAP = 1e-6
+
+#: Eq. (8b): the root period follows an optax schedule. Cosine decay 0.01 -> 0 over the
+#: 50 steps with preconditioning_compute_steps 10 and end 25: f = floor((10 + 25 (1 -
+#: rho_c)) / 10) * 10, rho_c = (1 + cos(pi c / 50)) / 2, is 10 for counts c < 22, 20 up
+#: to 35, 30 from 36: roots at c = 0, 10, 20 only (a constant 10 would add 30 and 40;
+#: the test checks that from the spec's schedule). Not optax.linear_schedule: on an
+#: int32 count it computes in float32 even under x64, and the two libraries' compiled
+#: programs round it differently at some counts (one float32 ulp of lr at count 11,
+#: which moves the trajectories by 1.3e-8; fed the same float32 values, 3e-15).
+DECAY_SCHEDULE = optax.cosine_decay_schedule(0.01, STEPS)
+DECAYING_ROOTS: Kwargs = {
+    "graft_type": "ADAGRAD",
+    "learning_rate": DECAY_SCHEDULE,
+    "preconditioning_compute_steps": 10,
+    "decay_preconditioning_compute_steps": True,
+    "end_preconditioning_compute_steps": 25,
+}
+#: Eq. (14d): the RMSPROP graft clipped at rms 2 (its first steps have rms about
+#: 1/sqrt(1 - beta2) = 4.5, later ones less: some steps clip, some do not).
+CLIPPED_GRAFT: Kwargs = {
+    "graft_type": "RMSPROP", "beta2": 0.95, "clip_by_scaled_gradient_norm": 2.0,
+}
+#: Eq. (8b) at a constant callable rate, as to_google exports a growing period: the
+#: ratio is 1 and Google's period is floor(15 / 10) * 10 = 10, not 15.
+CONSTANT_CALLABLE: Kwargs = {
+    "graft_type": "ADAGRAD",
+    "learning_rate": ss.importers.google.ConstantSchedule(0.01),
+    "preconditioning_compute_steps": 15,
+    "decay_preconditioning_compute_steps": True,
+    "end_preconditioning_compute_steps": 5,
+}
+CONTROLLED: dict[str, tuple[Kwargs, tuple[str, ...]]] = {
+    "decaying_root_frequency": (DECAYING_ROOTS, ("decay_preconditioning_compute_steps",)),
+    "decay_at_constant_callable_rate": (
+        CONSTANT_CALLABLE, ("decay_preconditioning_compute_steps",)
+    ),
+    "clip_by_scaled_gradient_norm": (CLIPPED_GRAFT, ("clip_by_scaled_gradient_norm",)),
+}
+
+
+def _ours(kwargs: Kwargs) -> optax.GradientTransformation:
+    """``shampoo_jax`` for Google's kwargs; a callable learning rate goes to the backend too."""
+    lr = kwargs["learning_rate"]
+    return shampoo_jax.shampoo(from_google(kwargs, x64=True),
+                               learning_rate=lr if callable(lr) else None)
+
+
+def test_decaying_root_frequency_changes_the_root_steps() -> None:
+    """The decay case is one where the root period does change within the 50 steps."""
+    config = from_google({**BASE, **DECAYING_ROOTS}, x64=True)
+    s = config.schedule
+    assert s.precondition_frequency_growth == 25
+    lr_1 = float(DECAY_SCHEDULE(0))
+    roots = [t for t in range(1, STEPS + 1)
+             if ss.is_root_step(t, s, ss.learning_rate_ratio(float(DECAY_SCHEDULE(t - 1)), lr_1))]
+    constant = [t for t in range(1, STEPS + 1) if ss.is_root_step(t, s)]
+    assert roots == [1, 11, 21]
+    assert constant == [1, 11, 21, 31, 41]
+    # A number as learning_rate: Google's decay does not act, nor does ours.
+    assert from_google({**BASE, **DECAYING_ROOTS, "learning_rate": 0.01}).schedule == (
+        dataclasses.replace(s, precondition_frequency_growth=None)
+    )
+
+
+@pytest.mark.parametrize("name", list(CONTROLLED))
+def test_google_library_matches_new_options_and_needs_them(name: str) -> None:
+    case, removed = CONTROLLED[name]
+    kwargs = {**BASE, **case}
+    problem = _problem()
+    google = ds.distributed_shampoo(**_google_kwargs(kwargs))
+    theirs = _trajectory(google, _google_init(google, problem.params, 1e-6), problem)
+    ours_tx = _ours(kwargs)
+    worst = _worst_relative_deviation(theirs, _trajectory(ours_tx, ours_tx.init(problem.params),
+                                                          problem))
+    control_tx = _ours({k: v for k, v in kwargs.items() if k not in removed})
+    control = _worst_relative_deviation(
+        theirs, _trajectory(control_tx, control_tx.init(problem.params), problem))
+    print(f"{name}: worst relative deviation {worst:.2e}; without {removed}: {control:.2e}")
+    assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
+    assert control > CONTROL_GAP, f"{name}: the control deviates by only {control:.2e}"

@@ -161,6 +161,16 @@ CASES: dict[str, ss.ShampooConfig] = {
         "learning_rate": 0.05, "block_size": 128, "eigh": True, "graft_type": "ADAGRAD",
         "start_preconditioning_step": 3, "preconditioning_compute_steps": 2,
     }),
+    # Eq. (14d): Google's RMSPROP graft clipped at rms 1 (some steps clip, some not).
+    "google_rmsprop_clip": ss.from_google({
+        "learning_rate": 0.05, "block_size": 6, "graft_type": "RMSPROP", "beta2": 0.9,
+        "clip_by_scaled_gradient_norm": 1.0, "start_preconditioning_step": 2,
+        "relative_matrix_epsilon": False,
+    }),
+    "rmsprop_normalized_clip_block": ss.ShampooConfig(
+        grafting=ss.GraftingConfig(type="rmsprop_normalized", beta2=0.9, clip_rms=0.3),
+        blocking=SMALL_BLOCKS,
+    ),
     "meta_defaults": ss.from_meta({"lr": 0.05, "epsilon": 1e-6}),
     "meta_adam_graft_momentum": ss.from_meta({
         "lr": 0.05, "epsilon": 1e-6, "max_preconditioner_dim": 6,
@@ -355,3 +365,92 @@ def test_eigh_failure_threshold_equals_reference(name: str) -> None:
         assert int(s.root_failures) == failures
     err, where = relative_error(got, want, params)
     assert err <= 1e-9, f"{name}: relative error {err:.3e} at {where}"
+
+
+# ------------------------------------ eq. (8b): the root period follows the learning rate
+#: Google's anchor, period 4 growing by up to 21 as the rate decays linearly to 0 over
+#: 20 steps: x = 4 + 1.05 c (c = t - 1), so f = 1 for c <= 5, 10 up to 15, then 20: roots
+#: at every one of the first six steps, then at c = 10 only. x never lands within float32
+#: rounding of a multiple of 10, so float32 takes the same root steps.
+GROWTH = ss.from_google({
+    "learning_rate": 0.05, "block_size": 6, "graft_type": "ADAGRAD", "eigh": True,
+    "relative_matrix_epsilon": False, "start_preconditioning_step": 2,
+    "preconditioning_compute_steps": 4,
+})
+GROWTH = dataclasses.replace(GROWTH, schedule=dataclasses.replace(
+    GROWTH.schedule, precondition_frequency_growth=21))
+
+
+def _decaying(count: Any) -> Any:
+    """0.05 (1 - count / 20): a schedule in the dtype JAX computes in (float64 under x64)."""
+    return 0.05 * (1.0 - count / 20.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_growing_root_period_equals_reference(dtype: type) -> None:
+    params, grads = stream()
+    rates = [0.05 * (1.0 - c / 20.0) for c in range(len(grads))]
+    roots = [t for t in range(1, 21)
+             if ss.is_root_step(t, GROWTH.schedule, ss.learning_rate_ratio(rates[t - 1], 0.05))]
+    assert roots == [1, 2, 3, 4, 5, 6, 11]  # not the constant period's 1, 5, 9, ...
+    want = reference_run(GROWTH, params, grads, rates)
+    names = sorted(params)
+    config = dataclasses.replace(GROWTH, factor_dtype=np.dtype(dtype).name)
+    with jax.enable_x64(dtype == np.float64), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config, learning_rate=_decaying)
+        p = {k: jnp.asarray(params[k], dtype) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        got = []
+        for g in grads:
+            u, state = update({k: jnp.asarray(g[k], dtype) for k in names}, state, p)
+            p = optax.apply_updates(p, u)
+            got.append({k: np.asarray(v, np.float64) for k, v in p.items()})
+    err, where = relative_error(got, want, params)
+    # float32: section 5's bound for these factors (eps 1e-6 absolute, n <= 6): 1e-2 cap.
+    assert err <= (1e-9 if dtype == np.float64 else 1e-2), f"{dtype}: {err:.3e} at {where}"
+    # The constant-period control moves far more: the root steps matter here.
+    constant = reference_run(
+        dataclasses.replace(GROWTH, schedule=dataclasses.replace(
+            GROWTH.schedule, precondition_frequency_growth=None)), params, grads, rates)
+    assert relative_error(constant, want, params)[0] > 1e-3
+
+
+def test_growing_root_period_sharded_is_single_device() -> None:
+    """The traced ratio reaches every device: the sharded root steps are the single device's.
+
+    The inverse roots (block work, computed from the gradients alone) are
+    compared bitwise after 12 steps; the parameters within the float32 bound
+    of this module (the sharded program may contract another ``a * b + c`` into an FMA:
+    jax_impl/tests/test_sharded.py).
+    """
+    from .sharded_helpers import sharding_1d
+
+    params, grads = stream(steps=12)
+    names = sorted(params)
+    config = dataclasses.replace(GROWTH, factor_dtype="float32")
+    outs = []
+    for n in (None, 2, 4):
+        sharding = None if n is None else sharding_1d(n)
+        opt = shampoo_jax.shampoo(config, learning_rate=_decaying, sharding=sharding)
+        p = {k: jnp.asarray(params[k], jnp.float32) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        traj = []
+        for g in grads:
+            u, state = update({k: jnp.asarray(g[k], jnp.float32) for k in names}, state, p)
+            p = optax.apply_updates(p, u)
+            traj.append({k: np.asarray(v, np.float64) for k, v in p.items()})
+        if sharding is not None:
+            state = shampoo_jax.unshard_state(state, outs[0][1], sharding)
+        outs.append((traj, state))
+    (want, s1), *sharded = outs
+    rates = [0.05 * (1.0 - c / 20.0) for c in range(12)]
+    bound = 1e-2  # the float32 bound of this module's docstring
+    assert relative_error(want, reference_run(GROWTH, params, grads, rates), params)[0] <= bound
+    for got, s in sharded:
+        assert int(s.root_failures) == int(s1.root_failures)
+        for a, b in zip(jax.tree.leaves([g.inverse_roots for g in s.groups]),
+                        jax.tree.leaves([g.inverse_roots for g in s1.groups]), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert relative_error(got, want, params)[0] <= bound

@@ -32,3 +32,29 @@ def test_traced_schedule_equals_spec(rule: str) -> None:
         want = np.array([getattr(ss, rule)(int(s), sched) for s in STEPS])
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, f"{rule} differs at t = {STEPS[bad][:5]} for {sched}"
+
+
+@pytest.mark.parametrize("anchor", ["end", "start"])
+def test_traced_growing_period_equals_spec(anchor: str) -> None:
+    """Eq. (8b) on a traced ratio (float64, as the spec computes) equals the spec, NaN/inf too."""
+    import jax
+
+    ratios = [*np.linspace(-1.0, 2.0, 31), 0.6, 0.0, np.inf, -np.inf, np.nan]
+    t = jnp.asarray(STEPS, dtype=jnp.int32)
+    for f, g, start, before in itertools.product((1, 4, 10, 29), (1, 25, 2**31 - 1),
+                                                 (1, 7), (False, True)):
+        sched = ss.ScheduleConfig(precondition_frequency=f, precondition_frequency_growth=g,
+                                  start_preconditioning_step=start, period_anchor=anchor,
+                                  roots_before_start=before)
+        for rho in ratios:
+            with jax.enable_x64(True):
+                got = np.broadcast_to(
+                    np.asarray(js.is_root_step(t, sched, jnp.asarray(rho, jnp.float64))),
+                    STEPS.shape)
+            want = np.array([ss.is_root_step(int(s), sched, float(rho)) for s in STEPS])
+            bad = np.flatnonzero(got != want)
+            assert bad.size == 0, f"differs at t = {STEPS[bad][:5]} for {sched}, rho {rho}"
+            # A Python ratio takes the static path: the same decisions.
+            static = np.broadcast_to(np.asarray(js.is_root_step(t, sched, float(rho))),
+                                     STEPS.shape)
+            assert np.array_equal(static, want)

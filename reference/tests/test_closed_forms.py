@@ -298,3 +298,50 @@ def test_eigenvalue_correction_roots_by_order_apply_to_their_order_only() -> Non
     assert np.array_equal(mixed[-1]["v"], all4[-1]["v"])
     assert np.array_equal(mixed[-1]["m"], all2[-1]["m"])
     assert not np.allclose(mixed[-1]["v"], all2[-1]["v"])
+
+
+@pytest.mark.parametrize("c", [0.05, 0.5, 100.0])
+def test_never_starting_clipped_rmsprop_is_written_out(c: float) -> None:
+    """Eq. (14d): u = g / (sqrt(v) + eps), divided by max(1, (||u|| / sqrt(n)) / c)."""
+    graft = ss.GraftingConfig(type="rmsprop", beta2=0.9, epsilon=1e-8, clip_rms=c)
+    gs = stream((3, 5), 10, seed=6)
+    w0 = np.random.default_rng(7).standard_normal((3, 5))
+    lrs = [0.1 * 0.9**t for t in range(10)]  # a per-step learning rate (eq. 21)
+    out = run(base(schedule=NEVER, grafting=graft), {"w": w0}, [{"w": g} for g in gs], lrs)
+    w, v, clipped = w0.copy(), np.zeros_like(w0), 0
+    for got, g, lr in zip(out, gs, lrs, strict=True):
+        v = 0.9 * v + 0.1 * g * g
+        u = g / (np.sqrt(v) + 1e-8)
+        rms = float(np.sqrt(np.sum(u * u) / u.size))
+        clipped += rms > c
+        w = w - lr * u / max(1.0, rms / c)
+        np.testing.assert_allclose(got["w"], w, rtol=1e-12)
+    # 0.05 clips every step, 100 none (rms of an RMSProp step is about 1-3 here).
+    assert clipped == {0.05: 10, 0.5: 10, 100.0: 0}[c]
+
+
+def test_root_steps_follow_the_learning_rate() -> None:
+    """Eq. (8b): the inverse roots change exactly on the steps the spec names."""
+    schedule = ss.ScheduleConfig(precondition_frequency=10, precondition_frequency_growth=25,
+                                 period_anchor="start", roots_before_start=True,
+                                 start_preconditioning_step=1)
+    cfg = base(schedule=schedule)
+    steps = 70
+    lrs = [0.1 * max(1.0 - t / 40, 0.0) for t in range(steps)]  # lr_1 = 0.1, linear decay
+    opt = ReferenceShampoo(cfg, {"w": np.ones((4, 3))})
+    changed = []
+    for t, (g, lr) in enumerate(zip(stream((4, 3), steps, seed=8), lrs, strict=True), start=1):
+        before = [x.copy() for x in opt.state["w"].blocks[0].inverse_roots if x is not None]
+        opt.step({"w": g}, lr)
+        after = [x for x in opt.state["w"].blocks[0].inverse_roots if x is not None]
+        if any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True)):
+            changed.append(t)
+    expected = [t for t in range(1, steps + 1)
+                if ss.is_root_step(t, schedule, ss.learning_rate_ratio(lrs[t - 1], lrs[0]))]
+    # Periods 10, 10, 20, then 30 once the rate has decayed: not a constant frequency.
+    assert changed == expected == [1, 11, 21, 61]
+    # Without a learning rate per step, lr_t = lr_1 = config.learning_rate (ratio 1).
+    constant = ReferenceShampoo(cfg, {"w": np.ones((4, 3))})
+    for g in stream((4, 3), 3, seed=8):
+        constant.step({"w": g})
+    assert constant.first_learning_rate == constant.learning_rate == 0.1

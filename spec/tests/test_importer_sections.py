@@ -377,6 +377,19 @@ def test_google_grafting() -> None:
         google._grafting(g(graft_type="NONE"), 0.999, False)
     with pytest.raises(ValueError, match="graft_type = 'ADAM' is invalid"):
         google._grafting(g(graft_type="ADAM"), 0.999, True)
+    # Eq. (14d): Google clips the RMSPROP grafts only, and only with a nonzero value.
+    clip = {"clip_by_scaled_gradient_norm": 0.5}
+    for name in ("RMSPROP", "RMSPROP_NORMALIZED"):
+        assert google._grafting(g(graft_type=name, **clip), 0.9, True).clip_rms == 0.5
+        assert google._grafting(g(graft_type=name, **clip), 1.0, True).clip_rms == 0.5  # AdaGrad
+        assert google._grafting(g(graft_type=name, clip_by_scaled_gradient_norm=0),
+                                0.9, True).clip_rms is None
+    for name in ("SGD", "ADAGRAD", "ADAGRAD_NORMALIZED", "SQRT_N", "NONE"):
+        assert google._grafting(g(graft_type=name, **clip), 0.9, True).clip_rms is None
+    with pytest.raises(ValueError, match="clip_by_scaled_gradient_norm = -1.0"):
+        google._grafting(g(graft_type="RMSPROP", clip_by_scaled_gradient_norm=-1.0), 0.9, True)
+    with pytest.raises(ValueError, match="clip_by_scaled_gradient_norm = 'x'"):
+        google._grafting(g(graft_type="RMSPROP", clip_by_scaled_gradient_norm="x"), 0.9, True)
 
 
 def test_google_preconditioner() -> None:
@@ -461,6 +474,20 @@ def test_google_schedule() -> None:
     )
     with pytest.raises(ValueError, match="statistics_compute_steps = 'x'"):
         google._schedule(g(statistics_compute_steps="x"))
+    # Eq. (8b): Google's decay acts only with a flag, a nonzero end and a callable rate.
+    decay = {"decay_preconditioning_compute_steps": True, "end_preconditioning_compute_steps": 20}
+    assert google._schedule(g(**decay), scheduled_lr=True).precondition_frequency_growth == 20
+    assert google._schedule(g(**decay)).precondition_frequency_growth is None
+    off = [{**decay, "decay_preconditioning_compute_steps": False},
+           {**decay, "end_preconditioning_compute_steps": 0},
+           {**decay, "end_preconditioning_compute_steps": None}]
+    for kwargs in off:
+        schedule = google._schedule(g(**kwargs), scheduled_lr=True)
+        assert schedule.precondition_frequency_growth is None
+    with pytest.raises(ValueError, match="end_preconditioning_compute_steps = -10"):
+        google._schedule(g(end_preconditioning_compute_steps=-10))
+    with pytest.raises(ValueError, match="decay_preconditioning_compute_steps = 1"):
+        google._schedule(g(decay_preconditioning_compute_steps=1))
 
 
 def test_google_sharded_states_take_roots_effect_next_step() -> None:

@@ -57,6 +57,7 @@ def test_the_field_lists_cover_the_config() -> None:
         "blocking.skip_dim_size_gt", "blocking.skip_rank_lt", "blocking.merge_target_rank",
         "schedule.precondition_frequency", "schedule.statistics_frequency",
         "schedule.start_preconditioning_step", "failure.max_consecutive_root_failures",
+        "schedule.precondition_frequency_growth",
     }
     reals = {f"{owner}.{name}" for _, owner, _, name in REAL_FIELDS}
     assert len(reals) == len(REAL_FIELDS) >= 20
@@ -64,6 +65,7 @@ def test_the_field_lists_cover_the_config() -> None:
         "ShampooConfig.learning_rate", "grafting.epsilon", "grafting.norm_epsilon",
         "grafting.normalize_epsilon", "eigenvalue_correction.epsilon", "gradient_filter.beta3",
         "root_inverse.failure_threshold", "exponents.override", "weight_decay.value",
+        "grafting.clip_rms",
     } <= reals
 
 

@@ -132,6 +132,48 @@ def test_resume_is_bit_identical(name: str) -> None:
     assert opt.metrics == opt2.metrics
 
 
+def test_resume_keeps_the_first_learning_rate_of_a_growing_root_period() -> None:
+    """Eq. (8b)'s lr_1 is a param-group entry: saved, restored and checked on load."""
+    config = ShampooConfig(
+        learning_rate=0.1, epsilon=EpsilonConfig(value=1e-3),
+        schedule=ScheduleConfig(precondition_frequency=4, precondition_frequency_growth=21,
+                                period_anchor="start", roots_before_start=True),
+    )
+    grads = make_grads(14)
+    rates = [0.1 * (1.0 - c / 14.0) for c in range(14)]
+
+    def run(opt: Shampoo, ps: list[torch.nn.Parameter], steps: range) -> None:
+        for k in steps:
+            opt.param_groups[0]["lr"] = rates[k]
+            run_steps(opt, ps, grads[k:k + 1])
+
+    straight = make_params(torch.float64)
+    opt = Shampoo(straight, config)
+    run(opt, straight, range(14))
+    first = make_params(torch.float64)
+    opt1 = Shampoo(first, config)
+    run(opt1, first, range(7))
+    saved = roundtrip(opt1.state_dict())
+    assert saved["param_groups"][0]["first_step_lr"] == 0.1
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
+    opt2 = Shampoo(resumed, config)
+    opt2.load_state_dict(saved)
+    run(opt2, resumed, range(7, 14))
+    for a, b in zip(straight, resumed, strict=True):
+        assert torch.equal(a, b)
+    # Without it the resumed run would take lr_8 as lr_1 (ratio 1): other root steps.
+    lost = [torch.nn.Parameter(p.detach().clone()) for p in first]
+    opt3 = Shampoo(lost, config)
+    del saved["param_groups"][0]["first_step_lr"]
+    opt3.load_state_dict(saved)
+    run(opt3, lost, range(7, 14))
+    assert any(not torch.equal(a, b) for a, b in zip(straight, lost, strict=True))
+    bad = roundtrip(opt1.state_dict())
+    bad["param_groups"][0]["first_step_lr"] = float("nan")
+    with pytest.raises(ValueError, match="first_step_lr"):
+        Shampoo(make_params(torch.float64), config).load_state_dict(bad)
+
+
 def test_state_dict_is_a_snapshot_and_plain() -> None:
     params = make_params()
     opt = Shampoo(params, RICH)

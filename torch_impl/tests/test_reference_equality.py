@@ -52,6 +52,7 @@ from shampoo_spec import (
     from_google,
     from_meta,
 )
+from shampoo_spec import is_root_step as ss_is_root_step
 from shampoo_torch import Shampoo
 
 SHAPES = {"w": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": (), "o": (1, 5, 1)}
@@ -188,6 +189,16 @@ CASES: dict[str, ShampooConfig] = {
         "weight_decay": 0.01,
     }),
     "google_defaults": from_google({"learning_rate": 0.1, "block_size": 8}),
+    # Eq. (14d): Google's RMSPROP graft clipped at rms 1; a clipped normalized graft per block.
+    "google_rmsprop_clip": from_google({
+        "learning_rate": 0.05, "block_size": 6, "graft_type": "RMSPROP", "beta2": 0.9,
+        "clip_by_scaled_gradient_norm": 1.0, "start_preconditioning_step": 2,
+        "relative_matrix_epsilon": False,
+    }),
+    "rmsprop_normalized_clip_block": cfg(
+        grafting=GraftingConfig(type="rmsprop_normalized", beta2=0.9, clip_rms=0.3),
+        blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+    ),
     "google_eigh": from_google({"learning_rate": 0.1, "block_size": 8, "eigh": True,
                                 "graft_type": "ADAGRAD"}),
 }
@@ -423,3 +434,51 @@ def test_eigh_failure_threshold_equals_reference(name: str) -> None:
         ours.append({k: p.detach().numpy().copy() for k, p in tensors.items()})
     assert max_relative_error(params, ours, ref) <= 1e-9
     assert opt.metrics["root_failures"] == failures
+
+
+# ------------------------------------ eq. (8b): the root period follows the learning rate
+#: Google's anchor, period 4 growing by up to 21 as a LambdaLR decays the rate linearly
+#: to 0 over 20 steps: x = 4 + 1.05 c, so roots at each of the first six steps, then at
+#: c = 10 only (as jax_impl/tests/test_reference_equality.py).
+GROWTH = from_google({
+    "learning_rate": 0.05, "block_size": 6, "graft_type": "ADAGRAD", "eigh": True,
+    "relative_matrix_epsilon": False, "start_preconditioning_step": 2,
+    "preconditioning_compute_steps": 4,
+})
+GROWTH = dataclasses.replace(GROWTH, schedule=dataclasses.replace(
+    GROWTH.schedule, precondition_frequency_growth=21))
+
+
+def _scheduled_run(config: ShampooConfig, params: dict, grads: list[dict],
+                   dtype: torch.dtype) -> tuple[list[dict], Shampoo]:
+    names = list(params)
+    tensors = {n: torch.nn.Parameter(torch.tensor(params[n], dtype=dtype)) for n in names}
+    opt = Shampoo([(n, tensors[n]) for n in names], config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda c: 1.0 - c / 20.0)
+    out = []
+    for step in grads:
+        for n in names:
+            tensors[n].grad = torch.tensor(step[n], dtype=dtype)
+        opt.step()
+        scheduler.step()
+        out.append({n: tensors[n].detach().numpy().copy() for n in names})
+    return out, opt
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_growing_root_period_equals_reference(dtype: torch.dtype) -> None:
+    params, grads = stream(seed=3)
+    rates = [0.05 * (1.0 - c / 20.0) for c in range(STEPS)]
+    roots = [t for t in range(1, STEPS + 1)
+             if ss_is_root_step(t, GROWTH.schedule, rates[t - 1] / rates[0])]
+    assert roots == [1, 2, 3, 4, 5, 6, 11]  # not the constant period's 1, 5, 9, ...
+    ref = reference_run(GROWTH, params, grads, rates)
+    config = dataclasses.replace(
+        GROWTH, factor_dtype="float64" if dtype == torch.float64 else "float32")
+    ours, opt = _scheduled_run(config, params, grads, dtype)
+    assert opt.param_groups[0]["first_step_lr"] == 0.05
+    # float32: section 5's bound, capped at 1e-2 (factors of size <= 6, eps 1e-6).
+    assert max_relative_error(params, ours, ref) <= (1e-9 if dtype == torch.float64 else 1e-2)
+    constant = reference_run(dataclasses.replace(GROWTH, schedule=dataclasses.replace(
+        GROWTH.schedule, precondition_frequency_growth=None)), params, grads, rates)
+    assert max_relative_error(params, constant, ref) > 1e-3  # the root steps matter here

@@ -135,6 +135,9 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         beta2=graft_beta2,
         bias_correction=gtype == "adam",
         norm_scope=draw(st.sampled_from(["block", "parameter"])),
+        # Eq. (14d): a clip of the adaptive grafts (rms of their steps is about 1 here).
+        clip_rms=(draw(st.sampled_from([None, 0.5]))
+                  if gtype in ss.GRAFTING_TYPES_WITH_STATE else None),
     )
     beta1 = draw(st.sampled_from([0.0, 0.9]))
     gradient_filter = ss.GradientFilterConfig(
@@ -171,6 +174,9 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         period_anchor=draw(st.sampled_from(["end", "start"])),
         roots_before_start=draw(st.booleans()),
         roots_take_effect=draw(st.sampled_from(["same_step", "next_step"])),
+        # Eq. (8b) at the constant learning rate the backends run here (ratio 1):
+        # f_t = max(floor(f / 10) * 10, 1) = 1. The backends' own tests run schedules.
+        precondition_frequency_growth=draw(st.sampled_from([None, None, 20])),
     )
     return ss.ShampooConfig(
         learning_rate=draw(st.sampled_from([0.01, 0.1])),

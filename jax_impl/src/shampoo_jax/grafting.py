@@ -7,6 +7,8 @@ Which types keep a state is ``GraftingConfig.has_state``.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import Array
 
@@ -48,7 +50,20 @@ def direction(x: Array, state: Array | None, t: Array, graft: GraftingConfig) ->
         # Eq. (14c)'s 1 - beta2^t on the traced step (GraftingConfig.bias_correction_factor).
         bc = 1.0 - jnp.asarray(graft.beta2, x.dtype) ** t.astype(x.dtype)
         state = state / bc
-    return x / (jnp.sqrt(state) + graft.epsilon)
+    return clip(x / (jnp.sqrt(state) + graft.epsilon), graft)
 
 
-__all__ = ["direction", "graft_input", "norm", "update_state"]
+def clip(u: Array, graft: GraftingConfig) -> Array:
+    """Eq. (14d): ``u / max(1, rms(u) / clip_rms)``, ``rms(u) = ||u|| / sqrt(size)``; u if None.
+
+    ``jnp.maximum`` keeps a NaN rms, as Google's ``clip_by_scaled_gradient_norm``.
+    """
+    c = graft.clip_rms
+    if c is None:
+        return u
+    rms = norm(u) / math.sqrt(u.size)
+    out: Array = u / jnp.maximum(1.0, rms / c)
+    return out
+
+
+__all__ = ["clip", "direction", "graft_input", "norm", "update_state"]

@@ -54,10 +54,13 @@ def block_step(
     t: Array,
     layout: B.Layout,
     config: ShampooConfig,
+    lr_ratio: float | Array = 1.0,
 ) -> tuple[Groups, Array, list[Array] | None]:
     """Everything that needs the block state: ``(groups, failures, preconditioned stacks)``.
 
     ``failures``: the number of failed inverse roots (eq. 13), a scalar.
+    ``lr_ratio``: lr_t / lr_1 of eq. (8b) (read only with
+    ``schedule.precondition_frequency_growth``).
 
     Statistics (eq. 6), inverse roots (eqs. 7, 9-13), the corrected moment
     (eq. 17) and the preconditioned, block-rescaled stacks (eqs. 16-18); the
@@ -68,7 +71,7 @@ def block_step(
     lag = config.schedule.roots_take_effect == "next_step"
     groups = update_statistics(groups, layout, inputs.grads, inputs.ok, t, config)
     if not lag:
-        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config)
+        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config, lr_ratio)
     if config.eigenvalue_correction is not None:
         groups = update_corrected_moment(groups, layout, inputs.grads, inputs.ok, config)
     stacks = None
@@ -77,7 +80,7 @@ def block_step(
     if lag:
         # Eq. (8), roots_take_effect="next_step": this step's directions used the
         # roots held before it; the refreshed ones take effect from t + 1.
-        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config)
+        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config, lr_ratio)
     return groups, failures, stacks
 
 
@@ -124,8 +127,11 @@ def refresh_inverse_roots(
     block_ok: list[Array],
     t: Array,
     config: ShampooConfig,
+    lr_ratio: float | Array = 1.0,
 ) -> tuple[Groups, Array]:
-    """On root steps (eq. 8), recompute every inverse root; ``lax.cond`` so other steps pay nothing.
+    """On root steps (eqs. 8, 8b at ``lr_ratio``), recompute every inverse root.
+
+    ``lax.cond`` so other steps pay nothing.
 
     Roots are computed in the factor dtype; with ``inverse_root_dtype`` they
     are stored rounded to it (eq. 11a, XLA's round-to-nearest-even convert,
@@ -137,7 +143,7 @@ def refresh_inverse_roots(
     ``consecutive_failures`` counts its root steps with any failure in a row.
     """
     stats = config.statistics
-    on = schedule.is_root_step(t, config.schedule)
+    on = schedule.is_root_step(t, config.schedule, lr_ratio)
     zero = jnp.zeros((), jnp.int32)
     if on is False or not any(grp.preconditioned_dims for grp in layout.groups):
         return groups, zero

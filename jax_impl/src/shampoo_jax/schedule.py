@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array
 
-from shampoo_spec import ScheduleConfig
+from shampoo_spec import MAX_INTEGER, ScheduleConfig, root_period
 
 Flag = bool | Array
 
@@ -61,9 +61,36 @@ def uses_preconditioner(t: Array, schedule: ScheduleConfig) -> Flag:
     return t >= start
 
 
-def is_root_step(t: Array, schedule: ScheduleConfig) -> Flag:
-    """Are the inverse roots (eqs. 10-11) recomputed at step t?"""
-    period = on_period(t, schedule.precondition_frequency, schedule.period_anchor)
+def root_period_flag(t: Array, schedule: ScheduleConfig, lr_ratio: float | Array) -> Flag:
+    """``on(t, f_t)`` with eq. (8b)'s period f_t at ``lr_ratio`` (False where there is none).
+
+    A Python ``lr_ratio`` (or no ``precondition_frequency_growth``) gives a
+    static period, :func:`shampoo_spec.root_period`. A traced one follows
+    the same formula in its own dtype, as Google's library does::
+
+        x = f + (1 - rho) g;  f_t = max(floor(x / 10) * 10, 1)  (jnp's float ``//``)
+
+    a non-finite x has no root step, and f_t is capped at ``MAX_INTEGER``
+    (taken as an int32 exactly; every float32 below 2^31 is).
+    """
+    anchor = schedule.period_anchor
+    growth = schedule.precondition_frequency_growth
+    if growth is None or not isinstance(lr_ratio, Array):
+        period = root_period(schedule, float(lr_ratio))
+        return False if period is None else on_period(t, period, anchor)
+    x = schedule.precondition_frequency + (1 - lr_ratio) * growth
+    finite = jnp.isfinite(x)
+    f = jnp.maximum((x // 10) * 10, 1)
+    big = f >= 2.0**31
+    f_int = jnp.where(finite & ~big, f, 1).astype(jnp.int32)
+    f_int = jnp.where(big, MAX_INTEGER, f_int)
+    steps = t if anchor == "end" else t - 1
+    return jnp.logical_and(finite, steps % f_int == 0)
+
+
+def is_root_step(t: Array, schedule: ScheduleConfig, lr_ratio: float | Array = 1.0) -> Flag:
+    """Are the inverse roots (eqs. 10-11) recomputed at step t (eqs. 8, 8b)?"""
+    period = root_period_flag(t, schedule, lr_ratio)
     if schedule.roots_before_start:
         return period
     start = schedule.start_preconditioning_step

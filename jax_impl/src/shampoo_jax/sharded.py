@@ -300,8 +300,11 @@ def sharded_block_step(
     layout: B.Layout,
     config: ShampooConfig,
     sharding: ShardingConfig,
+    lr_ratio: float | Array = 1.0,
 ) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
     """:func:`shampoo_jax.preconditioner.block_step` with each device on its own blocks.
+
+    ``lr_ratio`` (eq. 8b) is replicated: every device takes the same root steps.
 
     The inputs (global view, ``[nb, ...]`` per group) are padded to the
     state's ``padded(nb)`` blocks and split over the axis; every device runs
@@ -317,7 +320,7 @@ def sharded_block_step(
                 "or place it with shampoo_jax.shard_state."
             )
     if not layout.groups:
-        return block_step(groups, inputs, t, layout, config)
+        return block_step(groups, inputs, t, layout, config, lr_ratio)
     sizes = [sharding.padded(grp.size) for grp in layout.groups]
     slots = _slots(sharding, tuple(grp.size for grp in layout.groups), groups)
 
@@ -343,10 +346,16 @@ def sharded_block_step(
     )
     names = sharding.axis_names
 
+    # A traced ratio enters as a replicated operand; a Python one stays static.
+    traced = isinstance(lr_ratio, jax.Array)
+    ratio_in: Array = lr_ratio if isinstance(lr_ratio, jax.Array) else jnp.zeros(())
+
     def local(
-        groups: tuple[BlockGroupState, ...], inputs: BlockInputs, t: Array
+        groups: tuple[BlockGroupState, ...], inputs: BlockInputs, t: Array, ratio: Array
     ) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
-        groups, failures, stacks = block_step(groups, inputs, t, layout, config)
+        groups, failures, stacks = block_step(
+            groups, inputs, t, layout, config, ratio if traced else lr_ratio
+        )
         failures = lax.psum(failures, names)
         if stacks is not None:
             stacks = [lax.all_gather(s, names, tiled=True, to="invarying") for s in stacks]
@@ -354,8 +363,8 @@ def sharded_block_step(
 
     spec, rep = sharding.spec, PartitionSpec()
     groups, failures, stacks = jax.shard_map(
-        local, mesh=sharding.mesh, in_specs=(spec, spec, rep), out_specs=(spec, rep, rep)
-    )(groups, padded, t)
+        local, mesh=sharding.mesh, in_specs=(spec, spec, rep, rep), out_specs=(spec, rep, rep)
+    )(groups, padded, t, ratio_in)
     if stacks is not None:
         stacks = [s[np.asarray(sl, int)] for s, sl in zip(stacks, slots, strict=True)]
     return groups, failures, stacks

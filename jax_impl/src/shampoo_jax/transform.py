@@ -101,7 +101,9 @@ def shampoo(
 
     ``learning_rate`` overrides ``config.learning_rate``; a schedule is called
     with the number of steps taken so far (0 at the first step, optax's
-    convention). The returned updates are *added* to the parameters
+    convention). With ``schedule.precondition_frequency_growth`` the root
+    period follows ``lr(count) / lr(0)`` (eq. 8b, in the schedule's dtype);
+    a constant rate gives the ratio 1. The returned updates are *added* to the parameters
     (``optax.apply_updates``): they already carry the minus sign and the
     learning rate. ``update`` needs ``params`` when weight decay is on.
 
@@ -189,7 +191,8 @@ def shampoo(
         graft_dir = _graft_directions(used, graft_state, t, config.grafting)
         use_shampoo = schedule.uses_preconditioner(t, config.schedule)
         groups, failures, shampoo_dir = _shampoo_directions(
-            state, masked, used, graft_dir, use_shampoo, t, layout, fdt, config, sharding
+            state, masked, used, graft_dir, use_shampoo, t, layout, fdt, config, sharding,
+            _lr_ratio(lr, lr_t, config),
         )
         out, new_mom, new_gmom, withheld = _momentum_step(
             shampoo_dir, graft_dir, w, masked.finite, state, use_shampoo, lr_t, g_leaves,
@@ -216,6 +219,20 @@ def shampoo(
 
 
 # ------------------------------------------------------------ eqs. (1)-(3)
+def _lr_ratio(lr: Any, lr_t: Any, config: ShampooConfig) -> float | Array:
+    """Eq. (8b)'s ``lr_t / lr_1``: with a schedule ``lr(count) / lr(0)`` (traced, in the
+    schedule's dtype, IEEE: 0 / 0 is NaN), else 1.0 (static).
+
+    Only with ``schedule.precondition_frequency_growth``; 1.0 otherwise (unused).
+    ``lr(0)`` is called with the Python int 0, as Google's
+    ``preconditioning_compute_steps_schedule`` calls it.
+    """
+    if config.schedule.precondition_frequency_growth is None or not callable(lr):
+        return 1.0
+    ratio: Array = jnp.asarray(lr_t) / jnp.asarray(lr(0))
+    return ratio
+
+
 def _merged_inputs(
     g_leaves: list[Array], params: Any | None, tree: _Tree, config: ShampooConfig
 ) -> tuple[list[Array], list[Array]]:
@@ -298,6 +315,7 @@ def _shampoo_directions(
     fdt: Any,
     config: ShampooConfig,
     sharding: ShardingConfig | None,
+    lr_ratio: float | Array,
 ) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
     """The block work and each leaf's Shampoo direction: ``(groups, failures, directions)``.
 
@@ -318,10 +336,10 @@ def _shampoo_directions(
             gd_blocks = B.gather(graft_dir, layout, fdt)
     inputs = BlockInputs(masked.blocks, masked.block_ok, f_blocks, gd_blocks)
     if sharding is None:
-        groups, failures, stacks = block_step(state.groups, inputs, t, layout, config)
+        groups, failures, stacks = block_step(state.groups, inputs, t, layout, config, lr_ratio)
     else:
         groups, failures, stacks = sharded_block_step(
-            state.groups, inputs, t, layout, config, sharding
+            state.groups, inputs, t, layout, config, sharding, lr_ratio
         )
     # Eq. (18): reassemble the Shampoo direction.
     shampoo_dir = (

@@ -44,4 +44,18 @@ def direction(x: Array, state: Array | None, t: int, graft: GraftingConfig) -> A
         return np.sign(x)
     assert state is not None
     x = graft_input(x, graft)
-    return x / (np.sqrt(state / graft.bias_correction_factor(t)) + graft.epsilon)
+    return clip(x / (np.sqrt(state / graft.bias_correction_factor(t)) + graft.epsilon), graft)
+
+
+def clip(u: Array, graft: GraftingConfig) -> Array:
+    """Eq. (14d): ``u / max(1, rms(u) / c)``, ``rms(u) = ||u|| / sqrt(size)``, c = ``clip_rms``.
+
+    Over the whole parameter, as Google's ``clip_by_scaled_gradient_norm``
+    (``jnp.maximum``: a NaN rms gives NaN); u unchanged when ``clip_rms`` is None.
+    """
+    c = graft.clip_rms
+    if c is None:
+        return u
+    rms = np.linalg.norm(u) / np.sqrt(float(u.size))
+    out: Array = u / np.maximum(1.0, rms / c)
+    return out

@@ -17,6 +17,7 @@ checked (a ShampooConfig, real arrays) with ``ValueError``; a block dim above
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from shampoo_spec import (
     is_root_step,
     is_statistics_step,
     large_block_warnings,
+    learning_rate_ratio,
     plan_parameter,
     uses_preconditioner,
 )
@@ -146,6 +148,9 @@ class ReferenceShampoo:
             raise ValueError(f"params = {_shown(params)} is invalid: allowed a dict name -> array.")
         self.config = config
         self.t = 0
+        #: eq. (21)'s learning rate of the current step and of step 1 (eq. 8b's lr_1).
+        self.learning_rate = config.learning_rate
+        self.first_learning_rate: float | None = None
         self.metrics = Metrics()
         self._root_failures: list[str] = []  # eq. (13) blocks over the limit, this step
         self.params = {k: _real_array("parameter", k, v) for k, v in params.items()}
@@ -186,8 +191,15 @@ class ReferenceShampoo:
         return ParameterState(plan, blocks, graft, filtered, momentum, graft_momentum)
 
     # ----------------------------------------------------------------- step
-    def step(self, grads: dict[str, Array]) -> dict[str, Array]:
+    def step(
+        self, grads: dict[str, Array], learning_rate: float | None = None
+    ) -> dict[str, Array]:
         """Apply one step (eq. 1: t <- t + 1) and return copies of the parameters.
+
+        ``learning_rate``: this step's lr_t (a schedule's value), else
+        ``config.learning_rate``. It scales the update (eqs. 20-21) and, with
+        ``schedule.precondition_frequency_growth``, sets the root period
+        through lr_t / lr_1 (eq. 8b), lr_1 the rate of the first step.
 
         Every gradient is checked first (names, shapes, eq. 3): a ``ValueError``
         or :class:`NonFiniteGradientError` leaves the optimizer exactly as it
@@ -201,6 +213,9 @@ class ReferenceShampoo:
             raise ValueError(
                 f"grads keys {sorted(grads)} do not match parameter names {sorted(self.params)}."
             )
+        lr = self.config.learning_rate if learning_rate is None else learning_rate
+        if not isinstance(lr, numbers.Real) or isinstance(lr, bool) or not math.isfinite(lr):
+            raise ValueError(f"learning_rate = {_shown(lr)} is invalid: allowed a finite number.")
         arrays = {name: _real_array("gradient", name, g) for name, g in grads.items()}
         for name, g in arrays.items():
             if g.shape != self.params[name].shape:
@@ -211,6 +226,9 @@ class ReferenceShampoo:
         # Eqs. (2)-(3) for every parameter before any state changes.
         admitted = {name: self._admit(name, g, self.t + 1) for name, g in arrays.items()}
         self.t += 1
+        self.learning_rate = float(lr)
+        if self.first_learning_rate is None:
+            self.first_learning_rate = self.learning_rate
         self._root_failures = []
         for name, adm in admitted.items():
             self.metrics.skipped_blocks += adm.refused
@@ -294,7 +312,7 @@ class ReferenceShampoo:
         # Eqs. (6)-(13): statistics and roots, block by block.
         admitted = [(b, bs) for b, bs in zip(plan.blocks, st.blocks, strict=True)
                     if finite[b.slices].all()]
-        lagged = cfg.schedule.roots_take_effect == "next_step" and is_root_step(t, cfg.schedule)
+        lagged = cfg.schedule.roots_take_effect == "next_step" and self._root_step()
         for b, bs in admitted:
             self._update_block(name, b.roots, bs, g[b.slices], roots_now=not lagged)
 
@@ -313,12 +331,12 @@ class ReferenceShampoo:
 
         # Eqs. (19)-(21): weight decay, momentum, update.
         buffers = (st.momentum, st.graft_momentum)
-        lr = 1.0 if cfg.momentum.lr_before_momentum else cfg.learning_rate
+        lr = 1.0 if cfg.momentum.lr_before_momentum else self.learning_rate
         with np.errstate(over="ignore", invalid="ignore"):  # eq. (22) handles overflow
             step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
             new_w = w - lr * step
             if cfg.weight_decay.applies("update"):
-                new_w = new_w - cfg.learning_rate * cfg.weight_decay.value * w  # eq. (21)
+                new_w = new_w - self.learning_rate * cfg.weight_decay.value * w  # eq. (21)
         # Eq. (22): an entry whose new value or new momentum is non-finite keeps
         # its old ones (the state before eq. 20 is finite by eq. 3).
         keep = np.isfinite(new_w)
@@ -348,6 +366,12 @@ class ReferenceShampoo:
         return used
 
     # --------------------------------------------------- eqs. (6)-(13) block
+    def _root_step(self) -> bool:
+        """Eq. (8): is this step a root step (eq. 8b: the period follows lr_t / lr_1)?"""
+        assert self.first_learning_rate is not None
+        ratio = learning_rate_ratio(self.learning_rate, self.first_learning_rate)
+        return is_root_step(self.t, self.config.schedule, ratio)
+
     def _update_block(
         self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array, roots_now: bool
     ) -> None:
@@ -362,7 +386,7 @@ class ReferenceShampoo:
                 decayed = stats.beta2 * lk if stats.decays else lk
                 bs.factors[k] = decayed + w * factor_contraction(gb, k)
             bs.statistics_updates += 1
-        if roots_now and is_root_step(t, cfg.schedule):
+        if roots_now and self._root_step():
             self._refresh_inverse_roots(name, roots, bs)
         if cfg.eigenvalue_correction is not None:
             # Eq. (17): the corrected second moment sees this step's (refreshed) basis.
@@ -541,7 +565,7 @@ class ReferenceShampoo:
 
         def prepare(p: Array) -> Array:
             if mom.lr_before_momentum:
-                p = cfg.learning_rate * p
+                p = self.learning_rate * p
             if wd.applies("direction"):
                 p = p + wd.value * w  # eq. (19)
             return p
@@ -568,8 +592,22 @@ class ReferenceShampoo:
 
 
 def run(
-    config: ShampooConfig, params: dict[str, Array], grads: list[dict[str, Array]]
+    config: ShampooConfig,
+    params: dict[str, Array],
+    grads: list[dict[str, Array]],
+    learning_rates: list[float] | None = None,
 ) -> list[dict[str, Array]]:
-    """Contract 8.2 for the reference: the parameters after each step."""
+    """Contract 8.2 for the reference: the parameters after each step.
+
+    ``learning_rates``: one learning rate per step (a schedule), else
+    ``config.learning_rate`` at every step.
+    """
     opt = ReferenceShampoo(config, params)
-    return [opt.step(g) for g in grads]
+    if learning_rates is None:
+        return [opt.step(g) for g in grads]
+    if len(learning_rates) != len(grads):
+        raise ValueError(
+            f"learning_rates has {len(learning_rates)} entries for {len(grads)} steps: "
+            "allowed one per step."
+        )
+    return [opt.step(g, lr) for g, lr in zip(grads, learning_rates, strict=True)]

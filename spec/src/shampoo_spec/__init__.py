@@ -58,7 +58,13 @@ from .importers import from_google, from_meta
 from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
 from .power_iteration import power_iteration_start
-from .schedule import is_root_step, is_statistics_step, uses_preconditioner
+from .schedule import (
+    is_root_step,
+    is_statistics_step,
+    learning_rate_ratio,
+    root_period,
+    uses_preconditioner,
+)
 from .serialization import config_differences, config_from_dict, config_to_dict
 
 __all__ = [
@@ -108,9 +114,11 @@ __all__ = [
     "is_root_step",
     "is_statistics_step",
     "large_block_warnings",
+    "learning_rate_ratio",
     "merge_dims",
     "plan_block_costs",
     "plan_parameter",
+    "root_period",
     "squeeze_shape",
     "to_google",
     "to_meta",

@@ -440,6 +440,10 @@ class GraftingConfig:
     ``||G|| + normalize_epsilon``. After preconditioning, the Shampoo
     direction P is rescaled: ``P * ||graft(F)|| / (||P|| + norm_epsilon)``,
     the norms taken per block or over the whole parameter (``norm_scope``).
+    ``clip_rms`` = c (Google's ``clip_by_scaled_gradient_norm``; only for
+    the types with state) divides the graft direction of the whole parameter
+    by ``max(1, rms / c)``, ``rms = ||graft(X)|| / sqrt(size)`` (eq. 14d);
+    None: no clipping.
     """
 
     type: GraftingType = "none"
@@ -449,6 +453,7 @@ class GraftingConfig:
     norm_scope: Literal["block", "parameter"] = "block"
     norm_epsilon: float = 1e-16
     normalize_epsilon: float = 1e-16
+    clip_rms: float | None = None
 
     def __post_init__(self) -> None:
         o = "grafting"
@@ -466,6 +471,11 @@ class GraftingConfig:
         v.choice(o, "norm_scope", self.norm_scope, ("block", "parameter"))
         v.epsilon(o, "norm_epsilon", self.norm_epsilon, zero=self.type == "none")
         v.epsilon(o, "normalize_epsilon", self.normalize_epsilon, zero=not self.normalizes_input)
+        v.optional_normal(o, "clip_rms", self.clip_rms, none_means="no clipping")
+        if self.clip_rms is not None and not self.has_state:
+            v.fail(o, "clip_rms", self.clip_rms,
+                   f"None for grafting type {self.type!r} (eq. 14d clips the adaptive types: "
+                   f"{', '.join(GRAFTING_TYPES_WITH_STATE)})")
 
     @property
     def has_state(self) -> bool:
@@ -678,6 +688,14 @@ class ScheduleConfig:
     (``"next_step"``: the step's direction uses the roots held before it, as
     Google's ``shard_optimizer_states=True`` does). Not with
     ``eigenvalue_correction``.
+
+    ``precondition_frequency_growth`` = g (Google's
+    ``end_preconditioning_compute_steps`` with
+    ``decay_preconditioning_compute_steps``) makes the root period follow the
+    learning rate (eq. 8b): ``f_t = max(floor((f + (1 - lr_t / lr_1) g) / 10) * 10, 1)``,
+    lr_1 the learning rate of the first step
+    (:func:`shampoo_spec.schedule.root_period`). None: the period is
+    ``precondition_frequency`` throughout.
     """
 
     precondition_frequency: int = 1
@@ -686,6 +704,7 @@ class ScheduleConfig:
     period_anchor: Literal["end", "start"] = "end"
     roots_before_start: bool = False
     roots_take_effect: Literal["same_step", "next_step"] = "same_step"
+    precondition_frequency_growth: int | None = None
 
     def __post_init__(self) -> None:
         o = "schedule"
@@ -698,6 +717,10 @@ class ScheduleConfig:
         v.choice(o, "period_anchor", self.period_anchor, ("end", "start"))
         v.boolean(o, "roots_before_start", self.roots_before_start)
         v.choice(o, "roots_take_effect", self.roots_take_effect, ("same_step", "next_step"))
+        v.optional_integer(
+            o, "precondition_frequency_growth", self.precondition_frequency_growth, low=1,
+            none_means="a constant root period",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

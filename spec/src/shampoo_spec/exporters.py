@@ -38,7 +38,7 @@ from .config import (
     ShampooConfig,
 )
 from .importers import from_google, from_meta
-from .importers.google import GRAFTS, SIDES
+from .importers.google import GRAFTS, SIDES, ConstantSchedule
 from .importers.meta import MAX_ORDER
 from .serialization import _flatten, config_to_dict
 
@@ -398,6 +398,8 @@ def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.need(start is None or start >= s.precondition_frequency,
                "schedule.start_preconditioning_step", start,
                f"Meta needs a start >= precondition_frequency ({s.precondition_frequency})")
+    lacks.same("schedule.precondition_frequency_growth", s.precondition_frequency_growth, None,
+               "Meta's root period does not follow the learning rate")
     return {
         "precondition_frequency": s.precondition_frequency,
         "start_preconditioning_step": start if start is not None else -1,
@@ -460,6 +462,7 @@ def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
                "Meta has no normalized grafts")
     lacks.same("grafting.bias_correction", g.bias_correction, g.type == "adam",
                "Meta bias-corrects the Adam graft only")
+    lacks.same("grafting.clip_rms", g.clip_rms, None, "Meta does not clip its graft")
     if g.type in ("none", "sgd"):
         lacks.same("grafting.epsilon", g.epsilon, 1e-10, f"unused by a {g.type!r} graft")
         lacks.same("grafting.beta2", g.beta2, 1.0, f"unused by a {g.type!r} graft")
@@ -486,7 +489,11 @@ def to_google(config: ShampooConfig) -> dict[str, Any]:
     """
     c = config
     lacks = _Lacks("Google's distributed_shampoo")
-    kwargs: dict[str, Any] = {"learning_rate": c.learning_rate}
+    # Google lets the root period follow the learning rate (eq. 8b) only for a callable one.
+    kwargs: dict[str, Any] = {
+        "learning_rate": c.learning_rate if c.schedule.precondition_frequency_growth is None
+        else ConstantSchedule(c.learning_rate)
+    }
     kwargs.update(_google_preconditioner(c, lacks))
     kwargs.update(_google_grafting(c, lacks))
     kwargs.update(_google_momentum(c, lacks))
@@ -599,7 +606,19 @@ def _google_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.need(not (g.type == "none" and c.momentum.lr_before_momentum),
                "momentum.learning_rate_placement", c.momentum.learning_rate_placement,
                "with no graft Google's decoupled_learning_rate=False applies no learning rate")
-    return {"graft_type": _GOOGLE_GRAFTS.get(g.type, "SGD"), "diagonal_epsilon": g.epsilon}
+    out: dict[str, Any] = {
+        "graft_type": _GOOGLE_GRAFTS.get(g.type, "SGD"), "diagonal_epsilon": g.epsilon
+    }
+    if g.clip_rms is not None:
+        # Google clips its RMSPROP grafts only; one with beta2 = 1 is our AdaGrad.
+        adagrad = g.type in ("adagrad", "adagrad_normalized")
+        lacks.need(rms or (adagrad and c.statistics.beta2 == 1.0), "grafting.clip_rms",
+                   g.clip_rms, "Google clips the RMSPROP grafts only (an AdaGrad graft with "
+                   "statistics.beta2 = 1 is RMSPROP there)")
+        if adagrad:
+            out["graft_type"] = "RMSPROP" if g.type == "adagrad" else "RMSPROP_NORMALIZED"
+        out["clip_by_scaled_gradient_norm"] = g.clip_rms
+    return out
 
 
 def _google_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
@@ -672,6 +691,9 @@ def _google_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 def _google_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``start_preconditioning_step`` (ours - 1: Google counts from 0),
     ``preconditioning_compute_steps``, ``statistics_compute_steps`` (eq. 8);
+    with a growing root period (eq. 8b), ``decay_preconditioning_compute_steps``
+    and ``end_preconditioning_compute_steps`` (``to_google`` then writes a
+    callable ``learning_rate``, which Google requires for them to act);
     ``shard_optimizer_states`` (with ``num_devices_for_pjit=1``, which it
     needs) for roots that take effect the next step."""
     s = c.schedule
@@ -682,10 +704,14 @@ def _google_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     start = s.start_preconditioning_step
     lacks.need(start is not None, "schedule.start_preconditioning_step", start,
                "Google always starts preconditioning")
-    return {
+    out: dict[str, Any] = {
         "start_preconditioning_step": (start if start is not None else 1) - 1,
         "preconditioning_compute_steps": s.precondition_frequency,
         "statistics_compute_steps": s.statistics_frequency,
         **({"shard_optimizer_states": True, "num_devices_for_pjit": 1}
            if s.roots_take_effect == "next_step" else {}),
     }
+    if s.precondition_frequency_growth is not None:
+        out["decay_preconditioning_compute_steps"] = True
+        out["end_preconditioning_compute_steps"] = s.precondition_frequency_growth
+    return out

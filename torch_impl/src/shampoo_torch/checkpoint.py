@@ -226,13 +226,15 @@ def _check_config(where: str, ours: ShampooConfig, saved: object) -> None:
 
 def _check_group(where: str, saved_group: dict[str, Any]) -> None:
     """The group's hyperparameters that a load would set: ``lr`` must be valid."""
+    from .cohorts import FIRST_LR
     from .optimizer import check_lr
 
-    if "lr" in saved_group:
-        try:
-            check_lr(saved_group["lr"], f"{where}['lr']")
-        except (TypeError, ValueError) as err:
-            _fail(where, str(err))
+    for key in ("lr", FIRST_LR):  # FIRST_LR: eq. (8b)'s lr_1, with a growing root period
+        if key in saved_group:
+            try:
+                check_lr(saved_group[key], f"{where}[{key!r}]")
+            except (TypeError, ValueError) as err:
+                _fail(where, str(err))
 
 
 def _check_metrics(metrics: object) -> dict[str, Any]:

@@ -16,10 +16,14 @@ from typing import Any
 
 import torch
 
-from shampoo_spec import ShampooConfig, is_root_step, uses_preconditioner
+from shampoo_spec import ShampooConfig, is_root_step, learning_rate_ratio, uses_preconditioner
 
 from .blocks import BlockGroup, Rows
 from .state import ParamGroupPlan
+
+#: The param-group key holding the group's learning rate at its first step
+#: (eq. 8b's lr_1), set with ``schedule.precondition_frequency_growth`` only.
+FIRST_LR = "first_step_lr"
 
 
 @dataclass
@@ -34,6 +38,8 @@ class StepInput:
     g: dict[int, torch.Tensor]
     steps: dict[int, int]
     lr: float
+    #: eq. (8b): lr / the group's learning rate at its first step (1 before it).
+    lr_ratio: float
     #: eq. (3) ``"skip_block"``: per block of the param group (flat order, see
     #: :class:`~shampoo_torch.state.ParamGroupPlan`), whether its step is taken;
     #: None: every block's is (the ``"raise"`` policy, after its check).
@@ -69,7 +75,7 @@ class Cohort:
 
     @property
     def root_step(self) -> bool:
-        return is_root_step(self.t, self.config.schedule)
+        return is_root_step(self.t, self.config.schedule, self.inp.lr_ratio)
 
     @property
     def roots_lag(self) -> bool:
@@ -113,7 +119,9 @@ def read_gradients(
     if not g:
         return None
     steps = {i: state[params[i]]["step"] + 1 for i in g}  # eq. (1)
-    return StepInput(gi, gp, params, list(g), w, g, steps, float(group["lr"]))
+    lr = float(group["lr"])
+    ratio = learning_rate_ratio(lr, group.get(FIRST_LR, lr))  # eq. (8b)
+    return StepInput(gi, gp, params, list(g), w, g, steps, lr, ratio)
 
 
 def split_cohorts(inp: StepInput) -> list[Cohort]:

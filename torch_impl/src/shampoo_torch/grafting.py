@@ -9,6 +9,8 @@ block or parameter scope. Whether there is a state at all is
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from shampoo_spec import GraftingConfig
@@ -67,4 +69,18 @@ def direction(
     x = graft_input(x, graft)
     if graft.corrects_bias:
         state = state / graft.bias_correction_factor(t)
-    return x / (torch.sqrt(state) + graft.epsilon)
+    return clip(x / (torch.sqrt(state) + graft.epsilon), graft)
+
+
+def clip(u: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:
+    """Eq. (14d): ``u / max(1, rms(u) / clip_rms)``, ``rms(u) = ||u|| / sqrt(size)``; u if None.
+
+    ``torch.maximum`` keeps a NaN rms (as the reference's ``np.maximum`` and
+    Google's ``jnp.maximum``).
+    """
+    c = graft.clip_rms
+    if c is None:
+        return u
+    rms = norm(u) / math.sqrt(u.numel())
+    out: torch.Tensor = u / torch.maximum(rms / c, torch.ones_like(rms))
+    return out

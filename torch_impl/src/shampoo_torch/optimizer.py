@@ -59,7 +59,7 @@ from shampoo_spec import (
 
 from . import checkpoint, elementwise, grafting, preconditioner, refusal
 from .blocks import assemble, expand_blocks, gather, select_rows
-from .cohorts import Cohort, StepInput, read_gradients, split_cohorts
+from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
 
@@ -77,7 +77,9 @@ class Shampoo(torch.optim.Optimizer):
         lr: learning rate overriding ``config.learning_rate``. Per group the
             rate is the group's ``"lr"``, else this ``lr``, else the group
             config's ``learning_rate``; it is stored in ``group["lr"]`` so LR
-            schedulers work.
+            schedulers work. With ``schedule.precondition_frequency_growth``
+            the root period follows ``group["lr"]`` over the group's rate at
+            its first step (eq. 8b), kept in ``group["first_step_lr"]``.
         distributed: spread the block work over the ranks of a
             ``torch.distributed`` process group (:mod:`shampoo_torch.distributed`):
             every rank keeps the factors of its own blocks only and the
@@ -213,6 +215,9 @@ class Shampoo(torch.optim.Optimizer):
             for gi, (group, gp) in enumerate(zip(self.param_groups, self._plans, strict=True))
         ]
         self._refuse_blocks(inputs)
+        for inp in inputs:  # eq. (8b)'s lr_1, once the step can no longer be refused
+            if inp is not None and inp.gp.config.schedule.precondition_frequency_growth:
+                self.param_groups[inp.gi].setdefault(FIRST_LR, inp.lr)
         cohorts = [c for inp in inputs if inp is not None for c in split_cohorts(inp)]
         for c in cohorts:
             self._elementwise_state(c)  # 2. graft state, filter

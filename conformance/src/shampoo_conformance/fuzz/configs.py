@@ -270,12 +270,14 @@ META_NUMBERS = ("lr", "beta3", "epsilon", "momentum", "dampening", "weight_decay
 #: Google keys read as booleans, as integers, and as plain numbers.
 GOOGLE_BOOLS = ("nesterov", "eigh", "relative_matrix_epsilon", "decoupled_learning_rate",
                 "moving_average_for_momentum", "decoupled_weight_decay",
-                "best_effort_shape_interpretation")
+                "best_effort_shape_interpretation", "decay_preconditioning_compute_steps")
 GOOGLE_INTS = ("block_size", "start_preconditioning_step", "preconditioning_compute_steps",
                "statistics_compute_steps", "skip_preconditioning_rank_lt",
-               "skip_preconditioning_dim_size_gt", "merge_small_dims_block_size")
+               "skip_preconditioning_dim_size_gt", "merge_small_dims_block_size",
+               "end_preconditioning_compute_steps")
 GOOGLE_NUMBERS = ("learning_rate", "beta1", "beta2", "diagonal_epsilon", "matrix_epsilon",
-                  "weight_decay", "exponent_override", "inverse_failure_threshold")
+                  "weight_decay", "exponent_override", "inverse_failure_threshold",
+                  "clip_by_scaled_gradient_norm")
 
 #: Non-bool values that a lax importer reads as True or False.
 NOT_BOOLS: tuple[Any, ...] = ("false", "true", "False", "0", "", 0, 1, 1.0, None, [], "no")

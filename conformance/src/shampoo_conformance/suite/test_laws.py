@@ -112,15 +112,16 @@ def test_gradient_scale_invariance(
 def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: int) -> None:
     """A blocked (8, 4) parameter equals its two (4, 4) blocks run as separate parameters.
 
-    Normalised grafts divide by the whole parameter's gradient norm, so they
-    are replaced by their plain forms here.
+    Normalised grafts divide by the whole parameter's gradient norm, and the
+    graft clip (eq. 14d) by its rms, so they are replaced by their plain,
+    unclipped forms here.
     """
     graft = config.grafting
     plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
     config = replace(
         config,
         blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
-        grafting=replace(graft, type=plain, norm_scope="block"),
+        grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None),
         exponents=ss.ExponentConfig(),
     )
     rng = np.random.default_rng(seed)

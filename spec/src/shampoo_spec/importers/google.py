@@ -19,7 +19,8 @@ and ``precision`` are read by name, ``"Enum.NAME"`` or the IntEnum value
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from .._validate import MAX_INTEGER
@@ -40,7 +41,7 @@ from ..config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from ._parse import UNBOUNDED, Args, _refuse, choice, dim_limit
+from ._parse import UNBOUNDED, Args, _refuse, choice, dim_limit, number
 
 #: The keyword arguments of ``distributed_shampoo`` (``precondtioner_type``: Google's spelling).
 KEYS = {
@@ -93,10 +94,7 @@ KEYS = {
 
 #: Keys whose non-default values we do not implement: key -> (default, what it does).
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "decay_preconditioning_compute_steps": (False, "a decaying root frequency"),
-    "end_preconditioning_compute_steps": (None, "a decaying root frequency"),
     "best_effort_memory_usage_reduction": (False, "quantized int8/int16 states"),
-    "clip_by_scaled_gradient_norm": (None, "clipping of the RMSProp graft"),
     "lobpcg_topk_precondition": (0, "LOBPCG"),
     "lobpcg_max_iter": (0, "LOBPCG"),
     "generate_fd_metrics": (False, "frequent-directions sketching"),
@@ -136,6 +134,23 @@ PRECISION_VALUES = {0: "DEFAULT", 1: "HIGH", 2: "HIGHEST"}
 PRECISIONS = {name: name for name in PRECISION_VALUES.values()}
 
 
+@dataclass(frozen=True)
+class ConstantSchedule:
+    """A learning rate schedule that is ``value`` at every step.
+
+    What :func:`~shampoo_spec.to_google` writes as ``learning_rate`` when the
+    config's root period follows the learning rate (eq. 8b): Google applies
+    ``decay_preconditioning_compute_steps`` only when ``learning_rate`` is
+    callable. With a constant schedule the ratio lr_t / lr_1 is 1, as it is
+    in our backends run at ``config.learning_rate``.
+    """
+
+    value: float
+
+    def __call__(self, count: Any) -> float:
+        return self.value
+
+
 class Preconditioner(NamedTuple):
     """The sections :func:`_preconditioner` returns."""
 
@@ -167,9 +182,17 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     error > 0.05, failure of any root (eigh too, eq. 13) at
     ``inverse_failure_threshold``, graft norm
     over the whole parameter with 1e-25, heavy-ball momentum in two buffers
-    with Nesterov. ``learning_rate`` must be a number (schedules belong to
-    the framework backends). ``decoupled_weight_decay`` follows the current
+    with Nesterov. ``decoupled_weight_decay`` follows the current
     source (total decay lr * wd * x), not precondition-opt 0.3.0 (lr^2).
+
+    ``learning_rate`` is a number, or a callable as Google takes it (an optax
+    schedule, called with the 0-based count): then ``config.learning_rate``
+    is ``learning_rate(0)`` and the schedule itself goes to the backend
+    (``shampoo_jax.shampoo(config, learning_rate=schedule)``, a torch LR
+    scheduler). Only a callable one lets ``decay_preconditioning_compute_steps``
+    with a nonzero ``end_preconditioning_compute_steps`` act (Google's
+    condition): it imports as ``schedule.precondition_frequency_growth``
+    (eq. 8b); with a number it changes nothing and imports as None.
     """
     a = Args("from_google", kwargs, KEYS)
     if x64 is not None and not isinstance(x64, bool):
@@ -178,7 +201,9 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     _require(a, "block_size")
     _unsupported(a)
     _no_numerical_effect(a)
-    lr = a.number("learning_rate", None)
+    lr_value = a.get("learning_rate", None)
+    schedule_fn: Callable[[Any], Any] | None = lr_value if callable(lr_value) else None
+    lr = _learning_rate(schedule_fn) if schedule_fn is not None else a.number("learning_rate", None)
     # Shared: beta2 by the statistics (eq. 6) and the RMSPROP graft (eq. 14b);
     # decoupled_learning_rate by the grafting check and the momentum (eq. 20).
     beta2 = a.number("beta2", 0.999)
@@ -194,7 +219,7 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     with a.section():
         blocking = _blocking(a)
     with a.section():
-        schedule = _schedule(a)
+        schedule = _schedule(a, scheduled_lr=schedule_fn is not None)
     with a.section(since_start=True):  # cross-section rules, and the learning rate
         return ShampooConfig(
             learning_rate=lr,
@@ -213,6 +238,18 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
         )
 
 
+def _learning_rate(schedule_fn: Callable[[Any], Any]) -> float:
+    """``learning_rate(0)`` of a callable learning rate, as a finite float (else ValueError)."""
+    try:
+        value = float(schedule_fn(0))
+    except (TypeError, ValueError, ArithmeticError) as err:
+        raise ValueError(
+            f"learning_rate(0) failed ({err}): allowed a number or a callable of the "
+            "0-based step count returning one (an optax schedule)."
+        ) from None
+    return number("learning_rate(0)", value)
+
+
 def _require(a: Args, key: str) -> None:
     """Refuses kwargs without ``key`` (``learning_rate``, ``block_size``: no default)."""
     if key not in a:
@@ -224,7 +261,6 @@ def _unsupported(a: Args) -> None:
 
     Refuses a non-default value of what we do not implement: pmap/pjit
     sharding, quantized states, graft clipping, LOBPCG, frequent directions,
-    a decaying root frequency.
     """
     for key, (default, what) in UNSUPPORTED.items():
         a.unsupported(key, default, what)
@@ -285,16 +321,28 @@ def _partition_spec(key: str, spec: Any) -> None:
 
 
 def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
-    """Reads ``diagonal_epsilon``, ``graft_type`` (with ``beta2``, ``decoupled_learning_rate``).
+    """Reads ``diagonal_epsilon``, ``graft_type``, ``clip_by_scaled_gradient_norm``
+    (with ``beta2``, ``decoupled_learning_rate``).
 
     Returns ``grafting`` (eqs. 14, 18): norms over the whole parameter with
     1e-25, no bias correction; RMSPROP with beta2 = 1 is AdaGrad; NONE with
-    ``decoupled_learning_rate=False`` is refused.
+    ``decoupled_learning_rate=False`` is refused. The clip (eq. 14d,
+    ``clip_rms``) acts only on the RMSPROP grafts and only when nonzero
+    (Google's ``if clip_by_scaled_gradient_norm``); otherwise it is None.
     """
     diag_eps = a.number("diagonal_epsilon", 1e-10)
     graft_type = choice(
         "graft_type", a.get("graft_type", "SGD"), GRAFTS, enum="GraftingType", values=GRAFT_VALUES
     )
+    clip = a.get("clip_by_scaled_gradient_norm", None)
+    if clip is not None:
+        clip = a.number("clip_by_scaled_gradient_norm", None)
+        if clip < 0:
+            raise ValueError(
+                f"clip_by_scaled_gradient_norm = {clip!r} is invalid: allowed None, 0 (no "
+                "clipping) or a number > 0."
+            )
+    clips = graft_type in ("rmsprop", "rmsprop_normalized") and bool(clip)
     if graft_type in ("rmsprop", "rmsprop_normalized") and beta2 == 1.0:
         graft_type = "adagrad" if graft_type == "rmsprop" else "adagrad_normalized"
     if graft_type == "none" and not decoupled_lr:
@@ -310,6 +358,7 @@ def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
         norm_scope="parameter",
         norm_epsilon=1e-25,
         normalize_epsilon=1e-25,
+        clip_rms=clip if clips else None,
     )
 
 
@@ -432,12 +481,15 @@ def _blocking(a: Args) -> BlockingConfig:
     )
 
 
-def _schedule(a: Args) -> ScheduleConfig:
+def _schedule(a: Args, *, scheduled_lr: bool = False) -> ScheduleConfig:
     """Reads ``start_preconditioning_step``, ``preconditioning_compute_steps``,
-    ``statistics_compute_steps``.
+    ``statistics_compute_steps``, ``decay_preconditioning_compute_steps``,
+    ``end_preconditioning_compute_steps`` (with whether ``learning_rate`` is callable).
 
     Returns ``schedule`` (eq. 8) for Google's 0-based count: anchored at the
-    start, roots from the first step, the Shampoo direction from start + 1.
+    start, roots from the first step, the Shampoo direction from start + 1;
+    the root period follows the learning rate (eq. 8b, growth = end) exactly
+    when Google's ``decay and end and callable(learning_rate)`` holds.
 
     Also reads ``shard_optimizer_states``, ``num_devices_for_pjit``. Google's
     pjit path (``shard_optimizer_states=True``) computes a step's direction
@@ -448,6 +500,10 @@ def _schedule(a: Args) -> ScheduleConfig:
     """
     # Our start step is Google's + 1 (1-based), so Google's may be at most MAX_INTEGER - 1.
     start = a.integer("start_preconditioning_step", 5, low=0, high=MAX_INTEGER - 1)
+    decay = a.flag("decay_preconditioning_compute_steps", False)
+    end = a.get("end_preconditioning_compute_steps", None)
+    if end is not None:
+        end = a.integer("end_preconditioning_compute_steps", None, low=0)
     sharded = a.flag("shard_optimizer_states", False)
     devices = a.get("num_devices_for_pjit", None)
     if devices is not None or sharded:
@@ -457,6 +513,7 @@ def _schedule(a: Args) -> ScheduleConfig:
                           "(Google pads its statistics to a multiple of it)")
         a.integer("num_devices_for_pjit", None, low=1)
     return ScheduleConfig(
+        precondition_frequency_growth=end if decay and end and scheduled_lr else None,
         precondition_frequency=a.integer("preconditioning_compute_steps", 1, low=1),
         statistics_frequency=a.integer("statistics_compute_steps", 1, low=1),
         start_preconditioning_step=start + 1,
