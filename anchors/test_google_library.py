@@ -200,6 +200,16 @@ INVENTORY["eigh_inverse_failure_threshold"] = {
     "graft_type": "ADAGRAD", "eigh": True, "inverse_failure_threshold": 1e-30,
 }
 
+# Eq. (20b): best_effort_memory_usage_reduction without batch_axis_name quantizes the
+# momentum buffers (beta1 0.9, both of them) of the two weights to int8; the biases stay
+# float. Under x64 Google's buffers, and so its scales, are float64 (from_google(x64=True):
+# scale_dtype "float64"); a float32 run would quantize in float32 (test below).
+INVENTORY["int8_momentum"] = {"graft_type": "ADAGRAD", "best_effort_memory_usage_reduction": True}
+INVENTORY["int8_momentum_sgd_moving_average"] = {
+    "best_effort_memory_usage_reduction": True, "beta1": 0.5,
+    "moving_average_for_momentum": True, "nesterov": False,
+}
+
 # Google's default: lambda_max by its power iteration (epsilon.lambda_max =
 # "power_iteration", eq. 9b), which on this model is far from the exact value.
 RELATIVE_EPSILON = pytest.param(

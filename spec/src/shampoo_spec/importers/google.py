@@ -100,7 +100,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "preconditioner_partition_spec": (None, "pjit sharding"),
     "num_devices_for_pjit": (None, "pjit sharding"),
     "shard_optimizer_states": (False, "pjit sharding (roots one step late)"),
-    "best_effort_memory_usage_reduction": (False, "quantized int8/int16 states"),
     "clip_by_scaled_gradient_norm": (None, "clipping of the RMSProp graft"),
     "lobpcg_topk_precondition": (0, "LOBPCG"),
     "lobpcg_max_iter": (0, "LOBPCG"),
@@ -193,7 +192,7 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     with a.section():
         pre = _preconditioner(a, beta2)
     with a.section():
-        momentum = _momentum(a, grafting.type, decoupled_lr)
+        momentum = _momentum(a, grafting.type, decoupled_lr, x64)
     with a.section():
         weight_decay = _weight_decay(a)
     with a.section():
@@ -228,7 +227,7 @@ def _unsupported(a: Args) -> None:
     """Reads every key of :data:`UNSUPPORTED`; returns nothing.
 
     Refuses a non-default value of what we do not implement: pmap/pjit
-    sharding, quantized states, graft clipping, LOBPCG, frequent directions,
+    sharding (so also Google's int16 statistics, which need pmap), graft clipping, LOBPCG, frequent directions,
     a decaying root frequency.
     """
     for key, (default, what) in UNSUPPORTED.items():
@@ -335,21 +334,29 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
     )
 
 
-def _momentum(a: Args, graft_type: str, decoupled_lr: bool) -> MomentumConfig:
-    """Reads ``beta1``, ``moving_average_for_momentum``, ``nesterov``
-    (with ``decoupled_learning_rate``).
+def _momentum(a: Args, graft_type: str, decoupled_lr: bool, x64: bool | None) -> MomentumConfig:
+    """Reads ``beta1``, ``moving_average_for_momentum``, ``nesterov``,
+    ``best_effort_memory_usage_reduction`` (with ``decoupled_learning_rate``, ``x64``).
 
     Returns ``momentum`` (eq. 20): heavy ball (dampening beta1 with the
     moving average), separate Shampoo and graft buffers when there is a graft
     and beta1 > 0, lr after momentum unless ``decoupled_learning_rate=False``.
+    ``best_effort_memory_usage_reduction=True`` without ``batch_axis_name``
+    (which we refuse) quantizes only the momentum buffers of parameters of
+    rank >= 2 to int8 (``storage="int8_columnwise"``, eq. 20b; Google's
+    int16 statistics need ``batch_axis_name``), in the dtype Google computes
+    in: float32, float64 under ``x64`` (and when not said, as ``factor_dtype``).
     """
     beta1 = a.number("beta1", 0.9)
+    quantized = a.flag("best_effort_memory_usage_reduction", False)
     return MomentumConfig(
         momentum=beta1,
         dampening=beta1 if a.flag("moving_average_for_momentum", False) else 0.0,
         nesterov=a.flag("nesterov", True),
         buffers="separate" if graft_type != "none" and beta1 > 0 else "shared",
         learning_rate_placement="after_momentum" if decoupled_lr else "before_momentum",
+        storage="int8_columnwise" if quantized else "float",
+        scale_dtype="float32" if x64 is False or not quantized else "float64",
     )
 
 
