@@ -227,8 +227,8 @@ def _unsupported(a: Args) -> None:
     """Reads every key of :data:`UNSUPPORTED`; returns nothing.
 
     Refuses a non-default value of what we do not implement: pmap/pjit
-    sharding (so also Google's int16 statistics, which need pmap), graft clipping, LOBPCG, frequent directions,
-    a decaying root frequency.
+    sharding (so also Google's int16 statistics, which need pmap), graft
+    clipping, LOBPCG, frequent directions, a decaying root frequency.
     """
     for key, (default, what) in UNSUPPORTED.items():
         a.unsupported(key, default, what)
