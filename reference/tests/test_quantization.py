@@ -94,3 +94,13 @@ def test_step_order_closed_form(nesterov: bool, scale_dtype: str) -> None:
         np.testing.assert_array_equal(out["b"], ref["b"])
         np.testing.assert_array_equal(out["c"], ref["c"])
     assert set(opt.state["b"].stored) == set() and set(opt.state["c"].stored) == set()
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (3, 0, 2)])
+def test_empty_parameters(shape: tuple[int, ...]) -> None:
+    """An empty dim 0 has column maxima 0 (scales 0); empty columns have no scale at all."""
+    q, s = quantize_columnwise(np.zeros(shape), "float32")
+    assert q.shape == shape and s.shape == shape[1:] and not s.any()
+    opt = ReferenceShampoo(_config("int8_columnwise"), {"w": np.zeros(shape)})
+    opt.step({"w": np.zeros(shape)})
+    assert opt.state["w"].stored["momentum"][0].shape == shape

@@ -26,7 +26,8 @@ def quantize(m: Array, dtype: Any) -> tuple[Array, Array]:
     zero = jnp.zeros((), d)
     x = m.astype(d)
     x = jnp.where(jnp.abs(x) >= tiny, x, zero)
-    s = jnp.max(jnp.abs(x), axis=0) * jnp.asarray(d.type(1) / d.type(127), d)
+    a = jnp.max(jnp.abs(x), axis=0, initial=zero)  # 0 over an empty dim 0
+    s = a * jnp.asarray(d.type(1) / d.type(127), d)
     s = jnp.where(s >= tiny, s, zero)
     positive = s > 0
     inv = jnp.asarray(1, d) / jnp.where(positive, s, jnp.ones((), d))

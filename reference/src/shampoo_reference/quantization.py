@@ -55,7 +55,7 @@ def quantize_columnwise(
     dt = np.dtype(scale_dtype)
     x = np.asarray(m).astype(dt)
     x = np.where(np.abs(x) >= np.finfo(dt).tiny, x, dt.type(0))  # subnormals read as 0
-    a = np.max(np.abs(x), axis=0)
+    a = np.max(np.abs(x), axis=0, initial=dt.type(0))  # 0 over an empty dim 0
     s = a * (dt.type(1) / dt.type(INT8_LEVELS))
     s = np.where(s >= np.finfo(dt).tiny, s, dt.type(0))  # flushed, as XLA on CPU
     safe = np.where(s > 0, s, dt.type(1))

@@ -67,7 +67,11 @@ def quantize(m: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     x = m.to(dtype)
     x = torch.where(x.abs() >= tiny, x, torch.zeros((), dtype=dtype, device=x.device))
     recip127 = torch.ones((), dtype=dtype) / torch.full((), 127.0, dtype=dtype)
-    s = x.abs().amax(dim=0) * recip127.to(x.device)
+    if x.shape[0] == 0:  # max over an empty dim 0 is 0 (amax refuses it)
+        a = torch.zeros(x.shape[1:], dtype=dtype, device=x.device)
+    else:
+        a = x.abs().amax(dim=0)
+    s = a * recip127.to(x.device)
     s = torch.where(s >= tiny, s, torch.zeros((), dtype=dtype, device=x.device))
     positive = s > 0
     inv = 1.0 / torch.where(positive, s, torch.ones((), dtype=dtype, device=x.device))
