@@ -210,6 +210,16 @@ INVENTORY["eigh_inverse_failure_threshold"] = {
     "graft_type": "ADAGRAD", "eigh": True, "inverse_failure_threshold": 1e-30,
 }
 
+# Eq. (20b): best_effort_memory_usage_reduction without batch_axis_name quantizes the
+# momentum buffers (beta1 0.9, both of them) of the two weights to int8; the biases stay
+# float. Under x64 Google's buffers, and so its scales, are float64 (from_google(x64=True):
+# scale_dtype "float64"); a float32 run would quantize in float32 (test below).
+INVENTORY["int8_momentum"] = {"graft_type": "ADAGRAD", "best_effort_memory_usage_reduction": True}
+INVENTORY["int8_momentum_sgd_moving_average"] = {
+    "best_effort_memory_usage_reduction": True, "beta1": 0.5,
+    "moving_average_for_momentum": True, "nesterov": False,
+}
+
 # Google's default: lambda_max by its power iteration (epsilon.lambda_max =
 # "power_iteration", eq. 9b), which on this model is far from the exact value.
 RELATIVE_EPSILON = pytest.param(
@@ -548,3 +558,58 @@ def test_google_library_matches_new_options_and_needs_them(name: str) -> None:
     print(f"{name}: worst relative deviation {worst:.2e}; without {removed}: {control:.2e}")
     assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
     assert control > CONTROL_GAP, f"{name}: the control deviates by only {control:.2e}"
+
+
+# ------------------------------------------------- eq. (20b): Google's int8 momentum
+def _quantization_inputs(dtype: type, seed: int) -> list[np.ndarray]:
+    """Random buffers, and columns made to hit eq. (20b)'s edges.
+
+    Ties: a column c * (127, 0.5, 1.5, 2.5, ...) with c a power of 2 has the
+    scale c exactly and every ratio a half-integer. Also a zero column, a
+    column whose scale is below the smallest normal number (flushed to 0), a
+    negative maximum, and a 3-d buffer (one scale per (dim 1, dim 2) pair).
+    """
+    rng = np.random.default_rng(seed)
+    tiny = float(np.finfo(dtype).tiny)
+    ties = np.concatenate([[127.0], np.arange(40) + 0.5, -(np.arange(40) + 0.5)])
+    edges = np.stack([
+        ties * 2.0**-7,
+        np.zeros_like(ties),
+        np.where(np.arange(len(ties)) == 3, 50 * tiny, tiny / 3),  # s below tiny: q = 0
+        -np.abs(rng.standard_normal(len(ties))) * 1e3,
+        rng.standard_normal(len(ties)) * 1e-30,
+        np.where(np.arange(len(ties)) == 0, 127 * tiny * 1.0001, tiny * 0.7),  # s just normal
+    ], axis=1)
+    return [
+        rng.standard_normal((64, 16)).astype(dtype),
+        (rng.standard_normal((9, 7)) * np.exp(rng.uniform(-20, 20, (1, 7)))).astype(dtype),
+        rng.standard_normal((5, 4, 3)).astype(dtype),
+        edges.astype(dtype),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_quantized_integers_equal_googles(dtype: type) -> None:
+    """Eq. (20b): the reference stores Google's ``QuantizedValue`` integers and scales, bit for bit.
+
+    Google quantizes in its buffer's dtype (float32; float64 under 64-bit
+    JAX); the reference computes each step of the map in that dtype
+    (``scale_dtype``), from the same values. Both the integers and the
+    scales must be identical, and so the values read back (``to_float``).
+    """
+    from precondition.quantization_utils import QuantizedValue
+
+    from shampoo_reference.quantization import dequantize_columnwise, quantize_columnwise
+
+    name = np.dtype(dtype).name
+    for seed in range(5):
+        for x in _quantization_inputs(dtype, seed):
+            theirs = QuantizedValue.from_float_value(jnp.asarray(x), jnp.int8)
+            q, s = quantize_columnwise(x.astype(np.float64), name)
+            assert np.asarray(theirs.quantized).dtype == np.int8
+            np.testing.assert_array_equal(np.asarray(theirs.quantized), q)
+            assert np.asarray(theirs.bucket_size).dtype == s.dtype
+            np.testing.assert_array_equal(np.asarray(theirs.bucket_size), s)
+            np.testing.assert_array_equal(
+                np.asarray(theirs.to_float()).astype(np.float64), dequantize_columnwise(q, s)
+            )

@@ -85,6 +85,9 @@ CONFIGS = {
     ),
     # Roots stored in bfloat16 (eq. 11a), products in bfloat16 (eq. 16).
     "bf16_roots": dataclasses.replace(BASE, inverse_root_dtype="bfloat16"),
+    # Momentum stored as int8 with float32 scales (eq. 20b).
+    "int8_momentum": dataclasses.replace(BASE, momentum=ss.MomentumConfig(
+        momentum=0.9, storage="int8_columnwise")),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.
@@ -177,7 +180,7 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.count) == STEPS
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
-    if name in ("eigh", "bf16_roots"):
+    if name in ("eigh", "bf16_roots", "int8_momentum"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)
@@ -244,9 +247,11 @@ def test_padded_blocks_are_not_failures_nor_skipped() -> None:
         shampoo_jax.check_state(s, limited)
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 3), (4, 1), (None, 4)])
-def test_checkpoint_restores_onto_another_device_count(before, after, data) -> None:  # noqa: ANN001
-    config = BASE
+@pytest.mark.parametrize(("before", "after", "name"),
+                         [(2, 3, "eigh"), (4, 1, "eigh"), (None, 4, "eigh"),
+                          (3, 2, "int8_momentum")])
+def test_checkpoint_restores_onto_another_device_count(before, after, name, data) -> None:  # noqa: ANN001
+    config = CONFIGS[name]
     params, grads = data
     want, s_full = trajectory(config, params, grads, None)
     cut = 4

@@ -122,6 +122,44 @@ def test_checkpoint_keeps_the_inverse_root_dtype(tmp_path, dtype: str) -> None: 
             shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
 
 
+def test_checkpoint_keeps_int8_momentum(tmp_path) -> None:  # noqa: ANN001
+    """Eq. (20b): int8 buffers and their scales are saved as they are, load bit for bit
+    through numpy.savez and resume exactly; a float buffer in their place, or a state
+    saved under float storage, is refused naming what differs."""
+    config = dataclasses.replace(CONFIG, momentum=ss.MomentumConfig(
+        momentum=0.9, storage="int8_columnwise"))
+    opt, step = _make_step(config)
+    params, grads = stream(SHAPES, steps=8)
+    p = _jnp(params)
+    s = opt.init(p)
+    for g in grads[:4]:
+        p, s = step(p, s, _jnp(g))
+    assert np.asarray(s.momentum["w"]).dtype == np.int8
+    assert np.asarray(s.momentum["b"]).dtype == np.float32  # a vector: kept in float
+    assert s.momentum_scale[0] is None and s.momentum_scale[1].shape == (5,)
+    assert np.abs(np.asarray(s.momentum["w"])).max() == 127
+    path = tmp_path / "state.npz"
+    arrays = shampoo_jax.state_to_arrays(s)
+    np.savez(path, *arrays)
+    loaded = np.load(path, allow_pickle=False)
+    s2 = shampoo_jax.state_from_arrays([loaded[f"arr_{i}"] for i in range(len(arrays))],
+                                       like=opt.init(p))
+    for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    p2 = p
+    for g in grads[4:]:
+        p, s = step(p, s, _jnp(g))
+        p2, s2 = step(p2, s2, _jnp(g))
+    for k in p:
+        assert np.array_equal(np.asarray(p[k]), np.asarray(p2[k])), k
+    wrong = [a.astype(np.float32) if a.dtype == np.int8 else a for a in arrays]
+    with pytest.raises(ValueError, match=r"momentum.*int8"):
+        shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
+    float_opt = shampoo_jax.shampoo(CONFIG)
+    with pytest.raises(ValueError, match="momentum.storage"):
+        shampoo_jax.state_from_arrays(arrays, like=float_opt.init(p))
+
+
 class _GroupBeforeRename(NamedTuple):
     """``BlockGroupState`` as it was before ``roots`` became ``inverse_roots``."""
 

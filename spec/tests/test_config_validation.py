@@ -123,6 +123,23 @@ def test_cross_field_rules(make: typing.Callable[[], object], field: str) -> Non
         make()
 
 
+def test_momentum_storage_errors_name_field_value_and_allowed() -> None:
+    """Eq. (20b): storage is 'float' or 'int8_columnwise'; scales only with int8 storage."""
+    with pytest.raises(ValueError) as err:
+        ss.MomentumConfig(storage="int4")  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "momentum.storage = 'int4' is invalid: allowed one of 'float', 'int8_columnwise'."
+    )
+    with pytest.raises(ValueError, match=r"momentum.scale_dtype = 'float64' is invalid: "
+                       r"allowed 'float32' \(the default\) with storage='float'"):
+        ss.MomentumConfig(scale_dtype="float64")
+    m = ss.MomentumConfig(momentum=0.9, storage="int8_columnwise", scale_dtype="float64")
+    assert m.quantizes(2) and m.quantizes(4)
+    assert not m.quantizes(1) and not m.quantizes(0)
+    assert not ss.MomentumConfig(storage="int8_columnwise").quantizes(2)  # no buffer
+    assert not ss.MomentumConfig(momentum=0.9).quantizes(2)
+
+
 def test_inverse_root_dtype_error_names_field_value_and_allowed() -> None:
     with pytest.raises(ValueError) as err:
         ss.ShampooConfig(inverse_root_dtype="float8")  # type: ignore[arg-type]

@@ -418,16 +418,23 @@ def test_google_preconditioner() -> None:
 
 
 def test_google_momentum() -> None:
-    assert google._momentum(g(), "sgd", True) == ss.MomentumConfig(
+    assert google._momentum(g(), "sgd", True, None) == ss.MomentumConfig(
         momentum=0.9, dampening=0.0, nesterov=True, buffers="separate",
         learning_rate_placement="after_momentum",
     )
-    assert google._momentum(g(), "none", True).buffers == "shared"  # no graft, one buffer
-    assert google._momentum(g(beta1=0.0), "sgd", True).buffers == "shared"
-    c = google._momentum(g(moving_average_for_momentum=True, nesterov=False), "sgd", False)
+    assert google._momentum(g(), "none", True, None).buffers == "shared"  # no graft, one buffer
+    assert google._momentum(g(beta1=0.0), "sgd", True, None).buffers == "shared"
+    c = google._momentum(g(moving_average_for_momentum=True, nesterov=False), "sgd", False, None)
     assert (c.dampening, c.nesterov, c.learning_rate_placement) == (0.9, False, "before_momentum")
+    # Eq. (20b): int8 momentum, scales in the dtype Google computes in.
+    q = google._momentum(g(best_effort_memory_usage_reduction=True), "sgd", True, False)
+    assert (q.storage, q.scale_dtype) == ("int8_columnwise", "float32")
+    q = google._momentum(g(best_effort_memory_usage_reduction=True), "sgd", True, None)
+    assert (q.storage, q.scale_dtype) == ("int8_columnwise", "float64")
+    with pytest.raises(ValueError, match="best_effort_memory_usage_reduction = 1"):
+        google._momentum(g(best_effort_memory_usage_reduction=1), "sgd", True, None)
     with pytest.raises(ValueError, match="momentum.momentum = 1.5"):
-        google._momentum(g(beta1=1.5), "sgd", True)
+        google._momentum(g(beta1=1.5), "sgd", True, None)
 
 
 def test_google_weight_decay() -> None:

@@ -168,6 +168,10 @@ def test_config_differences() -> None:
     assert "eigenvalue_correction.beta2: '<absent>' -> 0.9" in diff
     newton = dataclasses.replace(a, root_inverse=ss.CoupledNewtonConfig())
     assert "root_inverse.method: 'eigh' -> 'coupled_newton'" in ss.config_differences(a, newton)
+    stored = dataclasses.replace(a, momentum=ss.MomentumConfig(momentum=0.5,
+                                                              storage="int8_columnwise"))
+    assert ss.config_differences(a, stored) == [
+        "momentum.momentum: 0.0 -> 0.5", "momentum.storage: 'float' -> 'int8_columnwise'"]
     rounded = dataclasses.replace(a, inverse_root_dtype="bfloat16")
     assert ss.config_differences(a, rounded) == ["inverse_root_dtype: None -> 'bfloat16'"]
 

@@ -43,8 +43,12 @@ configs = st.builds(
         ss.GraftingConfig(type="adagrad", norm_scope="parameter"),
         ss.GraftingConfig(type="adam", beta2=0.999, bias_correction=True),
     ]),
-    momentum=st.builds(ss.MomentumConfig, momentum=st.sampled_from([0.0, 0.9]),
-                       nesterov=st.booleans()),
+    momentum=st.one_of(
+        st.builds(ss.MomentumConfig, momentum=st.sampled_from([0.0, 0.9]),
+                  nesterov=st.booleans()),
+        st.builds(ss.MomentumConfig, momentum=st.just(0.9), storage=st.just("int8_columnwise"),
+                  scale_dtype=st.sampled_from(["float32", "float64"])),
+    ),
     schedule=st.builds(ss.ScheduleConfig, precondition_frequency=st.integers(1, 100),
                        start_preconditioning_step=st.one_of(st.none(), st.integers(1, 100))),
     factor_dtype=st.sampled_from(["float32", "float64"]),
@@ -72,6 +76,19 @@ def test_inverse_root_dtype_round_trip(dtype: str | None) -> None:
     assert ss.ShampooConfig.from_dict(data) == c
     assert c.root_dtype == (dtype or "float64")
     assert c.rounds_inverse_roots is (dtype is not None)
+
+
+@pytest.mark.parametrize("scale_dtype", ["float32", "float64"])
+def test_momentum_storage_round_trip(scale_dtype: str) -> None:
+    """Eq. (20b): int8 storage and its scale dtype survive JSON; an older dict reads 'float'."""
+    c = ss.ShampooConfig(momentum=ss.MomentumConfig(
+        momentum=0.9, storage="int8_columnwise", scale_dtype=scale_dtype))  # type: ignore[arg-type]
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["momentum"]["storage"] == "int8_columnwise"
+    assert data["momentum"]["scale_dtype"] == scale_dtype
+    assert ss.ShampooConfig.from_dict(data) == c
+    del data["momentum"]["storage"], data["momentum"]["scale_dtype"]
+    assert ss.ShampooConfig.from_dict(data).momentum.storage == "float"
 
 
 def test_dict_without_inverse_root_dtype_reads_none() -> None:

@@ -89,6 +89,12 @@ CASES: dict[str, tuple[Groups, torch.dtype, dict[str, Any]]] = {
         torch.float32, {"communication_dtype": "float64"},
     ),
     "two_groups_float32_and_float64_factors": (_two_groups, torch.float32, {}),
+    # Eq. (20b): int8 momentum buffers (separate) with float32 scales, on every rank alike.
+    "int8_momentum": (
+        _one_group(dataclasses.replace(RICH, momentum=dataclasses.replace(
+            RICH.momentum, storage="int8_columnwise"))),
+        torch.float32, {},
+    ),
     "large_blocks_adagrad_sum": (
         _one_group(dataclasses.replace(
             RICH, statistics=StatisticsConfig(),

@@ -61,6 +61,13 @@ RESUME_CASES = {
         dataclasses.replace(RICH, factor_dtype="float64", inverse_root_dtype="bfloat16"),
         torch.float64,
     ),
+    # Eq. (20b): int8 momentum (separate buffers) with float32 scales, blocks skipped too.
+    "int8_momentum_skip_block": (
+        dataclasses.replace(RICH, momentum=dataclasses.replace(
+            RICH.momentum, storage="int8_columnwise"),
+            failure=FailureConfig(nonfinite_gradient="skip_block")),
+        torch.float32,
+    ),
 }
 
 
@@ -254,6 +261,51 @@ def test_load_refuses_inverse_roots_in_another_dtype_and_changes_nothing() -> No
                     dataclasses.replace(config, inverse_root_dtype="float32"))
     with pytest.raises(ValueError, match="inverse_root_dtype: 'bfloat16' -> 'float32'"):
         other.load_state_dict(roundtrip(opt.state_dict()))
+
+
+INT8 = dataclasses.replace(RICH, factor_dtype="float64", momentum=dataclasses.replace(
+    RICH.momentum, storage="int8_columnwise", scale_dtype="float64"))
+
+
+def test_checkpoints_keep_int8_momentum_and_refuse_other_dtypes() -> None:
+    """Eq. (20b): int8 buffers (the parameter's own shape) and their scales are saved as
+    they are (both formats) and load back bit for bit; a float buffer in their place, a
+    scale in another dtype, or a state saved under float storage is refused, changing nothing."""
+    params = make_params(torch.float64)
+    opt = Shampoo(params, INT8)
+    run_steps(opt, params, make_grads(4))
+    for saved in (roundtrip(opt.state_dict()), roundtrip(opt.distributed_state_dict())):
+        entries = list(saved["state"].values())
+        for entry, shape in zip(entries, SHAPES, strict=True):
+            for key in ("momentum", "graft_momentum"):
+                if len(shape) >= 2:
+                    assert entry[key].dtype == torch.int8 and tuple(entry[key].shape) == shape
+                    assert entry[key + "_scale"].dtype == torch.float64
+                    assert tuple(entry[key + "_scale"].shape) == shape[1:]
+                    assert int(entry[key].abs().max()) == 127
+                else:
+                    assert entry[key].dtype == torch.float64 and key + "_scale" not in entry
+    fresh = Shampoo(make_params(torch.float64), INT8)
+    fresh.load_state_dict(roundtrip(opt.state_dict()))
+    assert_trees_equal(fresh.state_dict(), opt.state_dict())
+    before = roundtrip(fresh.state_dict())
+    bad = roundtrip(opt.state_dict())
+    bad["state"][0]["momentum"] = bad["state"][0]["momentum"].double()
+    with pytest.raises(ValueError, match=r"momentum.*dtype torch\.float64 does not match "
+                                         r"torch\.int8"):
+        fresh.load_state_dict(bad)
+    bad = roundtrip(opt.state_dict())
+    bad["state"][0]["momentum_scale"] = bad["state"][0]["momentum_scale"].float()
+    with pytest.raises(ValueError, match=r"momentum_scale.*dtype torch\.float32 does not match"):
+        fresh.load_state_dict(bad)
+    bad = roundtrip(opt.state_dict())
+    bad["state"][0]["momentum"][0, 0] = -128
+    with pytest.raises(ValueError, match="-128"):
+        fresh.load_state_dict(bad)
+    assert_trees_equal(fresh.state_dict(), before)
+    plain = Shampoo(make_params(torch.float64), dataclasses.replace(INT8, momentum=RICH.momentum))
+    with pytest.raises(ValueError, match="momentum.storage: 'int8_columnwise' -> 'float'"):
+        plain.load_state_dict(roundtrip(opt.state_dict()))
 
 
 def test_load_rejects_other_shapes_and_changes_nothing() -> None:

@@ -276,6 +276,88 @@ def test_float32_within_derived_bound(name: str) -> None:
     assert max_relative_error(params, ours, ref) <= rtol
 
 
+# ------------------------------------------------- momentum.storage, eq. (20b)
+def _int8(config: ShampooConfig, scale_dtype: str = "float64") -> ShampooConfig:
+    return dataclasses.replace(config, momentum=dataclasses.replace(
+        config.momentum, storage="int8_columnwise", scale_dtype=scale_dtype))
+
+
+INT8_CASES = {
+    "nesterov_dampening": _int8(CASES["momentum_nesterov_dampening"]),
+    "separate_before": _int8(CASES["momentum_separate_before"]),
+    "google_defaults_float32_scales": _int8(CASES["google_defaults"], "float32"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT8_CASES))
+def test_int8_momentum_float64_equals_reference(name: str) -> None:
+    """Eq. (20b) in float64: the float64 bound (an integer could differ only where M/s is
+    within kappa u64 of a half-integer; none is on these streams)."""
+    config = INT8_CASES[name]
+    params, grads = stream(seed=5)
+    ref = reference_run(config, params, grads)
+    ours = torch_run(config, params, grads, dtype=np.float64)
+    assert max_relative_error(params, ours, ref) <= 1e-9
+
+
+def test_int8_momentum_skip_block_equals_reference() -> None:
+    """Eq. (20b) with eq. (3)'s skipped blocks: their entries keep the read-back old value,
+    requantized with the column's new scale, as the reference does."""
+    config = _int8(cfg(
+        failure=FailureConfig(nonfinite_gradient="skip_block"), momentum=MOM,
+        blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+        grafting=ADAGRAD, factor_dtype="float64"))
+    params, grads = stream(seed=99)
+    grads[3]["w"][0, 0] = np.nan
+    grads[4]["t"][1, 2, 3] = np.inf
+    ref = reference_run(config, params, grads)
+    ours = torch_run(config, params, grads, dtype=np.float64)
+    assert max_relative_error(params, ours, ref) <= 1e-9
+
+
+@pytest.mark.parametrize("scale_dtype", ["float32", "float64"])
+def test_int8_momentum_state_is_the_references(scale_dtype: str) -> None:
+    """The stored integers after 5 steps equal the reference's; the scales agree to the
+    rounding of M: an ulp of float32, or in float64 the section 5 bound 1e-9 (measured
+    1e-12 on the (1, 5, 1) parameter, whose early factors have kappa near 1e6)."""
+    config = dataclasses.replace(_int8(CASES["momentum_separate_before"], scale_dtype),
+                                 factor_dtype="float64")
+    params, grads = stream(seed=3, steps=5)
+    ref = ReferenceShampoo(config, params)
+    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    opt = Shampoo(list(tensors.values()), config)
+    for g in grads:
+        ref.step(g)
+        for k, p in tensors.items():
+            p.grad = torch.tensor(g[k])
+        opt.step()
+    for k, p in tensors.items():
+        st = opt.state[p]
+        for key in ("momentum", "graft_momentum"):
+            if len(SHAPES[k]) >= 2:
+                q, s = ref.state[k].stored[key]
+                assert st[key].dtype == torch.int8
+                np.testing.assert_array_equal(st[key].numpy(), q)
+                got = st[key + "_scale"].numpy()
+                assert got.dtype == np.dtype(scale_dtype)
+                rtol = max(2 * float(np.finfo(scale_dtype).eps), 1e-9)
+                np.testing.assert_allclose(got, s, rtol=rtol, atol=0)
+            else:
+                assert st[key].dtype == torch.float64 and key + "_scale" not in st
+
+
+def test_int8_momentum_float32_within_derived_bound() -> None:
+    """float32 torch, float32 scales: the float32 bound of section 5 (a flipped integer
+    moves one entry by 1/127 of its column's maximum, times mu: inside it here)."""
+    config = dataclasses.replace(INT8_CASES["google_defaults_float32_scales"],
+                                 epsilon=EpsilonConfig(value=1e-3))
+    params, grads = stream(seed=7)
+    rtol = _float32_rtol(config, params, grads)
+    ref = reference_run(config, params, grads)
+    ours = torch_run(config, params, grads, dtype=np.float32)
+    assert max_relative_error(params, ours, ref) <= rtol
+
+
 # ------------------------------------------------- inverse_root_dtype, eqs. (11a), (16)
 ROOT_CASES = ["plain", "blocked", "graft_adagrad_block", "newton", "exponent_by_order",
               "momentum_nesterov_dampening"]

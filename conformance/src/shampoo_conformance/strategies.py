@@ -146,12 +146,16 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         bias_correction=draw(st.booleans()),
     )
     mu = draw(st.sampled_from([0.0, 0.5, 0.9]))
+    # Eq. (20b): int8 momentum storage in a quarter of the draws, either scale dtype.
+    int8 = draw(st.sampled_from([False, False, False, True]))
     momentum = ss.MomentumConfig(
         momentum=mu,
         dampening=draw(st.sampled_from([0.0, 0.1])),
         nesterov=draw(st.booleans()),
         buffers="separate" if (gtype != "none" and draw(st.booleans())) else "shared",
         learning_rate_placement=draw(st.sampled_from(["after_momentum", "before_momentum"])),
+        storage="int8_columnwise" if int8 else "float",
+        scale_dtype=draw(st.sampled_from(["float32", "float64"])) if int8 else "float32",
     )
     weight_decay = ss.WeightDecayConfig(
         value=draw(st.sampled_from([0.0, 0.01])),

@@ -25,7 +25,8 @@ reference emulates those roundings, so a backend differs from it only where
 its unrounded root or product lies across a rounding boundary of s from the
 reference's, one ulp of s in that entry; that enters the direction as a
 root error does, so u is then the larger of the backend dtype's and s's
-(:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5).
+(:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5). Likewise int8 momentum
+(eq. 20b) for backends below float64 (:data:`INT8_UNIT_ROUNDOFF`).
 """
 
 from __future__ import annotations
@@ -69,11 +70,24 @@ def fraction_not_bitwise(ours: NDArray[np.float64], ref: NDArray[np.float64],
     return float(np.mean(ours != ref))
 
 
+#: u of eq. (20b)'s int8 momentum: a flipped integer moves an entry by s = max|M_col| / 127,
+#: a relative change of up to 2 / 254 ~ 2 * 2^-8, as a rounding at u = 2^-8 does.
+INT8_UNIT_ROUNDOFF = 2.0**-8
+
+
 def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
-    """u of the bound: the backend dtype's, or the roots' storage dtype's when coarser."""
+    """u of the bound: the backend dtype's, or the roots' storage dtype's when coarser.
+
+    With int8 momentum (eq. 20b) and a backend below float64, also 2^-8: such a
+    backend's M differs from the reference's by its own rounding, so an integer
+    flips with probability about 127 kappa u per entry and step (a float64
+    backend's flips, at u = 2^-53, are too rare to count: it keeps its own u).
+    """
     u = unit_roundoff(dtype)
     if config.inverse_root_dtype is not None:
         u = max(u, STORAGE_UNIT_ROUNDOFF[config.inverse_root_dtype])
+    if config.momentum.storage != "float" and u > 2.0**-53:
+        u = max(u, INT8_UNIT_ROUNDOFF)
     return u
 
 

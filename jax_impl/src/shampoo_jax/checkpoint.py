@@ -54,6 +54,12 @@ refused. A bfloat16 array comes back from ``numpy.load`` as raw 2-byte
 voids (NumPy has no bfloat16): where the state needs bfloat16, such an
 array is read as bfloat16, bytes unchanged.
 
+With ``momentum.storage="int8_columnwise"`` (eq. 20b) the momentum leaves
+of parameters of rank >= 2 are int8 arrays and their scales follow the other
+fields (``ShampooState.momentum_scale``, ``graft_momentum_scale``, in
+``momentum.scale_dtype``): saved as they are, loaded only in exactly those
+dtypes (the config check, first, names a differing ``momentum.storage``).
+
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built
 (a finite state stays finite, so such a file is damaged).

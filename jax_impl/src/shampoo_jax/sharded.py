@@ -242,6 +242,8 @@ def shard_state(
                                else place(state.skipped_per_parameter, rep)),
         withheld_updates=(None if state.withheld_updates is None
                           else place(state.withheld_updates, rep)),
+        momentum_scale=jax.tree.map(lambda x: place(x, rep), state.momentum_scale),
+        graft_momentum_scale=jax.tree.map(lambda x: place(x, rep), state.graft_momentum_scale),
         info=None if state.info is None else dataclasses.replace(state.info, slots=slots),
     )
 

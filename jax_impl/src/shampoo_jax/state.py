@@ -86,7 +86,11 @@ class ShampooState(NamedTuple):
     per parameter, ``withheld_updates`` the steps in which the update guard
     (eq. 22) kept some entries of an admitted block unchanged because their
     new value or momentum overflowed. ``info`` is static (no arrays,
-    :class:`ParameterInfo`).
+    :class:`ParameterInfo`). With ``momentum.storage = "int8_columnwise"``
+    (eq. 20b) the momentum leaves of parameters of rank >= 2 are int8, and
+    ``momentum_scale`` / ``graft_momentum_scale`` hold their scales, a tuple
+    with one entry per parameter leaf (flattening order; None for a buffer
+    kept in float); both are None without int8 storage.
     """
 
     # The field shadows tuple.count; the name is optax's convention (and public).
@@ -101,6 +105,8 @@ class ShampooState(NamedTuple):
     skipped_per_parameter: Any = None
     info: ParameterInfo | None = None
     withheld_updates: Any = None
+    momentum_scale: Any = None
+    graft_momentum_scale: Any = None
 
 
 def _x64_enabled() -> bool:
@@ -122,6 +128,19 @@ def factor_dtype(config: ShampooConfig) -> Any:
 
 #: ``inverse_root_dtype`` -> JAX dtype (float64 also needs x64, :func:`root_dtype`).
 _ROOT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def scale_dtype(config: ShampooConfig) -> Any:
+    """The dtype of eq. (20b)'s quantization: ``momentum.scale_dtype`` (float64 needs x64)."""
+    if config.momentum.scale_dtype == "float64":
+        if not _x64_enabled():
+            raise ValueError(
+                "momentum.scale_dtype = 'float64' needs 64-bit JAX: call "
+                "jax.config.update('jax_enable_x64', True) or use the "
+                "`with jax.enable_x64(True):` context; allowed otherwise: 'float32'."
+            )
+        return jnp.float64
+    return jnp.float32
 
 
 def root_dtype(config: ShampooConfig) -> Any:
@@ -178,6 +197,19 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
     )
 
 
+def init_scales(
+    shapes: tuple[tuple[int, ...], ...], config: ShampooConfig
+) -> tuple[Array | None, ...] | None:
+    """Eq. (20b): the scales of zero buffers (0), one entry per leaf (None: kept in float);
+    None for the whole state when no leaf is quantized."""
+    flags = [config.momentum.quantizes(len(shape)) for shape in shapes]
+    if not any(flags):
+        return None
+    d = scale_dtype(config)
+    return tuple(jnp.zeros(shape[1:], d) if f else None
+                 for shape, f in zip(shapes, flags, strict=True))
+
+
 def init_state(params: Any, config: ShampooConfig) -> ShampooState:
     """The single-device state for ``params`` (``sharded.shard_state`` places it on a mesh)."""
     fdt = factor_dtype(config)
@@ -189,13 +221,18 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
     def zeros() -> Any:
         return jax.tree.map(lambda p: jnp.zeros(p.shape, elementwise_dtype(p.dtype)), params)
 
+    def buffers() -> Any:  # eq. (20b): int8 where quantized
+        return jax.tree.map(
+            lambda p: jnp.zeros(p.shape, jnp.int8) if mom.quantizes(p.ndim)
+            else jnp.zeros(p.shape, elementwise_dtype(p.dtype)), params)
+
     return ShampooState(
         count=jnp.zeros((), jnp.int32),
         groups=tuple(init_group(g, config, fdt) for g in layout.groups),
         graft=zeros() if config.grafting.has_state else None,
         filtered=zeros() if config.gradient_filter.enabled else None,
-        momentum=zeros() if mom.enabled else None,
-        graft_momentum=zeros() if mom.separate_buffers else None,
+        momentum=buffers() if mom.enabled else None,
+        graft_momentum=buffers() if mom.separate_buffers else None,
         root_failures=jnp.zeros((), jnp.int32),
         skipped_blocks=jnp.zeros((), jnp.int32),
         skipped_per_parameter=jnp.zeros((len(shapes),), jnp.int32),
@@ -203,6 +240,8 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
             tuple(jax.tree_util.keystr(k) for k, _ in keyed), shapes, config=config_json(config)
         ),
         withheld_updates=jnp.zeros((), jnp.int32),
+        momentum_scale=init_scales(shapes, config) if mom.enabled else None,
+        graft_momentum_scale=init_scales(shapes, config) if mom.separate_buffers else None,
     )
 
 
@@ -214,7 +253,9 @@ __all__ = [
     "elementwise_dtype",
     "factor_dtype",
     "init_group",
+    "init_scales",
     "init_state",
     "leaf_shapes",
     "root_dtype",
+    "scale_dtype",
 ]

@@ -48,7 +48,7 @@ from shampoo_spec import (
 )
 
 from . import blocks as B
-from . import grafting, schedule
+from . import grafting, quantization, schedule
 from .checks import check_learning_rate, check_shapes, check_state
 from .preconditioner import BlockInputs, assemble_direction, block_step
 from .refusal import Refused, refuse_blocks
@@ -60,6 +60,7 @@ from .state import (
     factor_dtype,
     init_state,
     leaf_shapes,
+    scale_dtype,
 )
 
 
@@ -194,17 +195,23 @@ def shampoo(
             state, masked, used, graft_dir, use_shampoo, t, layout, fdt, config, sharding,
             _lr_ratio(lr, lr_t, config),
         )
+        # Eq. (20b): int8 buffers are read back as floats, updated, then quantized.
+        floats = _read_momentum(state, tree, g_leaves)
         out, new_mom, new_gmom, withheld = _momentum_step(
-            shampoo_dir, graft_dir, w, masked.finite, state, use_shampoo, lr_t, g_leaves,
+            shampoo_dir, graft_dir, w, masked.finite, floats, use_shampoo, lr_t, g_leaves,
             tree.leaves(params) if params is not None else None, tree, config,
         )
+        new_mom_leaves, mom_scale = _write_momentum(
+            tree, new_mom, floats.momentum, state.momentum_scale, config)
+        new_gmom_leaves, gmom_scale = _write_momentum(
+            tree, new_gmom, floats.graft_momentum, state.graft_momentum_scale, config)
         new_state = ShampooState(
             count=t,
             groups=groups,
             graft=tree.unmerged(graft_state, state.graft),
             filtered=tree.unmerged(new_filtered, state.filtered),
-            momentum=tree.unmerged(new_mom, state.momentum),
-            graft_momentum=tree.unmerged(new_gmom, state.graft_momentum),
+            momentum=new_mom_leaves,
+            graft_momentum=new_gmom_leaves,
             root_failures=state.root_failures + failures,
             skipped_blocks=state.skipped_blocks + masked.skipped,
             skipped_per_parameter=(None if state.skipped_per_parameter is None
@@ -212,6 +219,8 @@ def shampoo(
             info=state.info,
             withheld_updates=(None if state.withheld_updates is None
                               else state.withheld_updates + withheld),
+            momentum_scale=mom_scale,
+            graft_momentum_scale=gmom_scale,
         )
         return jax.tree.unflatten(treedef, out), new_state
 
@@ -349,6 +358,36 @@ def _shampoo_directions(
 
 
 # ----------------------------------------------------------- eqs. (19)-(21)
+def _read_momentum(state: ShampooState, tree: _Tree, g_leaves: list[Array]) -> ShampooState:
+    """``state`` with its momentum buffers as floats (eq. 20b's ``fl_d(q s)`` where int8)."""
+    dtypes = [elementwise_dtype(x.dtype) for x in g_leaves]
+
+    def floats(buffers: Any, scales: Any) -> Any:
+        if buffers is None or scales is None:
+            return buffers
+        return jax.tree.unflatten(
+            tree.treedef, quantization.read(tree.leaves(buffers), scales, dtypes))
+
+    return state._replace(
+        momentum=floats(state.momentum, state.momentum_scale),
+        graft_momentum=floats(state.graft_momentum, state.graft_momentum_scale),
+    )
+
+
+def _write_momentum(
+    tree: _Tree, new: list[Array] | None, like: Any, scales: Any, config: ShampooConfig
+) -> tuple[Any, Any]:
+    """The new buffers in the parameters' structure, int8 and new scales where quantized."""
+    if new is None:
+        return None, scales
+    unmerged = tree.unmerged(new, like)
+    if scales is None:
+        return unmerged, None
+    leaves, new_scales = quantization.write(
+        tree.leaves(unmerged), scales, scale_dtype(config))
+    return jax.tree.unflatten(tree.treedef, leaves), new_scales
+
+
 def _momentum_step(
     shampoo_dir: list[Array] | None,
     graft_dir: list[Array],
@@ -441,6 +480,8 @@ def _momentum_step(
             keep = jnp.isfinite((p_leaves[i].reshape(u.shape) + u_out).astype(dtype))
         for b in buffers:
             keep = keep & jnp.isfinite(b)
+            if mom.quantizes(len(tree.plans[i].shape)):  # eq. (20b) quantizes fl_d(M)
+                keep = keep & jnp.isfinite(b.astype(scale_dtype(config)))
         if old_mom is not None and new_mom is not None:  # eq. (22): keep the old momentum
             new_mom[i] = _restore(keep, new_mom[i], old_mom[i])
         if old_gmom is not None and new_gmom is not None:

@@ -20,7 +20,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -56,6 +56,7 @@ from .linalg import (
     root_inverse_higher_order,
     round_to,
 )
+from .quantization import dequantize_columnwise, quantize_columnwise
 
 Array = NDArray[np.float64]
 
@@ -80,6 +81,11 @@ class ParameterState:
     filtered: Array | None
     momentum: Array | None
     graft_momentum: Array | None
+    #: Eq. (20b), int8 storage: the stored (integers, scales) of each buffer by name;
+    #: ``momentum``/``graft_momentum`` then hold their read-back values fl_d(q s).
+    stored: dict[str, tuple[NDArray[np.int8], NDArray[np.floating]]] = field(
+        default_factory=dict
+    )
 
 
 @dataclass
@@ -340,9 +346,13 @@ class ReferenceShampoo:
         # Eq. (22): an entry whose new value or new momentum is non-finite keeps
         # its old ones (the state before eq. 20 is finite by eq. 3).
         keep = np.isfinite(new_w)
+        quantized = cfg.momentum.quantizes(len(plan.shape))
         for new in (st.momentum, st.graft_momentum):
             if new is not None:
                 keep &= np.isfinite(new)
+                if quantized:  # eq. (20b) quantizes fl_d(M): it must be finite too
+                    with np.errstate(over="ignore"):
+                        keep &= np.isfinite(new.astype(cfg.momentum.scale_dtype))
         if not keep[finite].all():
             self.metrics.withheld_updates += 1
             if st.momentum is not None and buffers[0] is not None:
@@ -350,7 +360,28 @@ class ReferenceShampoo:
             if st.graft_momentum is not None and buffers[1] is not None:
                 st.graft_momentum = np.where(keep, st.graft_momentum, buffers[1])
         new_w = np.where(finite & keep, new_w, w)
+        if quantized:
+            self._store_quantized(st)
         return new_w.reshape(plan.shape)
+
+    def _store_quantized(self, st: ParameterState) -> None:
+        """Eq. (20b): each buffer stored as (q, s) in the parameter's shape, read back.
+
+        The buffer after eqs. (20) and (22) (kept entries hold their read-back
+        old values) is quantized in ``momentum.scale_dtype``; the next step
+        reads ``fl_d(q s)``, which is what the buffer holds from here on.
+        """
+        d = self.config.momentum.scale_dtype
+        shape = st.plan.shape
+        if st.momentum is not None:
+            st.stored["momentum"] = quantize_columnwise(st.momentum.reshape(shape), d)
+            st.momentum = dequantize_columnwise(*st.stored["momentum"]).reshape(
+                st.momentum.shape)
+        if st.graft_momentum is not None:
+            st.stored["graft_momentum"] = quantize_columnwise(
+                st.graft_momentum.reshape(shape), d)
+            st.graft_momentum = dequantize_columnwise(*st.stored["graft_momentum"]).reshape(
+                st.graft_momentum.shape)
 
     # ------------------------------------------------------- eq. (15) filter
     def _filter(self, st: ParameterState, g: Array, finite: NDArray[np.bool_]) -> Array:

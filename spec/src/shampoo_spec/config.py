@@ -47,6 +47,10 @@ GRAFTING_TYPES: tuple[str, ...] = (
 InverseRootDtype = Literal["float64", "float32", "bfloat16", "float16"]
 INVERSE_ROOT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
 
+#: How momentum buffers are stored (``MomentumConfig.storage``, eq. 20b).
+MomentumStorage = Literal["float", "int8_columnwise"]
+MOMENTUM_STORAGES: tuple[str, ...] = ("float", "int8_columnwise")
+
 #: Grafting types that keep a second-moment state V (eq. 14b).
 GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
     "adagrad",
@@ -555,6 +559,18 @@ class MomentumConfig:
     direction, both updated every step (Google). ``learning_rate_placement``:
     ``"after_momentum"`` multiplies the momentum output by lr (Meta; Google's
     decoupled_learning_rate) and ``"before_momentum"`` scales P by lr first.
+
+    ``storage`` (eq. 20b) is a rule, not a precision: ``"int8_columnwise"``
+    stores every buffer of a parameter of rank >= 2 (its own shape, before
+    squeezing and merging) as int8 integers with one scale per column (per
+    index of dims 1..n-1, the maximum taken over dim 0), rounded to nearest
+    with ties to even, and reads it back as integer * scale at the next step
+    (Google's ``best_effort_memory_usage_reduction``, ``QuantizedValue``);
+    buffers of rank-0 and rank-1 parameters stay in float. ``scale_dtype``
+    is the dtype that quantization computes in and keeps its scales in
+    (Google: its momentum's dtype, float32, float64 under 64-bit JAX); the
+    reference emulates it exactly. ``"float"`` (the default) keeps the
+    buffers unrounded: today's numerics, bit for bit.
     """
 
     momentum: float = 0.0
@@ -562,6 +578,8 @@ class MomentumConfig:
     nesterov: bool = False
     buffers: Literal["shared", "separate"] = "shared"
     learning_rate_placement: Literal["after_momentum", "before_momentum"] = "after_momentum"
+    storage: MomentumStorage = "float"
+    scale_dtype: Literal["float32", "float64"] = "float32"
 
     def __post_init__(self) -> None:
         o = "momentum"
@@ -575,11 +593,20 @@ class MomentumConfig:
             self.learning_rate_placement,
             ("after_momentum", "before_momentum"),
         )
+        v.choice(o, "storage", self.storage, MOMENTUM_STORAGES)
+        v.choice(o, "scale_dtype", self.scale_dtype, ("float32", "float64"))
+        if self.storage == "float" and self.scale_dtype != "float32":
+            v.fail(o, "scale_dtype", self.scale_dtype,
+                   "'float32' (the default) with storage='float' (no scales are kept)")
 
     @property
     def enabled(self) -> bool:
         """Whether eq. (20) keeps a momentum buffer (``momentum != 0``)."""
         return self.momentum != 0.0
+
+    def quantizes(self, rank: int) -> bool:
+        """Whether eq. (20b) stores the buffers of a parameter of this (original) rank as int8."""
+        return self.enabled and self.storage == "int8_columnwise" and rank >= 2
 
     @property
     def separate_buffers(self) -> bool:

@@ -190,6 +190,8 @@ def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     """Writes ``iterate_averaging_config``: ClassicMomentumConfig, or null without momentum."""
     m = c.momentum
     lacks.same("momentum.buffers", m.buffers, "shared", "Meta keeps one momentum buffer")
+    lacks.same("momentum.storage", m.storage, "float",
+               "Meta keeps its momentum buffer in float (eq. 20b)")
     lacks.same("momentum.learning_rate_placement", m.learning_rate_placement, "after_momentum",
                "Meta multiplies the momentum output by lr")
     if m.momentum == 0.0:
@@ -623,19 +625,28 @@ def _google_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 def _google_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``beta1``, ``moving_average_for_momentum``, ``nesterov``,
-    ``decoupled_learning_rate`` (eq. 20): two buffers whenever there is a graft."""
+    ``decoupled_learning_rate`` (eq. 20): two buffers whenever there is a graft;
+    ``best_effort_memory_usage_reduction`` with int8 storage (eq. 20b, scales in
+    ``factor_dtype``, the dtype Google computes in)."""
     m = c.momentum
     lacks.need(m.dampening in (0.0, m.momentum), "momentum.dampening", m.dampening,
                "Google's dampening is 0 or beta1 (moving_average_for_momentum)")
     separate = c.grafting.type != "none" and m.momentum > 0
     lacks.same("momentum.buffers", m.buffers, "separate" if separate else "shared",
                "Google keeps a Shampoo and a graft buffer whenever there is a graft")
-    return {
+    if m.storage != "float":
+        # Eq. (20b): Google quantizes in its buffers' dtype, the one x64 (factor_dtype) sets.
+        lacks.same("momentum.scale_dtype", m.scale_dtype, c.factor_dtype,
+                   "Google quantizes in its computation dtype, factor_dtype here")
+    out: dict[str, Any] = {
         "beta1": m.momentum,
         "moving_average_for_momentum": m.momentum > 0 and m.dampening == m.momentum,
         "nesterov": m.nesterov,
         "decoupled_learning_rate": not m.lr_before_momentum,
     }
+    if m.storage == "int8_columnwise":
+        out["best_effort_memory_usage_reduction"] = True
+    return out
 
 
 def _google_weight_decay(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:

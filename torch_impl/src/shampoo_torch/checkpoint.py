@@ -27,7 +27,13 @@ Tensors keep the optimizer's dtypes: factors (and the corrected moment) in
 ``factor_dtype``, inverse roots in ``config.root_dtype`` (``inverse_root_dtype``
 when set, eq. 11a: a bfloat16 root is saved as bfloat16). A saved inverse
 root in any other dtype is refused, not converted (converting would round a
-root the rule never rounded, or widen one it did).
+root the rule never rounded, or widen one it did). With
+``momentum.storage="int8_columnwise"`` (eq. 20b) the momentum buffers of
+parameters of rank >= 2 are int8 tensors in the parameter's own shape (not
+the merged one), each with ``"momentum_scale"`` / ``"graft_momentum_scale"``
+(shape ``param_shape[1:]``, in ``momentum.scale_dtype``); both are saved as
+they are and must load in exactly those dtypes (an int8 of -128, or a
+negative or non-finite scale, is refused).
 
 With ``Shampoo(..., distributed=...)`` :meth:`~shampoo_torch.Shampoo.state_dict`
 is this rank's state (blocks owned elsewhere are ``{}``) and loads at the same
@@ -157,11 +163,20 @@ def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) ->
         if ours.dtype.is_floating_point:
             if not saved.dtype.is_floating_point or (exact_dtype and saved.dtype != ours.dtype):
                 _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}"
-                      + (" (the inverse roots' dtype, config.root_dtype, eq. 11a)"
-                         if exact_dtype else ""))
+                      + (" (a storage rule: the inverse roots' dtype, eq. 11a, or the "
+                         "momentum scales', eq. 20b)" if exact_dtype else ""))
             if saved.numel() and not bool(torch.isfinite(saved.to(ours.dtype)).all()):
                 _fail(where, f"non-finite entries (NaN or inf, in {ours.dtype}): allowed "
                       "finite state only")
+            if where.endswith("_scale']") and saved.numel() and bool((saved < 0).any()):
+                _fail(where, "a negative momentum scale: allowed scales >= 0 (eq. 20b)")
+            return
+        if ours.dtype == torch.int8:  # an int8 momentum buffer (eq. 20b), never a counter
+            if saved.dtype != torch.int8:
+                _fail(where, f"dtype {saved.dtype} does not match {ours.dtype} (int8 momentum "
+                      "storage, eq. 20b)")
+            if saved.numel() and bool((saved == -128).any()):
+                _fail(where, "an int8 momentum entry is -128: allowed -127 to 127 (eq. 20b)")
             return
         if saved.dtype.is_floating_point or saved.dtype.is_complex or saved.dtype == torch.bool:
             _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}")
@@ -173,8 +188,9 @@ def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) ->
             got = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
             _fail(where, f"keys {got} do not match {sorted(map(str, ours))}")
         for k in ours:
+            # The roots' dtype (eq. 11a) and the momentum scales' (eq. 20b) are rules.
             _check_tree(f"{where}[{k!r}]", ours[k], saved[k],
-                        exact_dtype or k == "inverse_roots")
+                        exact_dtype or k == "inverse_roots" or str(k).endswith("_scale"))
         return
     if isinstance(ours, list):
         if not isinstance(saved, list) or len(saved) != len(ours):

@@ -16,15 +16,22 @@ import torch
 
 from shampoo_spec import GradientFilterConfig, ShampooConfig
 
+#: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
+MOMENTUM_KEYS = ("momentum", "graft_momentum")
+SCALE_SUFFIX = "_scale"
+
 
 def init_state(
     st: dict[str, Any], cfg: ShampooConfig, shape: tuple[int, ...], dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device, param_shape: tuple[int, ...] | None = None,
 ) -> None:
     """A new parameter's ``step`` (0) and the zero elementwise state its config keeps.
 
     ``graft`` (eq. 14b), ``filtered`` (eq. 15), ``momentum`` and with
-    separate buffers ``graft_momentum`` (eq. 20), in the merged ``shape``.
+    separate buffers ``graft_momentum`` (eq. 20), in the merged ``shape``;
+    with ``momentum.storage="int8_columnwise"`` and a parameter of rank >= 2
+    (``param_shape``), each buffer is int8 in ``param_shape`` and its scales
+    ``<key>_scale`` (``param_shape[1:]``, ``momentum.scale_dtype``), eq. (20b).
     """
     st["step"] = 0
     wanted = {
@@ -33,9 +40,66 @@ def init_state(
         "momentum": cfg.momentum.enabled,
         "graft_momentum": cfg.momentum.separate_buffers,
     }
+    quantized = param_shape is not None and cfg.momentum.quantizes(len(param_shape))
     for key, present in wanted.items():
-        if present:
+        if not present:
+            continue
+        if quantized and key in MOMENTUM_KEYS:
+            assert param_shape is not None
+            st[key] = torch.zeros(param_shape, dtype=torch.int8, device=device)
+            st[key + SCALE_SUFFIX] = torch.zeros(
+                param_shape[1:], dtype=_SCALE_DTYPES[cfg.momentum.scale_dtype], device=device)
+        else:
             st[key] = torch.zeros(shape, dtype=dtype, device=device)
+
+
+_SCALE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def quantize(m: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, s)`` of eq. (20b) for ``m`` in the parameter's shape (rank >= 2).
+
+    Written as the spec states it, in ``dtype``: subnormals flushed to 0
+    (torch keeps them; XLA, and so Google, does not), reciprocals times the
+    dividend, round half to even (``torch.round``).
+    """
+    tiny = torch.finfo(dtype).tiny
+    x = m.to(dtype)
+    x = torch.where(x.abs() >= tiny, x, torch.zeros((), dtype=dtype, device=x.device))
+    recip127 = torch.ones((), dtype=dtype) / torch.full((), 127.0, dtype=dtype)
+    if x.shape[0] == 0:  # max over an empty dim 0 is 0 (amax refuses it)
+        a = torch.zeros(x.shape[1:], dtype=dtype, device=x.device)
+    else:
+        a = x.abs().amax(dim=0)
+    s = a * recip127.to(x.device)
+    s = torch.where(s >= tiny, s, torch.zeros((), dtype=dtype, device=x.device))
+    positive = s > 0
+    inv = 1.0 / torch.where(positive, s, torch.ones((), dtype=dtype, device=x.device))
+    q = torch.where(positive, torch.round(x * inv), torch.zeros((), dtype=dtype, device=x.device))
+    return q.to(torch.int8), s
+
+
+def read_momentum(st: dict[str, Any], key: str, shape: tuple[int, ...],
+                  dtype: torch.dtype) -> torch.Tensor:
+    """A momentum buffer as a float in the merged ``shape``: ``fl_d(q s)`` where int8 (eq. 20b)."""
+    buf: torch.Tensor = st[key]
+    scale = st.get(key + SCALE_SUFFIX)
+    if scale is None:
+        return buf
+    back: torch.Tensor = (buf.to(scale.dtype) * scale).to(dtype).reshape(shape)
+    return back
+
+
+def write_momentum(st: dict[str, Any], key: str, value: torch.Tensor,
+                   param_shape: tuple[int, ...]) -> None:
+    """Stores a new buffer (merged shape): as (q, s) of eq. (20b) where int8, else as is."""
+    scale = st.get(key + SCALE_SUFFIX)
+    if scale is None:
+        st[key] = value
+        return
+    q, s = quantize(value.reshape(param_shape), scale.dtype)
+    st[key] = q
+    st[key + SCALE_SUFFIX] = s
 
 
 def masked(new: torch.Tensor, old: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
@@ -97,18 +161,19 @@ def momentum(
     if not mom.enabled:
         return p, {}
     mu, damp = mom.momentum, mom.direction_weight
+    shape, dt = tuple(graft_dir.shape), graft_dir.dtype
+    old = read_momentum(st, "momentum", shape, dt)  # eq. (20b): fl_d(q s) where int8
     if not mom.separate_buffers:  # eq. (20), one shared buffer
-        m = masked(mu * st["momentum"] + damp * p, st["momentum"], ok)
+        m = masked(mu * old + damp * p, old, ok)
         buffers = {"momentum": m}
     else:  # eq. (20), separate Shampoo and graft buffers, both updated every step
         assert shampoo_dir is not None
         ps = p if use_shampoo else prepare(shampoo_dir)
         pg = prepare(graft_dir) if use_shampoo else p
+        old_g = read_momentum(st, "graft_momentum", shape, dt)
         buffers = {
-            "momentum": masked(mu * st["momentum"] + damp * ps, st["momentum"], ok),
-            "graft_momentum": masked(
-                mu * st["graft_momentum"] + damp * pg, st["graft_momentum"], ok
-            ),
+            "momentum": masked(mu * old + damp * ps, old, ok),
+            "graft_momentum": masked(mu * old_g + damp * pg, old_g, ok),
         }
         m = buffers["momentum"] if use_shampoo else buffers["graft_momentum"]
     out: torch.Tensor = damp * p + mu * m if mom.nesterov else m
@@ -141,10 +206,14 @@ def apply_update(
         new_w = new_w - lr * wd.value * w
     new_w = new_w.to(p.dtype)
     keep = torch.isfinite(new_w)
-    for b in buffers.values():
-        keep &= torch.isfinite(b)
     for key, b in buffers.items():
-        st[key] = torch.where(keep, b, st[key])
+        keep &= torch.isfinite(b)
+        scale = st.get(key + SCALE_SUFFIX)
+        if scale is not None:  # eq. (20b) quantizes fl_d(M): it must be finite too
+            keep &= torch.isfinite(b.to(scale.dtype))
+    for key, b in buffers.items():
+        old = read_momentum(st, key, tuple(b.shape), b.dtype)
+        write_momentum(st, key, torch.where(keep, b, old), tuple(p.shape))
     write = keep if ok is None else keep & ok
     p.copy_(torch.where(write, new_w, w).view(p.shape))
     withheld = ~keep if ok is None else ok & ~keep

@@ -138,7 +138,8 @@ class Shampoo(torch.optim.Optimizer):
             raise
         self._plans.append(plan)
         for p, lay, dt in zip(param_group["params"], plan.layouts, plan.dtypes, strict=True):
-            elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device)
+            elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
+                                   tuple(p.shape))
 
     # ------------------------------------------------ metrics and views
     def _counter(self, device: torch.device) -> dict[str, torch.Tensor]:

@@ -57,7 +57,9 @@ def test_rotation_equivariance(
         blocking=ss.BlockingConfig(merge_dims_up_to=None),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
-        momentum=replace(config.momentum, buffers="shared"),
+        # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
+        momentum=replace(config.momentum, buffers="shared", storage="float",
+                         scale_dtype="float32"),
     )
     rng = np.random.default_rng(seed)
     u, v = _orthogonal(shape[0], rng), _orthogonal(shape[1], rng)
@@ -95,7 +97,9 @@ def test_gradient_scale_invariance(
         exponents=ss.ExponentConfig(),
         blocking=ss.BlockingConfig(merge_dims_up_to=None),
         schedule=ss.ScheduleConfig(),
-        momentum=replace(config.momentum, buffers="shared"),
+        # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
+        momentum=replace(config.momentum, buffers="shared", storage="float",
+                         scale_dtype="float32"),
         eigenvalue_correction=None,
     )
     rng = np.random.default_rng(seed)
@@ -114,7 +118,8 @@ def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: in
 
     Normalised grafts divide by the whole parameter's gradient norm, and the
     graft clip (eq. 14d) by its rms, so they are replaced by their plain,
-    unclipped forms here.
+    unclipped forms here, and int8 momentum (eq. 20b, one scale per column
+    of the whole parameter) by float storage.
     """
     graft = config.grafting
     plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
@@ -123,6 +128,7 @@ def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: in
         blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
         grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None),
         exponents=ss.ExponentConfig(),
+        momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
     )
     rng = np.random.default_rng(seed)
     grads = [{"w": rng.standard_normal((8, 4))} for _ in range(5)]

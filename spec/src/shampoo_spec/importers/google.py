@@ -94,7 +94,6 @@ KEYS = {
 
 #: Keys whose non-default values we do not implement: key -> (default, what it does).
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "best_effort_memory_usage_reduction": (False, "quantized int8/int16 states"),
     "lobpcg_topk_precondition": (0, "LOBPCG"),
     "lobpcg_max_iter": (0, "LOBPCG"),
     "generate_fd_metrics": (False, "frequent-directions sketching"),
@@ -213,7 +212,7 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     with a.section():
         pre = _preconditioner(a, beta2)
     with a.section():
-        momentum = _momentum(a, grafting.type, decoupled_lr)
+        momentum = _momentum(a, grafting.type, decoupled_lr, x64)
     with a.section():
         weight_decay = _weight_decay(a)
     with a.section():
@@ -259,11 +258,21 @@ def _require(a: Args, key: str) -> None:
 def _unsupported(a: Args) -> None:
     """Reads every key of :data:`UNSUPPORTED`; returns nothing.
 
-    Refuses a non-default value of what we do not implement: pmap/pjit
-    sharding, quantized states, graft clipping, LOBPCG, frequent directions,
+    Refuses a non-default value of what we do not implement: LOBPCG,
+    frequent directions, and Google's int16 statistics (its
+    ``best_effort_memory_usage_reduction`` under ``batch_axis_name``).
     """
     for key, (default, what) in UNSUPPORTED.items():
         a.unsupported(key, default, what)
+    if a.data.get("best_effort_memory_usage_reduction") is True and (
+        a.data.get("batch_axis_name") is not None
+    ):
+        raise NotImplementedError(
+            "from_google.best_effort_memory_usage_reduction = True with batch_axis_name = "
+            f"{a.data['batch_axis_name']!r} is not supported yet (Google then also keeps its "
+            "statistics and roots as int16 with float32 diagonals; without batch_axis_name it "
+            "quantizes only the momentum, which imports)."
+        )
 
 
 def _no_numerical_effect(a: Args) -> None:
@@ -413,21 +422,29 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
     )
 
 
-def _momentum(a: Args, graft_type: str, decoupled_lr: bool) -> MomentumConfig:
-    """Reads ``beta1``, ``moving_average_for_momentum``, ``nesterov``
-    (with ``decoupled_learning_rate``).
+def _momentum(a: Args, graft_type: str, decoupled_lr: bool, x64: bool | None) -> MomentumConfig:
+    """Reads ``beta1``, ``moving_average_for_momentum``, ``nesterov``,
+    ``best_effort_memory_usage_reduction`` (with ``decoupled_learning_rate``, ``x64``).
 
     Returns ``momentum`` (eq. 20): heavy ball (dampening beta1 with the
     moving average), separate Shampoo and graft buffers when there is a graft
     and beta1 > 0, lr after momentum unless ``decoupled_learning_rate=False``.
+    ``best_effort_memory_usage_reduction=True`` without ``batch_axis_name``
+    (with it, refused: :func:`_unsupported`) quantizes only the momentum buffers of parameters of
+    rank >= 2 to int8 (``storage="int8_columnwise"``, eq. 20b; Google's
+    int16 statistics need ``batch_axis_name``), in the dtype Google computes
+    in: float32, float64 under ``x64`` (and when not said, as ``factor_dtype``).
     """
     beta1 = a.number("beta1", 0.9)
+    quantized = a.flag("best_effort_memory_usage_reduction", False)
     return MomentumConfig(
         momentum=beta1,
         dampening=beta1 if a.flag("moving_average_for_momentum", False) else 0.0,
         nesterov=a.flag("nesterov", True),
         buffers="separate" if graft_type != "none" and beta1 > 0 else "shared",
         learning_rate_placement="after_momentum" if decoupled_lr else "before_momentum",
+        storage="int8_columnwise" if quantized else "float",
+        scale_dtype="float32" if x64 is False or not quantized else "float64",
     )
 
 

@@ -1,0 +1,71 @@
+"""Eq. (20b): momentum buffers stored as int8 with one scale per column.
+
+``MomentumConfig.storage = "int8_columnwise"`` (Google's
+``best_effort_memory_usage_reduction``, its ``QuantizedValue`` with
+``int8``). A buffer is quantized in the parameter's own shape (n0, n1, ...),
+rank >= 2, in the scale dtype d (float32 or float64), every operation
+rounded to d exactly as a backend computing in d rounds it:
+
+    x   = fl_d(M),  0 where below d's smallest normal number
+    a_j = max_i |x_ij|                    (over dim 0; j indexes dims 1..)
+    s_j = fl_d(a_j * fl_d(1 / 127)),  0 where below d's smallest normal number
+    q_ij = rint(fl_d(x_ij * fl_d(1 / s_j)))  where s_j > 0,  else 0
+    read back:  M' = fl_d(q_ij * s_j)
+
+The divisions are reciprocals times the dividend, two roundings, not one:
+Google writes ``max_abs / num_buckets`` and ``fvalue / bucket_size`` with a
+broadcast divisor, and XLA's algebraic simplifier rewrites ``x /
+broadcast(y)`` as ``x * broadcast(1 / y)`` (measured: the scales and ratios
+of precondition 239a8cd on XLA 0.10.2 equal these bit for bit, and differ
+from a correctly rounded division in about one entry in 20 for the scales,
+one in 4 for the ratios). The backends write the reciprocals out, so no
+compiler rewrite can change them.
+
+Subnormal numbers are flushed to zero (XLA on CPU reads and writes them as
+0; torch does not, so its backend flushes explicitly). ``rint`` rounds to
+the nearest integer, ties to even (``jnp.round``);
+|q| <= 127 without clipping (``x / s <= 127 (1 + 2u)``). The float64
+reference computes each line in d (NumPy's float32 operations are IEEE
+correctly rounded, as XLA's and torch's are), so its integers and scales
+are the ones a float32 backend stores for the same M.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = NDArray[np.float64]
+
+#: The largest integer stored (int8's -128 is never used: the map is symmetric).
+INT8_LEVELS = 127
+
+
+def quantize_columnwise(
+    m: Array, scale_dtype: str
+) -> tuple[NDArray[np.int8], NDArray[np.floating]]:
+    """``(q, s)`` of eq. (20b) for ``m`` in the parameter's shape (rank >= 2).
+
+    ``q`` is int8 of ``m``'s shape, ``s`` has shape ``m.shape[1:]`` in
+    ``scale_dtype`` (``"float32"`` or ``"float64"``). ``m`` must be finite
+    in that dtype (eq. 22 keeps non-finite momentum out of the buffers).
+    """
+    if m.ndim < 2:
+        raise ValueError(f"eq. (20b) quantizes rank >= 2 buffers, got shape {m.shape}.")
+    dt = np.dtype(scale_dtype)
+    x = np.asarray(m).astype(dt)
+    x = np.where(np.abs(x) >= np.finfo(dt).tiny, x, dt.type(0))  # subnormals read as 0
+    a = np.max(np.abs(x), axis=0, initial=dt.type(0))  # 0 over an empty dim 0
+    s = a * (dt.type(1) / dt.type(INT8_LEVELS))
+    s = np.where(s >= np.finfo(dt).tiny, s, dt.type(0))  # flushed, as XLA on CPU
+    safe = np.where(s > 0, s, dt.type(1))
+    ratio = x * (dt.type(1) / safe)[np.newaxis, ...]
+    q = np.where(s[np.newaxis, ...] > 0, np.rint(ratio), dt.type(0))
+    assert np.all(np.abs(q) <= INT8_LEVELS), "eq. (20b): |q| <= 127 for finite input"
+    return q.astype(np.int8), s.astype(dt)
+
+
+def dequantize_columnwise(q: NDArray[np.int8], s: NDArray[np.floating]) -> Array:
+    """``fl_d(q * s)`` of eq. (20b), d the dtype of ``s``, returned in float64."""
+    back: Array = (q.astype(s.dtype) * s[np.newaxis, ...]).astype(np.float64)
+    return back
