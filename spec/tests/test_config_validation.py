@@ -116,6 +116,22 @@ def test_inverse_root_dtype_error_names_field_value_and_allowed() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("field", "what"),
+    [("eigenvectors_dtype", "the eigenbases stay in factor_dtype"),
+     ("corrected_eigenvalues_dtype", "D stays in factor_dtype")],
+)
+def test_eigenvalue_correction_dtype_errors_name_field_value_and_allowed(
+    field: str, what: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        ss.EigenvalueCorrectionConfig(**{field: "float8"})
+    assert str(err.value) == (
+        f"eigenvalue_correction.{field} = 'float8' is invalid: allowed one of 'float64', "
+        f"'float32', 'bfloat16', 'float16', or None ({what})."
+    )
+
+
 def test_defaults_are_valid_and_frozen() -> None:
     c = ss.ShampooConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):

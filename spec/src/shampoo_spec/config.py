@@ -320,6 +320,16 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     ``roots_by_order`` gives blocks of some orders (number of block dims) their
     own root, ``((order, root), ...)``, as Meta's per-order
     ``inverse_exponent_override`` (root = 1 / exponent); other orders use ``root``.
+
+    ``eigenvectors_dtype`` (Meta's ``factor_matrix_eigenvectors_dtype``) and
+    ``corrected_eigenvalues_dtype`` (Meta's ``corrected_eigenvalues_dtype``)
+    are rules, not precisions (eq. 17a): set to q, each Q_k is stored
+    rounded to q and the rotations into and out of the eigenbasis are
+    computed in q (the block rounded to q, each mode product rounded to q);
+    set to s, D is stored in s, its decay ``beta2 D``, the quotient
+    ``D / bc``, its root and ``+ epsilon`` each rounded to s, as Meta does.
+    None (the default) keeps Q_k and D in ``factor_dtype`` and the reference
+    unrounded: the numerics before these options, bit for bit.
     """
 
     beta2: float = 0.999
@@ -327,6 +337,8 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     bias_correction: bool = True
     root: float = 2.0
     roots_by_order: tuple[tuple[int, float], ...] = ()
+    eigenvectors_dtype: InverseRootDtype | None = None
+    corrected_eigenvalues_dtype: InverseRootDtype | None = None
 
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
@@ -351,6 +363,12 @@ class EigenvalueCorrectionConfig(_MovingAverage):
             # One spelling per config (importers, exporters and checkpoints compare them).
             v.fail(o, "roots_by_order", self.roots_by_order,
                    f"only roots that differ from root = {self.root}")
+        if self.eigenvectors_dtype is not None:
+            v.choice(o, "eigenvectors_dtype", self.eigenvectors_dtype, INVERSE_ROOT_DTYPES,
+                     none_means="the eigenbases stay in factor_dtype")
+        if self.corrected_eigenvalues_dtype is not None:
+            v.choice(o, "corrected_eigenvalues_dtype", self.corrected_eigenvalues_dtype,
+                     INVERSE_ROOT_DTYPES, none_means="D stays in factor_dtype")
 
     def root_for(self, order: int) -> float:
         """The root of eq. (17) for a block with ``order`` dims."""
