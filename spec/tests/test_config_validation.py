@@ -132,6 +132,18 @@ def test_eigenvalue_correction_dtype_errors_name_field_value_and_allowed(
     )
 
 
+def test_float16_corrected_eigenvalues_need_an_epsilon_float16_holds() -> None:
+    """Eq. (17a): epsilon is added in s; below float16's smallest positive it is 0 there."""
+    ss.EigenvalueCorrectionConfig(epsilon=2.0**-24, corrected_eigenvalues_dtype="float16")
+    with pytest.raises(ValueError) as err:
+        ss.EigenvalueCorrectionConfig(epsilon=1e-8, corrected_eigenvalues_dtype="float16")
+    assert str(err.value) == (
+        "eigenvalue_correction.epsilon = 1e-08 is invalid: allowed a number >= 2^-24 (the "
+        "smallest positive float16) with corrected_eigenvalues_dtype='float16': a smaller one "
+        "is 0 there.")
+    ss.EigenvalueCorrectionConfig(epsilon=1e-30, corrected_eigenvalues_dtype="bfloat16")
+
+
 def test_defaults_are_valid_and_frozen() -> None:
     c = ss.ShampooConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):

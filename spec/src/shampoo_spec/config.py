@@ -45,6 +45,10 @@ GRAFTING_TYPES: tuple[str, ...] = (
 InverseRootDtype = Literal["float64", "float32", "bfloat16", "float16"]
 INVERSE_ROOT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
 
+#: The smallest positive number of a storage dtype (its smallest subnormal) where it is
+#: above the least epsilon every section allows (2^-126): float16 only.
+_SMALLEST_POSITIVE: dict[str, tuple[float, str]] = {"float16": (2.0**-24, "2^-24")}
+
 #: Grafting types that keep a second-moment state V (eq. 14b).
 GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
     "adagrad",
@@ -369,6 +373,14 @@ class EigenvalueCorrectionConfig(_MovingAverage):
         if self.corrected_eigenvalues_dtype is not None:
             v.choice(o, "corrected_eigenvalues_dtype", self.corrected_eigenvalues_dtype,
                      INVERSE_ROOT_DTYPES, none_means="D stays in factor_dtype")
+            smallest = _SMALLEST_POSITIVE.get(self.corrected_eigenvalues_dtype)
+            if smallest is not None and self.epsilon < smallest[0]:
+                # Eq. (17a): epsilon is added in s; one that rounds to 0 there
+                # divides 0 by 0 wherever D is 0.
+                v.fail(o, "epsilon", self.epsilon,
+                       f"a number >= {smallest[1]} (the smallest positive "
+                       f"{self.corrected_eigenvalues_dtype}) with corrected_eigenvalues_dtype="
+                       f"{self.corrected_eigenvalues_dtype!r}: a smaller one is 0 there")
 
     def root_for(self, order: int) -> float:
         """The root of eq. (17) for a block with ``order`` dims."""
