@@ -43,6 +43,11 @@ CONFIGS = {
         exponents=ExponentConfig(override=6.0)),
     "eigenvalue_correction_root3": dataclasses.replace(
         BASE, eigenvalue_correction=EigenvalueCorrectionConfig(root=3.0, beta2=0.9)),
+    # Eq. (17a): rotations in bfloat16, D's operations in float16.
+    "eigenvalue_correction_stored_dtypes": dataclasses.replace(
+        BASE, eigenvalue_correction=EigenvalueCorrectionConfig(
+            beta2=0.9, epsilon=1e-4, eigenvectors_dtype="bfloat16",
+            corrected_eigenvalues_dtype="float16")),
     "coupled_newton_relative_eps": dataclasses.replace(
         BASE, root_inverse=CoupledNewtonConfig(),
         epsilon=EpsilonConfig(value=1e-3, scale="relative")),

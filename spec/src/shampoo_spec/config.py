@@ -772,8 +772,20 @@ class ShampooConfig:
 
     @property
     def root_dtype(self) -> str:
-        """The inverse roots' storage dtype: ``inverse_root_dtype``, else ``factor_dtype``."""
-        return self.factor_dtype if self.inverse_root_dtype is None else self.inverse_root_dtype
+        """The inverse roots' storage dtype: ``inverse_root_dtype`` (eq. 11a), or with
+        eigenvalue correction the eigenbases' ``eigenvectors_dtype`` (eq. 17a); else
+        ``factor_dtype``."""
+        ec = self.eigenvalue_correction
+        stored = self.inverse_root_dtype if ec is None else ec.eigenvectors_dtype
+        return self.factor_dtype if stored is None else stored
+
+    @property
+    def corrected_dtype(self) -> str:
+        """D's storage dtype (eq. 17a): ``eigenvalue_correction.corrected_eigenvalues_dtype``,
+        else ``factor_dtype``."""
+        ec = self.eigenvalue_correction
+        stored = None if ec is None else ec.corrected_eigenvalues_dtype
+        return self.factor_dtype if stored is None else stored
 
     @property
     def rounds_inverse_roots(self) -> bool:

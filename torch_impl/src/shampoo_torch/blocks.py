@@ -59,7 +59,9 @@ class BlockGroup:
     preconditioned dim k, i.e. each dim whose root r_k is not 0. Factors and
     the corrected moment are in ``dtype`` (``factor_dtype``); inverse roots
     in ``root_dtype`` (``config.root_dtype``: ``inverse_root_dtype``, eq. 11a,
-    else the factor dtype; None here means ``dtype``).
+    or the eigenbases' ``eigenvectors_dtype``, eq. 17a, else the factor dtype;
+    None here means ``dtype``); the corrected moment D in ``corrected_dtype``
+    (``config.corrected_dtype``, eq. 17a; None: ``dtype``).
     """
 
     shape: tuple[int, ...]
@@ -74,10 +76,13 @@ class BlockGroup:
     corrected: torch.Tensor | None = None  # [B, *shape], D of eq. (17)
     corrected_updates: torch.Tensor | None = None  # [B] int64
     root_dtype: torch.dtype | None = None  # None: ``dtype``
+    corrected_dtype: torch.dtype | None = None  # D's (eq. 17a); None: ``dtype``
 
     def __post_init__(self) -> None:
         if self.root_dtype is None:
             self.root_dtype = self.dtype
+        if self.corrected_dtype is None:
+            self.corrected_dtype = self.dtype
 
     @property
     def rounds_roots(self) -> bool:
@@ -103,7 +108,7 @@ class BlockGroup:
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)
         self.consecutive_failures = torch.zeros(b, dtype=torch.int64, device=dev)
         if eigenvalue_correction:
-            self.corrected = torch.zeros((b, *self.shape), dtype=dt, device=dev)
+            self.corrected = torch.zeros((b, *self.shape), dtype=self.corrected_dtype, device=dev)
             self.corrected_updates = torch.zeros(b, dtype=torch.int64, device=dev)
 
     def row_state(self, row: int) -> dict[str, Any]:
@@ -138,12 +143,14 @@ def build_block_groups(
     dtype: torch.dtype,
     owned: Callable[[int, int], bool] | None = None,
     root_dtype: torch.dtype | None = None,
+    corrected_dtype: torch.dtype | None = None,
 ) -> tuple[list[ParamLayout], list[BlockGroup]]:
     """Group the blocks of all preconditioned parameters by (shape, roots, device).
 
     ``owned(position, block)``: only the blocks it accepts get a block-group
     row (the blocks this rank owns, :mod:`shampoo_torch.distributed`); None: all.
-    ``dtype`` is the factor dtype, ``root_dtype`` the inverse roots' (None: ``dtype``).
+    ``dtype`` is the factor dtype, ``root_dtype`` the inverse roots' and
+    ``corrected_dtype`` the corrected moment's (None: ``dtype``).
     """
     groups: list[BlockGroup] = []
     index: dict[tuple[object, ...], int] = {}
@@ -157,7 +164,8 @@ def build_block_groups(
                 if key not in index:
                     index[key] = len(groups)
                     groups.append(BlockGroup(block.shape, block.roots, device, dtype, [],
-                                             root_dtype=root_dtype))
+                                             root_dtype=root_dtype,
+                                             corrected_dtype=corrected_dtype))
                 groups[index[key]].members.append((pos, bi))
         layouts.append(ParamLayout(plan, tuple(b.slices for b in plan.blocks)))
     return layouts, groups

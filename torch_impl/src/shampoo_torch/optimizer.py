@@ -335,6 +335,10 @@ class Shampoo(torch.optim.Optimizer):
                 self._counter(bg.device)["root_failures"].add_(failures)
                 c.root_counts.append((bg, members, updated))
             if cfg.eigenvalue_correction is not None:
+                if bg.rounds_roots and bg.dims:
+                    # Eq. (17a): the gradient rounded to the eigenbases' dtype
+                    # straight from its own, as Meta's grad.to(...).
+                    gb = gather(bg, gp.layouts, c.g, members, bg.root_dtype)
                 preconditioner.update_corrected_moment(
                     bg, gb, rows, ok, cfg.eigenvalue_correction
                 )

@@ -168,10 +168,19 @@ def refresh_inverse_roots(
 
 
 def rotate(bg: BlockGroup, x: torch.Tensor, rows: Rows, transpose: bool) -> torch.Tensor:
-    """Eq. (17): ``X x_k Q_k^T`` (``transpose``, into the eigenbasis) or ``X x_k Q_k`` (back)."""
+    """Eq. (17): ``X x_k Q_k^T`` (``transpose``, into the eigenbasis) or ``X x_k Q_k`` (back).
+
+    With eigenbases stored in another dtype q than the factors (eq. 17a) the
+    rotation is computed in q, as Meta's ``_precondition_grad``: ``x`` cast
+    to q, each ``bmm`` of two q tensors returning q (every mode product
+    rounded to q), the result cast back to the factor dtype. A block with no
+    preconditioned dim is not cast.
+    """
+    if bg.rounds_roots and bg.dims:
+        x = x.to(bg.root_dtype)
     for k in bg.dims:
         x = mode_product(x, take(bg.inverse_roots[k], rows), k, transpose=transpose)
-    return x
+    return x.to(bg.dtype)
 
 
 def update_corrected_moment(
@@ -179,11 +188,24 @@ def update_corrected_moment(
     ec: EigenvalueCorrectionConfig,
 ) -> None:
     """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the current basis (a sum
-    when ``beta2 == 1``)."""
+    when ``beta2 == 1``).
+
+    With ``corrected_eigenvalues_dtype`` s (eq. 17a) Meta's operations on D
+    in s: ``D * beta2`` (torch takes beta2 in D's precision, float32 below
+    float64, and rounds to s), then ``addcmul`` with weight ``1 - beta2``
+    (1 for a sum) computed in the factor dtype and rounded to s once.
+    ``gb`` arrives in the eigenbases' dtype when they are stored in another
+    (:func:`rotate` then casts nothing).
+    """
     assert bg.corrected is not None and bg.corrected_updates is not None
     rotated = rotate(bg, gb, rows, transpose=True)
     old = take(bg.corrected, rows)
-    if ec.decays:
+    if ec.corrected_eigenvalues_dtype is not None:
+        decayed = old * ec.beta2 if ec.decays else old
+        weight = 1.0 - ec.beta2 if ec.decays else 1.0
+        new = torch.addcmul(decayed.to(rotated.dtype), rotated, rotated,
+                            value=weight).to(old.dtype)
+    elif ec.decays:
         new = ec.beta2 * old + (1.0 - ec.beta2) * rotated**2
     else:
         new = old + rotated**2
@@ -196,19 +218,34 @@ def update_corrected_moment(
 def corrected_direction(
     bg: BlockGroup, fb: torch.Tensor, rows: Rows, ec: EigenvalueCorrectionConfig
 ) -> torch.Tensor:
-    """Eq. (17): ``((F x_k Q_k^T) / ((D / bc)^(1/root) + eps)) x_k Q_k``."""
+    """Eq. (17): ``((F x_k Q_k^T) / ((D / bc)^(1/root) + eps)) x_k Q_k``.
+
+    With ``corrected_eigenvalues_dtype`` s (eq. 17a) the denominator is
+    Meta's ``D.div(bc).pow_(1 / root).add_(eps)`` in s: bc taken in D's
+    precision (float32 below float64), each operation rounded to s; the
+    quotient in the factor dtype.
+    """
     assert bg.corrected is not None and bg.corrected_updates is not None
     d = take(bg.corrected, rows)
+    bc = None
     if ec.corrects_bias:  # one power per row (batch invariance)
         n = take(bg.corrected_updates, rows)
         power = rowwise(lambda x: torch.pow(ec.beta2, x), n.to(bg.dtype))
         bc = torch.where(n > 0, 1.0 - power, torch.ones_like(power))
-        d = d / _per_row(bc, d)
+    rounded = ec.corrected_eigenvalues_dtype is not None
+    if bc is not None:
+        if rounded:  # Meta's D.div(bc): bc in D's compute precision, the quotient in s
+            compute = torch.float64 if d.dtype == torch.float64 else torch.float32
+            d = (d.to(compute) / _per_row(bc.to(compute), d)).to(d.dtype)
+        else:
+            d = d / _per_row(bc, d)
     rotated = rotate(bg, fb, rows, transpose=True)
-    # sqrt is correctly rounded (batch invariant); other exponents one block per call.
+    # sqrt (batch invariant); other exponents one block per call.
     root = ec.root_for(len(bg.shape))  # the block order
     root_d = torch.sqrt(d) if root == 2 else rowwise(lambda x: x ** (1.0 / root), d)
-    scaled = rotated / (root_d + ec.epsilon)
+    scaled = torch.div(rotated, root_d + ec.epsilon)
+    if rounded:
+        scaled = scaled.to(bg.dtype)  # Meta's in-place div_ keeps the gradient's dtype
     return rotate(bg, scaled, rows, transpose=False)
 
 
