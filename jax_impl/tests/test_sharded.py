@@ -85,6 +85,14 @@ CONFIGS = {
     ),
     # Roots stored in bfloat16 (eq. 11a), products in bfloat16 (eq. 16).
     "bf16_roots": dataclasses.replace(BASE, inverse_root_dtype="bfloat16"),
+    # Eq. (17a): eigenbases in bfloat16 (rotations in bfloat16), D in float16.
+    "corrected_stored_dtypes": dataclasses.replace(
+        BASE,
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+            beta2=0.95, epsilon=1e-4, eigenvectors_dtype="bfloat16",
+            corrected_eigenvalues_dtype="float16"),
+        gradient_filter=ss.GradientFilterConfig(beta1=0.9),
+    ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.
