@@ -17,6 +17,7 @@ name or ``"WeightDecayType.NAME"``; dtypes as ``"float32"`` or
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
@@ -365,10 +366,17 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "(factors in float32 or float64)."
         )
     inverse_root_dtype = _inverse_root_dtype(p, kind, factor_dtype)
-    # Storage dtypes of the eigenvectors and corrected eigenvalues: read
-    # strictly; the backends keep them in factor_dtype (docs/migrating.md, inventory).
-    for key in ("corrected_eigenvalues_dtype", "factor_matrix_eigenvectors_dtype"):
-        dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
+    if correction is not None:
+        correction = dataclasses.replace(
+            correction,
+            eigenvectors_dtype=_storage_dtype(p, kind, "factor_matrix_eigenvectors_dtype",
+                                              factor_dtype),
+            corrected_eigenvalues_dtype=_storage_dtype(p, kind, "corrected_eigenvalues_dtype",
+                                                       factor_dtype),
+        )
+    else:
+        for key in ("factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"):
+            _storage_dtype(p, kind, key, factor_dtype)
     tolerated = p.integer("num_tolerated_failed_amortized_computations", 3, low=0)
     return Preconditioner(
         statistics=StatisticsConfig(
@@ -418,6 +426,29 @@ def _inverse_root_dtype(p: Args, kind: str, factor_dtype: str) -> InverseRootDty
                 f"RootInvShampooPreconditionerConfig ({kind} has no such field; its "
                 "eigenvectors and eigenvalues have factor_matrix_eigenvectors_dtype and "
                 "corrected_eigenvalues_dtype)."
+            )
+        return None
+    return None if value == factor_dtype else _ROOT_DTYPES[value]
+
+
+def _storage_dtype(p: Args, kind: str, key: str, factor_dtype: str) -> InverseRootDtype | None:
+    """Reads ``preconditioner_config.factor_matrix_eigenvectors_dtype`` or
+    ``.corrected_eigenvalues_dtype`` (EigenvalueCorrected only; default float32).
+
+    Returns ``eigenvalue_correction.eigenvectors_dtype`` resp.
+    ``.corrected_eigenvalues_dtype`` (eq. 17a, with the lines of Meta's
+    source): None when it equals ``factor_matrix_dtype`` (Meta keeps Q_k,
+    resp. D, in the factor dtype, as the backends do), else its value, Meta's
+    default float32 included (with float64 factors Meta stores both in
+    float32). ``RootInvShampooPreconditionerConfig`` has no such field (Meta's
+    constructor refuses it): a ValueError there.
+    """
+    value = dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
+    if kind != "EigenvalueCorrectedShampooPreconditionerConfig":
+        if key in p:
+            raise ValueError(
+                f"preconditioner_config.{key} = {p.data[key]!r} is invalid: allowed only with "
+                f"EigenvalueCorrectedShampooPreconditionerConfig ({kind} has no such field)."
             )
         return None
     return None if value == factor_dtype else _ROOT_DTYPES[value]
