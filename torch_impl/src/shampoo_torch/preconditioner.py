@@ -35,7 +35,15 @@ from shampoo_spec import (
 )
 
 from . import grafting, roots
-from .blocks import BlockGroup, Rows, contraction_operands, mode_product, put, take
+from .blocks import (
+    BlockGroup,
+    Rows,
+    contraction_operands,
+    mode_product,
+    mode_product_in,
+    put,
+    take,
+)
 from .invariance import rowwise
 
 
@@ -172,15 +180,20 @@ def rotate(bg: BlockGroup, x: torch.Tensor, rows: Rows, transpose: bool) -> torc
 
     With eigenbases stored in another dtype q than the factors (eq. 17a) the
     rotation is computed in q, as Meta's ``_precondition_grad``: ``x`` cast
-    to q, each ``bmm`` of two q tensors returning q (every mode product
-    rounded to q), the result cast back to the factor dtype. A block with no
-    preconditioned dim is not cast.
+    to q, every mode product rounded to q (:func:`~shampoo_torch.blocks.mode_product_in`),
+    the result cast back to the factor dtype. A block with no preconditioned
+    dim is not cast.
     """
     if bg.rounds_roots and bg.dims:
+        assert bg.root_dtype is not None
         x = x.to(bg.root_dtype)
+        for k in bg.dims:
+            x = mode_product_in(x, take(bg.inverse_roots[k], rows), k, bg.root_dtype,
+                                transpose=transpose)
+        return x.to(bg.dtype)
     for k in bg.dims:
         x = mode_product(x, take(bg.inverse_roots[k], rows), k, transpose=transpose)
-    return x.to(bg.dtype)
+    return x
 
 
 def update_corrected_moment(
@@ -256,17 +269,22 @@ def shampoo_direction(
 
     Eq. (16): ``P = F x_1 X_1 x_2 X_2 ...`` over the preconditioned dims, or
     eq. (17) with eigenvalue correction. With ``inverse_root_dtype`` s the
-    products are in s, as Meta's (``fb`` arrives rounded to s; each ``bmm``
-    of two s tensors returns s, i.e. every mode product rounded to s) and P
+    products are in s, as Meta's (``fb`` arrives rounded to s; every mode
+    product rounded to s, :func:`~shampoo_torch.blocks.mode_product_in`) and P
     goes back to the factor dtype for eqs. (18)-(21), as Meta casts it back
     to the gradient's dtype.
     """
     if cfg.eigenvalue_correction is not None:
         return corrected_direction(bg, fb, rows, cfg.eigenvalue_correction)
     pb = fb
+    if bg.rounds_roots:
+        assert bg.root_dtype is not None
+        for k in bg.dims:
+            pb = mode_product_in(pb, take(bg.inverse_roots[k], rows), k, bg.root_dtype)
+        return pb.to(bg.dtype)
     for k in bg.dims:
         pb = mode_product(pb, take(bg.inverse_roots[k], rows), k)
-    return pb.to(bg.dtype) if bg.rounds_roots else pb
+    return pb
 
 
 def rescale_blocks_to_graft(
