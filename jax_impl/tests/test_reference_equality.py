@@ -441,3 +441,40 @@ def test_eigenbases_and_moment_are_the_references_bit_for_bit(q: str, s: str) ->
                     refreshed.append(not np.array_equal(basis, np.eye(len(basis))))
     assert sum(refreshed) > len(refreshed) // 2 and float(np.mean(bases)) <= 0.02, bases
     assert s == "float32" or float(np.mean(moments)) <= 0.02, moments
+
+
+# ------------------------------------------------ eq. (17b): eigenbasis reuse
+class _CountingReference(ReferenceShampoo):
+    """The reference, counting eq. (17b)'s decisions (kept, recomputed)."""
+
+    decisions: list[bool]
+
+    def _basis_still_fits(self, basis, a):  # type: ignore[no-untyped-def]
+        fits = super()._basis_still_fits(basis, a)
+        if basis is not None:
+            self.decisions = [*getattr(self, "decisions", []), fits]
+        return fits
+
+
+@pytest.mark.parametrize("tolerance", [0.05, 0.3])
+@pytest.mark.parametrize("q", [None, "bfloat16"])
+def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
+    """float64 JAX against the reference with eigenbases kept by eq. (17b) on some root
+    steps and recomputed on others (both happen: checked): the float64 agreement."""
+    base = CASES["eigenvalue_correction"]
+    ec = base.eigenvalue_correction
+    assert ec is not None
+    config = dataclasses.replace(
+        base, factor_dtype="float64",
+        schedule=ss.ScheduleConfig(precondition_frequency=1, start_preconditioning_step=13),
+        eigenvalue_correction=dataclasses.replace(ec, basis_reuse_tolerance=tolerance,
+                                                  eigenvectors_dtype=q))  # type: ignore[arg-type]
+    params, grads = stream()
+    counting = _CountingReference(config, params)
+    for g in grads:
+        counting.step(g)
+    assert any(counting.decisions) and not all(counting.decisions), counting.decisions
+    want = reference_run(config, params, grads)
+    got = jax_run(config, params, grads, dtype=np.float64)
+    err, where = relative_error(got, want, params)
+    assert err <= 1e-9, f"relative error {err:.3e} at {where}"

@@ -93,6 +93,13 @@ CONFIGS = {
             corrected_eigenvalues_dtype="float16"),
         gradient_filter=ss.GradientFilterConfig(beta1=0.9),
     ),
+    # Eq. (17b): eigenbases kept on some root steps.
+    "corrected_basis_reuse": dataclasses.replace(
+        BASE,
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+            beta2=0.95, epsilon=1e-8, basis_reuse_tolerance=0.3),
+        schedule=ss.ScheduleConfig(precondition_frequency=1, start_preconditioning_step=2),
+    ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.

@@ -18,6 +18,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo, round_to
+from shampoo_reference.linalg import basis_still_fits
 
 ROUNDED = ("float32", "bfloat16", "float16")
 
@@ -163,3 +164,49 @@ def test_bfloat16_moment_is_eq17a() -> None:
 def test_unknown_dtype_is_refused() -> None:
     with pytest.raises(ValueError, match="eigenvectors_dtype"):
         ss.EigenvalueCorrectionConfig(eigenvectors_dtype="float8")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------ eq. (17b): eigenbasis reuse
+@pytest.mark.parametrize("theta", [0.01, 0.1, 0.3])
+def test_basis_fit_criterion_closed_form(theta: float) -> None:
+    """A = diag(3, 1) in a basis rotated by theta: B's off-diagonal entries are
+    (3 - 1) sin(theta) cos(theta), so ||off||_F = sqrt(2) |sin(2 theta)| and
+    ||B||_F = sqrt(10); the basis fits iff that ratio is <= tolerance."""
+    c, s = np.cos(theta), np.sin(theta)
+    q = np.array([[c, -s], [s, c]])
+    ratio = np.sqrt(2.0) * abs(np.sin(2 * theta)) / np.sqrt(10.0)
+    a = np.diag([3.0, 1.0])
+    assert basis_still_fits(q, a, 0.0, ratio * (1 + 1e-9))
+    assert not basis_still_fits(q, a, 0.0, ratio * (1 - 1e-9))
+    # eps I is part of A (Meta's A_ridge): it adds to the norm, not to the off-diagonal.
+    ridge = np.sqrt(2.0) * abs(np.sin(2 * theta)) / np.linalg.norm([3.5, 1.5])
+    assert basis_still_fits(q, a, 0.5, ridge * (1 + 1e-9))
+    assert not basis_still_fits(q, a, 0.5, ridge * (1 - 1e-9))
+
+
+def test_tolerance_one_keeps_the_identity_basis_adam_in_closed_form() -> None:
+    """Eq. (17b) with tolerance 1: ||off|| <= ||B|| always holds, so Q_k stays I and
+    eq. (17) is Adam on the block: D = EMA of G^2, P = G / (sqrt(D / bc) + epsilon)."""
+    ec = ss.EigenvalueCorrectionConfig(beta2=0.9, epsilon=1e-3, basis_reuse_tolerance=1.0)
+    config = ss.ShampooConfig(learning_rate=0.5, blocking=ss.BlockingConfig(merge_dims_up_to=None),
+                              factor_dtype="float64", eigenvalue_correction=ec)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 3))
+    opt = ReferenceShampoo(config, {"w": w})
+    d = np.zeros((4, 3))
+    for t in range(1, 6):
+        g = rng.standard_normal((4, 3))
+        new_w = opt.step({"w": g})["w"]
+        d = 0.9 * d + 0.1 * g**2
+        p = g / (np.sqrt(d / (1 - 0.9**t)) + 1e-3)
+        np.testing.assert_allclose(new_w, w - 0.5 * p, rtol=1e-13, atol=1e-15)
+        for q in opt.state["w"].blocks[0].inverse_roots:
+            assert q is not None and np.array_equal(q, np.eye(len(q)))
+        w = new_w
+    assert opt.metrics.root_failures == 0
+    # Without reuse the same stream leaves the identity at the first root step.
+    fresh = ReferenceShampoo(dataclasses.replace(config, eigenvalue_correction=dataclasses.replace(
+        ec, basis_reuse_tolerance=0.0)), {"w": rng.standard_normal((4, 3))})
+    fresh.step({"w": rng.standard_normal((4, 3))})
+    assert not all(np.array_equal(q, np.eye(len(q)))
+                   for q in fresh.state["w"].blocks[0].inverse_roots if q is not None)

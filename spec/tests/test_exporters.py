@@ -73,6 +73,9 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
     if corrected:
         pc["type"] = "EigenvalueCorrectedShampooPreconditionerConfig"
         pc["amortized_computation_config"] = {"type": "EighEigendecompositionConfig"}
+        reuse = draw(st.sampled_from([None, 0.0, 0.01, 0.5]))  # eq. (17b)
+        if reuse is not None:
+            pc["amortized_computation_config"]["tolerance"] = reuse
         pc["ignored_basis_change_dims"] = {
             o: draw(st.lists(st.integers(0, o - 1), unique=True)) for o in orders
         }

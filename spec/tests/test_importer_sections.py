@@ -191,14 +191,17 @@ def test_meta_preconditioner_refuses(config: dict[str, Any], match: str) -> None
 
 
 def test_meta_root_inverse() -> None:
-    assert meta._root_inverse(None) == (ss.EighConfig(), "ridge")
+    assert meta._root_inverse(None) == (ss.EighConfig(), "ridge", 0.0)
     after = {"type": "EigenConfig",
              "rank_deficient_stability_config": {"type": "PerturbationConfig",
                                                  "perturb_before_computation": False}}
-    assert meta._root_inverse(after) == (ss.EighConfig(), "shift_after")
+    assert meta._root_inverse(after) == (ss.EighConfig(), "shift_after", 0.0)
     assert meta._root_inverse({"type": "CoupledNewtonConfig"}) == (
-        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), "ridge"
+        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), "ridge", 0.0
     )
+    # Eq. (17b): the eigenbasis reuse tolerance of eigenvalue correction's eigh config.
+    eigh = {"type": "EighEigendecompositionConfig", "tolerance": 0.01}
+    assert meta._root_inverse(eigh, corrected=True) == (ss.EighConfig(), "ridge", 0.01)
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.tolerance"):
         meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01})
     with pytest.raises(NotImplementedError, match=r"rank_deficient_stability_config\.type"):

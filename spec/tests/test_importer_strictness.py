@@ -605,3 +605,25 @@ def test_config_errors_name_the_anchor_argument(importer: Any, kwargs: dict[str,
     """A value our config refuses is reported with the anchor's argument, not only our field."""
     with pytest.raises(ValueError, match=rf"^from_(meta|google): {argument} = "):
         importer(kwargs)
+
+
+def test_meta_eigh_tolerance_is_eigenbasis_reuse_with_eigenvalue_correction() -> None:
+    """Eq. (17b): EighEigendecompositionConfig.tolerance of eigenvalue-corrected Shampoo
+    is basis_reuse_tolerance (exported back); out of [0, 1] it is refused, and with
+    RootInv's EigenConfig a tolerance > 0 stays refused, naming the key."""
+    pc = {**EIGEN_CORRECTED, "amortized_computation_config": {
+        "type": "EighEigendecompositionConfig", "tolerance": 0.05}}
+    c = ss.from_meta({"preconditioner_config": pc})
+    assert c.eigenvalue_correction is not None
+    assert c.eigenvalue_correction.basis_reuse_tolerance == 0.05
+    exported = ss.to_meta(c)["preconditioner_config"]["amortized_computation_config"]
+    assert exported == {"type": "EighEigendecompositionConfig", "tolerance": 0.05}
+    assert ss.from_meta(ss.to_meta(c)) == c
+    bad = {**pc, "amortized_computation_config": {"type": "EighEigendecompositionConfig",
+                                                   "tolerance": 1.5}}
+    with pytest.raises(ValueError, match=r"amortized_computation_config.tolerance = 1.5 is "
+                                         r"invalid: allowed a number in \[0, 1\]"):
+        ss.from_meta({"preconditioner_config": bad})
+    with pytest.raises(NotImplementedError, match="tolerance"):
+        ss.from_meta({"preconditioner_config": {**ROOT_INV, "amortized_computation_config": {
+            "type": "EigenConfig", "tolerance": 0.05}}})

@@ -514,3 +514,44 @@ def test_eigenbases_and_moment_are_the_references_bit_for_bit(q: str, s: str) ->
             moments.append(fraction_not_bitwise(d, want, s))
     assert bases and float(np.mean(bases)) <= 0.02, bases
     assert s == "float32" or float(np.mean(moments)) <= 0.02, moments
+
+
+# ------------------------------------------------ eq. (17b): eigenbasis reuse
+class _CountingReference(ReferenceShampoo):
+    """The reference, counting eq. (17b)'s decisions (kept, recomputed)."""
+
+    decisions: list[bool]
+
+    def _basis_still_fits(self, basis, a):  # type: ignore[no-untyped-def]
+        fits = super()._basis_still_fits(basis, a)
+        if basis is not None:
+            self.decisions = [*getattr(self, "decisions", []), fits]
+        return fits
+
+
+@pytest.mark.parametrize("tolerance", [0.05, 0.3])
+@pytest.mark.parametrize("q", [None, "bfloat16"])
+def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
+    """float64 torch against the reference with eigenbases kept by eq. (17b) on some
+    root steps and recomputed on others (both happen here: checked): the same
+    trajectory to float64 rounding (the float64 bound; a decision could only differ
+    where the ratio lies within ~1e-16 of the tolerance)."""
+    base = CASES["eigenvalue_correction"]
+    ec = base.eigenvalue_correction
+    assert ec is not None
+    config = dataclasses.replace(
+        base, factor_dtype="float64",
+        schedule=sched(precondition_frequency=1, start_preconditioning_step=13),
+        eigenvalue_correction=dataclasses.replace(ec, basis_reuse_tolerance=tolerance,
+                                                  eigenvectors_dtype=q))  # type: ignore[arg-type]
+    params, grads = stream(seed=7)
+    counting = _CountingReference(config, params)
+    for g in grads:
+        counting.step(g)
+    assert any(counting.decisions) and not all(counting.decisions), counting.decisions
+    ref = reference_run(config, params, grads)
+    ours = torch_run(config, params, grads, dtype=np.float64)
+    assert max_relative_error(params, ours, ref) <= 1e-9
+    without = reference_run(dataclasses.replace(config, eigenvalue_correction=dataclasses.replace(
+        config.eigenvalue_correction, basis_reuse_tolerance=0.0)), params, grads)
+    assert max_relative_error(params, without, ref) > 1e-6  # the reuse changes the run

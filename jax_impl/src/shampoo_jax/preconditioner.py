@@ -25,7 +25,7 @@ from shampoo_spec import ShampooConfig
 
 from . import blocks as B
 from . import grafting, schedule
-from .roots import compute_inverse_root
+from .roots import all_finite, basis_still_fits, compute_inverse_root
 from .state import BlockGroupState, factor_dtype
 
 Groups = tuple[BlockGroupState, ...]
@@ -155,6 +155,9 @@ def refresh_inverse_roots(
                     a = a * (jnp.maximum(trace, config.epsilon.value) ** -tau)[:, None, None]
                 batches.setdefault((grp.shape[k], grp.roots[k]), []).append((gi, i, a))
                 wanted.setdefault((grp.shape[k], grp.roots[k]), []).append(block_ok[gi])
+        factors_in: dict[tuple[int, int], Array] = {
+            (gi, i): a for items in batches.values() for gi, i, a in items
+        }
         results: dict[tuple[int, int], tuple[Array, Array]] = {}
         token: Array | None = None
         for key, items in batches.items():
@@ -188,6 +191,14 @@ def refresh_inverse_roots(
                 if x.dtype != xk.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
                     x = x.astype(xk.dtype)
                     good = good & jnp.all(jnp.isfinite(x), axis=(1, 2))
+                ec = config.eigenvalue_correction
+                if ec is not None and ec.basis_reuse_tolerance > 0:
+                    # Eq. (17b): a block whose stored eigenbasis still fits keeps it.
+                    a = factors_in[(gi, i)]
+                    fits = basis_still_fits(xk.astype(a.dtype), a, config.epsilon,
+                                            ec.basis_reuse_tolerance) & all_finite(a)
+                    x = jnp.where(fits[:, None, None], xk, x.astype(xk.dtype))
+                    good = good | fits
                 failed = ok & ~good
                 inverse_roots.append(jnp.where((ok & good)[:, None, None], x, xk))
                 any_failed = any_failed | failed

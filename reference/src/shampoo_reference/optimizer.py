@@ -41,6 +41,7 @@ from shampoo_spec import (
 
 from . import grafting
 from .linalg import (
+    basis_still_fits,
     effective_epsilon,
     eigenbasis,
     eigenbasis_with_error,
@@ -379,6 +380,8 @@ class ReferenceShampoo:
             tau = cfg.statistics.trace_scaling_exponent
             if tau > 0:  # eq. (7b)
                 a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
+            if self._basis_still_fits(bs.inverse_roots[k], a):
+                continue  # eq. (17b): the eigenbasis is kept (not a failure)
             new = self._inverse_root(a, roots[k])
             stored = self._stored_root_dtype
             if new is not None and stored is not None:
@@ -403,6 +406,19 @@ class ReferenceShampoo:
                 f"(failure.max_consecutive_root_failures={limit}; the step was completed, "
                 "failed roots kept their previous values)"
             )
+
+    def _basis_still_fits(self, basis: Array | None, a: Array) -> bool:
+        """Eq. (17b): with ``basis_reuse_tolerance`` tau > 0, whether the stored eigenbasis
+        still diagonalizes the finite factor ``a + eps I`` to tau (eps of eq. 9 with the
+        ridge placement, else 0)."""
+        ec = self.config.eigenvalue_correction
+        if ec is None or ec.basis_reuse_tolerance == 0 or basis is None:
+            return False
+        if not np.all(np.isfinite(a)):
+            return False
+        eps = self.config.epsilon
+        ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else 0.0
+        return basis_still_fits(basis, a, ridge, ec.basis_reuse_tolerance)
 
     @property
     def _stored_root_dtype(self) -> str | None:

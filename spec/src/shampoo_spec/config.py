@@ -334,6 +334,12 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     ``D / bc``, its root and ``+ epsilon`` each rounded to s, as Meta does.
     None (the default) keeps Q_k and D in ``factor_dtype`` and the reference
     unrounded: the numerics before these options, bit for bit.
+
+    ``basis_reuse_tolerance`` tau (Meta's ``EighEigendecompositionConfig.tolerance``,
+    eq. 17b): on a root step the stored Q_k is kept, without a new
+    eigendecomposition, when ``B = Q_k^T (A + eps I) Q_k`` is nearly diagonal,
+    ``sqrt(||B||_F^2 - ||diag B||^2) <= tau ||B||_F``; 0 (the default) always
+    decomposes.
     """
 
     beta2: float = 0.999
@@ -343,6 +349,7 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     roots_by_order: tuple[tuple[int, float], ...] = ()
     eigenvectors_dtype: InverseRootDtype | None = None
     corrected_eigenvalues_dtype: InverseRootDtype | None = None
+    basis_reuse_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
@@ -367,6 +374,7 @@ class EigenvalueCorrectionConfig(_MovingAverage):
             # One spelling per config (importers, exporters and checkpoints compare them).
             v.fail(o, "roots_by_order", self.roots_by_order,
                    f"only roots that differ from root = {self.root}")
+        v.real(o, "basis_reuse_tolerance", self.basis_reuse_tolerance, low=0.0, high=1.0)
         if self.eigenvectors_dtype is not None:
             v.choice(o, "eigenvectors_dtype", self.eigenvectors_dtype, INVERSE_ROOT_DTYPES,
                      none_means="the eigenbases stay in factor_dtype")

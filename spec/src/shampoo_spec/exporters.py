@@ -280,6 +280,9 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
             out["rank_deficient_stability_config"] = {
                 "type": "PerturbationConfig", "perturb_before_computation": False,
             }
+        ec = c.eigenvalue_correction
+        if ec is not None and ec.basis_reuse_tolerance > 0:  # eq. (17b)
+            out["tolerance"] = ec.basis_reuse_tolerance
         return out
     newton = c.root_inverse
     lacks.same("epsilon.placement", placement, "ridge", "Meta's coupled Newton adds a ridge")

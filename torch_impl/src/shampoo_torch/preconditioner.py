@@ -159,6 +159,17 @@ def refresh_inverse_roots(
         if bg.rounds_roots:
             new = new.to(bg.root_dtype)  # eq. (11a); elementwise, so batch invariant
             good = good & roots.finite_rows(new)
+        ec = cfg.eigenvalue_correction
+        if ec is not None and ec.basis_reuse_tolerance > 0:
+            # Eq. (17b): a row whose stored eigenbasis still fits keeps it (no failure).
+            prev = take(bg.inverse_roots[k], rows)
+            fits = rowwise(
+                partial(roots.basis_still_fits, eps=cfg.epsilon,
+                        tolerance=ec.basis_reuse_tolerance),
+                torch.stack([prev.to(a.dtype), a], dim=1),
+            ) & roots.finite_rows(a)
+            new = torch.where(fits[:, None, None], prev, new.to(prev.dtype))
+            good = good | fits
         failed = ~good if ok is None else (~good & ok)
         keep_new = good if ok is None else (good & ok)
         old = take(bg.inverse_roots[k], rows)

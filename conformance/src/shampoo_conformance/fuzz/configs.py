@@ -202,6 +202,7 @@ def step_configs(
             eigenvectors_dtype=draw(
                 st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
             corrected_eigenvalues_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16"])),
+            basis_reuse_tolerance=draw(st.sampled_from([0.0, 0.0, 0.1, 1.0])),  # eq. (17b)
         ) if eigen else None,
         grafting=grafting,
         gradient_filter=ss.GradientFilterConfig(

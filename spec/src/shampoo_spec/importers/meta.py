@@ -347,13 +347,19 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "yet for eigenvalue-corrected Shampoo (it also drops the weight of the corrected "
             "eigenvalues' EMA)."
         )
-    root_inverse, placement = _root_inverse(p.get("amortized_computation_config", None))
+    root_inverse, placement, reuse = _root_inverse(
+        p.get("amortized_computation_config", None),
+        corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
+    )
     correction = None
     if kind == "RootInvShampooPreconditionerConfig":
         p.unsupported("ignored_basis_change_dims", {}, "only for eigenvalue-corrected Shampoo")
         exponents = _exponents(p.get("inverse_exponent_override", {}))
     elif kind == "EigenvalueCorrectedShampooPreconditionerConfig":
-        correction = _eigenvalue_correction(p, shared, root_inverse, placement)
+        correction = dataclasses.replace(
+            _eigenvalue_correction(p, shared, root_inverse, placement),
+            basis_reuse_tolerance=reuse,
+        )
         exponents = _exponents({}, p.get("ignored_basis_change_dims", {}))
     else:
         raise NotImplementedError(f"preconditioner_config.type = {kind!r} is not supported.")
@@ -454,19 +460,35 @@ def _storage_dtype(p: Args, kind: str, key: str, factor_dtype: str) -> InverseRo
     return None if value == factor_dtype else _ROOT_DTYPES[value]
 
 
-def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
+def _root_inverse(
+    cfg: Any, corrected: bool = False
+) -> tuple[RootInverseConfig, Placement, float]:
     """Reads ``preconditioner_config.amortized_computation_config``.
 
-    Returns ``root_inverse`` and the epsilon placement: ``EigenConfig`` /
-    ``EighEigendecompositionConfig`` -> eigh (eq. 10) with ``"ridge"``, or
-    ``"shift_after"`` when ``perturb_before_computation`` is False;
-    ``CoupledNewtonConfig`` -> coupled Newton (eq. 11; max_iterations 100,
-    tolerance 1e-6) with the ridge.
+    Returns ``root_inverse``, the epsilon placement and the eigenbasis reuse
+    tolerance: ``EigenConfig`` / ``EighEigendecompositionConfig`` -> eigh
+    (eq. 10) with ``"ridge"``, or ``"shift_after"`` when
+    ``perturb_before_computation`` is False; ``CoupledNewtonConfig`` ->
+    coupled Newton (eq. 11; max_iterations 100, tolerance 1e-6) with the
+    ridge. ``EighEigendecompositionConfig.tolerance`` in [0, 1] is
+    ``eigenvalue_correction.basis_reuse_tolerance`` (eq. 17b) with
+    eigenvalue correction (``corrected``); > 0 is refused otherwise.
     """
     kind = type_of("amortized_computation_config", cfg) or "EigenConfig"
     args = Args("preconditioner_config.amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
     if kind in ("EigenConfig", "EighEigendecompositionConfig"):
-        args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal criterion")
+        reuse = 0.0
+        if corrected and kind == "EighEigendecompositionConfig":
+            reuse = args.number("tolerance", 0.0)
+            if not 0.0 <= reuse <= 1.0:
+                raise ValueError(
+                    "preconditioner_config.amortized_computation_config.tolerance = "
+                    f"{reuse!r} is invalid: allowed a number in [0, 1]."
+                )
+        else:
+            args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal "
+                             "criterion, supported with eigenvalue correction's "
+                             "EighEigendecompositionConfig")
         stab = args.get("rank_deficient_stability_config", None)
         stab_kind = type_of("rank_deficient_stability_config", stab) or "PerturbationConfig"
         if stab_kind != "PerturbationConfig":
@@ -479,7 +501,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
             ".perturb_before_computation",
             (stab or {}).get("perturb_before_computation", True),
         )
-        return EighConfig(), ("ridge" if before else "shift_after")
+        return EighConfig(), ("ridge" if before else "shift_after"), reuse
     if kind == "CoupledNewtonConfig":
         return (
             CoupledNewtonConfig(
@@ -489,6 +511,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, Placement]:
                 tolerance=args.number("tolerance", 1e-6),
             ),
             "ridge",
+            0.0,
         )
     raise NotImplementedError(
         f"amortized_computation_config.type = {kind!r} is not supported yet "
