@@ -701,7 +701,9 @@ class ShampooConfig:
     does; the reference emulates both roundings exactly. None (the default)
     keeps the roots in ``factor_dtype`` and the reference unrounded: today's
     numerics, bit for bit. Not with ``eigenvalue_correction`` (its Q_k are
-    eigenbases, which Meta stores under other dtype arguments).
+    eigenbases, which Meta stores under other dtype arguments: see
+    ``EigenvalueCorrectionConfig.eigenvectors_dtype`` and
+    ``corrected_eigenvalues_dtype``, eq. 17a).
     """
 
     learning_rate: float = 1e-2
