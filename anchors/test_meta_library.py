@@ -16,8 +16,10 @@ the final full-data losses must agree to 1e-8 relative. Everything runs in
 float64 (weights, data, and Meta's factor, root, eigenvector and eigenvalue
 dtypes are set to float64 in every case but the three ``inv_*_roots``, which
 store the roots in float32, bfloat16 or float16 as Meta's
-``inv_factor_matrix_dtype``: see :data:`ORDER_FLOOR_CASES` for how they are
-held), and "same numerics" means the same
+``inv_factor_matrix_dtype``, and the five ``ec_*``, which store eigenvalue
+correction's eigenvectors and corrected eigenvalues in float32, bfloat16 or
+float16: see :data:`ORDER_FLOOR_CASES` for how they are held), and "same
+numerics" means the same
 rules in the same order, so only rounding may differ: measured, 1e-15 to
 1e-10 after 50 steps (2e-9 for the Nesterov case, whose trajectory is that
 sensitive: Meta against itself, from W1 scaled by 1 + 1e-15, moves as much),
@@ -90,7 +92,7 @@ from distributed_shampoo.preconditioner import (  # noqa: E402
 from shampoo_conformance.anchor_cases import ADAGRAD, EIGEN64, META_CASES  # noqa: E402
 from shampoo_spec import from_meta  # noqa: E402
 from shampoo_torch import Shampoo  # noqa: E402
-from shampoo_torch.blocks import mode_product  # noqa: E402
+from shampoo_torch.blocks import mode_product_in  # noqa: E402
 
 STEPS = 50
 BATCH = 64
@@ -297,25 +299,77 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "epsilon": 1e-6,
         "preconditioner_config": {**EIGEN64, "inv_factor_matrix_dtype": "float16"},
     },
+    # factor_matrix_eigenvectors_dtype and corrected_eigenvalues_dtype
+    # (eigenvalue_correction.eigenvectors_dtype / corrected_eigenvalues_dtype,
+    # eq. 17a) on the eigenvalue_corrected case's arguments, float64 factors:
+    # Meta's defaults (both float32), and each in bfloat16 alone.
+    **{
+        f"ec_{name}": {
+            **META_CASES["eigenvalue_corrected"],
+            "preconditioner_config": {
+                **META_CASES["eigenvalue_corrected"]["preconditioner_config"],
+                "factor_matrix_eigenvectors_dtype": q,
+                "corrected_eigenvalues_dtype": d,
+            },
+        }
+        for name, q, d in (
+            ("float32_eigenvectors_and_eigenvalues", "float32", "float32"),
+            ("bfloat16_eigenvectors", "bfloat16", "float64"),
+            ("bfloat16_eigenvalues", "float64", "bfloat16"),
+            ("bfloat16_eigenvectors_and_eigenvalues", "bfloat16", "bfloat16"),
+        )
+    },
+    # EighEigendecompositionConfig.tolerance (eigenvalue_correction.basis_reuse_tolerance,
+    # eq. 17b): roots every 3 steps from step 9; ours keeps the eigenbasis in 313 of
+    # its 616 decisions. Measured 6.1e-15 (recomputing every basis instead: 8.5e-2).
+    "ec_basis_reuse": {
+        **META_CASES["eigenvalue_corrected"],
+        "precondition_frequency": 3,
+        "start_preconditioning_step": 9,
+        "preconditioner_config": {
+            **META_CASES["eigenvalue_corrected"]["preconditioner_config"],
+            "amortized_computation_config": {"type": "EighEigendecompositionConfig",
+                                             "tolerance": 0.1},
+        },
+    },
+    # float16 Q_k and D: epsilon 1e-6 (eq. 17a refuses one below float16's 2^-24).
+    "ec_float16_eigenvectors_and_eigenvalues": {
+        **META_CASES["eigenvalue_corrected"],
+        "epsilon": 1e-6,
+        "preconditioner_config": {
+            **META_CASES["eigenvalue_corrected"]["preconditioner_config"],
+            "factor_matrix_eigenvectors_dtype": "float16",
+            "corrected_eigenvalues_dtype": "float16",
+        },
+    },
 }
 
-#: Cases whose Kronecker products are computed in a storage dtype narrower than
-#: float64 (eq. 16). The spec fixes where a product is rounded, not the order in
-#: which a GEMM sums it: Meta computes each product as ``tensordot(G, X)`` (G^T X,
-#: an ``mm``), we as a batched ``X @ G`` (``shampoo_torch.blocks.mode_product``);
-#: in float32 or float16 the two sums differ by a few ulps in many entries, every
-#: step. So such a case runs Meta twice, as shipped and with only that order
-#: changed to ours (:func:`_meta_products_in_our_order`: Meta's own casts, our
-#: GEMM calls), and requires (1) ours equal to the second within TOLERANCE: the
-#: same rules, cast for cast; (2) ours within ``floor + TOLERANCE`` of Meta as
-#: shipped, floor = Meta against Meta in our order (the triangle inequality).
-#: Measured on this model, floor / ours against Meta in our order: float32 roots
-#: (epsilon 1e-4) 2.3e-7 / 8e-15; bfloat16 0 / 9e-14 (its products, summed in
-#: float32 by torch on CPU, round alike in either order); float16 1.7e-2 / 6e-16
-#: (an ulp of float16 is 1e-3, and epsilon 1e-6 lets the dynamics grow it).
-#: Ignoring the option (roots unrounded, products in float64) moves the weights
-#: by 9e-7, 2e-1 and 2.5e-2 from Meta.
-ORDER_FLOOR_CASES = {"inv_float32_roots", "inv_bfloat16_roots", "inv_float16_roots"}
+#: Cases whose Kronecker products (eq. 16) or eigenbasis rotations (eq. 17a) are
+#: computed in a storage dtype narrower than float64. The spec fixes where a
+#: product is rounded, not the order in which a GEMM sums it: Meta computes each
+#: product as ``tensordot(G, M)`` (an ``mm`` in that dtype, one block at a time),
+#: we as a batched float32 GEMM rounded once for bfloat16/float16, or a batched
+#: ``bmm`` in float32 (``shampoo_torch.blocks.mode_product_in``); the sums can
+#: differ by a few ulps of float32, which flips a rounding now and then. So such a
+#: case runs Meta twice, as shipped and with only that order changed to ours
+#: (:func:`_meta_products_in_our_order`: Meta's own casts, our GEMM calls), and
+#: requires (1) ours equal to the second within TOLERANCE: the same rules, cast
+#: for cast; (2) ours within ``floor + TOLERANCE`` of Meta as shipped, floor =
+#: Meta against Meta in our order (the triangle inequality).
+#: Measured on this model (floor / ours against Meta in our order / ours against
+#: Meta with the option ignored, i.e. before it was imported):
+#: inv_factor_matrix_dtype float32 (epsilon 1e-4) 2.3e-7 / 8e-15 / 9e-7; bfloat16
+#: 0 / 9e-14 / 2e-1; float16 1.7e-3 / 2.3e-16 / 2.5e-2 (an ulp of float16 is 1e-3,
+#: and epsilon 1e-6 lets the dynamics grow it).
+#: Eigenvalue correction (factor_matrix_eigenvectors_dtype q,
+#: corrected_eigenvalues_dtype s): q = s = float32 (Meta's defaults) 5.2e-8 /
+#: 3.2e-16 / 2.5e-7; q bfloat16 0 / 3.6e-16 / 7.0e-3; s bfloat16 1e-15 / 4.6e-15 /
+#: 2.3e-3; both bfloat16 0 / 3.2e-16 / 9.2e-3; both float16 (epsilon 1e-6)
+#: 6.5e-5 / 3.4e-16 / 7.1e-1.
+ORDER_FLOOR_CASES = {"inv_float32_roots", "inv_bfloat16_roots", "inv_float16_roots",
+                     "ec_float32_eigenvectors_and_eigenvalues", "ec_bfloat16_eigenvectors",
+                     "ec_bfloat16_eigenvalues", "ec_bfloat16_eigenvectors_and_eigenvalues",
+                     "ec_float16_eigenvectors_and_eigenvalues"}
 
 #: Cases run on Meta's library as shipped: its scalars in float32 and the lr as given.
 AS_SHIPPED = {"defaults_adagrad_float32_scalars"}
@@ -363,11 +417,11 @@ def _params() -> list[Any]:
 def _float64_kwargs(case: Mapping[str, Any], *, float32_lr: bool) -> dict[str, Any]:
     """The case's kwargs with :data:`BASE_KWARGS` and every Meta storage dtype float64.
 
-    Meta's defaults are float32 factors and roots; from_meta maps the factor
-    dtype and ``inv_factor_matrix_dtype`` (to ``inverse_root_dtype``) and
-    ignores the eigenvector and eigenvalue dtypes (docs/migrating.md,
-    inventory), so every one a case does not set is pinned to float64 for a
-    float64 comparison. With ``float32_lr`` the
+    Meta's defaults are float32 factors, roots, eigenvectors and corrected
+    eigenvalues; from_meta maps each (``inverse_root_dtype``, eq. 11a;
+    ``eigenvalue_correction.eigenvectors_dtype`` and
+    ``.corrected_eigenvalues_dtype``, eq. 17a), so every one a case does not
+    set is pinned to float64 for a float64 comparison. With ``float32_lr`` the
     learning rate is rounded to the nearest float32 for both optimizers:
     Meta multiplies by a float32 lr tensor, which is then exact.
     """
@@ -527,40 +581,72 @@ def problem() -> Iterator[tuple[Batches, Data]]:
     torch.set_num_threads(threads)
 
 
-def _precondition_grad_in_our_order(
+def _products_in_our_order(
+    grad: torch.Tensor,
+    preconditioned_dims_selector: tuple[bool, ...],
+    preconditioner_list: tuple[torch.Tensor, ...],
+    transpose: bool,
+) -> torch.Tensor:
+    """Meta's ``_precondition_grad`` (shampoo_preconditioner_list.py:1542-1578) with its
+    casts kept and each ``tensordot`` replaced by our ``mode_product_in(G, M, k, dtype)``.
+
+    Meta casts the gradient to the preconditioners' dtype (:1560, :1567),
+    multiplies dim by dim (rotating the dims, which after every dim is the
+    identity) and casts the result back to the gradient's dtype (:1578); so
+    does this, with our GEMM calls, i.e. our order of summation inside each
+    product, and our operand: ``M G`` or ``M^T G`` as our backend forms it.
+    """
+    target = next(iter({p.dtype for p in preconditioner_list}), grad.dtype)
+    matrices = iter(preconditioner_list)
+    out = grad
+    for k, precondition in enumerate(preconditioned_dims_selector):
+        if precondition:
+            out = mode_product_in(out.to(target)[None], next(matrices)[None], k, target,
+                                  transpose=transpose)[0]
+    return out.to(grad.dtype)
+
+
+def _roots_in_our_order(
     grad: torch.Tensor,
     preconditioned_dims_selector: tuple[bool, ...],
     preconditioner_list: tuple[torch.Tensor, ...],
     dims: tuple[list[int], list[int]] = ([0], [0]),
 ) -> torch.Tensor:
-    """Meta's ``_precondition_grad`` (shampoo_preconditioner_list.py:1542-1578) with its
-    casts kept and each ``tensordot(G, X)`` replaced by our ``mode_product(G, X, k)``.
-
-    Meta casts the gradient to the roots' dtype (:1560, :1567), multiplies dim by
-    dim (rotating the dims, which after every dim is the identity) and casts the
-    result back to the gradient's dtype (:1578); so does this, with our GEMM
-    calls, i.e. our order of summation inside each product.
-    """
+    """Eq. (16): Meta's ``tensordot(G, X, ([0], [0]))`` is X^T G; we form X G with the
+    (symmetric up to rounding) root X, as ``shampoo_torch`` does."""
     assert dims == ([0], [0])
-    target = next(iter({p.dtype for p in preconditioner_list}), grad.dtype)
-    roots = iter(preconditioner_list)
-    out = grad
-    for k, precondition in enumerate(preconditioned_dims_selector):
-        if precondition:
-            out = mode_product(out.to(target)[None], next(roots)[None], k)[0]
-    return out.to(grad.dtype)
+    return _products_in_our_order(grad, preconditioned_dims_selector, preconditioner_list,
+                                  transpose=False)
+
+
+def _rotations_in_our_order(
+    grad: torch.Tensor,
+    preconditioned_dims_selector: tuple[bool, ...],
+    preconditioner_list: tuple[torch.Tensor, ...],
+    dims: tuple[list[int], list[int]] = ([0], [0]),
+) -> torch.Tensor:
+    """Eq. (17a): ``tensordot(G, Q, ([0], [0]))`` sums G[i] Q[i, j], i.e. Q^T G (into the
+    eigenbasis); with ``([0], [1])`` G[j] Q[i, j], i.e. Q G (back), as ``shampoo_torch``."""
+    assert dims in (([0], [0]), ([0], [1]))
+    return _products_in_our_order(grad, preconditioned_dims_selector, preconditioner_list,
+                                  transpose=dims == ([0], [0]))
 
 
 @contextlib.contextmanager
 def _meta_products_in_our_order() -> Iterator[None]:
-    """Meta with :func:`_precondition_grad_in_our_order` in place of its own, while it runs."""
-    owner = shampoo_preconditioner_list.BaseShampooPreconditionerList
-    original = owner.__dict__["_precondition_grad"]  # the staticmethod object itself
-    owner._precondition_grad = staticmethod(_precondition_grad_in_our_order)
+    """Meta with :func:`_roots_in_our_order` (and :func:`_rotations_in_our_order` for
+    eigenvalue correction) in place of its own, while it runs."""
+    base = shampoo_preconditioner_list.BaseShampooPreconditionerList
+    corrected = shampoo_preconditioner_list.EigenvalueCorrectedShampooPreconditionerList
+    original = base.__dict__["_precondition_grad"]  # the staticmethod object itself
+    assert "_precondition_grad" not in corrected.__dict__
+    base._precondition_grad = staticmethod(_roots_in_our_order)
+    corrected._precondition_grad = staticmethod(_rotations_in_our_order)  # type: ignore[method-assign]
     try:
         yield
     finally:
-        owner._precondition_grad = original
+        base._precondition_grad = original
+        del corrected._precondition_grad
 
 
 @pytest.mark.parametrize("name", _params())

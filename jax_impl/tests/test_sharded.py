@@ -88,6 +88,21 @@ CONFIGS = {
     # Momentum stored as int8 with float32 scales (eq. 20b).
     "int8_momentum": dataclasses.replace(BASE, momentum=ss.MomentumConfig(
         momentum=0.9, storage="int8_columnwise")),
+    # Eq. (17a): eigenbases in bfloat16 (rotations in bfloat16), D in float16.
+    "corrected_stored_dtypes": dataclasses.replace(
+        BASE,
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+            beta2=0.95, epsilon=1e-4, eigenvectors_dtype="bfloat16",
+            corrected_eigenvalues_dtype="float16"),
+        gradient_filter=ss.GradientFilterConfig(beta1=0.9),
+    ),
+    # Eq. (17b): eigenbases kept on some root steps.
+    "corrected_basis_reuse": dataclasses.replace(
+        BASE,
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+            beta2=0.95, epsilon=1e-8, basis_reuse_tolerance=0.3),
+        schedule=ss.ScheduleConfig(precondition_frequency=1, start_preconditioning_step=2),
+    ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.

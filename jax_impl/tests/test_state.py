@@ -160,6 +160,45 @@ def test_checkpoint_keeps_int8_momentum(tmp_path) -> None:  # noqa: ANN001
         shampoo_jax.state_from_arrays(arrays, like=float_opt.init(p))
 
 
+@pytest.mark.parametrize(("q", "d"), [("bfloat16", "float16"), ("float16", "bfloat16")])
+def test_checkpoint_keeps_the_eigenvalue_correction_dtypes(tmp_path, q: str, d: str) -> None:  # noqa: ANN001
+    """Eq. (17a): eigenbases live and are saved in ``eigenvectors_dtype``, D in
+    ``corrected_eigenvalues_dtype``; through numpy.savez they load bit for bit and
+    resume exactly; a D in another dtype is refused, naming the field."""
+    ec = ss.EigenvalueCorrectionConfig(epsilon=1e-4, eigenvectors_dtype=q,  # type: ignore[arg-type]
+                                       corrected_eigenvalues_dtype=d)  # type: ignore[arg-type]
+    config = dataclasses.replace(CONFIG, eigenvalue_correction=ec)
+    opt, step = _make_step(config)
+    params, grads = stream(SHAPES, steps=8)
+    p = _jnp(params)
+    s = opt.init(p)
+    for g in grads[:4]:
+        p, s = step(p, s, _jnp(g))
+    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.inverse_roots} == \
+        {np.dtype(getattr(jnp, q))}
+    assert {np.dtype(gs.corrected_moment.dtype) for gs in s.groups} == \
+        {np.dtype(getattr(jnp, d))}
+    path = tmp_path / "state.npz"
+    arrays = shampoo_jax.state_to_arrays(s)
+    np.savez(path, *arrays)
+    loaded = np.load(path, allow_pickle=False)
+    s2 = shampoo_jax.state_from_arrays([loaded[f"arr_{i}"] for i in range(len(arrays))],
+                                       like=opt.init(p))
+    for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    p2 = p
+    for g in grads[4:]:
+        p, s = step(p, s, _jnp(g))
+        p2, s2 = step(p2, s2, _jnp(g))
+    for k in p:
+        assert np.array_equal(np.asarray(p[k]), np.asarray(p2[k])), k
+    moment = np.dtype(getattr(jnp, d))
+    # Only D is in d here (q differs): widen it to float32.
+    wrong = [a.astype(np.float32) if np.dtype(a.dtype) == moment else a for a in arrays]
+    with pytest.raises(ValueError, match=r"corrected_moment.*the state needs"):
+        shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
+
+
 class _GroupBeforeRename(NamedTuple):
     """``BlockGroupState`` as it was before ``roots`` became ``inverse_roots``."""
 

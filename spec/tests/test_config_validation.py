@@ -149,6 +149,34 @@ def test_inverse_root_dtype_error_names_field_value_and_allowed() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("field", "what"),
+    [("eigenvectors_dtype", "the eigenbases stay in factor_dtype"),
+     ("corrected_eigenvalues_dtype", "D stays in factor_dtype")],
+)
+def test_eigenvalue_correction_dtype_errors_name_field_value_and_allowed(
+    field: str, what: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        ss.EigenvalueCorrectionConfig(**{field: "float8"})
+    assert str(err.value) == (
+        f"eigenvalue_correction.{field} = 'float8' is invalid: allowed one of 'float64', "
+        f"'float32', 'bfloat16', 'float16', or None ({what})."
+    )
+
+
+def test_float16_corrected_eigenvalues_need_an_epsilon_float16_holds() -> None:
+    """Eq. (17a): epsilon is added in s; below float16's smallest positive it is 0 there."""
+    ss.EigenvalueCorrectionConfig(epsilon=2.0**-24, corrected_eigenvalues_dtype="float16")
+    with pytest.raises(ValueError) as err:
+        ss.EigenvalueCorrectionConfig(epsilon=1e-8, corrected_eigenvalues_dtype="float16")
+    assert str(err.value) == (
+        "eigenvalue_correction.epsilon = 1e-08 is invalid: allowed a number >= 2^-24 (the "
+        "smallest positive float16) with corrected_eigenvalues_dtype='float16': a smaller one "
+        "is 0 there.")
+    ss.EigenvalueCorrectionConfig(epsilon=1e-30, corrected_eigenvalues_dtype="bfloat16")
+
+
 def test_defaults_are_valid_and_frozen() -> None:
     c = ss.ShampooConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):

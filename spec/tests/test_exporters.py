@@ -73,6 +73,9 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
     if corrected:
         pc["type"] = "EigenvalueCorrectedShampooPreconditionerConfig"
         pc["amortized_computation_config"] = {"type": "EighEigendecompositionConfig"}
+        reuse = draw(st.sampled_from([None, 0.0, 0.01, 0.5]))  # eq. (17b)
+        if reuse is not None:
+            pc["amortized_computation_config"]["tolerance"] = reuse
         pc["ignored_basis_change_dims"] = {
             o: draw(st.lists(st.integers(0, o - 1), unique=True)) for o in orders
         }
@@ -83,6 +86,12 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         for o in draw(st.lists(st.integers(1, 4), unique=True, max_size=2)):
             pc.setdefault("inverse_exponent_override", {})[o] = draw(
                 st.sampled_from([0.5, 0.25, 1.0]))
+        # Meta's storage dtypes of Q_k and D (eq. 17a); absent means float32.
+        for key in ("factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"):
+            stored = draw(st.sampled_from([None, "float32", "float64", "bfloat16", "float16",
+                                           "torch.float32", "torch.bfloat16"]))
+            if stored is not None:
+                pc[key] = stored
     else:
         pc["type"] = "RootInvShampooPreconditionerConfig"
         pc["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
@@ -253,6 +262,11 @@ META_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     # Roots stored explicitly in the factor dtype: Meta's equal dtypes import as None.
     "inverse_root_dtype": ("inverse_root_dtype=factor_dtype", {}),
 
+    # Q_k and D stored explicitly in the factor dtype (eq. 17a): Meta's equal dtypes
+    # import as None.
+    "eigenvalue_correction.eigenvectors_dtype": ("ec_dtype=eigenvectors_dtype", {}),
+    "eigenvalue_correction.corrected_eigenvalues_dtype": (
+        "ec_dtype=corrected_eigenvalues_dtype", {}),
     # Meta judges no root by its error: neither eigh (eq. 13) nor Newton (eq. 11).
     "root_inverse.failure_threshold": ("root_inverse", {"failure_threshold": 0.1}),
     # Google's root period that follows the learning rate (eq. 8b), its graft clip (eq. 14d;
@@ -287,6 +301,12 @@ def _moved(c: ss.ShampooConfig, moves: dict[str, tuple[str, dict[str, Any]]],
             c = dataclasses.replace(c, root_inverse=ss.EighConfig(),
                                     exponents=ss.ExponentConfig(default=c.exponents.default),
                                     eigenvalue_correction=ss.EigenvalueCorrectionConfig())
+        elif section.startswith("ec_dtype="):
+            if c.eigenvalue_correction is None:
+                raise ValueError("no eigenvalue correction to store")  # assumed away
+            ec = dataclasses.replace(c.eigenvalue_correction,
+                                     **{section.partition("=")[2]: c.factor_dtype})
+            c = dataclasses.replace(c, eigenvalue_correction=ec)
         elif section.startswith("inverse_root_dtype="):
             # Refused with eigenvalue correction (ValueError: the tests assume it away).
             value = section.partition("=")[2]

@@ -191,20 +191,24 @@ def test_meta_preconditioner_refuses(config: dict[str, Any], match: str) -> None
 
 
 def test_meta_root_inverse() -> None:
-    assert meta._root_inverse(None) == (ss.EighConfig(), {"placement": "ridge"})
+    assert meta._root_inverse(None) == (ss.EighConfig(), {"placement": "ridge"}, 0.0)
     after = {"type": "EigenConfig",
              "rank_deficient_stability_config": {"type": "PerturbationConfig",
                                                  "perturb_before_computation": False}}
-    assert meta._root_inverse(after) == (ss.EighConfig(), {"placement": "shift_after"})
+    assert meta._root_inverse(after) == (ss.EighConfig(), {"placement": "shift_after"}, 0.0)
     assert meta._root_inverse({"type": "CoupledNewtonConfig"}) == (
-        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), {"placement": "ridge"}
+        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), {"placement": "ridge"}, 0.0
     )
+    # Eq. (17b): the eigenbasis reuse tolerance of eigenvalue correction's eigh config.
+    eigh = {"type": "EighEigendecompositionConfig", "tolerance": 0.01}
+    assert meta._root_inverse(eigh, corrected=True) == (
+        ss.EighConfig(), {"placement": "ridge"}, 0.01)
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.tolerance"):
         meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01})
     pseudo = {"type": "EigenConfig", "rank_deficient_stability_config": {
         "type": "PseudoInverseConfig", "rank_rtol": None, "rank_atol": 1e-9}}
     assert meta._root_inverse(pseudo) == (ss.EighConfig(), {
-        "placement": "pseudo_inverse", "rank_rtol": None, "rank_atol": 1e-9})
+        "placement": "pseudo_inverse", "rank_rtol": None, "rank_atol": 1e-9}, 0.0)
     assert meta._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
         "type": "PseudoInverseConfig"}})[1] == {
         "placement": "pseudo_inverse", "rank_rtol": 0.0, "rank_atol": 0.0}
@@ -215,6 +219,19 @@ def test_meta_root_inverse() -> None:
     with pytest.raises(ValueError, match=r"rank_deficient_stability_config\.rank_rtol = 'x'"):
         meta._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
             "type": "PseudoInverseConfig", "rank_rtol": "x"}})
+    higher = {"type": "CoupledHigherOrderConfig", "rel_epsilon": 1e-6, "abs_epsilon": 0.0,
+              "order": 4, "tolerance": 1e-10, "disable_tf32": True}
+    assert meta._root_inverse(higher) == (ss.HigherOrderNewtonConfig(
+        order=4, rel_epsilon=1e-6, abs_epsilon=0.0, tolerance=1e-10), {"placement": "ridge"}, 0.0)
+    with pytest.raises(ValueError, match=r"amortized_computation_config\.abs_epsilon is "
+                       "required"):
+        meta._root_inverse({"type": "CoupledHigherOrderConfig", "rel_epsilon": 0.0})
+    with pytest.raises(NotImplementedError, match=r"disable_tf32 = False"):
+        meta._root_inverse({**higher, "disable_tf32": False})
+    with pytest.raises(ValueError, match=r"amortized_computation_config\.order = 1 is invalid"):
+        meta._root_inverse({**higher, "order": 1})
+    with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.type = 'QR"):
+        meta._root_inverse({"type": "QREigendecompositionConfig"})
 
 
 def test_meta_pseudo_inverse_needs_epsilon_zero_and_only_it() -> None:
@@ -230,19 +247,6 @@ def test_meta_pseudo_inverse_needs_epsilon_zero_and_only_it() -> None:
     with pytest.raises(ValueError, match=r"epsilon = 0.0 is invalid: allowed a number > 0 "
                        r"\(0 only with PseudoInverseConfig\)"):
         ss.from_meta({"epsilon": 0.0})
-    higher = {"type": "CoupledHigherOrderConfig", "rel_epsilon": 1e-6, "abs_epsilon": 0.0,
-              "order": 4, "tolerance": 1e-10, "disable_tf32": True}
-    assert meta._root_inverse(higher) == (ss.HigherOrderNewtonConfig(
-        order=4, rel_epsilon=1e-6, abs_epsilon=0.0, tolerance=1e-10), {"placement": "ridge"})
-    with pytest.raises(ValueError, match=r"amortized_computation_config\.abs_epsilon is "
-                       "required"):
-        meta._root_inverse({"type": "CoupledHigherOrderConfig", "rel_epsilon": 0.0})
-    with pytest.raises(NotImplementedError, match=r"disable_tf32 = False"):
-        meta._root_inverse({**higher, "disable_tf32": False})
-    with pytest.raises(ValueError, match=r"amortized_computation_config\.order = 1 is invalid"):
-        meta._root_inverse({**higher, "order": 1})
-    with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.type = 'QR"):
-        meta._root_inverse({"type": "QREigendecompositionConfig"})
 
 
 def test_meta_exponents() -> None:

@@ -510,6 +510,59 @@ def test_meta_inv_factor_matrix_dtype_refused_with_eigenvalue_correction() -> No
     assert ss.from_meta({"preconditioner_config": EIGEN_CORRECTED}).inverse_root_dtype is None
 
 
+@pytest.mark.parametrize(
+    ("factor", "stored", "expected"),
+    [
+        (None, None, None),  # Meta's defaults: float32 factors, Q_k and D
+        ("float64", None, "float32"),  # Meta's defaults are float32 whatever the factors
+        ("float64", "float64", None),
+        ("float64", "torch.bfloat16", "bfloat16"),
+        ("float64", "float16", "float16"),
+        (None, "float64", "float64"),
+        (None, "torch.float32", None),
+    ],
+)
+@pytest.mark.parametrize(("key", "field"),
+                         [("factor_matrix_eigenvectors_dtype", "eigenvectors_dtype"),
+                          ("corrected_eigenvalues_dtype", "corrected_eigenvalues_dtype")])
+def test_meta_eigenvalue_correction_dtypes_map_to_eq17a(
+    key: str, field: str, factor: str | None, stored: str | None, expected: str | None
+) -> None:
+    """Eq. (17a): Meta's storage dtypes of Q_k and D, None where it is the factor dtype;
+    they are no longer accepted and ignored."""
+    pc: dict[str, Any] = dict(EIGEN_CORRECTED)
+    if factor is not None:
+        pc["factor_matrix_dtype"] = factor
+    if stored is not None:
+        pc[key] = stored
+    c = ss.from_meta({"preconditioner_config": pc, "epsilon": 1e-4})
+    assert c.eigenvalue_correction is not None
+    assert getattr(c.eigenvalue_correction, field) == expected
+    assert ss.from_meta(ss.to_meta(c)) == c
+    assert ss.to_meta(c)["preconditioner_config"][key] == (
+        expected or ("float64" if factor == "float64" else "float32"))
+
+
+@pytest.mark.parametrize("key", ["factor_matrix_eigenvectors_dtype",
+                                 "corrected_eigenvalues_dtype"])
+def test_meta_eigenvalue_correction_dtypes_refused_with_root_inverse(key: str) -> None:
+    """Meta's RootInv config has neither field: refused, not ignored."""
+    _refused(ss.from_meta, {"preconditioner_config": {**ROOT_INV, key: "float32"}},
+             f"preconditioner_config.{key}",
+             "only with EigenvalueCorrectedShampooPreconditionerConfig")
+
+
+def test_meta_float16_corrected_eigenvalues_need_an_epsilon_float16_holds() -> None:
+    """Eq. (17a): Meta adds epsilon to D in float16; its default 1e-12 is 0 there (Meta
+    then divides 0 by 0 wherever D is 0): refused, naming the epsilon."""
+    pc = {**EIGEN_CORRECTED, "corrected_eigenvalues_dtype": "float16"}
+    with pytest.raises(ValueError, match=r"eigenvalue_correction.epsilon = 1e-12 is invalid"):
+        ss.from_meta({"preconditioner_config": pc})
+    c = ss.from_meta({"preconditioner_config": pc, "epsilon": 1e-6})
+    assert c.eigenvalue_correction is not None
+    assert c.eigenvalue_correction.corrected_eigenvalues_dtype == "float16"
+
+
 def test_google_has_no_inverse_root_dtype() -> None:
     """Google keeps preconditioners in its computation dtype: None, and to_google refuses one."""
     assert ss.from_google(GOOGLE).inverse_root_dtype is None
@@ -559,3 +612,25 @@ def test_config_errors_name_the_anchor_argument(importer: Any, kwargs: dict[str,
     """A value our config refuses is reported with the anchor's argument, not only our field."""
     with pytest.raises(ValueError, match=rf"^from_(meta|google): {argument} = "):
         importer(kwargs)
+
+
+def test_meta_eigh_tolerance_is_eigenbasis_reuse_with_eigenvalue_correction() -> None:
+    """Eq. (17b): EighEigendecompositionConfig.tolerance of eigenvalue-corrected Shampoo
+    is basis_reuse_tolerance (exported back); out of [0, 1] it is refused, and with
+    RootInv's EigenConfig a tolerance > 0 stays refused, naming the key."""
+    pc = {**EIGEN_CORRECTED, "amortized_computation_config": {
+        "type": "EighEigendecompositionConfig", "tolerance": 0.05}}
+    c = ss.from_meta({"preconditioner_config": pc})
+    assert c.eigenvalue_correction is not None
+    assert c.eigenvalue_correction.basis_reuse_tolerance == 0.05
+    exported = ss.to_meta(c)["preconditioner_config"]["amortized_computation_config"]
+    assert exported == {"type": "EighEigendecompositionConfig", "tolerance": 0.05}
+    assert ss.from_meta(ss.to_meta(c)) == c
+    bad = {**pc, "amortized_computation_config": {"type": "EighEigendecompositionConfig",
+                                                   "tolerance": 1.5}}
+    with pytest.raises(ValueError, match=r"amortized_computation_config.tolerance = 1.5 is "
+                                         r"invalid: allowed a number in \[0, 1\]"):
+        ss.from_meta({"preconditioner_config": bad})
+    with pytest.raises(NotImplementedError, match="tolerance"):
+        ss.from_meta({"preconditioner_config": {**ROOT_INV, "amortized_computation_config": {
+            "type": "EigenConfig", "tolerance": 0.05}}})

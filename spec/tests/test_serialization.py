@@ -91,6 +91,24 @@ def test_momentum_storage_round_trip(scale_dtype: str) -> None:
     assert ss.ShampooConfig.from_dict(data).momentum.storage == "float"
 
 
+@pytest.mark.parametrize("dtype", [None, *ss.INVERSE_ROOT_DTYPES])
+def test_eigenvalue_correction_dtypes_round_trip(dtype: str | None) -> None:
+    """Eq. (17a): the storage dtypes of Q_k and D survive JSON; None is written as null."""
+    ec = ss.EigenvalueCorrectionConfig(
+        eigenvectors_dtype=dtype, corrected_eigenvalues_dtype="bfloat16")  # type: ignore[arg-type]
+    c = ss.ShampooConfig(factor_dtype="float64", eigenvalue_correction=ec)
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["eigenvalue_correction"]["eigenvectors_dtype"] == dtype
+    assert data["eigenvalue_correction"]["corrected_eigenvalues_dtype"] == "bfloat16"
+    assert ss.ShampooConfig.from_dict(data) == c
+    older = json.loads(json.dumps(c.to_dict()))
+    del older["eigenvalue_correction"]["eigenvectors_dtype"]
+    del older["eigenvalue_correction"]["corrected_eigenvalues_dtype"]
+    read = ss.ShampooConfig.from_dict(older).eigenvalue_correction
+    assert read is not None
+    assert (read.eigenvectors_dtype, read.corrected_eigenvalues_dtype) == (None, None)
+
+
 def test_dict_without_inverse_root_dtype_reads_none() -> None:
     """A dict saved before the field existed (checkpoints) reads as None: today's numerics."""
     data = ss.ShampooConfig(factor_dtype="float64").to_dict()
@@ -107,6 +125,9 @@ def test_dict_without_inverse_root_dtype_reads_none() -> None:
         ({"grafting": "adagrad"}, "grafting"),
         ({"exponents": {"overrides_by_order": 4}}, "overrides_by_order"),
         ({"inverse_root_dtype": "float8"}, "inverse_root_dtype"),
+        ({"eigenvalue_correction": {"eigenvectors_dtype": "float8"}}, "eigenvectors_dtype"),
+        ({"eigenvalue_correction": {"corrected_eigenvalues_dtype": "int8"}},
+         "corrected_eigenvalues_dtype"),
     ],
 )
 def test_malformed_dicts_raise_naming_the_key(data: dict[str, object], needle: str) -> None:

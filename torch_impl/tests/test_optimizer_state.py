@@ -56,6 +56,14 @@ RESUME_CASES = {
                             failure=FailureConfig(nonfinite_gradient="skip_block")),
         torch.float32,
     ),
+    # Eq. (17a): float64 factors, eigenbases in bfloat16, D in float32 (resume bit for bit).
+    "eigenvalue_correction_stored_dtypes": (
+        dataclasses.replace(RICH, factor_dtype="float64", momentum=MomentumConfig(momentum=0.9),
+                            eigenvalue_correction=EigenvalueCorrectionConfig(
+                                eigenvectors_dtype="bfloat16",
+                                corrected_eigenvalues_dtype="float32")),
+        torch.float64,
+    ),
     # Eq. (11a): float64 factors, roots stored in bfloat16.
     "bfloat16_roots_float64": (
         dataclasses.replace(RICH, factor_dtype="float64", inverse_root_dtype="bfloat16"),
@@ -238,6 +246,41 @@ def test_checkpoints_carry_the_inverse_root_dtype(dtype: str) -> None:
     assert_trees_equal(fresh.state_dict(), opt.state_dict())
     assert {x.dtype for v in fresh.blocks() for x in (v.inverse_roots or ()) if x is not None} \
         == {want}
+
+
+def _blocks(sd: dict) -> list[dict]:
+    return [block for entry in sd["state"].values()
+            for block in (entry["blocks"].values() if isinstance(entry["blocks"], dict)
+                          else entry["blocks"]) if block]
+
+
+@pytest.mark.parametrize(("q", "s"), [("bfloat16", "float16"), ("float32", "bfloat16")])
+def test_checkpoints_carry_the_eigenvalue_correction_dtypes(q: str, s: str) -> None:
+    """Eq. (17a): eigenbases saved in ``eigenvectors_dtype``, D in
+    ``corrected_eigenvalues_dtype`` (both formats); they load back bit for bit; a D
+    saved in another dtype is refused, not re-rounded, and changes nothing."""
+    ec = EigenvalueCorrectionConfig(epsilon=1e-4, eigenvectors_dtype=q,  # type: ignore[arg-type]
+                                    corrected_eigenvalues_dtype=s)  # type: ignore[arg-type]
+    config = dataclasses.replace(RICH, factor_dtype="float64", eigenvalue_correction=ec,
+                                 momentum=MomentumConfig(momentum=0.9))
+    params = make_params(torch.float64)
+    opt = Shampoo(params, config)
+    run_steps(opt, params, make_grads(4))
+    for saved in (roundtrip(opt.state_dict()), roundtrip(opt.distributed_state_dict())):
+        assert _root_dtypes(saved) == {getattr(torch, q)}
+        assert {b["corrected"].dtype for b in _blocks(saved)} == {getattr(torch, s)}
+    fresh = Shampoo(make_params(torch.float64), config)
+    fresh.load_state_dict(roundtrip(opt.state_dict()))
+    assert_trees_equal(fresh.state_dict(), opt.state_dict())
+    widened = roundtrip(opt.state_dict())
+    for block in _blocks(widened):
+        block["corrected"] = block["corrected"].double()
+    other = Shampoo(make_params(torch.float64), config)
+    before = roundtrip(other.state_dict())
+    with pytest.raises(ValueError, match=rf"corrected.*dtype torch\.float64 does not match "
+                                         rf"torch\.{s}"):
+        other.load_state_dict(widened)
+    assert_trees_equal(other.state_dict(), before)
 
 
 def test_load_refuses_inverse_roots_in_another_dtype_and_changes_nothing() -> None:

@@ -25,8 +25,10 @@ reference emulates those roundings, so a backend differs from it only where
 its unrounded root or product lies across a rounding boundary of s from the
 reference's, one ulp of s in that entry; that enters the direction as a
 root error does, so u is then the larger of the backend dtype's and s's
-(:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5). Likewise int8 momentum
-(eq. 20b) for backends below float64 (:data:`INT8_UNIT_ROUNDOFF`).
+(:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5). Likewise the eigenbases
+and the corrected moment of eigenvalue correction stored in their dtypes
+(eq. 17a): u is the coarsest of the set storage dtypes' (:func:`storage_dtypes`);
+and int8 momentum (eq. 20b) for backends below float64 (:data:`INT8_UNIT_ROUNDOFF`).
 """
 
 from __future__ import annotations
@@ -75,8 +77,25 @@ def fraction_not_bitwise(ours: NDArray[np.float64], ref: NDArray[np.float64],
 INT8_UNIT_ROUNDOFF = 2.0**-8
 
 
+def storage_dtypes(config: ShampooConfig) -> tuple[str, ...]:
+    """The storage dtypes whose roundings the reference emulates: ``inverse_root_dtype``
+    (eqs. 11a, 16) and eigenvalue correction's ``eigenvectors_dtype`` and
+    ``corrected_eigenvalues_dtype`` (eq. 17a), those that are set."""
+    ec = config.eigenvalue_correction
+    named = [config.inverse_root_dtype]
+    if ec is not None:
+        named += [ec.eigenvectors_dtype, ec.corrected_eigenvalues_dtype]
+    return tuple(d for d in named if d is not None)
+
+
+def coarsest_storage(config: ShampooConfig) -> str | None:
+    """The set storage dtype with the largest unit roundoff (None: none is set)."""
+    named = storage_dtypes(config)
+    return max(named, key=STORAGE_UNIT_ROUNDOFF.__getitem__) if named else None
+
+
 def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
-    """u of the bound: the backend dtype's, or the roots' storage dtype's when coarser.
+    """u of the bound: the backend dtype's, or the coarsest storage dtype's when coarser.
 
     With int8 momentum (eq. 20b) and a backend below float64, also 2^-8: such a
     backend's M differs from the reference's by its own rounding, so an integer
@@ -84,8 +103,8 @@ def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
     backend's flips, at u = 2^-53, are too rare to count: it keeps its own u).
     """
     u = unit_roundoff(dtype)
-    if config.inverse_root_dtype is not None:
-        u = max(u, STORAGE_UNIT_ROUNDOFF[config.inverse_root_dtype])
+    for stored in storage_dtypes(config):
+        u = max(u, STORAGE_UNIT_ROUNDOFF[stored])
     if config.momentum.storage != "float" and u > 2.0**-53:
         u = max(u, INT8_UNIT_ROUNDOFF)
     return u

@@ -49,7 +49,9 @@ existed have no format entry and one array fewer per Shampoo state
 count is refused.
 
 Arrays keep the state's dtypes, the inverse roots in ``inverse_root_dtype``
-when it is set (eq. 11a); an array in another dtype than the state's is
+(the eigenbases in ``eigenvectors_dtype``) and the corrected moment in
+``corrected_eigenvalues_dtype`` when set (eqs. 11a, 17a); an array in another
+dtype than the state's is
 refused. A bfloat16 array comes back from ``numpy.load`` as raw 2-byte
 voids (NumPy has no bfloat16): where the state needs bfloat16, such an
 array is read as bfloat16, bytes unchanged.

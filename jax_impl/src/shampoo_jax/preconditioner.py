@@ -25,7 +25,7 @@ from shampoo_spec import ShampooConfig
 
 from . import blocks as B
 from . import grafting, schedule
-from .roots import compute_inverse_root
+from .roots import all_finite, basis_still_fits, compute_inverse_root
 from .state import BlockGroupState, factor_dtype
 
 Groups = tuple[BlockGroupState, ...]
@@ -168,6 +168,9 @@ def refresh_inverse_roots(
                     a = a * (jnp.maximum(trace, config.epsilon.value) ** -tau)[:, None, None]
                 batches.setdefault((grp.shape[k], grp.roots[k]), []).append((gi, i, a))
                 wanted.setdefault((grp.shape[k], grp.roots[k]), []).append(block_ok[gi])
+        factors_in: dict[tuple[int, int], Array] = {
+            (gi, i): a for items in batches.values() for gi, i, a in items
+        }
         results: dict[tuple[int, int], tuple[Array, Array]] = {}
         token: Array | None = None
         for key, items in batches.items():
@@ -201,6 +204,14 @@ def refresh_inverse_roots(
                 if x.dtype != xk.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
                     x = x.astype(xk.dtype)
                     good = good & jnp.all(jnp.isfinite(x), axis=(1, 2))
+                ec = config.eigenvalue_correction
+                if ec is not None and ec.basis_reuse_tolerance > 0:
+                    # Eq. (17b): a block whose stored eigenbasis still fits keeps it.
+                    a = factors_in[(gi, i)]
+                    fits = basis_still_fits(xk.astype(a.dtype), a, config.epsilon,
+                                            ec.basis_reuse_tolerance) & all_finite(a)
+                    x = jnp.where(fits[:, None, None], xk, x.astype(xk.dtype))
+                    good = good | fits
                 failed = ok & ~good
                 inverse_roots.append(jnp.where((ok & good)[:, None, None], x, xk))
                 any_failed = any_failed | failed
@@ -229,12 +240,31 @@ def refresh_inverse_roots(
 
 # ------------------------------------------------------------- eq. (17)
 def rotate(
-    x: Array, grp: B.BlockGroupLayout, bases: tuple[Array, ...], transpose: bool
+    x: Array, grp: B.BlockGroupLayout, bases: tuple[Array, ...], transpose: bool,
+    config: ShampooConfig,
 ) -> Array:
-    """``x x_k Q_k`` (or ``Q_k^T`` with ``transpose``) over the preconditioned dims, eq. (17)."""
+    """``x x_k Q_k`` (or ``Q_k^T`` with ``transpose``) over the preconditioned dims, eq. (17).
+
+    With ``eigenvectors_dtype`` q (eq. 17a) the rotation is Meta's in q:
+    ``x`` rounded to q, each mode product rounded to q (:func:`rounded`, so
+    XLA cannot keep it wider), the result in the factor dtype. A block with
+    no preconditioned dim is not rounded.
+    """
+    ec = config.eigenvalue_correction
+    if ec is not None and ec.eigenvectors_dtype is not None and bases:
+        qdt = bases[0].dtype
+        x = rounded(x, qdt)
+        for k, q in zip(grp.preconditioned_dims, bases, strict=False):
+            x = rounded(B.mode_product(x, rounded(q, qdt), k, transpose=transpose), qdt)
+        return x.astype(factor_dtype(config))
     for k, q in zip(grp.preconditioned_dims, bases, strict=False):
         x = B.mode_product(x, q, k, transpose=transpose)
     return x
+
+
+def _compute_dtype(stored: Any) -> Any:
+    """c_s of eq. (17a): the precision an operation on D in ``stored`` is computed in."""
+    return jnp.float64 if stored == jnp.float64 else jnp.float32
 
 
 def update_corrected_moment(
@@ -244,15 +274,29 @@ def update_corrected_moment(
     block_ok: list[Array],
     config: ShampooConfig,
 ) -> Groups:
-    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the refreshed basis."""
+    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the refreshed basis.
+
+    With ``corrected_eigenvalues_dtype`` s (eq. 17a) Meta's operations:
+    ``round_s(c_s(beta2) D)`` (in c_s: float32 below float64, as torch), then
+    ``+ ((1 - beta2) R) R`` in the factor dtype, rounded to s once.
+    """
     ec = config.eigenvalue_correction
     assert ec is not None
     new = []
     for grp, gs, gb, ok in zip(layout.groups, groups, g_blocks, block_ok, strict=False):
-        rotated = rotate(gb, grp, gs.inverse_roots, transpose=True)
+        rotated = rotate(gb, grp, gs.inverse_roots, transpose=True, config=config)
         d, n = gs.corrected_moment, gs.corrected_updates
         assert d is not None and n is not None
-        upd = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2 if ec.decays else d + rotated**2
+        if ec.corrected_eigenvalues_dtype is not None:
+            c = _compute_dtype(d.dtype)
+            decayed = (rounded(d.astype(c) * jnp.asarray(ec.beta2, c), d.dtype) if ec.decays
+                       else d)
+            weight = 1.0 - ec.beta2 if ec.decays else 1.0
+            upd = rounded(decayed.astype(rotated.dtype) + (weight * rotated) * rotated, d.dtype)
+        elif ec.decays:
+            upd = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2
+        else:
+            upd = d + rotated**2
         new.append(gs._replace(
             corrected_moment=jnp.where(B.expand(ok, d), upd, d),
             corrected_updates=n + ok.astype(jnp.int32),
@@ -263,19 +307,37 @@ def update_corrected_moment(
 def corrected_direction(
     gs: BlockGroupState, grp: B.BlockGroupLayout, fb: Array, config: ShampooConfig
 ) -> Array:
-    """Eq. (17): ``(F x_k Q_k^T) / (D^(1/root) + epsilon)`` rotated back by ``x_k Q_k``."""
+    """Eq. (17): ``(F x_k Q_k^T) / (D^(1/root) + epsilon)`` rotated back by ``x_k Q_k``.
+
+    With ``corrected_eigenvalues_dtype`` s (eq. 17a) the denominator is
+    Meta's in s: ``D / c_s(bc)``, its root and ``+ c_s(epsilon)`` each
+    computed in c_s and rounded to s; the quotient in the factor dtype.
+    """
     ec = config.eigenvalue_correction
     assert ec is not None and gs.corrected_moment is not None
     d = gs.corrected_moment
+    work = factor_dtype(config)
+    bc = None
     if ec.corrects_bias:
         n = gs.corrected_updates
         assert n is not None
-        bc = jnp.where(n > 0, 1.0 - jnp.asarray(ec.beta2, d.dtype) ** n.astype(d.dtype), 1.0)
-        d = d / B.expand(bc.astype(d.dtype), d)
-    rotated = rotate(fb, grp, gs.inverse_roots, transpose=True)
+        bc = jnp.where(n > 0, 1.0 - jnp.asarray(ec.beta2, work) ** n.astype(work), 1.0)
+    rotated = rotate(fb, grp, gs.inverse_roots, transpose=True, config=config)
     root = ec.root_for(len(grp.shape))  # the block order
-    scaled = rotated / (d ** (1.0 / root) + ec.epsilon)
-    return rotate(scaled, grp, gs.inverse_roots, transpose=False)
+    if ec.corrected_eigenvalues_dtype is None:
+        if bc is not None:
+            d = d / B.expand(bc.astype(d.dtype), d)
+        scaled = rotated / (d ** (1.0 / root) + ec.epsilon)
+    else:
+        c = _compute_dtype(d.dtype)
+        if bc is not None:
+            d = rounded(d.astype(c) / B.expand(bc.astype(c), d), d.dtype)
+        powered = jnp.sqrt(d.astype(c)) if root == 2 else d.astype(c) ** (1.0 / root)
+        powered = rounded(powered, d.dtype)
+        den = rounded(powered.astype(c) + jnp.asarray(ec.epsilon, c), d.dtype)
+        wide = jnp.promote_types(rotated.dtype, den.dtype)
+        scaled = (rotated.astype(wide) / den.astype(wide)).astype(rotated.dtype)
+    return rotate(scaled, grp, gs.inverse_roots, transpose=False, config=config)
 
 
 # ------------------------------------------------------- eqs. (16)-(18)

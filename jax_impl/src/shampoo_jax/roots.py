@@ -106,6 +106,20 @@ def effective_epsilon(a: Array, eps: EpsilonConfig, active: Array | None = None)
     return eps.value * jnp.maximum(lam_max, eps.relative_floor)
 
 
+def basis_still_fits(q: Array, a: Array, eps: EpsilonConfig, tolerance: float) -> Array:
+    """Eq. (17b) per matrix: whether ``B = (Q^T (A + eps I)) Q`` has
+    ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F`` (eps of eq. 9 with the
+    ridge placement, else 0; False where the difference of squares rounds below
+    0, whose root is NaN); shape ``[b]``."""
+    ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else jnp.zeros_like(
+        a[..., 0, 0])
+    b = _matmul(_matmul(jnp.swapaxes(q, -1, -2), a + ridge[..., None, None] * _eye_like(a)), q)
+    norm = jnp.sqrt(jnp.sum(b * b, axis=(-2, -1)))
+    diag = jnp.sqrt(jnp.sum(jnp.diagonal(b, axis1=-2, axis2=-1) ** 2, axis=-1))
+    off = jnp.sqrt(norm**2 - diag**2)
+    return off <= tolerance * norm
+
+
 def power_iteration_lambda_max(a: Array, steps: int, tolerance: float) -> Array:
     """Eq. (9b) per matrix of ``a`` [..., n, n]: Google's power iteration (its while loop,
     vmapped: a matrix that has stopped keeps its vector and quotient)."""

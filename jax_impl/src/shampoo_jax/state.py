@@ -143,22 +143,39 @@ def scale_dtype(config: ShampooConfig) -> Any:
     return jnp.float32
 
 
-def root_dtype(config: ShampooConfig) -> Any:
-    """The dtype inverse roots are stored in (eq. 11a): ``config.inverse_root_dtype``, or
-    :func:`factor_dtype` when None. float64 needs x64, as for the factors."""
-    s = config.inverse_root_dtype
-    if s is None:
+def _storage_dtype(config: ShampooConfig, field: str, stored: str | None) -> Any:
+    """A storage dtype rule's JAX dtype: :func:`factor_dtype` for None; float64 needs x64."""
+    if stored is None:
         return factor_dtype(config)
-    if s == "float64":
+    if stored == "float64":
         if not _x64_enabled():
             raise ValueError(
-                "inverse_root_dtype = 'float64' needs 64-bit JAX: call "
+                f"{field} = 'float64' needs 64-bit JAX: call "
                 "jax.config.update('jax_enable_x64', True) or use the "
                 "`with jax.enable_x64(True):` context; allowed otherwise: 'float32', "
                 "'bfloat16', 'float16' or None."
             )
         return jnp.float64
-    return _ROOT_DTYPES[s]
+    return _ROOT_DTYPES[stored]
+
+
+def root_dtype(config: ShampooConfig) -> Any:
+    """The dtype inverse roots are stored in (eq. 11a): ``config.inverse_root_dtype``, or
+    with eigenvalue correction the eigenbases' ``eigenvectors_dtype`` (eq. 17a), or
+    :func:`factor_dtype` when None. float64 needs x64, as for the factors."""
+    ec = config.eigenvalue_correction
+    if ec is None:
+        return _storage_dtype(config, "inverse_root_dtype", config.inverse_root_dtype)
+    return _storage_dtype(config, "eigenvalue_correction.eigenvectors_dtype",
+                          ec.eigenvectors_dtype)
+
+
+def corrected_dtype(config: ShampooConfig) -> Any:
+    """The dtype the corrected moment D is stored in (eq. 17a):
+    ``eigenvalue_correction.corrected_eigenvalues_dtype``, or :func:`factor_dtype` when None."""
+    ec = config.eigenvalue_correction
+    return _storage_dtype(config, "eigenvalue_correction.corrected_eigenvalues_dtype",
+                          None if ec is None else ec.corrected_eigenvalues_dtype)
 
 
 def elementwise_dtype(leaf_dtype: Any) -> Any:
@@ -192,7 +209,7 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
         inverse_roots=tuple(inverse_roots),
         statistics_updates=zeros_i(),
         consecutive_failures=zeros_i(),
-        corrected_moment=jnp.zeros((nb, *grp.shape), fdt) if ec else None,
+        corrected_moment=jnp.zeros((nb, *grp.shape), corrected_dtype(config)) if ec else None,
         corrected_updates=zeros_i() if ec else None,
     )
 
@@ -250,6 +267,7 @@ __all__ = [
     "ParameterInfo",
     "ShampooState",
     "config_json",
+    "corrected_dtype",
     "elementwise_dtype",
     "factor_dtype",
     "init_group",

@@ -337,10 +337,14 @@ def _shampoo_directions(
     need_shampoo = use_shampoo is not False or state.graft_momentum is not None
     f_blocks = gd_blocks = None
     if need_shampoo:
-        # With inverse_root_dtype the blocks keep the filtered gradient's dtype
-        # here: precondition_blocks rounds them to the roots' dtype straight
-        # from it (eq. 16), never through the factor dtype (two roundings).
-        f_blocks = B.gather(used, layout, None if config.rounds_inverse_roots else fdt)
+        # With inverse_root_dtype (or eigenvectors_dtype) the blocks keep the
+        # filtered gradient's dtype here: precondition_blocks rounds them to the
+        # roots' dtype straight from it (eqs. 16, 17a), never through the factor
+        # dtype (two roundings).
+        ec = config.eigenvalue_correction
+        stored = config.rounds_inverse_roots or (ec is not None and
+                                                 ec.eigenvectors_dtype is not None)
+        f_blocks = B.gather(used, layout, None if stored else fdt)
         if config.grafting.rescale_scope == "block":
             gd_blocks = B.gather(graft_dir, layout, fdt)
     inputs = BlockInputs(masked.blocks, masked.block_ok, f_blocks, gd_blocks)

@@ -229,6 +229,17 @@ def eigenbasis(matrix: Array) -> Array:
     return np.linalg.eigh(symmetrize(matrix))[1]
 
 
+def basis_still_fits(basis: Array, matrix: Array, eps: float, tolerance: float) -> bool:
+    """Eq. (17b): whether ``B = (Q^T (A + eps I)) Q`` is nearly diagonal,
+    ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F`` (False when the
+    difference of squares rounds below 0: its root is NaN)."""
+    b = (basis.T @ (matrix + eps * np.eye(matrix.shape[0]))) @ basis
+    norm = float(np.linalg.norm(b))
+    with np.errstate(invalid="ignore"):
+        off = float(np.sqrt(np.float64(norm**2 - float(np.linalg.norm(np.diag(b))) ** 2)))
+    return off <= tolerance * norm
+
+
 def eigenbasis_with_error(matrix: Array) -> EighResult:
     """Eq. (17)'s eigenbasis Q of ``B = sym(A)`` and its error e of eq. (10b)."""
     b = symmetrize(matrix)

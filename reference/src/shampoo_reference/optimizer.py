@@ -44,6 +44,7 @@ from shampoo_spec import (
 
 from . import grafting
 from .linalg import (
+    basis_still_fits,
     effective_epsilon,
     eigenbasis,
     eigenbasis_with_error,
@@ -95,6 +96,12 @@ class Metrics:
     root_failures: int = 0
     skipped_blocks: int = 0
     withheld_updates: int = 0
+
+
+def _scalar_in(x: float, dtype: str) -> float:
+    """``c_s(x)`` of eq. (17a): a scalar as an operation on a tensor of ``dtype`` takes it
+    (float64 as is; below float64 rounded to float32, torch's compute type there)."""
+    return float(x) if dtype == "float64" else float(np.float32(x))
 
 
 def _as_merged(x: Array, plan: ParameterPlan) -> Array:
@@ -439,12 +446,16 @@ class ReferenceShampoo:
             tau = cfg.statistics.trace_scaling_exponent
             if tau > 0:  # eq. (7b)
                 a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
+            if self._basis_still_fits(bs.inverse_roots[k], a):
+                continue  # eq. (17b): the eigenbasis is kept (not a failure)
             new = self._inverse_root(a, roots[k])
-            if new is not None and cfg.inverse_root_dtype is not None:
-                # Eq. (11a): the root is stored rounded; eq. (13) judges the
-                # stored root (a float16 one can overflow where X did not).
+            stored = self._stored_root_dtype
+            if new is not None and stored is not None:
+                # Eq. (11a) (eq. 17a for eigenbases): the root is stored rounded;
+                # eq. (13) judges the stored root (a float16 one can overflow
+                # where X did not).
                 with np.errstate(over="ignore"):
-                    new = round_to(new, cfg.inverse_root_dtype)
+                    new = round_to(new, stored)
             if new is None or not np.all(np.isfinite(new)):
                 # Eq. (13): keep the previous root, count the failure.
                 self.metrics.root_failures += 1
@@ -461,6 +472,26 @@ class ReferenceShampoo:
                 f"(failure.max_consecutive_root_failures={limit}; the step was completed, "
                 "failed roots kept their previous values)"
             )
+
+    def _basis_still_fits(self, basis: Array | None, a: Array) -> bool:
+        """Eq. (17b): with ``basis_reuse_tolerance`` tau > 0, whether the stored eigenbasis
+        still diagonalizes the finite factor ``a + eps I`` to tau (eps of eq. 9 with the
+        ridge placement, else 0)."""
+        ec = self.config.eigenvalue_correction
+        if ec is None or ec.basis_reuse_tolerance == 0 or basis is None:
+            return False
+        if not np.all(np.isfinite(a)):
+            return False
+        eps = self.config.epsilon
+        ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else 0.0
+        return basis_still_fits(basis, a, ridge, ec.basis_reuse_tolerance)
+
+    @property
+    def _stored_root_dtype(self) -> str | None:
+        """The dtype roots are stored rounded to: ``inverse_root_dtype`` (eq. 11a), or
+        ``eigenvalue_correction.eigenvectors_dtype`` for eigenbases (eq. 17a); None: unrounded."""
+        ec = self.config.eigenvalue_correction
+        return self.config.inverse_root_dtype if ec is None else ec.eigenvectors_dtype
 
     def _inverse_root(self, a: Array, root: float) -> Array | None:
         """Eq. (10) or (11) for one factor: ``A^(-1/root)`` (or its eigenbasis, eq. 17).
@@ -507,17 +538,45 @@ class ReferenceShampoo:
 
     # -------------------------------------------- eq. (17) eigenvalue-corrected
     def _rotate(self, bs: BlockState, x: Array, transpose: bool) -> Array:
-        for k, q in enumerate(bs.inverse_roots):
-            if q is not None:
+        """Eq. (17): ``x x_k Q_k^T`` (``transpose``) or ``x x_k Q_k`` over the preconditioned dims.
+
+        With ``eigenvectors_dtype`` q (eq. 17a; Q_k already rounded to q) the
+        rotation is Meta's in q: x rounded to q, then each mode product
+        formed in float64 and rounded to q, in dim order (as eq. 16's
+        products with ``inverse_root_dtype``). A block with no preconditioned
+        dim is not rounded.
+        """
+        ec = self.config.eigenvalue_correction
+        dtype = None if ec is None else ec.eigenvectors_dtype
+        bases = [(k, q) for k, q in enumerate(bs.inverse_roots) if q is not None]
+        if dtype is None or not bases:
+            for k, q in bases:
                 x = mode_product(x, q.T if transpose else q, k)
+            return x
+        with np.errstate(over="ignore", invalid="ignore"):  # float16 overflow: eq. (22)
+            x = round_to(x, dtype)
+            for k, q in bases:
+                x = round_to(mode_product(x, q.T if transpose else q, k), dtype)
         return x
 
     def _update_corrected_moment(self, bs: BlockState, gb: Array) -> None:
+        """Eq. (17): ``D <- beta2 D + (1 - beta2) R^2``, R the gradient in the eigenbasis.
+
+        With ``corrected_eigenvalues_dtype`` s (eq. 17a) Meta's order and
+        roundings: ``round_s(c_s(beta2) D)`` (skipped for a sum), then
+        ``+ ((1 - beta2) R) R`` in float64, rounded to s once.
+        """
         ec = self.config.eigenvalue_correction
         assert ec is not None and bs.corrected_second_moment is not None
         rotated = self._rotate(bs, gb, transpose=True)
         d = bs.corrected_second_moment
-        if not ec.decays:
+        s = ec.corrected_eigenvalues_dtype
+        if s is not None:
+            weight = 1.0 - ec.beta2 if ec.decays else 1.0
+            with np.errstate(over="ignore", invalid="ignore"):
+                decayed = round_to(_scalar_in(ec.beta2, s) * d, s) if ec.decays else d
+                bs.corrected_second_moment = round_to(decayed + (weight * rotated) * rotated, s)
+        elif not ec.decays:
             bs.corrected_second_moment = d + rotated**2
         else:
             bs.corrected_second_moment = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2
@@ -573,11 +632,29 @@ class ReferenceShampoo:
         return pb
 
     def _corrected_direction(self, bs: BlockState, fb: Array) -> Array:
+        """Eq. (17): ``((F~ x_k Q_k^T) / ((D / bc)^(1/root) + epsilon)) x_k Q_k``.
+
+        With ``corrected_eigenvalues_dtype`` s (eq. 17a) the denominator is
+        Meta's, computed in s: ``round_s(round_s(round_s(D / c_s(bc))^(1/root))
+        + c_s(epsilon))`` (each operation in float64, exact or correctly
+        rounded for these operands, then rounded to s); the quotient is in
+        float64.
+        """
         ec = self.config.eigenvalue_correction
         assert ec is not None and bs.corrected_second_moment is not None
-        d = bs.corrected_second_moment / ec.bias_correction_factor(bs.corrected_updates)
+        bc = ec.bias_correction_factor(bs.corrected_updates)
+        root = ec.root_for(fb.ndim)
+        s = ec.corrected_eigenvalues_dtype
         rotated = self._rotate(bs, fb, transpose=True)
-        scaled = rotated / (d ** (1.0 / ec.root_for(fb.ndim)) + ec.epsilon)
+        if s is None:
+            d = bs.corrected_second_moment / bc
+            scaled = rotated / (d ** (1.0 / root) + ec.epsilon)
+        else:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                d = round_to(bs.corrected_second_moment / _scalar_in(bc, s), s)
+                powered = round_to(np.sqrt(d) if root == 2 else d ** (1.0 / root), s)
+                denominator = round_to(powered + _scalar_in(ec.epsilon, s), s)
+                scaled = rotated / denominator
         return self._rotate(bs, scaled, transpose=False)
 
     # ------------------------------------------------ eqs. (19)-(20) momentum

@@ -51,6 +51,10 @@ INVERSE_ROOT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float
 MomentumStorage = Literal["float", "int8_columnwise"]
 MOMENTUM_STORAGES: tuple[str, ...] = ("float", "int8_columnwise")
 
+#: The smallest positive number of a storage dtype (its smallest subnormal) where it is
+#: above the least epsilon every section allows (2^-126): float16 only.
+_SMALLEST_POSITIVE: dict[str, tuple[float, str]] = {"float16": (2.0**-24, "2^-24")}
+
 #: Grafting types that keep a second-moment state V (eq. 14b).
 GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
     "adagrad",
@@ -393,6 +397,22 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     ``roots_by_order`` gives blocks of some orders (number of block dims) their
     own root, ``((order, root), ...)``, as Meta's per-order
     ``inverse_exponent_override`` (root = 1 / exponent); other orders use ``root``.
+
+    ``eigenvectors_dtype`` (Meta's ``factor_matrix_eigenvectors_dtype``) and
+    ``corrected_eigenvalues_dtype`` (Meta's ``corrected_eigenvalues_dtype``)
+    are rules, not precisions (eq. 17a): set to q, each Q_k is stored
+    rounded to q and the rotations into and out of the eigenbasis are
+    computed in q (the block rounded to q, each mode product rounded to q);
+    set to s, D is stored in s, its decay ``beta2 D``, the quotient
+    ``D / bc``, its root and ``+ epsilon`` each rounded to s, as Meta does.
+    None (the default) keeps Q_k and D in ``factor_dtype`` and the reference
+    unrounded: the numerics before these options, bit for bit.
+
+    ``basis_reuse_tolerance`` tau (Meta's ``EighEigendecompositionConfig.tolerance``,
+    eq. 17b): on a root step the stored Q_k is kept, without a new
+    eigendecomposition, when ``B = Q_k^T (A + eps I) Q_k`` is nearly diagonal,
+    ``sqrt(||B||_F^2 - ||diag B||^2) <= tau ||B||_F``; 0 (the default) always
+    decomposes.
     """
 
     beta2: float = 0.999
@@ -400,6 +420,9 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     bias_correction: bool = True
     root: float = 2.0
     roots_by_order: tuple[tuple[int, float], ...] = ()
+    eigenvectors_dtype: InverseRootDtype | None = None
+    corrected_eigenvalues_dtype: InverseRootDtype | None = None
+    basis_reuse_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
@@ -424,6 +447,21 @@ class EigenvalueCorrectionConfig(_MovingAverage):
             # One spelling per config (importers, exporters and checkpoints compare them).
             v.fail(o, "roots_by_order", self.roots_by_order,
                    f"only roots that differ from root = {self.root}")
+        v.real(o, "basis_reuse_tolerance", self.basis_reuse_tolerance, low=0.0, high=1.0)
+        if self.eigenvectors_dtype is not None:
+            v.choice(o, "eigenvectors_dtype", self.eigenvectors_dtype, INVERSE_ROOT_DTYPES,
+                     none_means="the eigenbases stay in factor_dtype")
+        if self.corrected_eigenvalues_dtype is not None:
+            v.choice(o, "corrected_eigenvalues_dtype", self.corrected_eigenvalues_dtype,
+                     INVERSE_ROOT_DTYPES, none_means="D stays in factor_dtype")
+            smallest = _SMALLEST_POSITIVE.get(self.corrected_eigenvalues_dtype)
+            if smallest is not None and self.epsilon < smallest[0]:
+                # Eq. (17a): epsilon is added in s; one that rounds to 0 there
+                # divides 0 by 0 wherever D is 0.
+                v.fail(o, "epsilon", self.epsilon,
+                       f"a number >= {smallest[1]} (the smallest positive "
+                       f"{self.corrected_eigenvalues_dtype}) with corrected_eigenvalues_dtype="
+                       f"{self.corrected_eigenvalues_dtype!r}: a smaller one is 0 there")
 
     def root_for(self, order: int) -> float:
         """The root of eq. (17) for a block with ``order`` dims."""
@@ -790,7 +828,9 @@ class ShampooConfig:
     does; the reference emulates both roundings exactly. None (the default)
     keeps the roots in ``factor_dtype`` and the reference unrounded: today's
     numerics, bit for bit. Not with ``eigenvalue_correction`` (its Q_k are
-    eigenbases, which Meta stores under other dtype arguments).
+    eigenbases, which Meta stores under other dtype arguments: see
+    ``EigenvalueCorrectionConfig.eigenvectors_dtype`` and
+    ``corrected_eigenvalues_dtype``, eq. 17a).
     """
 
     learning_rate: float = 1e-2
@@ -890,8 +930,20 @@ class ShampooConfig:
 
     @property
     def root_dtype(self) -> str:
-        """The inverse roots' storage dtype: ``inverse_root_dtype``, else ``factor_dtype``."""
-        return self.factor_dtype if self.inverse_root_dtype is None else self.inverse_root_dtype
+        """The inverse roots' storage dtype: ``inverse_root_dtype`` (eq. 11a), or with
+        eigenvalue correction the eigenbases' ``eigenvectors_dtype`` (eq. 17a); else
+        ``factor_dtype``."""
+        ec = self.eigenvalue_correction
+        stored = self.inverse_root_dtype if ec is None else ec.eigenvectors_dtype
+        return self.factor_dtype if stored is None else stored
+
+    @property
+    def corrected_dtype(self) -> str:
+        """D's storage dtype (eq. 17a): ``eigenvalue_correction.corrected_eigenvalues_dtype``,
+        else ``factor_dtype``."""
+        ec = self.eigenvalue_correction
+        stored = None if ec is None else ec.corrected_eigenvalues_dtype
+        return self.factor_dtype if stored is None else stored
 
     @property
     def rounds_inverse_roots(self) -> bool:

@@ -289,6 +289,9 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                 "type": "PseudoInverseConfig",
                 "rank_rtol": c.epsilon.rank_rtol, "rank_atol": c.epsilon.rank_atol,
             }
+        ec = c.eigenvalue_correction
+        if ec is not None and ec.basis_reuse_tolerance > 0:  # eq. (17b)
+            out["tolerance"] = ec.basis_reuse_tolerance
         return out
     if isinstance(c.root_inverse, HigherOrderNewtonConfig):  # eq. (11c)
         higher = c.root_inverse
@@ -337,7 +340,8 @@ def _meta_exponents(c: ShampooConfig, lacks: _Lacks) -> dict[int, Any]:
 
 
 def _meta_eigenvalue_correction(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
-    """Writes ``ignored_basis_change_dims`` and ``inverse_exponent_override`` (eq. 17).
+    """Writes ``ignored_basis_change_dims``, ``inverse_exponent_override`` (eq. 17) and the
+    storage dtypes ``factor_matrix_eigenvectors_dtype``, ``corrected_eigenvalues_dtype`` (eq. 17a).
 
     Meta's eigenvalue correction shares betas[1], epsilon and
     use_bias_correction with the factors; its root is one exponent for
@@ -381,7 +385,19 @@ def _meta_eigenvalue_correction(c: ShampooConfig, lacks: _Lacks) -> dict[str, An
         lacks.need(e is not None, where, root, "no float exponent e such that 1 / e is that root")
         if e is not None:
             override[order] = e
-    return {"ignored_basis_change_dims": ignored, "inverse_exponent_override": override}
+    out: dict[str, Any] = {"ignored_basis_change_dims": ignored,
+                           "inverse_exponent_override": override}
+    # Eq. (17a): the storage dtypes, or the factor dtype for None (Meta then keeps
+    # Q_k and D in the factor dtype, as we do).
+    for field, key in (("eigenvectors_dtype", "factor_matrix_eigenvectors_dtype"),
+                       ("corrected_eigenvalues_dtype", "corrected_eigenvalues_dtype")):
+        stored = getattr(ec, field)
+        lacks.need(stored != c.factor_dtype, f"eigenvalue_correction.{field}", stored,
+                   f"Meta's {key} equal to factor_matrix_dtype keeps them in the factor "
+                   f"dtype: {field}=None (the reference rounds an explicit {field}, eq. 17a, "
+                   "but not factor_dtype)")
+        out[key] = c.factor_dtype if stored is None else stored
+    return out
 
 
 def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:

@@ -59,7 +59,9 @@ class BlockGroup:
     preconditioned dim k, i.e. each dim whose root r_k is not 0. Factors and
     the corrected moment are in ``dtype`` (``factor_dtype``); inverse roots
     in ``root_dtype`` (``config.root_dtype``: ``inverse_root_dtype``, eq. 11a,
-    else the factor dtype; None here means ``dtype``).
+    or the eigenbases' ``eigenvectors_dtype``, eq. 17a, else the factor dtype;
+    None here means ``dtype``); the corrected moment D in ``corrected_dtype``
+    (``config.corrected_dtype``, eq. 17a; None: ``dtype``).
     """
 
     shape: tuple[int, ...]
@@ -74,10 +76,13 @@ class BlockGroup:
     corrected: torch.Tensor | None = None  # [B, *shape], D of eq. (17)
     corrected_updates: torch.Tensor | None = None  # [B] int64
     root_dtype: torch.dtype | None = None  # None: ``dtype``
+    corrected_dtype: torch.dtype | None = None  # D's (eq. 17a); None: ``dtype``
 
     def __post_init__(self) -> None:
         if self.root_dtype is None:
             self.root_dtype = self.dtype
+        if self.corrected_dtype is None:
+            self.corrected_dtype = self.dtype
 
     @property
     def rounds_roots(self) -> bool:
@@ -103,7 +108,7 @@ class BlockGroup:
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)
         self.consecutive_failures = torch.zeros(b, dtype=torch.int64, device=dev)
         if eigenvalue_correction:
-            self.corrected = torch.zeros((b, *self.shape), dtype=dt, device=dev)
+            self.corrected = torch.zeros((b, *self.shape), dtype=self.corrected_dtype, device=dev)
             self.corrected_updates = torch.zeros(b, dtype=torch.int64, device=dev)
 
     def row_state(self, row: int) -> dict[str, Any]:
@@ -138,12 +143,14 @@ def build_block_groups(
     dtype: torch.dtype,
     owned: Callable[[int, int], bool] | None = None,
     root_dtype: torch.dtype | None = None,
+    corrected_dtype: torch.dtype | None = None,
 ) -> tuple[list[ParamLayout], list[BlockGroup]]:
     """Group the blocks of all preconditioned parameters by (shape, roots, device).
 
     ``owned(position, block)``: only the blocks it accepts get a block-group
     row (the blocks this rank owns, :mod:`shampoo_torch.distributed`); None: all.
-    ``dtype`` is the factor dtype, ``root_dtype`` the inverse roots' (None: ``dtype``).
+    ``dtype`` is the factor dtype, ``root_dtype`` the inverse roots' and
+    ``corrected_dtype`` the corrected moment's (None: ``dtype``).
     """
     groups: list[BlockGroup] = []
     index: dict[tuple[object, ...], int] = {}
@@ -157,7 +164,8 @@ def build_block_groups(
                 if key not in index:
                     index[key] = len(groups)
                     groups.append(BlockGroup(block.shape, block.roots, device, dtype, [],
-                                             root_dtype=root_dtype))
+                                             root_dtype=root_dtype,
+                                             corrected_dtype=corrected_dtype))
                 groups[index[key]].members.append((pos, bi))
         layouts.append(ParamLayout(plan, tuple(b.slices for b in plan.blocks)))
     return layouts, groups
@@ -337,6 +345,28 @@ def contraction_operands(g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
         return gk.transpose(1, 2), gk
     gk = g.movedim(k + 1, 1).reshape(b, n, -1)
     return gk, gk.transpose(1, 2)
+
+
+#: Storage dtypes whose products are formed as float32 GEMMs (:func:`mode_product_in`).
+_NARROW = (torch.bfloat16, torch.float16)
+
+
+def mode_product_in(
+    x: torch.Tensor, m: torch.Tensor, k: int, dtype: torch.dtype, transpose: bool = False
+) -> torch.Tensor:
+    """:func:`mode_product` computed in ``dtype`` and rounded to it (eqs. 16, 17a).
+
+    For bfloat16 and float16 the operands (numbers of ``dtype``) are multiplied
+    by a float32 GEMM (each product exact, the sum accumulated in float32) and
+    the result rounded once to ``dtype``, as torch's own bfloat16/float16 GEMM
+    on CPU does for one block; torch's batched bfloat16 ``bmm`` instead rounds
+    an entry otherwise for some batch sizes (measured: 3 entries in 460,800
+    with 18 blocks of 8 x 8), which would make a block's result depend on its
+    block group. Other dtypes: the GEMM in ``dtype``.
+    """
+    if dtype in _NARROW:
+        return mode_product(x.float(), m.float(), k, transpose).to(dtype)
+    return mode_product(x.to(dtype), m.to(dtype), k, transpose)
 
 
 def mode_product(x: torch.Tensor, m: torch.Tensor, k: int, transpose: bool = False) -> torch.Tensor:

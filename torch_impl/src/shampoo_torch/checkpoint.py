@@ -23,11 +23,13 @@ Layout (version 2)::
      "param_groups": [{"lr": float, "config": dict, "params": [index, ...], ...}],
      "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
 
-Tensors keep the optimizer's dtypes: factors (and the corrected moment) in
-``factor_dtype``, inverse roots in ``config.root_dtype`` (``inverse_root_dtype``
-when set, eq. 11a: a bfloat16 root is saved as bfloat16). A saved inverse
-root in any other dtype is refused, not converted (converting would round a
-root the rule never rounded, or widen one it did). With
+Tensors keep the optimizer's dtypes: factors in ``factor_dtype``, inverse
+roots (eigenbases) in ``config.root_dtype`` (``inverse_root_dtype`` or
+``eigenvectors_dtype`` when set, eqs. 11a, 17a: a bfloat16 root is saved as
+bfloat16), the corrected moment in ``config.corrected_dtype`` (eq. 17a). A
+saved inverse root or corrected moment in any other dtype is refused, not
+converted (converting would round a value the rule never rounded, or widen
+one it did). With
 ``momentum.storage="int8_columnwise"`` (eq. 20b) the momentum buffers of
 parameters of rank >= 2 are int8 tensors in the parameter's own shape (not
 the merged one), each with ``"momentum_scale"`` / ``"graft_momentum_scale"``
@@ -150,8 +152,8 @@ def _fail(where: str, message: str) -> NoReturn:
 def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) -> None:
     """Same keys, same tensor shapes; ints for ints; inverse roots in our dtype exactly.
 
-    The inverse roots' dtype is a rule (``inverse_root_dtype``, eq. 11a: the
-    stored roots are rounded to it), so a root saved in any other dtype is
+    The inverse roots' and corrected moment's dtypes are rules (eqs. 11a,
+    17a: the stored values are rounded to them), so one saved in any other dtype is
     refused rather than re-rounded or widened on copy; other floating state
     may be any floating dtype (the config, checked first, fixes the factor dtype).
     """
@@ -163,8 +165,9 @@ def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) ->
         if ours.dtype.is_floating_point:
             if not saved.dtype.is_floating_point or (exact_dtype and saved.dtype != ours.dtype):
                 _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}"
-                      + (" (a storage rule: the inverse roots' dtype, eq. 11a, or the "
-                         "momentum scales', eq. 20b)" if exact_dtype else ""))
+                      + (" (a storage rule: config.root_dtype, eq. 11a, "
+                         "config.corrected_dtype, eq. 17a, or the momentum scales', eq. 20b)"
+                         if exact_dtype else ""))
             if saved.numel() and not bool(torch.isfinite(saved.to(ours.dtype)).all()):
                 _fail(where, f"non-finite entries (NaN or inf, in {ours.dtype}): allowed "
                       "finite state only")
@@ -190,7 +193,8 @@ def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) ->
         for k in ours:
             # The roots' dtype (eq. 11a) and the momentum scales' (eq. 20b) are rules.
             _check_tree(f"{where}[{k!r}]", ours[k], saved[k],
-                        exact_dtype or k == "inverse_roots" or str(k).endswith("_scale"))
+                        exact_dtype or k in ("inverse_roots", "corrected")
+                        or str(k).endswith("_scale"))
         return
     if isinstance(ours, list):
         if not isinstance(saved, list) or len(saved) != len(ours):

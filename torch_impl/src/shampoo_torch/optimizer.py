@@ -343,6 +343,10 @@ class Shampoo(torch.optim.Optimizer):
             if not c.roots_lag:
                 self._refresh_group_roots(c, index)
             if cfg.eigenvalue_correction is not None:
+                if bg.rounds_roots and bg.dims:
+                    # Eq. (17a): the gradient rounded to the eigenbases' dtype
+                    # straight from its own, as Meta's grad.to(...).
+                    gb = gather(bg, gp.layouts, c.g, members, bg.root_dtype)
                 preconditioner.update_corrected_moment(
                     bg, gb, rows, ok, cfg.eigenvalue_correction
                 )

@@ -36,7 +36,15 @@ from shampoo_spec import (
 )
 
 from . import grafting, roots
-from .blocks import BlockGroup, Rows, contraction_operands, mode_product, put, take
+from .blocks import (
+    BlockGroup,
+    Rows,
+    contraction_operands,
+    mode_product,
+    mode_product_in,
+    put,
+    take,
+)
 from .invariance import rowwise
 
 
@@ -156,6 +164,17 @@ def refresh_inverse_roots(
         if bg.rounds_roots:
             new = new.to(bg.root_dtype)  # eq. (11a); elementwise, so batch invariant
             good = good & roots.finite_rows(new)
+        ec = cfg.eigenvalue_correction
+        if ec is not None and ec.basis_reuse_tolerance > 0:
+            # Eq. (17b): a row whose stored eigenbasis still fits keeps it (no failure).
+            prev = take(bg.inverse_roots[k], rows)
+            fits = rowwise(
+                partial(roots.basis_still_fits, eps=cfg.epsilon,
+                        tolerance=ec.basis_reuse_tolerance),
+                torch.stack([prev.to(a.dtype), a], dim=1),
+            ) & roots.finite_rows(a)
+            new = torch.where(fits[:, None, None], prev, new.to(prev.dtype))
+            good = good | fits
         failed = ~good if ok is None else (~good & ok)
         keep_new = good if ok is None else (good & ok)
         old = take(bg.inverse_roots[k], rows)
@@ -173,7 +192,21 @@ def refresh_inverse_roots(
 
 
 def rotate(bg: BlockGroup, x: torch.Tensor, rows: Rows, transpose: bool) -> torch.Tensor:
-    """Eq. (17): ``X x_k Q_k^T`` (``transpose``, into the eigenbasis) or ``X x_k Q_k`` (back)."""
+    """Eq. (17): ``X x_k Q_k^T`` (``transpose``, into the eigenbasis) or ``X x_k Q_k`` (back).
+
+    With eigenbases stored in another dtype q than the factors (eq. 17a) the
+    rotation is computed in q, as Meta's ``_precondition_grad``: ``x`` cast
+    to q, every mode product rounded to q (:func:`~shampoo_torch.blocks.mode_product_in`),
+    the result cast back to the factor dtype. A block with no preconditioned
+    dim is not cast.
+    """
+    if bg.rounds_roots and bg.dims:
+        assert bg.root_dtype is not None
+        x = x.to(bg.root_dtype)
+        for k in bg.dims:
+            x = mode_product_in(x, take(bg.inverse_roots[k], rows), k, bg.root_dtype,
+                                transpose=transpose)
+        return x.to(bg.dtype)
     for k in bg.dims:
         x = mode_product(x, take(bg.inverse_roots[k], rows), k, transpose=transpose)
     return x
@@ -184,11 +217,24 @@ def update_corrected_moment(
     ec: EigenvalueCorrectionConfig,
 ) -> None:
     """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the current basis (a sum
-    when ``beta2 == 1``)."""
+    when ``beta2 == 1``).
+
+    With ``corrected_eigenvalues_dtype`` s (eq. 17a) Meta's operations on D
+    in s: ``D * beta2`` (torch takes beta2 in D's precision, float32 below
+    float64, and rounds to s), then ``addcmul`` with weight ``1 - beta2``
+    (1 for a sum) computed in the factor dtype and rounded to s once.
+    ``gb`` arrives in the eigenbases' dtype when they are stored in another
+    (:func:`rotate` then casts nothing).
+    """
     assert bg.corrected is not None and bg.corrected_updates is not None
     rotated = rotate(bg, gb, rows, transpose=True)
     old = take(bg.corrected, rows)
-    if ec.decays:
+    if ec.corrected_eigenvalues_dtype is not None:
+        decayed = old * ec.beta2 if ec.decays else old
+        weight = 1.0 - ec.beta2 if ec.decays else 1.0
+        new = torch.addcmul(decayed.to(rotated.dtype), rotated, rotated,
+                            value=weight).to(old.dtype)
+    elif ec.decays:
         new = ec.beta2 * old + (1.0 - ec.beta2) * rotated**2
     else:
         new = old + rotated**2
@@ -201,19 +247,34 @@ def update_corrected_moment(
 def corrected_direction(
     bg: BlockGroup, fb: torch.Tensor, rows: Rows, ec: EigenvalueCorrectionConfig
 ) -> torch.Tensor:
-    """Eq. (17): ``((F x_k Q_k^T) / ((D / bc)^(1/root) + eps)) x_k Q_k``."""
+    """Eq. (17): ``((F x_k Q_k^T) / ((D / bc)^(1/root) + eps)) x_k Q_k``.
+
+    With ``corrected_eigenvalues_dtype`` s (eq. 17a) the denominator is
+    Meta's ``D.div(bc).pow_(1 / root).add_(eps)`` in s: bc taken in D's
+    precision (float32 below float64), each operation rounded to s; the
+    quotient in the factor dtype.
+    """
     assert bg.corrected is not None and bg.corrected_updates is not None
     d = take(bg.corrected, rows)
+    bc = None
     if ec.corrects_bias:  # one power per row (batch invariance)
         n = take(bg.corrected_updates, rows)
         power = rowwise(lambda x: torch.pow(ec.beta2, x), n.to(bg.dtype))
         bc = torch.where(n > 0, 1.0 - power, torch.ones_like(power))
-        d = d / _per_row(bc, d)
+    rounded = ec.corrected_eigenvalues_dtype is not None
+    if bc is not None:
+        if rounded:  # Meta's D.div(bc): bc in D's compute precision, the quotient in s
+            compute = torch.float64 if d.dtype == torch.float64 else torch.float32
+            d = (d.to(compute) / _per_row(bc.to(compute), d)).to(d.dtype)
+        else:
+            d = d / _per_row(bc, d)
     rotated = rotate(bg, fb, rows, transpose=True)
-    # sqrt is correctly rounded (batch invariant); other exponents one block per call.
+    # sqrt (batch invariant); other exponents one block per call.
     root = ec.root_for(len(bg.shape))  # the block order
     root_d = torch.sqrt(d) if root == 2 else rowwise(lambda x: x ** (1.0 / root), d)
-    scaled = rotated / (root_d + ec.epsilon)
+    scaled = torch.div(rotated, root_d + ec.epsilon)
+    if rounded:
+        scaled = scaled.to(bg.dtype)  # Meta's in-place div_ keeps the gradient's dtype
     return rotate(bg, scaled, rows, transpose=False)
 
 
@@ -224,17 +285,22 @@ def shampoo_direction(
 
     Eq. (16): ``P = F x_1 X_1 x_2 X_2 ...`` over the preconditioned dims, or
     eq. (17) with eigenvalue correction. With ``inverse_root_dtype`` s the
-    products are in s, as Meta's (``fb`` arrives rounded to s; each ``bmm``
-    of two s tensors returns s, i.e. every mode product rounded to s) and P
+    products are in s, as Meta's (``fb`` arrives rounded to s; every mode
+    product rounded to s, :func:`~shampoo_torch.blocks.mode_product_in`) and P
     goes back to the factor dtype for eqs. (18)-(21), as Meta casts it back
     to the gradient's dtype.
     """
     if cfg.eigenvalue_correction is not None:
         return corrected_direction(bg, fb, rows, cfg.eigenvalue_correction)
     pb = fb
+    if bg.rounds_roots:
+        assert bg.root_dtype is not None
+        for k in bg.dims:
+            pb = mode_product_in(pb, take(bg.inverse_roots[k], rows), k, bg.root_dtype)
+        return pb.to(bg.dtype)
     for k in bg.dims:
         pb = mode_product(pb, take(bg.inverse_roots[k], rows), k)
-    return pb.to(bg.dtype) if bg.rounds_roots else pb
+    return pb
 
 
 def rescale_blocks_to_graft(

@@ -202,6 +202,25 @@ def eigenbasis(
     return q, ok & ok_eigh & finite_rows(q)
 
 
+def basis_still_fits(pair: torch.Tensor, eps: EpsilonConfig, tolerance: float) -> torch.Tensor:
+    """Eq. (17b) per row of ``pair = stack([Q, A], 1)`` ([B, 2, n, n]): whether
+    ``B = (Q^T (A + eps I)) Q`` has ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F``
+    (eps of eq. 9 with the ridge placement, else 0; False where the difference of
+    squares rounds below 0, whose root is NaN), as Meta's
+    ``eigenvalues_estimate_criterion_below_or_equal_tolerance``."""
+    q, a = pair[:, 0], pair[:, 1]
+    n = a.shape[-1]
+    eye = torch.eye(n, dtype=a.dtype, device=a.device)
+    ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else torch.zeros(
+        a.shape[0], dtype=a.dtype, device=a.device)
+    b = (q.transpose(1, 2) @ (a + ridge[:, None, None] * eye)) @ q
+    norm = torch.linalg.vector_norm(b.flatten(1), dim=1)
+    diag = torch.linalg.vector_norm(torch.diagonal(b, dim1=-2, dim2=-1), dim=1)
+    off = torch.sqrt(norm**2 - diag**2)
+    fits: torch.Tensor = off <= tolerance * norm
+    return fits
+
+
 def _check_every(device: torch.device) -> int:
     return 1 if device.type == "cpu" else 8
 

@@ -24,7 +24,8 @@ from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_
 from .distributed import Distributor, is_dtensor
 
 FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
-#: ``config.root_dtype`` (``inverse_root_dtype``, else ``factor_dtype``) -> torch dtype.
+#: ``config.root_dtype`` (``inverse_root_dtype`` or ``eigenvectors_dtype``, else
+#: ``factor_dtype``) and ``config.corrected_dtype`` (eq. 17a) -> torch dtype.
 ROOT_DTYPES = {**FACTOR_DTYPES, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -123,7 +124,8 @@ def build_param_group_plan(
             return table[(pos, b)] == rank
 
     layouts, block_groups = build_block_groups(
-        plans, [p.device for p in params], fdt, owned, ROOT_DTYPES[cfg.root_dtype]
+        plans, [p.device for p in params], fdt, owned, ROOT_DTYPES[cfg.root_dtype],
+        ROOT_DTYPES[cfg.corrected_dtype],
     )
     for bg in block_groups:
         bg.allocate(cfg.initial_factor_scale, cfg.eigenvalue_correction is not None)

@@ -210,6 +210,12 @@ def step_configs(
             beta2=draw(st.sampled_from([0.0, 0.999, 1.0])),
             epsilon=draw(st.sampled_from([1e-12, 1e-8])),
             bias_correction=draw(st.booleans()),
+            # Eq. (17a): Q_k and D stored rounded (D not in float16: these epsilons
+            # are below its smallest positive number, which the config refuses).
+            eigenvectors_dtype=draw(
+                st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
+            corrected_eigenvalues_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16"])),
+            basis_reuse_tolerance=draw(st.sampled_from([0.0, 0.0, 0.1, 1.0])),  # eq. (17b)
         ) if eigen else None,
         grafting=grafting,
         gradient_filter=ss.GradientFilterConfig(

@@ -17,6 +17,7 @@ name or ``"WeightDecayType.NAME"``; dtypes as ``"float32"`` or
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
@@ -351,7 +352,10 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "yet for eigenvalue-corrected Shampoo (it also drops the weight of the corrected "
             "eigenvalues' EMA)."
         )
-    root_inverse, rule = _root_inverse(p.get("amortized_computation_config", None))
+    root_inverse, rule, reuse = _root_inverse(
+        p.get("amortized_computation_config", None),
+        corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
+    )
     placement = rule["placement"]
     if (placement == "pseudo_inverse") != (shared.epsilon == 0):
         raise ValueError(
@@ -365,7 +369,10 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         p.unsupported("ignored_basis_change_dims", {}, "only for eigenvalue-corrected Shampoo")
         exponents = _exponents(p.get("inverse_exponent_override", {}))
     elif kind == "EigenvalueCorrectedShampooPreconditionerConfig":
-        correction = _eigenvalue_correction(p, shared, root_inverse, placement)
+        correction = dataclasses.replace(
+            _eigenvalue_correction(p, shared, root_inverse, placement),
+            basis_reuse_tolerance=reuse,
+        )
         exponents = _exponents({}, p.get("ignored_basis_change_dims", {}))
     else:
         raise NotImplementedError(f"preconditioner_config.type = {kind!r} is not supported.")
@@ -378,10 +385,17 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "(factors in float32 or float64)."
         )
     inverse_root_dtype = _inverse_root_dtype(p, kind, factor_dtype)
-    # Storage dtypes of the eigenvectors and corrected eigenvalues: read
-    # strictly; the backends keep them in factor_dtype (docs/migrating.md, inventory).
-    for key in ("corrected_eigenvalues_dtype", "factor_matrix_eigenvectors_dtype"):
-        dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
+    if correction is not None:
+        correction = dataclasses.replace(
+            correction,
+            eigenvectors_dtype=_storage_dtype(p, kind, "factor_matrix_eigenvectors_dtype",
+                                              factor_dtype),
+            corrected_eigenvalues_dtype=_storage_dtype(p, kind, "corrected_eigenvalues_dtype",
+                                                       factor_dtype),
+        )
+    else:
+        for key in ("factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"):
+            _storage_dtype(p, kind, key, factor_dtype)
     tolerated = p.integer("num_tolerated_failed_amortized_computations", 3, low=0)
     return Preconditioner(
         statistics=StatisticsConfig(
@@ -436,21 +450,61 @@ def _inverse_root_dtype(p: Args, kind: str, factor_dtype: str) -> InverseRootDty
     return None if value == factor_dtype else _ROOT_DTYPES[value]
 
 
-def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, dict[str, Any]]:
+def _storage_dtype(p: Args, kind: str, key: str, factor_dtype: str) -> InverseRootDtype | None:
+    """Reads ``preconditioner_config.factor_matrix_eigenvectors_dtype`` or
+    ``.corrected_eigenvalues_dtype`` (EigenvalueCorrected only; default float32).
+
+    Returns ``eigenvalue_correction.eigenvectors_dtype`` resp.
+    ``.corrected_eigenvalues_dtype`` (eq. 17a, with the lines of Meta's
+    source): None when it equals ``factor_matrix_dtype`` (Meta keeps Q_k,
+    resp. D, in the factor dtype, as the backends do), else its value, Meta's
+    default float32 included (with float64 factors Meta stores both in
+    float32). ``RootInvShampooPreconditionerConfig`` has no such field (Meta's
+    constructor refuses it): a ValueError there.
+    """
+    value = dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
+    if kind != "EigenvalueCorrectedShampooPreconditionerConfig":
+        if key in p:
+            raise ValueError(
+                f"preconditioner_config.{key} = {p.data[key]!r} is invalid: allowed only with "
+                f"EigenvalueCorrectedShampooPreconditionerConfig ({kind} has no such field)."
+            )
+        return None
+    return None if value == factor_dtype else _ROOT_DTYPES[value]
+
+
+def _root_inverse(
+    cfg: Any, corrected: bool = False
+) -> tuple[RootInverseConfig, dict[str, Any], float]:
     """Reads ``preconditioner_config.amortized_computation_config``.
 
-    Returns ``root_inverse`` and the epsilon rule (``EpsilonConfig`` fields):
-    ``EigenConfig`` / ``EighEigendecompositionConfig`` -> eigh (eq. 10) with
-    ``"ridge"``, or ``"shift_after"`` when ``perturb_before_computation`` is
-    False, or ``"pseudo_inverse"`` with its ``rank_rtol`` (None: n times the
-    factor dtype's machine epsilon) and ``rank_atol`` for
-    ``PseudoInverseConfig``; ``CoupledNewtonConfig`` -> coupled Newton (eq.
-    11; max_iterations 100, tolerance 1e-6) with the ridge.
+    Returns ``root_inverse``, the epsilon rule (``EpsilonConfig`` fields) and
+    the eigenbasis reuse tolerance: ``EigenConfig`` /
+    ``EighEigendecompositionConfig`` -> eigh (eq. 10) with ``"ridge"``, or
+    ``"shift_after"`` when ``perturb_before_computation`` is False, or
+    ``"pseudo_inverse"`` with its ``rank_rtol`` (None: n times the factor
+    dtype's machine epsilon) and ``rank_atol`` for ``PseudoInverseConfig``;
+    ``CoupledNewtonConfig`` -> coupled Newton (eq. 11; max_iterations 100,
+    tolerance 1e-6) with the ridge; ``CoupledHigherOrderConfig`` -> eq. (11c).
+    ``EighEigendecompositionConfig.tolerance`` in [0, 1] is
+    ``eigenvalue_correction.basis_reuse_tolerance`` (eq. 17b) with
+    eigenvalue correction (``corrected``); > 0 is refused otherwise.
     """
     kind = type_of("amortized_computation_config", cfg) or "EigenConfig"
     args = Args("preconditioner_config.amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
     if kind in ("EigenConfig", "EighEigendecompositionConfig"):
-        args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal criterion")
+        reuse = 0.0
+        if corrected and kind == "EighEigendecompositionConfig":
+            reuse = args.number("tolerance", 0.0)
+            if not 0.0 <= reuse <= 1.0:
+                raise ValueError(
+                    "preconditioner_config.amortized_computation_config.tolerance = "
+                    f"{reuse!r} is invalid: allowed a number in [0, 1]."
+                )
+        else:
+            args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal "
+                             "criterion, supported with eigenvalue correction's "
+                             "EighEigendecompositionConfig")
         where = "preconditioner_config.amortized_computation_config.rank_deficient_stability_config"
         stab = args.get("rank_deficient_stability_config", None)
         stab_kind = type_of(where, stab) or "PerturbationConfig"
@@ -461,7 +515,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, dict[str, Any]]:
                 "placement": "pseudo_inverse",
                 "rank_rtol": None if rtol is None else number(f"{where}.rank_rtol", rtol),
                 "rank_atol": pseudo.number("rank_atol", 0.0),
-            }
+            }, reuse
         if stab_kind != "PerturbationConfig":
             raise ValueError(
                 f"{where}.type = {stab_kind!r} is invalid: allowed 'PerturbationConfig' or "
@@ -471,7 +525,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, dict[str, Any]]:
             f"{where}.perturb_before_computation",
             (stab or {}).get("perturb_before_computation", True),
         )
-        return EighConfig(), {"placement": "ridge" if before else "shift_after"}
+        return EighConfig(), {"placement": "ridge" if before else "shift_after"}, reuse
     if kind == "CoupledNewtonConfig":
         return (
             CoupledNewtonConfig(
@@ -481,6 +535,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, dict[str, Any]]:
                 tolerance=args.number("tolerance", 1e-6),
             ),
             {"placement": "ridge"},
+            0.0,
         )
     if kind == "CoupledHigherOrderConfig":
         for key in ("rel_epsilon", "abs_epsilon"):
@@ -506,6 +561,7 @@ def _root_inverse(cfg: Any) -> tuple[RootInverseConfig, dict[str, Any]]:
                 tolerance=args.number("tolerance", 1e-8),
             ),
             {"placement": "ridge"},
+            0.0,
         )
     raise NotImplementedError(
         f"amortized_computation_config.type = {kind!r} is not supported yet "
