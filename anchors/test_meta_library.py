@@ -158,6 +158,22 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "epsilon": 1e-6,
         "preconditioner_config": {**EIGEN64, "drop_weighting_factor_on_gsquare": True},
     },
+    # drop_weighting_factor_on_gsquare on the graft: V <- beta2 V + G^2
+    # (grafting.ema_weight "one", eq. 14b), and Meta then skips Adam's bias
+    # correction. lr 0.01: the uncorrected graft's first steps are large.
+    "rmsprop_graft_drop_weight": {
+        "grafting_config": {"type": "RMSpropPreconditionerConfig", "beta2": 0.95,
+                            "drop_weighting_factor_on_gsquare": True},
+        "lr": 0.01,
+        "epsilon": 1e-6,
+    },
+    "adam_graft_drop_weight": {
+        "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": 0.99, "epsilon": 1e-8,
+                            "drop_weighting_factor_on_gsquare": True},
+        "betas": [0.9, 0.95],
+        "lr": 0.01,
+        "epsilon": 1e-6,
+    },
     # use_trace_scaling: the roots see A * max(tr A, epsilon)^(-0.25) (eq. 7b).
     "trace_scaling": {
         "grafting_config": ADAGRAD,

@@ -59,6 +59,13 @@ CASES: dict[str, ss.ShampooConfig] = {
         grafting=ss.GraftingConfig(type="adam", beta2=0.99, bias_correction=True),
         schedule=ss.ScheduleConfig(precondition_frequency=4, start_preconditioning_step=6),
     ),
+    # eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare)
+    "graft_weight_one_normalized": ss.ShampooConfig(
+        epsilon=EPS,
+        blocking=SMALL_BLOCKS,
+        grafting=ss.GraftingConfig(type="rmsprop_normalized", beta2=0.9, ema_weight="one",
+                                   bias_correction=True),
+    ),
     "ridge_floor_relative_override": ss.ShampooConfig(
         epsilon=ss.EpsilonConfig(value=1e-3, scale="relative", placement="ridge_floor"),
         exponents=ss.ExponentConfig(override=2.5),

@@ -85,6 +85,10 @@ CONFIGS = {
     ),
     # Roots stored in bfloat16 (eq. 11a), products in bfloat16 (eq. 16).
     "bf16_roots": dataclasses.replace(BASE, inverse_root_dtype="bfloat16"),
+    # Eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare).
+    "graft_weight_one": dataclasses.replace(
+        BASE, grafting=ss.GraftingConfig(type="adam", beta2=0.9, ema_weight="one")
+    ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.

@@ -77,6 +77,8 @@ def test_grafting_weights_and_bias_correction_eq14() -> None:
     adagrad = GraftingConfig(type="adagrad", bias_correction=True)
     assert adagrad.update_weight == 1.0
     assert not adagrad.corrects_bias and adagrad.bias_correction_factor(7) == 1.0
+    dropped = GraftingConfig(type="rmsprop", beta2=0.5, ema_weight="one")
+    assert dropped.update_weight == 1.0 and dropped.bias_correction_factor(2) == 1.0
 
 
 def test_gradient_filter_eq15() -> None:

@@ -86,6 +86,8 @@ def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -
     [
         (lambda: ss.GraftingConfig(type="adagrad", beta2=0.9), "beta2"),
         (lambda: ss.GraftingConfig(type="adam", beta2=1.0), "beta2"),
+        (lambda: ss.GraftingConfig(type="adagrad", ema_weight="one"), "ema_weight"),
+        (lambda: ss.GraftingConfig(type="sgd", ema_weight="one"), "ema_weight"),
         (lambda: ss.ExponentConfig(override=4.0, overrides_by_order=(
             ss.OrderOverride(order=2, roots=(2.0,)),)), "override"),
         (lambda: ss.OrderOverride(order=2, roots=(2.0, 2.0, 2.0)), "roots"),

@@ -64,6 +64,7 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             kwargs["grafting_config"]["epsilon"] = draw(small)
         if graft in ("RMSprop", "Adam"):
             kwargs["grafting_config"]["beta2"] = draw(st.floats(0.5, 0.999))
+            kwargs["grafting_config"]["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
     corrected = draw(st.booleans())
     pc: dict[str, Any] = {
         "factor_matrix_dtype": draw(st.sampled_from(["float32", "torch.float64", "float64"])),
@@ -318,6 +319,9 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 override=draw(st.sampled_from([0.0, 4.0]))),
             grafting=ss.GraftingConfig(
                 type=grafting_type, beta2=beta2,
+                ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"]))
+                if grafting_type in ("rmsprop", "adam", "rmsprop_normalized")
+                else "one_minus_beta2",
                 bias_correction=draw(st.booleans()),
                 norm_scope=draw(st.sampled_from(["block", "parameter"])),
                 norm_epsilon=draw(st.sampled_from([1e-16, 1e-25])),

@@ -294,9 +294,15 @@ def test_meta_grafting() -> None:
         meta._grafting({"type": "AdamPreconditionerConfig", "beta1": 0.9})
     with pytest.raises(NotImplementedError, match=r"grafting_config\.type = 'Lion'"):
         meta._grafting({"type": "Lion"})
-    with pytest.raises(NotImplementedError, match=r"drop_weighting_factor_on_gsquare = True"):
-        meta._grafting({"type": "AdamPreconditionerConfig",
-                        "drop_weighting_factor_on_gsquare": True})
+    # drop_weighting_factor_on_gsquare: V <- beta2 V + G^2, and Meta then drops
+    # Adam's bias correction too (RMSprop's and Adam's are the same method).
+    for kind, default in (("RMSpropPreconditionerConfig", 0.99),
+                          ("AdamPreconditionerConfig", 0.999)):
+        g = meta._grafting({"type": kind, "drop_weighting_factor_on_gsquare": True})
+        assert (g.beta2, g.ema_weight, g.bias_correction) == (default, "one", False)
+        assert g.update_weight == 1.0 and g.bias_correction_factor(3) == 1.0
+    with pytest.raises(ValueError, match=r"drop_weighting_factor_on_gsquare"):
+        meta._grafting({"type": "AdamPreconditionerConfig", "drop_weighting_factor_on_gsquare": 1})
 
 
 def test_meta_gradient_filter() -> None:

@@ -157,6 +157,11 @@ CASES: dict[str, ShampooConfig] = {
         ]
         for scope in ("block", "parameter")
     },
+    # eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare)
+    "graft_rmsprop_weight_one": cfg(grafting=GraftingConfig(
+        type="rmsprop", beta2=0.9, ema_weight="one")),
+    "graft_adam_weight_one_corrected": cfg(grafting=GraftingConfig(
+        type="adam", beta2=0.9, ema_weight="one", bias_correction=True)),
     # gradient filter, eq. (15)
     "filter": cfg(gradient_filter=GradientFilterConfig(beta1=0.9)),
     "filter_beta3_bias": cfg(

@@ -10,7 +10,7 @@ rank-deficient and large-dynamic-range gradients.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from hypothesis import strategies as st
@@ -127,10 +127,15 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         if gtype in ("rmsprop", "adam", "rmsprop_normalized")
         else 1.0,
     )
+    # Meta's drop_weighting_factor_on_gsquare: an EMA graft with weight 1 (eq. 14b).
+    graft_weight: Literal["one_minus_beta2", "one"] = (
+        draw(st.sampled_from(["one_minus_beta2", "one"])) if graft_beta2 < 1.0
+        else "one_minus_beta2")
     grafting = ss.GraftingConfig(
         type=gtype,
         beta2=graft_beta2,
-        bias_correction=gtype == "adam",
+        ema_weight=graft_weight,
+        bias_correction=gtype == "adam" and graft_weight == "one_minus_beta2",
         norm_scope=draw(st.sampled_from(["block", "parameter"])),
     )
     beta1 = draw(st.sampled_from([0.0, 0.9]))

@@ -366,7 +366,9 @@ class GraftingConfig:
 
     ``graft(X) = X / (sqrt(V / bc) + epsilon)`` with
     ``V <- beta2 V + w G^2`` (adagrad: beta2 = w = 1; rmsprop/adam:
-    w = 1 - beta2; adam bias-corrects with ``bc = 1 - beta2^t``). ``sign``
+    w = 1 - beta2, or w = 1 with ``ema_weight="one"``, Meta's
+    ``drop_weighting_factor_on_gsquare``; adam bias-corrects with
+    ``bc = 1 - beta2^t``). ``sign``
     is sign(X); ``*_normalized`` variants first normalise G by
     ``||G|| + normalize_epsilon``. After preconditioning, the Shampoo
     direction P is rescaled: ``P * ||graft(F)|| / (||P|| + norm_epsilon)``,
@@ -375,6 +377,7 @@ class GraftingConfig:
 
     type: GraftingType = "none"
     beta2: float = 1.0
+    ema_weight: Literal["one_minus_beta2", "one"] = "one_minus_beta2"
     epsilon: float = 1e-10
     bias_correction: bool = False
     norm_scope: Literal["block", "parameter"] = "block"
@@ -390,6 +393,12 @@ class GraftingConfig:
                 v.fail(o, "beta2", self.beta2, f"1.0 for grafting type {self.type!r}")
         if self.type in ("rmsprop", "adam", "rmsprop_normalized") and self.beta2 == 1.0:
             v.fail(o, "beta2", self.beta2, f"a value in (0, 1) for grafting type {self.type!r}")
+        v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
+        # Only an EMA has a weight to drop (a sum already adds g^2 with weight 1).
+        if self.ema_weight == "one" and self.type not in ("rmsprop", "adam", "rmsprop_normalized"):
+            v.fail(o, "ema_weight", self.ema_weight,
+                   f"'one_minus_beta2' for grafting type {self.type!r} ('one' needs an EMA "
+                   "graft: rmsprop, adam or rmsprop_normalized)")
         # An epsilon that divides must be > 0: a zero gradient (V = 0,
         # ||G|| = 0, P = 0) would otherwise give 0 / 0 (eqs. 14a, 14c, 18).
         v.epsilon(o, "epsilon", self.epsilon, zero=not self.has_state)
@@ -410,8 +419,9 @@ class GraftingConfig:
 
     @property
     def update_weight(self) -> float:
-        """``w`` of eq. (14b): 1 for a sum (``beta2 == 1``, AdaGrad), else ``1 - beta2``."""
-        return 1.0 if self.beta2 == 1.0 else 1.0 - self.beta2
+        """``w`` of eq. (14b): 1 for a sum (``beta2 == 1``, AdaGrad) or
+        ``ema_weight="one"``, else ``1 - beta2``."""
+        return 1.0 if self.beta2 == 1.0 or self.ema_weight == "one" else 1.0 - self.beta2
 
     @property
     def corrects_bias(self) -> bool:

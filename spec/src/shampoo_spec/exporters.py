@@ -436,8 +436,10 @@ def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     lacks.same("grafting.norm_epsilon", g.norm_epsilon, 1e-16, "Meta's graft norm epsilon")
     lacks.same("grafting.normalize_epsilon", g.normalize_epsilon, 1e-16,
                "Meta has no normalized grafts")
-    lacks.same("grafting.bias_correction", g.bias_correction, g.type == "adam",
-               "Meta bias-corrects the Adam graft only")
+    lacks.same("grafting.bias_correction", g.bias_correction,
+               g.type == "adam" and g.ema_weight == "one_minus_beta2",
+               "Meta bias-corrects the Adam graft only, and not with "
+               "drop_weighting_factor_on_gsquare (grafting.ema_weight 'one')")
     if g.type in ("none", "sgd"):
         lacks.same("grafting.epsilon", g.epsilon, 1e-10, f"unused by a {g.type!r} graft")
         lacks.same("grafting.beta2", g.beta2, 1.0, f"unused by a {g.type!r} graft")
@@ -448,6 +450,8 @@ def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
         out["epsilon"] = g.epsilon
     if g.type in ("rmsprop", "adam"):
         out["beta2"] = g.beta2
+    if g.ema_weight == "one":  # eq. (14b) w = 1
+        out["drop_weighting_factor_on_gsquare"] = True
     return out
 
 
@@ -563,6 +567,8 @@ def _google_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     rms = g.type in ("rmsprop", "rmsprop_normalized")
     lacks.same("grafting.beta2", g.beta2, c.statistics.beta2 if rms else 1.0,
                "Google's RMSPROP grafts use the statistics' beta2; the others none")
+    lacks.same("grafting.ema_weight", g.ema_weight, "one_minus_beta2",
+               "Google's RMSPROP graft weighs g^2 by 1 - beta2")
     lacks.same("grafting.bias_correction", g.bias_correction, False,
                "Google does not bias-correct its graft")
     lacks.same("grafting.norm_scope", g.norm_scope, "parameter",

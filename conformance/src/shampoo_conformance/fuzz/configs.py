@@ -170,6 +170,8 @@ def step_configs(
     grafting = ss.GraftingConfig(
         type=gtype,
         beta2=draw(st.sampled_from([1e-12, 0.5, 0.999, 1.0 - 1e-12])) if adaptive_ema else 1.0,
+        ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"])) if adaptive_ema
+        else "one_minus_beta2",
         epsilon=draw(st.sampled_from([1e-30, 1e-10, 1.0])),
         bias_correction=draw(st.booleans()),
         norm_scope="block" if coupling_free else draw(st.sampled_from(["block", "parameter"])),
@@ -316,7 +318,8 @@ def meta_kwargs() -> st.SearchStrategy[dict[str, Any]]:
                     "type": st.sampled_from(["AdaGradPreconditionerConfig",
                                              "AdamPreconditionerConfig",
                                              "RMSpropPreconditionerConfig", "SGD", ""]),
-                }, optional={"epsilon": hostile_values(), "beta2": hostile_values()})))
+                }, optional={"epsilon": hostile_values(), "beta2": hostile_values(),
+                             "drop_weighting_factor_on_gsquare": hostile_values()})))
         if draw(st.booleans()):
             out["preconditioner_config"] = draw(st.one_of(
                 hostile_values(),

@@ -630,24 +630,28 @@ def _grafting(cfg: Any) -> GraftingConfig:
 
     Returns ``grafting`` (eqs. 14, 18; per-block norms with 1e-16): SGD;
     AdaGrad (eps 1e-10); RMSprop (beta2 0.99, eps 1e-10); Adam (beta2 0.999,
-    eps 1e-10, bias-corrected); null -> none.
+    eps 1e-10, bias-corrected); null -> none. RMSprop's and Adam's
+    ``drop_weighting_factor_on_gsquare``: ``V <- beta2 V + G^2`` (eq. 14b's
+    ``grafting.ema_weight="one"``), never bias-corrected (Meta then drops
+    Adam's correction too).
     """
     kind = type_of("grafting_config", cfg)
     if kind is None:
         return GraftingConfig(type="none")
     args = Args("grafting_config", cfg, {"epsilon", "beta2", "drop_weighting_factor_on_gsquare"})
-    args.unsupported("drop_weighting_factor_on_gsquare", False, "graft EMA without 1 - beta2")
     if kind == "SGDPreconditionerConfig":
         return GraftingConfig(type="sgd")
     if kind == "AdaGradPreconditionerConfig":
         return GraftingConfig(type="adagrad", epsilon=args.number("epsilon", 1e-10))
     if kind in ("RMSpropPreconditionerConfig", "AdamPreconditionerConfig"):
         adam = kind == "AdamPreconditionerConfig"
+        drop_weight = args.flag("drop_weighting_factor_on_gsquare", False)
         return GraftingConfig(
             type="adam" if adam else "rmsprop",
             beta2=args.number("beta2", 0.999 if adam else 0.99),
+            ema_weight="one" if drop_weight else "one_minus_beta2",
             epsilon=args.number("epsilon", 1e-10),
-            bias_correction=adam,
+            bias_correction=adam and not drop_weight,
         )
     raise NotImplementedError(f"grafting_config.type = {kind!r} is not supported yet.")
 
