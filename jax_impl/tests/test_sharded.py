@@ -83,11 +83,22 @@ CONFIGS = {
         momentum=ss.MomentumConfig(momentum=0.9, buffers="separate"),
         epsilon=ss.EpsilonConfig(value=1e-3, scale="relative"),
     ),
+    # Eq. (17) with w = 1 for D and the factors, uncorrected (Meta's
+    # drop_weighting_factor_on_gsquare with eigenvalue correction).
+    "corrected_weight_one": dataclasses.replace(
+        BASE,
+        grafting=ss.GraftingConfig(),  # a graft's rescale would cancel D's weight
+        statistics=ss.StatisticsConfig(beta2=0.95, ema_weight="one"),
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+            beta2=0.95, ema_weight="one", bias_correction=False, epsilon=1e-8),
+    ),
     # Roots stored in bfloat16 (eq. 11a), products in bfloat16 (eq. 16).
     "bf16_roots": dataclasses.replace(BASE, inverse_root_dtype="bfloat16"),
-    # Eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare).
-    "graft_weight_one": dataclasses.replace(
-        BASE, grafting=ss.GraftingConfig(type="adam", beta2=0.9, ema_weight="one")
+    # Eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare) and the
+    # update rounded to bfloat16 (eq. 21a, Meta's DDP communication_dtype).
+    "graft_weight_one_update_bf16": dataclasses.replace(
+        BASE, grafting=ss.GraftingConfig(type="adam", beta2=0.9, ema_weight="one"),
+        update_dtype="bfloat16",
     ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
@@ -181,7 +192,7 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.count) == STEPS
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
-    if name in ("eigh", "bf16_roots"):
+    if name in ("eigh", "bf16_roots", "graft_weight_one_update_bf16"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)

@@ -118,6 +118,15 @@ def test_inverse_root_dtype_error_names_field_value_and_allowed() -> None:
     )
 
 
+def test_update_dtype_error_names_field_value_and_allowed() -> None:
+    with pytest.raises(ValueError) as err:
+        ss.ShampooConfig(update_dtype="float64")  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "ShampooConfig.update_dtype = 'float64' is invalid: allowed one of 'float32', "
+        "'bfloat16', 'float16', or None (the update is added unrounded)."
+    )
+
+
 def test_defaults_are_valid_and_frozen() -> None:
     c = ss.ShampooConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):

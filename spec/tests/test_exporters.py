@@ -51,6 +51,11 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
     if target is not None:
         kwargs["distributed_config"] = {"type": "SingleDeviceDistributedConfig",
                                         "target_parameter_dimensionality": target}
+    comm = draw(st.sampled_from([None, "float32", "torch.bfloat16", "float16"]))
+    if comm is not None:  # DDP: the update rounded to communication_dtype (eq. 21a)
+        kwargs["distributed_config"] = {**kwargs.get("distributed_config", {}),
+                                        "type": "DDPDistributedConfig",
+                                        "communication_dtype": comm}
     mu = draw(st.sampled_from([None, 0.5, 0.9]))
     if mu is not None:
         kwargs["iterate_averaging_config"] = {
@@ -67,6 +72,7 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             kwargs["grafting_config"]["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
     corrected = draw(st.booleans())
     pc: dict[str, Any] = {
+        "drop_weighting_factor_on_gsquare": draw(st.booleans()),
         "factor_matrix_dtype": draw(st.sampled_from(["float32", "torch.float64", "float64"])),
         "num_tolerated_failed_amortized_computations": draw(st.integers(0, 10)),
     }
@@ -86,7 +92,6 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                 st.sampled_from([0.5, 0.25, 1.0]))
     else:
         pc["type"] = "RootInvShampooPreconditionerConfig"
-        pc["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
         if draw(st.booleans()):
             pc["use_trace_scaling"] = True
             pc["trace_scaling_exponent"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
@@ -231,6 +236,7 @@ GOOGLE_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "blocking.merge_direction": ("blocking", {"merge_direction": "last_to_first"}),
     "factor_dtype+eigenvalue_correction": ("eigenvalue_correction", {}),
     "inverse_root_dtype": ("inverse_root_dtype=bfloat16", {}),
+    "update_dtype": ("update_dtype=bfloat16", {}),
     # Google judges every root, eigh included, by inverse_failure_threshold.
     "root_inverse.failure_threshold": ("root_inverse", {"failure_threshold": None}),
 }
@@ -244,6 +250,8 @@ def _moved(c: ss.ShampooConfig, moves: dict[str, tuple[str, dict[str, Any]]],
             c = dataclasses.replace(c, root_inverse=ss.EighConfig(),
                                     exponents=ss.ExponentConfig(default=c.exponents.default),
                                     eigenvalue_correction=ss.EigenvalueCorrectionConfig())
+        elif section.startswith("update_dtype="):
+            c = dataclasses.replace(c, update_dtype=section.partition("=")[2])
         elif section.startswith("inverse_root_dtype="):
             # Refused with eigenvalue correction (ValueError: the tests assume it away).
             value = section.partition("=")[2]
@@ -352,6 +360,7 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 st.sampled_from([None, 3]))),
             factor_dtype=draw(st.sampled_from(["float32", "float64"])),
             inverse_root_dtype=draw(st.sampled_from([None, *ss.INVERSE_ROOT_DTYPES])),
+            update_dtype=draw(st.sampled_from([None, *ss.UPDATE_DTYPES])),
         )
     except ValueError:
         assume(False)

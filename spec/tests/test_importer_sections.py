@@ -139,11 +139,27 @@ def test_meta_distribution() -> None:
     with pytest.raises(NotImplementedError, match=r"distributed_config\.type = 'HSDP"):
         meta._distribution(m(distributed_config={"type": "HSDPDistributedConfig"}))
     assert meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
-                                                    "target_parameter_dimensionality": 2})) == 2
+                                                    "target_parameter_dimensionality": 2})) == (
+        2, "float32")
     for inf in ("inf", "Infinity", float("inf")):
         assert meta._distribution(m(distributed_config={
             "type": "SingleDeviceDistributedConfig",
-            "target_parameter_dimensionality": inf})) is None
+            "target_parameter_dimensionality": inf})) == (None, None)
+    # Eq. (21a): DDP rounds every update to communication_dtype (float64: nothing).
+    for comm, want in (("bfloat16", "bfloat16"), ("torch.float16", "float16"),
+                       ("float32", "float32"), ("torch.float64", None)):
+        assert meta._distribution(m(distributed_config={
+            "type": "DDPDistributedConfig", "communication_dtype": comm})) == (1, want)
+    # communicate_params gathers the parameters themselves: rounded, not the update.
+    assert meta._distribution(m(distributed_config={
+        "type": "DDPDistributedConfig", "communicate_params": True})) == (1, None)
+    with pytest.raises(NotImplementedError, match="communicate_params = True"):
+        meta._distribution(m(distributed_config={
+            "type": "DDPDistributedConfig", "communicate_params": True,
+            "communication_dtype": "bfloat16"}))
+    for key, bad in (("communication_dtype", "int8"), ("communicate_params", "yes")):
+        with pytest.raises(ValueError, match=key):
+            meta._distribution(m(distributed_config={"type": "DDPDistributedConfig", key: bad}))
     for bad in (0, 2.5, "2", True):
         with pytest.raises(ValueError, match="target_parameter_dimensionality"):
             meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
@@ -235,6 +251,15 @@ def test_meta_eigenvalue_correction() -> None:
     )
     same = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.25}}
     assert meta._preconditioner(m(preconditioner_config=same), SHARED).eigenvalue_correction
+    # drop_weighting_factor_on_gsquare: weight 1 and no bias correction for the
+    # factors and the corrected eigenvalues alike (one flag and one bc in Meta).
+    drop = meta._preconditioner(m(preconditioner_config={
+        **corrected, "drop_weighting_factor_on_gsquare": True}), SHARED)
+    assert drop.eigenvalue_correction == ss.EigenvalueCorrectionConfig(
+        beta2=0.99, ema_weight="one", epsilon=1e-8, bias_correction=False, root=2.0)
+    assert drop.statistics == ss.StatisticsConfig(beta2=0.99, ema_weight="one",
+                                                  bias_correction=False)
+    assert drop.eigenvalue_correction.update_weight == 1.0
     args = _parse.Args("preconditioner_config", same, meta.PRECONDITIONER_KEYS)
     ec = meta._eigenvalue_correction(args, SHARED, ss.EighConfig(), "ridge")
     # Orders Meta's map does not name keep exponent 1/2 (root 2), not the listed one.

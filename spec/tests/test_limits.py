@@ -168,6 +168,8 @@ def test_config_differences() -> None:
     assert "root_inverse.method: 'eigh' -> 'coupled_newton'" in ss.config_differences(a, newton)
     rounded = dataclasses.replace(a, inverse_root_dtype="bfloat16")
     assert ss.config_differences(a, rounded) == ["inverse_root_dtype: None -> 'bfloat16'"]
+    update = dataclasses.replace(a, update_dtype="float16")
+    assert ss.config_differences(a, update) == ["update_dtype: None -> 'float16'"]
 
 
 # ------------------------------------------------------- integer fields

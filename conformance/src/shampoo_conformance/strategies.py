@@ -190,6 +190,8 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         # need configs drawn for it (tiny relative epsilons give roots near it);
         # the backends' own tests cover it.
         inverse_root_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16"])),
+        # The update rounded before it is added (eq. 21a, Meta's DDP communication_dtype).
+        update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
     )
 
 

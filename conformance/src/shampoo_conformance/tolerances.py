@@ -21,7 +21,10 @@ reference emulates those roundings, so a backend differs from it only where
 its unrounded root or product lies across a rounding boundary of s from the
 reference's, one ulp of s in that entry; that enters the direction as a
 root error does, so u is then the larger of the backend dtype's and s's
-(:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5).
+(:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5). Updates rounded to
+``update_dtype`` c (eq. 21a): the same argument, one ulp of c of an entry's
+update where the unrounded updates straddle a boundary; u is also at
+least c's.
 """
 
 from __future__ import annotations
@@ -61,10 +64,13 @@ def fraction_not_bitwise(ours: NDArray[np.float64], ref: NDArray[np.float64],
 
 
 def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
-    """u of the bound: the backend dtype's, or the roots' storage dtype's when coarser."""
+    """u of the bound: the backend dtype's, or the roots' storage dtype's or the
+    update's (eq. 21a) when coarser."""
     u = unit_roundoff(dtype)
     if config.inverse_root_dtype is not None:
         u = max(u, STORAGE_UNIT_ROUNDOFF[config.inverse_root_dtype])
+    if config.update_dtype is not None:
+        u = max(u, STORAGE_UNIT_ROUNDOFF[config.update_dtype])
     return u
 
 

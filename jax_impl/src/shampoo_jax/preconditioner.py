@@ -231,7 +231,7 @@ def update_corrected_moment(
     block_ok: list[Array],
     config: ShampooConfig,
 ) -> Groups:
-    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the refreshed basis."""
+    """Eq. (17): ``D <- beta2 D + w (G x_k Q_k^T)^2`` in the refreshed basis (w = update_weight)."""
     ec = config.eigenvalue_correction
     assert ec is not None
     new = []
@@ -239,7 +239,7 @@ def update_corrected_moment(
         rotated = rotate(gb, grp, gs.inverse_roots, transpose=True)
         d, n = gs.corrected_moment, gs.corrected_updates
         assert d is not None and n is not None
-        upd = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2 if ec.decays else d + rotated**2
+        upd = ec.beta2 * d + ec.update_weight * rotated**2 if ec.decays else d + rotated**2
         new.append(gs._replace(
             corrected_moment=jnp.where(B.expand(ok, d), upd, d),
             corrected_updates=n + ok.astype(jnp.int32),

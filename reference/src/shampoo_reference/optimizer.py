@@ -308,9 +308,16 @@ class ReferenceShampoo:
         lr = 1.0 if cfg.momentum.lr_before_momentum else cfg.learning_rate
         with np.errstate(over="ignore", invalid="ignore"):  # eq. (22) handles overflow
             step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
-            new_w = w - lr * step
-            if cfg.weight_decay.applies("update"):
-                new_w = new_w - cfg.learning_rate * cfg.weight_decay.value * w  # eq. (21)
+            if cfg.update_dtype is None:
+                new_w = w - lr * step
+                if cfg.weight_decay.applies("update"):
+                    new_w = new_w - cfg.learning_rate * cfg.weight_decay.value * w  # eq. (21)
+            else:
+                # Eq. (21a): the update Delta = -lr U, rounded to update_dtype, then added.
+                delta = -(lr * step)
+                if cfg.weight_decay.applies("update"):
+                    delta = delta - cfg.learning_rate * cfg.weight_decay.value * w
+                new_w = w + round_to(delta, cfg.update_dtype)
         # Eq. (22): an entry whose new value or new momentum is non-finite keeps
         # its old ones (the state before eq. 20 is finite by eq. 3).
         keep = np.isfinite(new_w)
@@ -449,7 +456,7 @@ class ReferenceShampoo:
         if not ec.decays:
             bs.corrected_second_moment = d + rotated**2
         else:
-            bs.corrected_second_moment = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2
+            bs.corrected_second_moment = ec.beta2 * d + ec.update_weight * rotated**2
         bs.corrected_updates += 1
 
     # ------------------------------------------------ eqs. (16)-(18) direction

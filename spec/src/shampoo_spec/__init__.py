@@ -27,6 +27,7 @@ from .config import (
     GRAFTING_TYPES,
     GRAFTING_TYPES_WITH_STATE,
     INVERSE_ROOT_DTYPES,
+    UPDATE_DTYPES,
     BlockingConfig,
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
@@ -43,6 +44,7 @@ from .config import (
     ScheduleConfig,
     ShampooConfig,
     StatisticsConfig,
+    UpdateDtype,
     WeightDecayConfig,
 )
 from .errors import (
@@ -63,6 +65,7 @@ __all__ = [
     "GRAFTING_TYPES",
     "GRAFTING_TYPES_WITH_STATE",
     "INVERSE_ROOT_DTYPES",
+    "UPDATE_DTYPES",
     "LARGE_BLOCK_DIM",
     "MAX_INTEGER",
     "ROOT_FLOPS_PER_CUBE",
@@ -91,6 +94,7 @@ __all__ = [
     "ShampooConfig",
     "StatisticsConfig",
     "StepperUnavailable",
+    "UpdateDtype",
     "WeightDecayConfig",
     "assign_blocks",
     "block_cost",

@@ -45,6 +45,10 @@ GRAFTING_TYPES: tuple[str, ...] = (
 InverseRootDtype = Literal["float64", "float32", "bfloat16", "float16"]
 INVERSE_ROOT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
 
+#: The dtypes a step's update may be rounded to (``ShampooConfig.update_dtype``, eq. 21a).
+UpdateDtype = Literal["float32", "bfloat16", "float16"]
+UPDATE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
 #: Grafting types that keep a second-moment state V (eq. 14b).
 GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
     "adagrad",
@@ -313,9 +317,10 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     """Eigenvalue-corrected Shampoo (SOAP family), eq. (17).
 
     The factors' eigenbases Q_k are refreshed on root steps; an Adam-style
-    second moment ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` is kept in
-    that basis (``beta2 == 1``: a sum), bias corrected when
-    ``bias_correction``, and the direction is
+    second moment ``D <- beta2 D + w (G x_k Q_k^T)^2`` is kept in
+    that basis (``w = 1 - beta2``; ``beta2 == 1``: a sum, w = 1;
+    ``ema_weight="one"``: w = 1, Meta's ``drop_weighting_factor_on_gsquare``),
+    bias corrected when ``bias_correction``, and the direction is
     ``(F x_k Q_k^T) / (D^(1/root) + epsilon)`` rotated back by ``x_k Q_k``.
     ``roots_by_order`` gives blocks of some orders (number of block dims) their
     own root, ``((order, root), ...)``, as Meta's per-order
@@ -323,6 +328,7 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     """
 
     beta2: float = 0.999
+    ema_weight: Literal["one_minus_beta2", "one"] = "one_minus_beta2"
     epsilon: float = 1e-12
     bias_correction: bool = True
     root: float = 2.0
@@ -331,6 +337,7 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
         v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
+        v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
         # > 0: a zero second moment (a zero gradient) would divide 0 by 0.
         v.epsilon(o, "epsilon", self.epsilon, zero=False)
         v.boolean(o, "bias_correction", self.bias_correction)
@@ -351,6 +358,13 @@ class EigenvalueCorrectionConfig(_MovingAverage):
             # One spelling per config (importers, exporters and checkpoints compare them).
             v.fail(o, "roots_by_order", self.roots_by_order,
                    f"only roots that differ from root = {self.root}")
+
+    @property
+    def update_weight(self) -> float:
+        """``w`` of eq. (17): 1 for a sum (beta2 = 1) or ``ema_weight="one"``, else 1 - beta2."""
+        if self.beta2 == 1.0 or self.ema_weight == "one":
+            return 1.0
+        return 1.0 - self.beta2
 
     def root_for(self, order: int) -> float:
         """The root of eq. (17) for a block with ``order`` dims."""
@@ -674,6 +688,13 @@ class ShampooConfig:
     keeps the roots in ``factor_dtype`` and the reference unrounded: today's
     numerics, bit for bit. Not with ``eigenvalue_correction`` (its Q_k are
     eigenbases, which Meta stores under other dtype arguments).
+
+    ``update_dtype`` (Meta's ``DDPDistributedConfig.communication_dtype``)
+    is a rule too: when set to c, each step's update ``Delta = -lr U``
+    (eq. 21) is rounded to c entry by entry before it is added,
+    ``W <- W + round_c(Delta)`` (eq. 21a), as Meta's DDP distributor
+    rounds every block's update into its all-gather buffer, on every rank
+    and at any world size. None (the default) adds the update unrounded.
     """
 
     learning_rate: float = 1e-2
@@ -691,6 +712,7 @@ class ShampooConfig:
     failure: FailureConfig = field(default_factory=FailureConfig)
     factor_dtype: Literal["float32", "float64"] = "float32"
     inverse_root_dtype: InverseRootDtype | None = None
+    update_dtype: UpdateDtype | None = None
 
     def __post_init__(self) -> None:
         o = "ShampooConfig"
@@ -715,6 +737,9 @@ class ShampooConfig:
         if self.inverse_root_dtype is not None:
             v.choice(o, "inverse_root_dtype", self.inverse_root_dtype, INVERSE_ROOT_DTYPES,
                      none_means="the roots stay in factor_dtype")
+        if self.update_dtype is not None:
+            v.choice(o, "update_dtype", self.update_dtype, UPDATE_DTYPES,
+                     none_means="the update is added unrounded")
         # Cross-field rules.
         if self.momentum.buffers == "separate" and self.grafting.type == "none":
             v.fail(

@@ -236,9 +236,6 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         "num_tolerated_failed_amortized_computations": c.failure.max_consecutive_root_failures,
     }
     if corrected:
-        lacks.same("statistics.ema_weight", c.statistics.ema_weight, "one_minus_beta2",
-                   "with eigenvalue correction Meta's drop_weighting_factor_on_gsquare also "
-                   "drops the corrected eigenvalues' weight (not imported)")
         out.update(_meta_eigenvalue_correction(c, lacks))
     else:
         out["inv_factor_matrix_dtype"] = _meta_inverse_root_dtype(c, lacks)
@@ -328,6 +325,8 @@ def _meta_eigenvalue_correction(c: ShampooConfig, lacks: _Lacks) -> dict[str, An
                "Meta's betas[1] sets both it and statistics.beta2")
     lacks.same("eigenvalue_correction.epsilon", ec.epsilon, c.epsilon.value,
                "Meta's epsilon sets both it and epsilon.value")
+    lacks.same("eigenvalue_correction.ema_weight", ec.ema_weight, c.statistics.ema_weight,
+               "Meta's drop_weighting_factor_on_gsquare sets both it and statistics.ema_weight")
     lacks.same("eigenvalue_correction.bias_correction", ec.bias_correction,
                c.statistics.bias_correction,
                "Meta's use_bias_correction sets both it and statistics.bias_correction")
@@ -385,7 +384,9 @@ def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``max_preconditioner_dim`` and, unless 1, the target rank as
     ``distributed_config.target_parameter_dimensionality`` (eqs. 4-5): Meta
-    merges up to the block size, or neither squeezes nor merges (inf)."""
+    merges up to the block size, or neither squeezes nor merges (inf).
+    ``update_dtype`` (eq. 21a) set: a ``DDPDistributedConfig`` with it as
+    ``communication_dtype``."""
     b = c.blocking
     out: dict[str, Any] = {"max_preconditioner_dim": b.max_preconditioner_dim}
     if not b.squeeze:
@@ -402,11 +403,16 @@ def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         lacks.same("blocking.scalar_factor", b.scalar_factor, True,
                    "Meta promotes a 0-d parameter to (1,), a 1 x 1 factor")
         target = b.merge_target_rank
-    if target != 1:
+    if c.update_dtype is not None:
+        # Eq. (21a): Meta's DDP rounds every block's update to communication_dtype.
         out["distributed_config"] = {
-            "type": "SingleDeviceDistributedConfig",
-            "target_parameter_dimensionality": "inf" if target == math.inf else target,
+            "type": "DDPDistributedConfig", "communication_dtype": c.update_dtype,
         }
+    if target != 1:
+        out.setdefault("distributed_config", {"type": "SingleDeviceDistributedConfig"})
+        out["distributed_config"]["target_parameter_dimensionality"] = (
+            "inf" if target == math.inf else target
+        )
     lacks.same("blocking.merge_direction", b.merge_direction, "last_to_first",
                "Meta merges from the last dim")
     lacks.same("blocking.skip_dim_size_gt", b.skip_dim_size_gt, None,
@@ -527,6 +533,8 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google has no eigenvalue-corrected Shampoo")
     lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
                "Google keeps its preconditioners in the computation dtype (eq. 11a)")
+    lacks.same("update_dtype", c.update_dtype, None,
+               "Google returns its updates unrounded (eq. 21a)")
     lacks.same("exponents.default", ex.default, "preconditioned_dims",
                "Google's root is 2 * (preconditioned dims of the parameter)")
     lacks.same("exponents.overrides_by_order", ex.overrides_by_order, (),

@@ -178,13 +178,13 @@ def update_corrected_moment(
     bg: BlockGroup, gb: torch.Tensor, rows: Rows, ok: torch.Tensor | None,
     ec: EigenvalueCorrectionConfig,
 ) -> None:
-    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the current basis (a sum
-    when ``beta2 == 1``)."""
+    """Eq. (17): ``D <- beta2 D + w (G x_k Q_k^T)^2`` in the current basis (a sum
+    when ``beta2 == 1``; w = ``ec.update_weight``)."""
     assert bg.corrected is not None and bg.corrected_updates is not None
     rotated = rotate(bg, gb, rows, transpose=True)
     old = take(bg.corrected, rows)
     if ec.decays:
-        new = ec.beta2 * old + (1.0 - ec.beta2) * rotated**2
+        new = ec.beta2 * old + ec.update_weight * rotated**2
     else:
         new = old + rotated**2
     if ok is not None:

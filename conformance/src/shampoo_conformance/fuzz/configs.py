@@ -197,6 +197,7 @@ def step_configs(
         exponents=draw(st.sampled_from(overrides)),
         eigenvalue_correction=ss.EigenvalueCorrectionConfig(
             beta2=draw(st.sampled_from([0.0, 0.999, 1.0])),
+            ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"])),
             epsilon=draw(st.sampled_from([1e-12, 1e-8])),
             bias_correction=draw(st.booleans()),
         ) if eigen else None,
@@ -240,6 +241,8 @@ def step_configs(
         # roots overflow (a failed root, eq. 13) and products overflow (eq. 22).
         inverse_root_dtype=None if eigen else draw(
             st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
+        # Updates rounded (eq. 21a): a float16 update beyond 65504 is withheld (eq. 22).
+        update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
     )
     return config
 
