@@ -115,6 +115,9 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             for o in orders
         }
     kwargs["preconditioner_config"] = pc
+    if corrected and graft is None:
+        # Without a graft Meta applies the correction from step 1 (refused for a later start).
+        kwargs["precondition_frequency"] = kwargs["start_preconditioning_step"] = 1
     return kwargs
 
 
@@ -542,3 +545,20 @@ def test_inexpressible_configs_name_each_option() -> None:
 def test_package_exports_the_exporters() -> None:
     assert {"to_meta", "to_google"} <= set(ss.__all__)
     assert ss.to_meta is ss.exporters.to_meta and ss.to_google is ss.exporters.to_google
+
+
+def test_meta_eigenvalue_correction_without_graft_needs_start_1() -> None:
+    """Without a graft Meta applies the correction from step 1 (identity basis before
+    the first eigenbasis): a later start is named; start 1 round-trips."""
+    c = ss.ShampooConfig(
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(beta2=0.99, epsilon=1e-8),
+        statistics=ss.StatisticsConfig(beta2=0.99, bias_correction=True),
+        gradient_filter=ss.GradientFilterConfig(bias_correction=True),
+        epsilon=ss.EpsilonConfig(value=1e-8),
+        schedule=ss.ScheduleConfig(precondition_frequency=5, start_preconditioning_step=5),
+        failure=ss.FailureConfig(max_consecutive_root_failures=3),
+    )
+    with pytest.raises(ValueError, match="schedule.start_preconditioning_step = 5"):
+        ss.to_meta(c)
+    one = dataclasses.replace(c, schedule=ss.ScheduleConfig(start_preconditioning_step=1))
+    assert ss.from_meta(ss.to_meta(one)) == one

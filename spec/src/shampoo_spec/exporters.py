@@ -375,6 +375,14 @@ def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.need(start is None or start >= s.precondition_frequency,
                "schedule.start_preconditioning_step", start,
                f"Meta needs a start >= precondition_frequency ({s.precondition_frequency})")
+    # Without a graft Meta preconditions from step 1 (distributed_shampoo.py,
+    # use_grafting_method): with eigenvalue correction that is D in the identity
+    # basis before the first eigenbasis, which eq. (8) does not say.
+    lacks.need(not (c.eigenvalue_correction is not None and c.grafting.type == "none"
+                    and start is not None and start > 1),
+               "schedule.start_preconditioning_step", start,
+               "1 with eigenvalue correction and no graft (Meta then applies the correction "
+               "from step 1, in the identity basis before the first eigenbasis)")
     return {
         "precondition_frequency": s.precondition_frequency,
         "start_preconditioning_step": start if start is not None else -1,

@@ -182,6 +182,17 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
         blocking = _blocking(a, target_rank)
     with a.section():
         grafting = _grafting(a.get("grafting_config", None))
+    start = schedule.start_preconditioning_step
+    if pre.eigenvalue_correction is not None and grafting.type == "none" and start != 1:
+        # Meta's use_grafting_method is False without a graft: it preconditions from
+        # step 1, with eigenvalue correction D in the identity basis until the first
+        # eigenbasis (at the start step); eq. (8) takes P = F~ before the start.
+        raise NotImplementedError(
+            f"grafting_config = None with EigenvalueCorrectedShampooPreconditionerConfig and "
+            f"start_preconditioning_step = {start} (> 1) is not supported yet (without a graft "
+            "Meta applies the eigenvalue correction from step 1, in the identity basis before "
+            "the first eigenbasis)."
+        )
     # The shared values (lr, betas, epsilon, ...) and cross-section rules.
     with a.section(since_start=True):
         return ShampooConfig(
