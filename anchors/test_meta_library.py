@@ -41,7 +41,9 @@ differ (its xfail reason gives the lines).
 The cases are those of ``reference/tests/anchors/test_reference_matches_meta.py``
 (checked there against an emulator of Meta's library), plus one case per
 other inventory row of docs/migrating.md marked "same numerics" that a
-single-process float64 run can exercise. Three are expected to differ
+float64 run can exercise; the ``DDPDistributedConfig`` cases run Meta's DDP
+distributor on gloo processes at world sizes 1 and 2 (:data:`DDP_WORLD_SIZES`).
+Three are expected to differ
 (``xfail(strict=True)``, the cause in :data:`XFAIL`): ``l2`` (ill-conditioned
 on this model with Meta's default epsilon 1e-12; ``l2_conditioned`` checks L2
 decay), ``inplace_aliasing`` (a deliberate departure, docs/spec.md section 3)
@@ -190,6 +192,44 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "inverse_exponent_override": {"1": 0.4, "2": 0.2},
         },
     },
+    # drop_weighting_factor_on_gsquare on the graft: V <- beta2 V + G^2
+    # (grafting.ema_weight "one", eq. 14b), and Meta then skips Adam's bias
+    # correction. lr 0.01: the uncorrected graft's first steps are large.
+    "rmsprop_graft_drop_weight": {
+        "grafting_config": {"type": "RMSpropPreconditionerConfig", "beta2": 0.95,
+                            "drop_weighting_factor_on_gsquare": True},
+        "lr": 0.01,
+        "epsilon": 1e-6,
+    },
+    "adam_graft_drop_weight": {
+        "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": 0.99, "epsilon": 1e-8,
+                            "drop_weighting_factor_on_gsquare": True},
+        "betas": [0.9, 0.95],
+        "lr": 0.01,
+        "epsilon": 1e-6,
+    },
+    # DDPDistributedConfig.communication_dtype (update_dtype, eq. 21a): Meta's DDP
+    # distributor rounds each block's update -lr P (after momentum) into its
+    # all-gather buffer and adds the gathered buffer to the parameters. Run on
+    # gloo at world sizes 1 and 2 (DDP_WORLD_SIZES). float32 rounds these
+    # float64 parameters' updates too (Meta's default communication dtype).
+    "ddp_bfloat16_updates": {
+        "grafting_config": ADAGRAD,
+        "epsilon": 1e-6,
+        "iterate_averaging_config": {"type": "ClassicMomentumConfig", "momentum": 0.9},
+        "distributed_config": {"type": "DDPDistributedConfig", "communication_dtype": "bfloat16"},
+    },
+    "ddp_float16_updates": {
+        "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": 0.99, "epsilon": 1e-8},
+        "lr": 0.01,
+        "epsilon": 1e-6,
+        "distributed_config": {"type": "DDPDistributedConfig", "communication_dtype": "float16"},
+    },
+    "ddp_float32_updates": {
+        "grafting_config": ADAGRAD,
+        "epsilon": 1e-6,
+        "distributed_config": {"type": "DDPDistributedConfig"},
+    },
     # use_trace_scaling: the roots see A * max(tr A, epsilon)^(-0.25) (eq. 7b).
     "trace_scaling": {
         "grafting_config": ADAGRAD,
@@ -238,6 +278,22 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "type": "EigenvalueCorrectedShampooPreconditionerConfig",
             "amortized_computation_config": {"type": "EighEigendecompositionConfig"},
             "inverse_exponent_override": {"1": 0.25},
+        },
+    },
+    # drop_weighting_factor_on_gsquare with eigenvalue correction: weight 1 for the
+    # factors and the corrected eigenvalues D, neither bias-corrected (Meta's one
+    # _bias_correction2 stays 1). The graft's norm rescale cancels D's scale but
+    # for epsilon, so epsilon 1e-2 (near sqrt(D)) makes D's weight visible.
+    "eigenvalue_corrected_drop_weight": {
+        "grafting_config": ADAGRAD,
+        "betas": [0.9, 0.95],
+        "epsilon": 1e-2,
+        "max_preconditioner_dim": 8,
+        "precondition_frequency": 9,
+        "preconditioner_config": {
+            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "EighEigendecompositionConfig"},
+            "drop_weighting_factor_on_gsquare": True,
         },
     },
     # Adam grafting's defaults (beta2 0.999, epsilon 1e-10), the failure count, and
@@ -370,6 +426,12 @@ ORDER_FLOOR_CASES = {"inv_float32_roots", "inv_bfloat16_roots", "inv_float16_roo
                      "ec_float32_eigenvectors_and_eigenvalues", "ec_bfloat16_eigenvectors",
                      "ec_bfloat16_eigenvalues", "ec_bfloat16_eigenvectors_and_eigenvalues",
                      "ec_float16_eigenvectors_and_eigenvalues"}
+
+#: World sizes Meta's DDP distributor runs the DDPDistributedConfig cases at
+#: (gloo on 127.0.0.1, one thread per rank, every rank fed the same batches:
+#: what DDP's gradient averaging gives). Each rank owns some blocks and
+#: receives the others' updates through the all-gather.
+DDP_WORLD_SIZES = (1, 2)
 
 #: Cases run on Meta's library as shipped: its scalars in float32 and the lr as given.
 AS_SHIPPED = {"defaults_adagrad_float32_scalars"}
@@ -649,6 +711,32 @@ def _meta_products_in_our_order() -> Iterator[None]:
         del corrected._precondition_grad
 
 
+def meta_ddp_rank(rank: int, world: int, kwargs: dict[str, Any]) -> tuple[Trajectory, float]:
+    """One rank of Meta's DDP run (spawned by :func:`_meta_ddp`, gloo already joined)."""
+    data = _digits()
+    with _float64_default_dtype():
+        return _train(
+            lambda p: distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs)),
+            _batches(*data), data,
+        )
+
+
+def _meta_ddp(kwargs: dict[str, Any]) -> list[tuple[int, Trajectory, float]]:
+    """Meta's DDP run at each of :data:`DDP_WORLD_SIZES`: (world, trajectory, loss) of
+    rank 0, after checking every rank holds the same parameters bit for bit."""
+    from shampoo_torch.processes import spawn
+
+    out = []
+    for world in DDP_WORLD_SIZES:
+        ranks = spawn(f"{__file__}:meta_ddp_rank", world, (kwargs,), timeout_s=300.0)
+        for rank, r in enumerate(ranks):
+            if isinstance(r, BaseException):
+                raise AssertionError(f"Meta's DDP, rank {rank} of {world} raised: {r!r}") from r
+            assert _worst_deviation(ranks[0][0], r[0])[0] == 0.0, (world, rank)
+        out.append((world, ranks[0][0], ranks[0][1]))
+    return out
+
+
 @pytest.mark.parametrize("name", _params())
 def test_meta_library_matches_shampoo_torch(name: str, problem: tuple[Batches, Data]) -> None:
     as_shipped = name in AS_SHIPPED
@@ -658,9 +746,19 @@ def test_meta_library_matches_shampoo_torch(name: str, problem: tuple[Batches, D
     def meta(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))
 
+    ours, our_loss = _train(lambda p: Shampoo(p, from_meta(kwargs)), batches, data)
+    if kwargs.get("distributed_config", {}).get("type") == "DDPDistributedConfig":
+        runs = _meta_ddp(kwargs)
+        for world, theirs, their_loss in runs:
+            worst, where = _worst_deviation(theirs, ours)
+            loss_gap = abs(their_loss - our_loss) / abs(their_loss)
+            print(f"{name} (world size {world}): worst relative deviation {worst:.2e} at "
+                  f"{where}; loss gap {loss_gap:.1e}")
+            assert worst <= TOLERANCE, f"{name}, world {world}: deviation {worst:.2e} at {where}"
+            assert loss_gap <= TOLERANCE, f"{name}, world {world}: losses {their_loss!r}"
+        return
     with contextlib.nullcontext() if as_shipped else _float64_default_dtype():
         theirs, their_loss = _train(meta, batches, data)
-    ours, our_loss = _train(lambda p: Shampoo(p, from_meta(kwargs)), batches, data)
     worst, where = _worst_deviation(theirs, ours)
     loss_gap = abs(their_loss - our_loss) / abs(their_loss)
     tolerance = TOLERANCE

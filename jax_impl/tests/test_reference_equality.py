@@ -59,6 +59,24 @@ CASES: dict[str, ss.ShampooConfig] = {
         grafting=ss.GraftingConfig(type="adam", beta2=0.99, bias_correction=True),
         schedule=ss.ScheduleConfig(precondition_frequency=4, start_preconditioning_step=6),
     ),
+    # eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare)
+    "graft_weight_one_normalized": ss.ShampooConfig(
+        epsilon=EPS,
+        blocking=SMALL_BLOCKS,
+        grafting=ss.GraftingConfig(type="rmsprop_normalized", beta2=0.9, ema_weight="one",
+                                   bias_correction=True),
+    ),
+    # eq. (21a): the update rounded to update_dtype before it is added
+    "update_bfloat16_update_decay": ss.ShampooConfig(
+        learning_rate=0.1, epsilon=EPS, blocking=SMALL_BLOCKS, update_dtype="bfloat16",
+        grafting=ss.GraftingConfig(type="adagrad"),
+        momentum=ss.MomentumConfig(momentum=0.9, nesterov=True),
+        weight_decay=ss.WeightDecayConfig(value=0.01, type="update"),
+    ),
+    "update_float16_lr_first": ss.ShampooConfig(
+        learning_rate=0.1, epsilon=EPS, update_dtype="float16",
+        momentum=ss.MomentumConfig(momentum=0.5, learning_rate_placement="before_momentum"),
+    ),
     "ridge_floor_relative_override": ss.ShampooConfig(
         epsilon=ss.EpsilonConfig(value=1e-3, scale="relative", placement="ridge_floor"),
         exponents=ss.ExponentConfig(override=2.5),
@@ -127,6 +145,14 @@ CASES: dict[str, ss.ShampooConfig] = {
         blocking=ss.BlockingConfig(merge_dims_up_to=None),
         grafting=ss.GraftingConfig(type="adagrad"),
         schedule=ss.ScheduleConfig(precondition_frequency=4, start_preconditioning_step=13),
+    ),
+    # Meta's drop_weighting_factor_on_gsquare with eigenvalue correction (eqs. 6, 17).
+    "eigenvalue_correction_weight_one": ss.ShampooConfig(
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+            beta2=0.9, ema_weight="one", bias_correction=False, epsilon=1e-8),
+        statistics=ss.StatisticsConfig(beta2=0.9, ema_weight="one"),
+        blocking=SMALL_BLOCKS,  # no graft: its rescale would cancel D's weight
+        schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=13),
     ),
     "eigenvalue_correction_sum_root4": ss.ShampooConfig(
         eigenvalue_correction=ss.EigenvalueCorrectionConfig(

@@ -83,6 +83,15 @@ CONFIGS = {
         momentum=ss.MomentumConfig(momentum=0.9, buffers="separate"),
         epsilon=ss.EpsilonConfig(value=1e-3, scale="relative"),
     ),
+    # Eq. (17) with w = 1 for D and the factors, uncorrected (Meta's
+    # drop_weighting_factor_on_gsquare with eigenvalue correction).
+    "corrected_weight_one": dataclasses.replace(
+        BASE,
+        grafting=ss.GraftingConfig(),  # a graft's rescale would cancel D's weight
+        statistics=ss.StatisticsConfig(beta2=0.95, ema_weight="one"),
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+            beta2=0.95, ema_weight="one", bias_correction=False, epsilon=1e-8),
+    ),
     # Roots stored in bfloat16 (eq. 11a), products in bfloat16 (eq. 16).
     "bf16_roots": dataclasses.replace(BASE, inverse_root_dtype="bfloat16"),
     # Momentum stored as int8 with float32 scales (eq. 20b).
@@ -102,6 +111,12 @@ CONFIGS = {
         eigenvalue_correction=ss.EigenvalueCorrectionConfig(
             beta2=0.95, epsilon=1e-8, basis_reuse_tolerance=0.3),
         schedule=ss.ScheduleConfig(precondition_frequency=1, start_preconditioning_step=2),
+    ),
+    # Eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare) and the
+    # update rounded to bfloat16 (eq. 21a, Meta's DDP communication_dtype).
+    "graft_weight_one_update_bf16": dataclasses.replace(
+        BASE, grafting=ss.GraftingConfig(type="adam", beta2=0.9, ema_weight="one"),
+        update_dtype="bfloat16",
     ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
@@ -195,7 +210,7 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.count) == STEPS
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
-    if name in ("eigh", "bf16_roots", "int8_momentum"):
+    if name in ("eigh", "bf16_roots", "int8_momentum", "graft_weight_one_update_bf16"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)

@@ -211,3 +211,52 @@ def test_eigenvalue_correction_refuses_a_root_dtype() -> None:
     with pytest.raises(ValueError, match="inverse_root_dtype"):
         ss.ShampooConfig(eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
                          inverse_root_dtype="bfloat16")
+
+
+# ------------------------------------------------------------ update_dtype, eq. (21a)
+UPDATE_ROUNDED = ["float32", "bfloat16", "float16"]
+
+
+@pytest.mark.parametrize("dtype", UPDATE_ROUNDED)
+def test_update_is_rounded_before_it_is_added(dtype: str) -> None:
+    """Eq. (21a) in closed form: W <- W + round_c(-lr U - lr wd W).
+
+    SGD graft before the start step (P = G), Nesterov momentum and update
+    decay: M_t = mu M_{t-1} + G_t, U = G_t + mu M_t; the update is formed in
+    float64, rounded to c entry by entry, then added (bit for bit).
+    """
+    lr, wd, mu = 0.3, 0.01, 0.9
+    exact_config = ss.ShampooConfig(
+        learning_rate=lr, factor_dtype="float64",
+        grafting=ss.GraftingConfig(type="sgd"),
+        momentum=ss.MomentumConfig(momentum=mu, nesterov=True),
+        weight_decay=ss.WeightDecayConfig(value=wd, type="update"),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=100),
+    )
+    config = dataclasses.replace(exact_config, update_dtype=dtype)  # type: ignore[arg-type]
+    params, grads = _stream(3, seed=4)
+    rounded, exact = ReferenceShampoo(config, params), ReferenceShampoo(exact_config, params)
+    w = {k: v.copy() for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in params.items()}
+    for g in grads:
+        got = rounded.step(g)
+        unrounded = exact.step(g)
+        for k in SHAPES:
+            m[k] = mu * m[k] + g[k]
+            u = g[k] + mu * m[k]
+            w[k] = w[k] + round_to(-(lr * u) - lr * wd * w[k], dtype)
+            assert np.array_equal(got[k], w[k]), k
+    # The rounding is real: the trajectories part.
+    assert all(not np.array_equal(got[k], unrounded[k]) for k in SHAPES)
+
+
+def test_float16_update_overflow_is_withheld() -> None:
+    """Eq. (22) judges W + round_c(Delta): an update beyond float16's 65504 is withheld."""
+    config = ss.ShampooConfig(
+        learning_rate=1.0, factor_dtype="float64", grafting=ss.GraftingConfig(type="sgd"),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=100), update_dtype="float16",
+    )
+    opt = ReferenceShampoo(config, {"v": np.zeros(2)})
+    w = opt.step({"v": np.array([1e5, 1.0])})["v"]
+    assert np.array_equal(w, [0.0, -1.0]) and opt.metrics.withheld_updates == 1
+

@@ -58,6 +58,11 @@ def test_eigenvalue_correction_rules_eq17() -> None:
     summed = EigenvalueCorrectionConfig(beta2=1.0, bias_correction=True)
     assert not summed.decays and not summed.corrects_bias
     assert summed.bias_correction_factor(4) == 1.0
+    assert ec.update_weight == 0.5 and summed.update_weight == 1.0
+    # Meta's drop_weighting_factor_on_gsquare: D <- beta2 D + (G x_k Q_k^T)^2.
+    dropped = EigenvalueCorrectionConfig(beta2=0.5, ema_weight="one", bias_correction=False)
+    assert dropped.decays and dropped.update_weight == 1.0
+    assert dropped.bias_correction_factor(3) == 1.0
 
 
 @pytest.mark.parametrize("kind", GRAFTING_TYPES)
@@ -77,6 +82,8 @@ def test_grafting_weights_and_bias_correction_eq14() -> None:
     adagrad = GraftingConfig(type="adagrad", bias_correction=True)
     assert adagrad.update_weight == 1.0
     assert not adagrad.corrects_bias and adagrad.bias_correction_factor(7) == 1.0
+    dropped = GraftingConfig(type="rmsprop", beta2=0.5, ema_weight="one")
+    assert dropped.update_weight == 1.0 and dropped.bias_correction_factor(2) == 1.0
 
 
 def test_gradient_filter_eq15() -> None:

@@ -89,6 +89,8 @@ def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -
         (lambda: ss.GraftingConfig(type="adam", beta2=1.0), "beta2"),
         (lambda: ss.GraftingConfig(type="sgd", clip_rms=1.0), "clip_rms"),
         (lambda: ss.GraftingConfig(type="sign", clip_rms=1.0), "clip_rms"),
+        (lambda: ss.GraftingConfig(type="adagrad", ema_weight="one"), "ema_weight"),
+        (lambda: ss.GraftingConfig(type="sgd", ema_weight="one"), "ema_weight"),
         (lambda: ss.ExponentConfig(override=4.0, overrides_by_order=(
             ss.OrderOverride(order=2, roots=(2.0,)),)), "override"),
         (lambda: ss.OrderOverride(order=2, roots=(2.0, 2.0, 2.0)), "roots"),
@@ -175,6 +177,15 @@ def test_float16_corrected_eigenvalues_need_an_epsilon_float16_holds() -> None:
         "smallest positive float16) with corrected_eigenvalues_dtype='float16': a smaller one "
         "is 0 there.")
     ss.EigenvalueCorrectionConfig(epsilon=1e-30, corrected_eigenvalues_dtype="bfloat16")
+
+
+def test_update_dtype_error_names_field_value_and_allowed() -> None:
+    with pytest.raises(ValueError) as err:
+        ss.ShampooConfig(update_dtype="float64")  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "ShampooConfig.update_dtype = 'float64' is invalid: allowed one of 'float32', "
+        "'bfloat16', 'float16', or None (the update is added unrounded)."
+    )
 
 
 def test_defaults_are_valid_and_frozen() -> None:

@@ -51,6 +51,11 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
     if target is not None:
         kwargs["distributed_config"] = {"type": "SingleDeviceDistributedConfig",
                                         "target_parameter_dimensionality": target}
+    comm = draw(st.sampled_from([None, "float32", "torch.bfloat16", "float16"]))
+    if comm is not None:  # DDP: the update rounded to communication_dtype (eq. 21a)
+        kwargs["distributed_config"] = {**kwargs.get("distributed_config", {}),
+                                        "type": "DDPDistributedConfig",
+                                        "communication_dtype": comm}
     mu = draw(st.sampled_from([None, 0.5, 0.9]))
     if mu is not None:
         kwargs["iterate_averaging_config"] = {
@@ -64,8 +69,10 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             kwargs["grafting_config"]["epsilon"] = draw(small)
         if graft in ("RMSprop", "Adam"):
             kwargs["grafting_config"]["beta2"] = draw(st.floats(0.5, 0.999))
+            kwargs["grafting_config"]["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
     corrected = draw(st.booleans())
     pc: dict[str, Any] = {
+        "drop_weighting_factor_on_gsquare": draw(st.booleans()),
         "factor_matrix_dtype": draw(st.sampled_from(["float32", "torch.float64", "float64"])),
         "num_tolerated_failed_amortized_computations": draw(st.integers(0, 10)),
     }
@@ -94,7 +101,6 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                 pc[key] = stored
     else:
         pc["type"] = "RootInvShampooPreconditionerConfig"
-        pc["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
         if draw(st.booleans()):
             pc["use_trace_scaling"] = True
             pc["trace_scaling_exponent"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
@@ -132,6 +138,9 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             for o in orders
         }
     kwargs["preconditioner_config"] = pc
+    if corrected and graft is None:
+        # Without a graft Meta applies the correction from step 1 (refused for a later start).
+        kwargs["precondition_frequency"] = kwargs["start_preconditioning_step"] = 1
     return kwargs
 
 
@@ -288,6 +297,7 @@ GOOGLE_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "blocking.merge_direction": ("blocking", {"merge_direction": "last_to_first"}),
     "factor_dtype+eigenvalue_correction": ("eigenvalue_correction", {}),
     "inverse_root_dtype": ("inverse_root_dtype=bfloat16", {}),
+    "update_dtype": ("update_dtype=bfloat16", {}),
     # Google judges every root, eigh included, by inverse_failure_threshold.
     "root_inverse.failure_threshold": ("root_inverse", {"failure_threshold": None}),
 }
@@ -307,6 +317,8 @@ def _moved(c: ss.ShampooConfig, moves: dict[str, tuple[str, dict[str, Any]]],
             ec = dataclasses.replace(c.eigenvalue_correction,
                                      **{section.partition("=")[2]: c.factor_dtype})
             c = dataclasses.replace(c, eigenvalue_correction=ec)
+        elif section.startswith("update_dtype="):
+            c = dataclasses.replace(c, update_dtype=section.partition("=")[2])
         elif section.startswith("inverse_root_dtype="):
             # Refused with eigenvalue correction (ValueError: the tests assume it away).
             value = section.partition("=")[2]
@@ -391,6 +403,9 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 override=draw(st.sampled_from([0.0, 4.0]))),
             grafting=ss.GraftingConfig(
                 type=grafting_type, beta2=beta2,
+                ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"]))
+                if grafting_type in ("rmsprop", "adam", "rmsprop_normalized")
+                else "one_minus_beta2",
                 bias_correction=draw(st.booleans()),
                 norm_scope=draw(st.sampled_from(["block", "parameter"])),
                 norm_epsilon=draw(st.sampled_from([1e-16, 1e-25])),
@@ -422,6 +437,7 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 st.sampled_from([None, 3]))),
             factor_dtype=draw(st.sampled_from(["float32", "float64"])),
             inverse_root_dtype=draw(st.sampled_from([None, *ss.INVERSE_ROOT_DTYPES])),
+            update_dtype=draw(st.sampled_from([None, *ss.UPDATE_DTYPES])),
         )
     except ValueError:
         assume(False)
@@ -659,3 +675,20 @@ def test_inexpressible_configs_name_each_option() -> None:
 def test_package_exports_the_exporters() -> None:
     assert {"to_meta", "to_google"} <= set(ss.__all__)
     assert ss.to_meta is ss.exporters.to_meta and ss.to_google is ss.exporters.to_google
+
+
+def test_meta_eigenvalue_correction_without_graft_needs_start_1() -> None:
+    """Without a graft Meta applies the correction from step 1 (identity basis before
+    the first eigenbasis): a later start is named; start 1 round-trips."""
+    c = ss.ShampooConfig(
+        eigenvalue_correction=ss.EigenvalueCorrectionConfig(beta2=0.99, epsilon=1e-8),
+        statistics=ss.StatisticsConfig(beta2=0.99, bias_correction=True),
+        gradient_filter=ss.GradientFilterConfig(bias_correction=True),
+        epsilon=ss.EpsilonConfig(value=1e-8),
+        schedule=ss.ScheduleConfig(precondition_frequency=5, start_preconditioning_step=5),
+        failure=ss.FailureConfig(max_consecutive_root_failures=3),
+    )
+    with pytest.raises(ValueError, match="schedule.start_preconditioning_step = 5"):
+        ss.to_meta(c)
+    one = dataclasses.replace(c, schedule=ss.ScheduleConfig(start_preconditioning_step=1))
+    assert ss.from_meta(ss.to_meta(one)) == one

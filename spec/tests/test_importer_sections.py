@@ -139,11 +139,27 @@ def test_meta_distribution() -> None:
     with pytest.raises(NotImplementedError, match=r"distributed_config\.type = 'HSDP"):
         meta._distribution(m(distributed_config={"type": "HSDPDistributedConfig"}))
     assert meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
-                                                    "target_parameter_dimensionality": 2})) == 2
+                                                    "target_parameter_dimensionality": 2})) == (
+        2, "float32")
     for inf in ("inf", "Infinity", float("inf")):
         assert meta._distribution(m(distributed_config={
             "type": "SingleDeviceDistributedConfig",
-            "target_parameter_dimensionality": inf})) is None
+            "target_parameter_dimensionality": inf})) == (None, None)
+    # Eq. (21a): DDP rounds every update to communication_dtype (float64: nothing).
+    for comm, want in (("bfloat16", "bfloat16"), ("torch.float16", "float16"),
+                       ("float32", "float32"), ("torch.float64", None)):
+        assert meta._distribution(m(distributed_config={
+            "type": "DDPDistributedConfig", "communication_dtype": comm})) == (1, want)
+    # communicate_params gathers the parameters themselves: rounded, not the update.
+    assert meta._distribution(m(distributed_config={
+        "type": "DDPDistributedConfig", "communicate_params": True})) == (1, None)
+    with pytest.raises(NotImplementedError, match="communicate_params = True"):
+        meta._distribution(m(distributed_config={
+            "type": "DDPDistributedConfig", "communicate_params": True,
+            "communication_dtype": "bfloat16"}))
+    for key, bad in (("communication_dtype", "int8"), ("communicate_params", "yes")):
+        with pytest.raises(ValueError, match=key):
+            meta._distribution(m(distributed_config={"type": "DDPDistributedConfig", key: bad}))
     for bad in (0, 2.5, "2", True):
         with pytest.raises(ValueError, match="target_parameter_dimensionality"):
             meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
@@ -276,6 +292,15 @@ def test_meta_eigenvalue_correction() -> None:
     )
     same = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.25}}
     assert meta._preconditioner(m(preconditioner_config=same), SHARED).eigenvalue_correction
+    # drop_weighting_factor_on_gsquare: weight 1 and no bias correction for the
+    # factors and the corrected eigenvalues alike (one flag and one bc in Meta).
+    drop = meta._preconditioner(m(preconditioner_config={
+        **corrected, "drop_weighting_factor_on_gsquare": True}), SHARED)
+    assert drop.eigenvalue_correction == ss.EigenvalueCorrectionConfig(
+        beta2=0.99, ema_weight="one", epsilon=1e-8, bias_correction=False, root=2.0)
+    assert drop.statistics == ss.StatisticsConfig(beta2=0.99, ema_weight="one",
+                                                  bias_correction=False)
+    assert drop.eigenvalue_correction.update_weight == 1.0
     args = _parse.Args("preconditioner_config", same, meta.PRECONDITIONER_KEYS)
     ec = meta._eigenvalue_correction(args, SHARED, ss.EighConfig(), "ridge")
     # Orders Meta's map does not name keep exponent 1/2 (root 2), not the listed one.
@@ -335,9 +360,15 @@ def test_meta_grafting() -> None:
         meta._grafting({"type": "AdamPreconditionerConfig", "beta1": 0.9})
     with pytest.raises(NotImplementedError, match=r"grafting_config\.type = 'Lion'"):
         meta._grafting({"type": "Lion"})
-    with pytest.raises(NotImplementedError, match=r"drop_weighting_factor_on_gsquare = True"):
-        meta._grafting({"type": "AdamPreconditionerConfig",
-                        "drop_weighting_factor_on_gsquare": True})
+    # drop_weighting_factor_on_gsquare: V <- beta2 V + G^2, and Meta then drops
+    # Adam's bias correction too (RMSprop's and Adam's are the same method).
+    for kind, default in (("RMSpropPreconditionerConfig", 0.99),
+                          ("AdamPreconditionerConfig", 0.999)):
+        g = meta._grafting({"type": kind, "drop_weighting_factor_on_gsquare": True})
+        assert (g.beta2, g.ema_weight, g.bias_correction) == (default, "one", False)
+        assert g.update_weight == 1.0 and g.bias_correction_factor(3) == 1.0
+    with pytest.raises(ValueError, match=r"drop_weighting_factor_on_gsquare"):
+        meta._grafting({"type": "AdamPreconditionerConfig", "drop_weighting_factor_on_gsquare": 1})
 
 
 def test_meta_gradient_filter() -> None:

@@ -94,6 +94,14 @@ def test_google_defaults() -> None:
         (ss.from_meta, {"distributed_config": {"type": "FSDPDistributedConfig"}}, "FSDP"),
         (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b"},
          "batch_axis_name"),
+        # No graft: Meta applies the eigenvalue correction from step 1 (identity basis).
+        (ss.from_meta, {"precondition_frequency": 5, "preconditioner_config": {
+            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "EighEigendecompositionConfig"}}},
+         "start_preconditioning_step = 5"),
+        (ss.from_meta, {"distributed_config": {
+            "type": "DDPDistributedConfig", "communicate_params": True,
+            "communication_dtype": "bfloat16"}}, "communicate_params"),
         (ss.from_google, {"frequent_directions": True}, "frequent_directions"),
         (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b"},
          "batch_axis_name"),

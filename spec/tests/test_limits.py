@@ -181,6 +181,8 @@ def test_config_differences() -> None:
         "eigenvalue_correction.corrected_eigenvalues_dtype: None -> 'bfloat16'",
         "eigenvalue_correction.eigenvectors_dtype: None -> 'float32'",
     ]
+    update = dataclasses.replace(a, update_dtype="float16")
+    assert ss.config_differences(a, update) == ["update_dtype: None -> 'float16'"]
 
 
 # ------------------------------------------------------- integer fields

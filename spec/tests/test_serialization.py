@@ -53,6 +53,7 @@ configs = st.builds(
                        start_preconditioning_step=st.one_of(st.none(), st.integers(1, 100))),
     factor_dtype=st.sampled_from(["float32", "float64"]),
     inverse_root_dtype=st.one_of(st.none(), st.sampled_from(ss.INVERSE_ROOT_DTYPES)),
+    update_dtype=st.one_of(st.none(), st.sampled_from(ss.UPDATE_DTYPES)),
 )
 
 

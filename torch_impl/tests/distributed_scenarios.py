@@ -95,6 +95,12 @@ CASES: dict[str, tuple[Groups, torch.dtype, dict[str, Any]]] = {
             RICH.momentum, storage="int8_columnwise"))),
         torch.float32, {},
     ),
+    # Eq. (21a): every rank rounds the update of every block (its own too) to
+    # bfloat16, as Meta's DDP all-gather buffer does: equal to one process.
+    "update_bfloat16_float64": (
+        _one_group(dataclasses.replace(RICH, factor_dtype="float64", update_dtype="bfloat16")),
+        torch.float64, {},
+    ),
     "large_blocks_adagrad_sum": (
         _one_group(dataclasses.replace(
             RICH, statistics=StatisticsConfig(),

@@ -204,6 +204,38 @@ CASES: dict[str, ShampooConfig] = {
 }
 
 
+#: Meta's options mapped to grafting.ema_weight (eq. 14b), update_dtype (eq. 21a)
+#: and eigenvalue_correction.ema_weight (eq. 17); their own seeds, so that
+#: adding them moved no seed of CASES.
+META_OPTION_CASES: dict[str, ShampooConfig] = {
+    # eq. (14b) with w = 1 (Meta's drop_weighting_factor_on_gsquare)
+    "graft_rmsprop_weight_one": cfg(grafting=GraftingConfig(
+        type="rmsprop", beta2=0.9, ema_weight="one")),
+    "graft_adam_weight_one_corrected": cfg(grafting=GraftingConfig(
+        type="adam", beta2=0.9, ema_weight="one", bias_correction=True)),
+    # eq. (21a): the update rounded to update_dtype before it is added
+    "update_bfloat16_nesterov_update_decay": cfg(
+        update_dtype="bfloat16", grafting=ADAGRAD,
+        momentum=MomentumConfig(momentum=0.9, nesterov=True),
+        weight_decay=WeightDecayConfig(value=0.01, type="update")),
+    "update_float16_lr_first": cfg(
+        update_dtype="float16", grafting=ADAGRAD,
+        momentum=MomentumConfig(momentum=0.5, learning_rate_placement="before_momentum")),
+    "update_float32": cfg(update_dtype="float32", grafting=ADAGRAD, momentum=MOM),
+    # Meta's drop_weighting_factor_on_gsquare with eigenvalue correction: weight 1
+    # for the factors and D, neither bias-corrected (eqs. 6, 17). No graft: its
+    # norm rescale would cancel D's weight (D scales with it) but for epsilon.
+    "eigenvalue_correction_weight_one": cfg(
+        eigenvalue_correction=EigenvalueCorrectionConfig(
+            beta2=0.9, ema_weight="one", bias_correction=False, epsilon=1e-8),
+        statistics=StatisticsConfig(beta2=0.9, ema_weight="one"),
+        # From step 13: before, factors of rank < 13 have null spaces whose basis
+        # is arbitrary (each backend's eigh picks its own), and D lives in it.
+        schedule=sched(precondition_frequency=2, start_preconditioning_step=13),
+    ),
+}
+
+
 def stream(seed: int, steps: int = STEPS) -> tuple[dict, list[dict]]:
     rng = np.random.default_rng(seed)
     params = {k: rng.standard_normal(s) for k, s in SHAPES.items()}
@@ -225,6 +257,15 @@ def max_relative_error(params: dict, ours: list[dict], ref: list[dict]) -> float
 def test_float64_equals_reference(name: str) -> None:
     config = CASES[name]
     params, grads = stream(seed=sorted(CASES).index(name))
+    ref = reference_run(config, params, grads)
+    ours = torch_run(config, params, grads, dtype=np.float64)
+    assert max_relative_error(params, ours, ref) <= 1e-9
+
+
+@pytest.mark.parametrize("name", sorted(META_OPTION_CASES))
+def test_meta_option_float64_equals_reference(name: str) -> None:
+    config = META_OPTION_CASES[name]
+    params, grads = stream(seed=1000 + sorted(META_OPTION_CASES).index(name))
     ref = reference_run(config, params, grads)
     ours = torch_run(config, params, grads, dtype=np.float64)
     assert max_relative_error(params, ours, ref) <= 1e-9

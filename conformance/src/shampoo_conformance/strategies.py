@@ -10,7 +10,7 @@ rank-deficient and large-dynamic-range gradients.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from hypothesis import strategies as st
@@ -130,10 +130,15 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         if gtype in ("rmsprop", "adam", "rmsprop_normalized")
         else 1.0,
     )
+    # Meta's drop_weighting_factor_on_gsquare: an EMA graft with weight 1 (eq. 14b).
+    graft_weight: Literal["one_minus_beta2", "one"] = (
+        draw(st.sampled_from(["one_minus_beta2", "one"])) if graft_beta2 < 1.0
+        else "one_minus_beta2")
     grafting = ss.GraftingConfig(
         type=gtype,
         beta2=graft_beta2,
-        bias_correction=gtype == "adam",
+        ema_weight=graft_weight,
+        bias_correction=gtype == "adam" and graft_weight == "one_minus_beta2",
         norm_scope=draw(st.sampled_from(["block", "parameter"])),
         # Eq. (14d): a clip of the adaptive grafts (rms of their steps is about 1 here).
         clip_rms=(draw(st.sampled_from([None, 0.5]))
@@ -199,6 +204,8 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         # need configs drawn for it (tiny relative epsilons give roots near it);
         # the backends' own tests cover it.
         inverse_root_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16"])),
+        # The update rounded before it is added (eq. 21a, Meta's DDP communication_dtype).
+        update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
     )
 
 

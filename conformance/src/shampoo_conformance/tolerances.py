@@ -29,6 +29,10 @@ root error does, so u is then the larger of the backend dtype's and s's
 and the corrected moment of eigenvalue correction stored in their dtypes
 (eq. 17a): u is the coarsest of the set storage dtypes' (:func:`storage_dtypes`);
 and int8 momentum (eq. 20b) for backends below float64 (:data:`INT8_UNIT_ROUNDOFF`).
+Updates rounded to
+``update_dtype`` c (eq. 21a): the same argument, one ulp of c of an entry's
+update where the unrounded updates straddle a boundary; u is also at
+least c's.
 """
 
 from __future__ import annotations
@@ -95,7 +99,8 @@ def coarsest_storage(config: ShampooConfig) -> str | None:
 
 
 def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
-    """u of the bound: the backend dtype's, or the coarsest storage dtype's when coarser.
+    """u of the bound: the backend dtype's, or the coarsest storage dtype's (the roots',
+    eigenbases', corrected moment's, or the update's, eq. 21a) when coarser.
 
     With int8 momentum (eq. 20b) and a backend below float64, also 2^-8: such a
     backend's M differs from the reference's by its own rounding, so an integer
@@ -105,6 +110,8 @@ def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
     u = unit_roundoff(dtype)
     for stored in storage_dtypes(config):
         u = max(u, STORAGE_UNIT_ROUNDOFF[stored])
+    if config.update_dtype is not None:
+        u = max(u, STORAGE_UNIT_ROUNDOFF[config.update_dtype])
     if config.momentum.storage != "float" and u > 2.0**-53:
         u = max(u, INT8_UNIT_ROUNDOFF)
     return u

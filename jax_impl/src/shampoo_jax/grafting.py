@@ -30,7 +30,7 @@ def graft_input(x: Array, graft: GraftingConfig) -> Array:
 
 
 def update_state(state: Array, gradient: Array, graft: GraftingConfig) -> Array:
-    """Eq. (14b): ``V <- V + g^2`` (beta2 = 1) or ``beta2 V + w g^2``, w = 1 - beta2."""
+    """Eq. (14b): ``V <- V + g^2`` (beta2 = 1) or ``beta2 V + w g^2``, w = update_weight."""
     g = graft_input(gradient, graft)
     if graft.beta2 == 1.0:
         return state + g * g

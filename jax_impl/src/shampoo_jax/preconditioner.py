@@ -274,11 +274,11 @@ def update_corrected_moment(
     block_ok: list[Array],
     config: ShampooConfig,
 ) -> Groups:
-    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the refreshed basis.
+    """Eq. (17): ``D <- beta2 D + w (G x_k Q_k^T)^2`` in the refreshed basis (w = update_weight).
 
     With ``corrected_eigenvalues_dtype`` s (eq. 17a) Meta's operations:
     ``round_s(c_s(beta2) D)`` (in c_s: float32 below float64, as torch), then
-    ``+ ((1 - beta2) R) R`` in the factor dtype, rounded to s once.
+    ``+ (w R) R`` in the factor dtype, rounded to s once.
     """
     ec = config.eigenvalue_correction
     assert ec is not None
@@ -291,10 +291,10 @@ def update_corrected_moment(
             c = _compute_dtype(d.dtype)
             decayed = (rounded(d.astype(c) * jnp.asarray(ec.beta2, c), d.dtype) if ec.decays
                        else d)
-            weight = 1.0 - ec.beta2 if ec.decays else 1.0
+            weight = ec.update_weight if ec.decays else 1.0
             upd = rounded(decayed.astype(rotated.dtype) + (weight * rotated) * rotated, d.dtype)
         elif ec.decays:
-            upd = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2
+            upd = ec.beta2 * d + ec.update_weight * rotated**2
         else:
             upd = d + rotated**2
         new.append(gs._replace(

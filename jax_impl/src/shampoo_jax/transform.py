@@ -411,7 +411,8 @@ def _momentum_step(
     the learning rate first when ``momentum.lr_before_momentum``, takes the
     direction decay (eq. 19), then momentum (eq. 20; with separate buffers
     both directions are accumulated every step), then the learning rate and
-    the update decay (eq. 21). Refused entries (eq. 3) get a zero update.
+    the update decay (eq. 21), rounded to ``update_dtype`` when set (eq. 21a).
+    Refused entries (eq. 3) get a zero update.
     Eq. (22), the update guard: an entry whose new value or new momentum is
     non-finite gets a zero update and keeps its momentum. The new value is
     ``param + update`` in the parameter's dtype (as ``optax.apply_updates``
@@ -477,6 +478,8 @@ def _momentum_step(
             assert wi is not None
             u = u - lr_t * wd.value * wi  # eq. (21)
         dtype = g_leaves[i].dtype if p_leaves is None else p_leaves[i].dtype
+        if config.update_dtype is not None:  # eq. (21a): the update rounded to update_dtype
+            u = u.astype(jnp.dtype(config.update_dtype))
         u_out = u.astype(dtype)
         if p_leaves is None:
             keep = jnp.isfinite(u_out)

@@ -22,7 +22,8 @@ def graft_input(gradient: Array, graft: GraftingConfig) -> Array:
 
 
 def update_state(state: Array, gradient: Array, graft: GraftingConfig) -> Array:
-    """``V <- beta2 V + w g^2``, w = 1 for AdaGrad (beta2 = 1), else 1 - beta2 (eq. 14b)."""
+    """``V <- beta2 V + w g^2`` (eq. 14b): w = 1 for AdaGrad (beta2 = 1) or
+    ``ema_weight="one"``, else 1 - beta2 (``GraftingConfig.update_weight``)."""
     g = graft_input(gradient, graft)
     if graft.beta2 == 1.0:
         return state + g * g

@@ -347,9 +347,16 @@ class ReferenceShampoo:
         lr = 1.0 if cfg.momentum.lr_before_momentum else self.learning_rate
         with np.errstate(over="ignore", invalid="ignore"):  # eq. (22) handles overflow
             step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
-            new_w = w - lr * step
-            if cfg.weight_decay.applies("update"):
-                new_w = new_w - self.learning_rate * cfg.weight_decay.value * w  # eq. (21)
+            if cfg.update_dtype is None:
+                new_w = w - lr * step
+                if cfg.weight_decay.applies("update"):
+                    new_w = new_w - self.learning_rate * cfg.weight_decay.value * w  # eq. (21)
+            else:
+                # Eq. (21a): the update Delta = -lr U, rounded to update_dtype, then added.
+                delta = -(lr * step)
+                if cfg.weight_decay.applies("update"):
+                    delta = delta - self.learning_rate * cfg.weight_decay.value * w
+                new_w = w + round_to(delta, cfg.update_dtype)
         # Eq. (22): an entry whose new value or new momentum is non-finite keeps
         # its old ones (the state before eq. 20 is finite by eq. 3).
         keep = np.isfinite(new_w)
@@ -560,11 +567,12 @@ class ReferenceShampoo:
         return x
 
     def _update_corrected_moment(self, bs: BlockState, gb: Array) -> None:
-        """Eq. (17): ``D <- beta2 D + (1 - beta2) R^2``, R the gradient in the eigenbasis.
+        """Eq. (17): ``D <- beta2 D + w R^2``, R the gradient in the eigenbasis
+        (w = ``ec.update_weight``: 1 - beta2, or 1 with ``ema_weight="one"``).
 
         With ``corrected_eigenvalues_dtype`` s (eq. 17a) Meta's order and
         roundings: ``round_s(c_s(beta2) D)`` (skipped for a sum), then
-        ``+ ((1 - beta2) R) R`` in float64, rounded to s once.
+        ``+ (w R) R`` in float64, rounded to s once.
         """
         ec = self.config.eigenvalue_correction
         assert ec is not None and bs.corrected_second_moment is not None
@@ -572,14 +580,14 @@ class ReferenceShampoo:
         d = bs.corrected_second_moment
         s = ec.corrected_eigenvalues_dtype
         if s is not None:
-            weight = 1.0 - ec.beta2 if ec.decays else 1.0
+            weight = ec.update_weight if ec.decays else 1.0
             with np.errstate(over="ignore", invalid="ignore"):
                 decayed = round_to(_scalar_in(ec.beta2, s) * d, s) if ec.decays else d
                 bs.corrected_second_moment = round_to(decayed + (weight * rotated) * rotated, s)
         elif not ec.decays:
             bs.corrected_second_moment = d + rotated**2
         else:
-            bs.corrected_second_moment = ec.beta2 * d + (1.0 - ec.beta2) * rotated**2
+            bs.corrected_second_moment = ec.beta2 * d + ec.update_weight * rotated**2
         bs.corrected_updates += 1
 
     # ------------------------------------------------ eqs. (16)-(18) direction

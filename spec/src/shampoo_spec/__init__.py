@@ -29,6 +29,7 @@ from .config import (
     GRAFTING_TYPES_WITH_STATE,
     INVERSE_ROOT_DTYPES,
     MOMENTUM_STORAGES,
+    UPDATE_DTYPES,
     BlockingConfig,
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
@@ -47,6 +48,7 @@ from .config import (
     ScheduleConfig,
     ShampooConfig,
     StatisticsConfig,
+    UpdateDtype,
     WeightDecayConfig,
 )
 from .errors import (
@@ -75,6 +77,7 @@ __all__ = [
     "GRAFTING_TYPES_WITH_STATE",
     "INVERSE_ROOT_DTYPES",
     "MOMENTUM_STORAGES",
+    "UPDATE_DTYPES",
     "LARGE_BLOCK_DIM",
     "MAX_INTEGER",
     "ROOT_FLOPS_PER_CUBE",
@@ -105,6 +108,7 @@ __all__ = [
     "ShampooConfig",
     "StatisticsConfig",
     "StepperUnavailable",
+    "UpdateDtype",
     "WeightDecayConfig",
     "assign_blocks",
     "block_cost",

@@ -55,6 +55,10 @@ MOMENTUM_STORAGES: tuple[str, ...] = ("float", "int8_columnwise")
 #: above the least epsilon every section allows (2^-126): float16 only.
 _SMALLEST_POSITIVE: dict[str, tuple[float, str]] = {"float16": (2.0**-24, "2^-24")}
 
+#: The dtypes a step's update may be rounded to (``ShampooConfig.update_dtype``, eq. 21a).
+UpdateDtype = Literal["float32", "bfloat16", "float16"]
+UPDATE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
 #: Grafting types that keep a second-moment state V (eq. 14b).
 GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
     "adagrad",
@@ -390,9 +394,10 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     """Eigenvalue-corrected Shampoo (SOAP family), eq. (17).
 
     The factors' eigenbases Q_k are refreshed on root steps; an Adam-style
-    second moment ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` is kept in
-    that basis (``beta2 == 1``: a sum), bias corrected when
-    ``bias_correction``, and the direction is
+    second moment ``D <- beta2 D + w (G x_k Q_k^T)^2`` is kept in
+    that basis (``w = 1 - beta2``; ``beta2 == 1``: a sum, w = 1;
+    ``ema_weight="one"``: w = 1, Meta's ``drop_weighting_factor_on_gsquare``),
+    bias corrected when ``bias_correction``, and the direction is
     ``(F x_k Q_k^T) / (D^(1/root) + epsilon)`` rotated back by ``x_k Q_k``.
     ``roots_by_order`` gives blocks of some orders (number of block dims) their
     own root, ``((order, root), ...)``, as Meta's per-order
@@ -416,6 +421,7 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     """
 
     beta2: float = 0.999
+    ema_weight: Literal["one_minus_beta2", "one"] = "one_minus_beta2"
     epsilon: float = 1e-12
     bias_correction: bool = True
     root: float = 2.0
@@ -427,6 +433,7 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
         v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
+        v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
         # > 0: a zero second moment (a zero gradient) would divide 0 by 0.
         v.epsilon(o, "epsilon", self.epsilon, zero=False)
         v.boolean(o, "bias_correction", self.bias_correction)
@@ -463,6 +470,13 @@ class EigenvalueCorrectionConfig(_MovingAverage):
                        f"{self.corrected_eigenvalues_dtype}) with corrected_eigenvalues_dtype="
                        f"{self.corrected_eigenvalues_dtype!r}: a smaller one is 0 there")
 
+    @property
+    def update_weight(self) -> float:
+        """``w`` of eq. (17): 1 for a sum (beta2 = 1) or ``ema_weight="one"``, else 1 - beta2."""
+        if self.beta2 == 1.0 or self.ema_weight == "one":
+            return 1.0
+        return 1.0 - self.beta2
+
     def root_for(self, order: int) -> float:
         """The root of eq. (17) for a block with ``order`` dims."""
         for item_order, root in self.roots_by_order:
@@ -477,7 +491,9 @@ class GraftingConfig:
 
     ``graft(X) = X / (sqrt(V / bc) + epsilon)`` with
     ``V <- beta2 V + w G^2`` (adagrad: beta2 = w = 1; rmsprop/adam:
-    w = 1 - beta2; adam bias-corrects with ``bc = 1 - beta2^t``). ``sign``
+    w = 1 - beta2, or w = 1 with ``ema_weight="one"``, Meta's
+    ``drop_weighting_factor_on_gsquare``; adam bias-corrects with
+    ``bc = 1 - beta2^t``). ``sign``
     is sign(X); ``*_normalized`` variants first normalise G by
     ``||G|| + normalize_epsilon``. After preconditioning, the Shampoo
     direction P is rescaled: ``P * ||graft(F)|| / (||P|| + norm_epsilon)``,
@@ -490,6 +506,7 @@ class GraftingConfig:
 
     type: GraftingType = "none"
     beta2: float = 1.0
+    ema_weight: Literal["one_minus_beta2", "one"] = "one_minus_beta2"
     epsilon: float = 1e-10
     bias_correction: bool = False
     norm_scope: Literal["block", "parameter"] = "block"
@@ -506,6 +523,12 @@ class GraftingConfig:
                 v.fail(o, "beta2", self.beta2, f"1.0 for grafting type {self.type!r}")
         if self.type in ("rmsprop", "adam", "rmsprop_normalized") and self.beta2 == 1.0:
             v.fail(o, "beta2", self.beta2, f"a value in (0, 1) for grafting type {self.type!r}")
+        v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
+        # Only an EMA has a weight to drop (a sum already adds g^2 with weight 1).
+        if self.ema_weight == "one" and self.type not in ("rmsprop", "adam", "rmsprop_normalized"):
+            v.fail(o, "ema_weight", self.ema_weight,
+                   f"'one_minus_beta2' for grafting type {self.type!r} ('one' needs an EMA "
+                   "graft: rmsprop, adam or rmsprop_normalized)")
         # An epsilon that divides must be > 0: a zero gradient (V = 0,
         # ||G|| = 0, P = 0) would otherwise give 0 / 0 (eqs. 14a, 14c, 18).
         v.epsilon(o, "epsilon", self.epsilon, zero=not self.has_state)
@@ -531,8 +554,9 @@ class GraftingConfig:
 
     @property
     def update_weight(self) -> float:
-        """``w`` of eq. (14b): 1 for a sum (``beta2 == 1``, AdaGrad), else ``1 - beta2``."""
-        return 1.0 if self.beta2 == 1.0 else 1.0 - self.beta2
+        """``w`` of eq. (14b): 1 for a sum (``beta2 == 1``, AdaGrad) or
+        ``ema_weight="one"``, else ``1 - beta2``."""
+        return 1.0 if self.beta2 == 1.0 or self.ema_weight == "one" else 1.0 - self.beta2
 
     @property
     def corrects_bias(self) -> bool:
@@ -831,6 +855,13 @@ class ShampooConfig:
     eigenbases, which Meta stores under other dtype arguments: see
     ``EigenvalueCorrectionConfig.eigenvectors_dtype`` and
     ``corrected_eigenvalues_dtype``, eq. 17a).
+
+    ``update_dtype`` (Meta's ``DDPDistributedConfig.communication_dtype``)
+    is a rule too: when set to c, each step's update ``Delta = -lr U``
+    (eq. 21) is rounded to c entry by entry before it is added,
+    ``W <- W + round_c(Delta)`` (eq. 21a), as Meta's DDP distributor
+    rounds every block's update into its all-gather buffer, on every rank
+    and at any world size. None (the default) adds the update unrounded.
     """
 
     learning_rate: float = 1e-2
@@ -848,6 +879,7 @@ class ShampooConfig:
     failure: FailureConfig = field(default_factory=FailureConfig)
     factor_dtype: Literal["float32", "float64"] = "float32"
     inverse_root_dtype: InverseRootDtype | None = None
+    update_dtype: UpdateDtype | None = None
 
     def __post_init__(self) -> None:
         o = "ShampooConfig"
@@ -873,6 +905,9 @@ class ShampooConfig:
         if self.inverse_root_dtype is not None:
             v.choice(o, "inverse_root_dtype", self.inverse_root_dtype, INVERSE_ROOT_DTYPES,
                      none_means="the roots stay in factor_dtype")
+        if self.update_dtype is not None:
+            v.choice(o, "update_dtype", self.update_dtype, UPDATE_DTYPES,
+                     none_means="the update is added unrounded")
         # Cross-field rules.
         if self.momentum.buffers == "separate" and self.grafting.type == "none":
             v.fail(

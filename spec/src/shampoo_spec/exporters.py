@@ -239,9 +239,6 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         "num_tolerated_failed_amortized_computations": c.failure.max_consecutive_root_failures,
     }
     if corrected:
-        lacks.same("statistics.ema_weight", c.statistics.ema_weight, "one_minus_beta2",
-                   "with eigenvalue correction Meta's drop_weighting_factor_on_gsquare also "
-                   "drops the corrected eigenvalues' weight (not imported)")
         out.update(_meta_eigenvalue_correction(c, lacks))
     else:
         out["inv_factor_matrix_dtype"] = _meta_inverse_root_dtype(c, lacks)
@@ -354,6 +351,8 @@ def _meta_eigenvalue_correction(c: ShampooConfig, lacks: _Lacks) -> dict[str, An
                "Meta's betas[1] sets both it and statistics.beta2")
     lacks.same("eigenvalue_correction.epsilon", ec.epsilon, c.epsilon.value,
                "Meta's epsilon sets both it and epsilon.value")
+    lacks.same("eigenvalue_correction.ema_weight", ec.ema_weight, c.statistics.ema_weight,
+               "Meta's drop_weighting_factor_on_gsquare sets both it and statistics.ema_weight")
     lacks.same("eigenvalue_correction.bias_correction", ec.bias_correction,
                c.statistics.bias_correction,
                "Meta's use_bias_correction sets both it and statistics.bias_correction")
@@ -418,6 +417,14 @@ def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                f"Meta needs a start >= precondition_frequency ({s.precondition_frequency})")
     lacks.same("schedule.precondition_frequency_growth", s.precondition_frequency_growth, None,
                "Meta's root period does not follow the learning rate")
+    # Without a graft Meta preconditions from step 1 (distributed_shampoo.py,
+    # use_grafting_method): with eigenvalue correction that is D in the identity
+    # basis before the first eigenbasis, which eq. (8) does not say.
+    lacks.need(not (c.eigenvalue_correction is not None and c.grafting.type == "none"
+                    and start is not None and start > 1),
+               "schedule.start_preconditioning_step", start,
+               "1 with eigenvalue correction and no graft (Meta then applies the correction "
+               "from step 1, in the identity basis before the first eigenbasis)")
     return {
         "precondition_frequency": s.precondition_frequency,
         "start_preconditioning_step": start if start is not None else -1,
@@ -427,7 +434,9 @@ def _meta_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``max_preconditioner_dim`` and, unless 1, the target rank as
     ``distributed_config.target_parameter_dimensionality`` (eqs. 4-5): Meta
-    merges up to the block size, or neither squeezes nor merges (inf)."""
+    merges up to the block size, or neither squeezes nor merges (inf).
+    ``update_dtype`` (eq. 21a) set: a ``DDPDistributedConfig`` with it as
+    ``communication_dtype``."""
     b = c.blocking
     out: dict[str, Any] = {"max_preconditioner_dim": b.max_preconditioner_dim}
     if not b.squeeze:
@@ -444,11 +453,16 @@ def _meta_blocking(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         lacks.same("blocking.scalar_factor", b.scalar_factor, True,
                    "Meta promotes a 0-d parameter to (1,), a 1 x 1 factor")
         target = b.merge_target_rank
-    if target != 1:
+    if c.update_dtype is not None:
+        # Eq. (21a): Meta's DDP rounds every block's update to communication_dtype.
         out["distributed_config"] = {
-            "type": "SingleDeviceDistributedConfig",
-            "target_parameter_dimensionality": "inf" if target == math.inf else target,
+            "type": "DDPDistributedConfig", "communication_dtype": c.update_dtype,
         }
+    if target != 1:
+        out.setdefault("distributed_config", {"type": "SingleDeviceDistributedConfig"})
+        out["distributed_config"]["target_parameter_dimensionality"] = (
+            "inf" if target == math.inf else target
+        )
     lacks.same("blocking.merge_direction", b.merge_direction, "last_to_first",
                "Meta merges from the last dim")
     lacks.same("blocking.skip_dim_size_gt", b.skip_dim_size_gt, None,
@@ -478,8 +492,10 @@ def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     lacks.same("grafting.norm_epsilon", g.norm_epsilon, 1e-16, "Meta's graft norm epsilon")
     lacks.same("grafting.normalize_epsilon", g.normalize_epsilon, 1e-16,
                "Meta has no normalized grafts")
-    lacks.same("grafting.bias_correction", g.bias_correction, g.type == "adam",
-               "Meta bias-corrects the Adam graft only")
+    lacks.same("grafting.bias_correction", g.bias_correction,
+               g.type == "adam" and g.ema_weight == "one_minus_beta2",
+               "Meta bias-corrects the Adam graft only, and not with "
+               "drop_weighting_factor_on_gsquare (grafting.ema_weight 'one')")
     lacks.same("grafting.clip_rms", g.clip_rms, None, "Meta does not clip its graft")
     if g.type in ("none", "sgd"):
         lacks.same("grafting.epsilon", g.epsilon, 1e-10, f"unused by a {g.type!r} graft")
@@ -491,6 +507,8 @@ def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
         out["epsilon"] = g.epsilon
     if g.type in ("rmsprop", "adam"):
         out["beta2"] = g.beta2
+    if g.ema_weight == "one":  # eq. (14b) w = 1
+        out["drop_weighting_factor_on_gsquare"] = True
     return out
 
 
@@ -570,6 +588,8 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google has no eigenvalue-corrected Shampoo")
     lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
                "Google keeps its preconditioners in the computation dtype (eq. 11a)")
+    lacks.same("update_dtype", c.update_dtype, None,
+               "Google returns its updates unrounded (eq. 21a)")
     lacks.same("exponents.default", ex.default, "preconditioned_dims",
                "Google's root is 2 * (preconditioned dims of the parameter)")
     lacks.same("exponents.overrides_by_order", ex.overrides_by_order, (),
@@ -614,6 +634,8 @@ def _google_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     rms = g.type in ("rmsprop", "rmsprop_normalized")
     lacks.same("grafting.beta2", g.beta2, c.statistics.beta2 if rms else 1.0,
                "Google's RMSPROP grafts use the statistics' beta2; the others none")
+    lacks.same("grafting.ema_weight", g.ema_weight, "one_minus_beta2",
+               "Google's RMSPROP graft weighs g^2 by 1 - beta2")
     lacks.same("grafting.bias_correction", g.bias_correction, False,
                "Google does not bias-correct its graft")
     lacks.same("grafting.norm_scope", g.norm_scope, "parameter",

@@ -19,6 +19,8 @@ from shampoo_spec import GradientFilterConfig, ShampooConfig
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
 SCALE_SUFFIX = "_scale"
+#: ``config.update_dtype`` (eq. 21a) -> torch dtype.
+UPDATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def init_state(
@@ -192,6 +194,10 @@ def apply_update(
 ) -> torch.Tensor:
     """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype.
 
+    Eq. (21a), ``update_dtype`` c set: ``W <- W + round_c(-lr U - lr wd W)``,
+    the update rounded to c (torch's cast, as Meta's copy into its
+    ``communication_dtype`` buffer) before it is added.
+
     Eq. (22), the update guard: an entry whose new value (in the parameter's
     dtype) or new momentum buffer is non-finite keeps its old ones; the
     statistics before it are finite by eq. (3), so only the direction can
@@ -201,9 +207,15 @@ def apply_update(
     """
     wd = cfg.weight_decay
     step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
-    new_w = w - step_lr * u
-    if wd.applies("update"):
-        new_w = new_w - lr * wd.value * w
+    if cfg.update_dtype is None:
+        new_w = w - step_lr * u
+        if wd.applies("update"):
+            new_w = new_w - lr * wd.value * w
+    else:
+        delta = -(step_lr * u)
+        if wd.applies("update"):
+            delta = delta - lr * wd.value * w
+        new_w = w + delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype)  # eq. (21a)
     new_w = new_w.to(p.dtype)
     keep = torch.isfinite(new_w)
     for key, b in buffers.items():

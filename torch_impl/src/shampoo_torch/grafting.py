@@ -49,7 +49,7 @@ def graft_input(x: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:
 
 
 def update_state(state: torch.Tensor, g: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:
-    """Eq. (14b): ``V + g^2`` (beta2 = 1) or ``beta2 V + (1 - beta2) g^2``."""
+    """Eq. (14b): ``V + g^2`` (beta2 = 1) or ``beta2 V + w g^2``, w = update_weight."""
     g = graft_input(g, graft)
     if graft.beta2 == 1.0:
         return state + g * g

@@ -216,13 +216,13 @@ def update_corrected_moment(
     bg: BlockGroup, gb: torch.Tensor, rows: Rows, ok: torch.Tensor | None,
     ec: EigenvalueCorrectionConfig,
 ) -> None:
-    """Eq. (17): ``D <- beta2 D + (1 - beta2) (G x_k Q_k^T)^2`` in the current basis (a sum
-    when ``beta2 == 1``).
+    """Eq. (17): ``D <- beta2 D + w (G x_k Q_k^T)^2`` in the current basis (a sum
+    when ``beta2 == 1``; w = ``ec.update_weight``).
 
     With ``corrected_eigenvalues_dtype`` s (eq. 17a) Meta's operations on D
     in s: ``D * beta2`` (torch takes beta2 in D's precision, float32 below
-    float64, and rounds to s), then ``addcmul`` with weight ``1 - beta2``
-    (1 for a sum) computed in the factor dtype and rounded to s once.
+    float64, and rounds to s), then ``addcmul`` with weight w (1 for a sum)
+    computed in the factor dtype and rounded to s once.
     ``gb`` arrives in the eigenbases' dtype when they are stored in another
     (:func:`rotate` then casts nothing).
     """
@@ -231,11 +231,11 @@ def update_corrected_moment(
     old = take(bg.corrected, rows)
     if ec.corrected_eigenvalues_dtype is not None:
         decayed = old * ec.beta2 if ec.decays else old
-        weight = 1.0 - ec.beta2 if ec.decays else 1.0
+        weight = ec.update_weight if ec.decays else 1.0
         new = torch.addcmul(decayed.to(rotated.dtype), rotated, rotated,
                             value=weight).to(old.dtype)
     elif ec.decays:
-        new = ec.beta2 * old + (1.0 - ec.beta2) * rotated**2
+        new = ec.beta2 * old + ec.update_weight * rotated**2
     else:
         new = old + rotated**2
     if ok is not None:

@@ -178,6 +178,8 @@ def step_configs(
     grafting = ss.GraftingConfig(
         type=gtype,
         beta2=draw(st.sampled_from([1e-12, 0.5, 0.999, 1.0 - 1e-12])) if adaptive_ema else 1.0,
+        ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"])) if adaptive_ema
+        else "one_minus_beta2",
         epsilon=draw(st.sampled_from([1e-30, 1e-10, 1.0])),
         bias_correction=draw(st.booleans()),
         norm_scope="block" if coupling_free else draw(st.sampled_from(["block", "parameter"])),
@@ -208,6 +210,7 @@ def step_configs(
         exponents=draw(st.sampled_from(overrides)),
         eigenvalue_correction=ss.EigenvalueCorrectionConfig(
             beta2=draw(st.sampled_from([0.0, 0.999, 1.0])),
+            ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"])),
             epsilon=draw(st.sampled_from([1e-12, 1e-8])),
             bias_correction=draw(st.booleans()),
             # Eq. (17a): Q_k and D stored rounded (D not in float16: these epsilons
@@ -259,6 +262,8 @@ def step_configs(
         # roots overflow (a failed root, eq. 13) and products overflow (eq. 22).
         inverse_root_dtype=None if eigen else draw(
             st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
+        # Updates rounded (eq. 21a): a float16 update beyond 65504 is withheld (eq. 22).
+        update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
     )
     return config
 
@@ -339,7 +344,8 @@ def meta_kwargs() -> st.SearchStrategy[dict[str, Any]]:
                     "type": st.sampled_from(["AdaGradPreconditionerConfig",
                                              "AdamPreconditionerConfig",
                                              "RMSpropPreconditionerConfig", "SGD", ""]),
-                }, optional={"epsilon": hostile_values(), "beta2": hostile_values()})))
+                }, optional={"epsilon": hostile_values(), "beta2": hostile_values(),
+                             "drop_weighting_factor_on_gsquare": hostile_values()})))
         if draw(st.booleans()):
             out["preconditioner_config"] = draw(st.one_of(
                 hostile_values(),

@@ -41,6 +41,7 @@ from ..config import (
     ScheduleConfig,
     ShampooConfig,
     StatisticsConfig,
+    UpdateDtype,
     WeightDecayConfig,
 )
 from ._parse import (
@@ -178,7 +179,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
         weight_decay = _weight_decay(a, shared.lr)
     with a.section():
         momentum = _momentum(a)
-    target_rank = _distribution(a)
+    target_rank, update_dtype = _distribution(a)
     with a.section():
         pre = _preconditioner(a, shared)
     with a.section():
@@ -187,6 +188,17 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
         blocking = _blocking(a, target_rank)
     with a.section():
         grafting = _grafting(a.get("grafting_config", None))
+    start = schedule.start_preconditioning_step
+    if pre.eigenvalue_correction is not None and grafting.type == "none" and start != 1:
+        # Meta's use_grafting_method is False without a graft: it preconditions from
+        # step 1, with eigenvalue correction D in the identity basis until the first
+        # eigenbasis (at the start step); eq. (8) takes P = F~ before the start.
+        raise NotImplementedError(
+            f"grafting_config = None with EigenvalueCorrectedShampooPreconditionerConfig and "
+            f"start_preconditioning_step = {start} (> 1) is not supported yet (without a graft "
+            "Meta applies the eigenvalue correction from step 1, in the identity basis before "
+            "the first eigenbasis)."
+        )
     # The shared values (lr, betas, epsilon, ...) and cross-section rules.
     with a.section(since_start=True):
         return ShampooConfig(
@@ -205,6 +217,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
             failure=pre.failure,
             factor_dtype=pre.factor_dtype,
             inverse_root_dtype=pre.inverse_root_dtype,
+            update_dtype=update_dtype,
         )
 
 
@@ -294,13 +307,15 @@ def _momentum(a: Args) -> MomentumConfig:
     )
 
 
-def _distribution(a: Args) -> int | None:
-    """Reads ``distributed_config``, ``use_merge_dims``; returns the target rank.
+def _distribution(a: Args) -> tuple[int | None, UpdateDtype | None]:
+    """Reads ``distributed_config``, ``use_merge_dims``; returns the target rank
+    and ``update_dtype``.
 
     Accepts only the layouts whose numerics are single-device ones (none,
     SingleDevice, DDP, dims merged); FSDP/HSDP and the rest are refused.
     Returns ``target_parameter_dimensionality`` (default 1; None for inf:
-    neither squeeze nor merge).
+    neither squeeze nor merge) and, for DDP, ``update_dtype`` (eq. 21a):
+    :func:`_ddp_update_dtype`.
     """
     dist = a.get("distributed_config", None)
     kind = type_of("distributed_config", dist)
@@ -309,14 +324,50 @@ def _distribution(a: Args) -> int | None:
             f"distributed_config.type = {kind!r} is not supported yet (FSDP/HSDP "
             "block by shard)."
         )
+    update_dtype = _ddp_update_dtype(dist) if kind == "DDPDistributedConfig" else None
     target = (dist or {}).get("target_parameter_dimensionality", 1)
     if not a.flag("use_merge_dims", True):
         raise NotImplementedError("use_merge_dims = False is not supported yet.")
     if (isinstance(target, str) and target.strip().lower() in _INF_NAMES) or (
         isinstance(target, float) and target == math.inf
     ):
+        return None, update_dtype
+    return (integer("distributed_config.target_parameter_dimensionality", target, low=1),
+            update_dtype)
+
+
+def _ddp_update_dtype(dist: Mapping[str, Any]) -> UpdateDtype | None:
+    """Reads ``DDPDistributedConfig.communication_dtype`` (default float32) and
+    ``communicate_params`` (default False); returns ``update_dtype`` (eq. 21a).
+
+    Meta's DDP distributor copies each block's update ``-lr P`` into an
+    all-gather buffer of ``communication_dtype`` (rounding it) and adds the
+    gathered buffer to the parameters, on every rank, its own blocks
+    included, at any world size (shampoo_ddp_distributor.py
+    ``update_params`` and ``_construct_distributed_buffers``). float32,
+    bfloat16, float16: that dtype (float32 changes nothing for float32
+    parameters and rounds float64 ones, as Meta); float64: None (nothing
+    is rounded). With ``communicate_params`` Meta gathers the updated
+    parameters instead, so the parameters themselves are rounded: refused
+    for bfloat16/float16 (no option says it); float32 and float64 import as
+    None (no effect on float32 parameters).
+    """
+    comm = dtype("distributed_config.communication_dtype",
+                 dist.get("communication_dtype", "float32"), TORCH)
+    if boolean("distributed_config.communicate_params", dist.get("communicate_params", False)):
+        if comm in ("bfloat16", "float16"):
+            raise NotImplementedError(
+                f"distributed_config.communication_dtype = {comm!r} with communicate_params = "
+                "True is not supported yet (Meta rounds the parameters themselves to it)."
+            )
         return None
-    return integer("distributed_config.target_parameter_dimensionality", target, low=1)
+    return None if comm == "float64" else _UPDATE_DTYPES[comm]
+
+
+#: ``communication_dtype`` values that round the update (eq. 21a).
+_UPDATE_DTYPES: dict[str, UpdateDtype] = {
+    "float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+}
 
 
 def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
@@ -346,12 +397,6 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "number in (0, 1] with use_trace_scaling = True."
         )
     drop_weight = p.flag("drop_weighting_factor_on_gsquare", False)
-    if drop_weight and kind != "RootInvShampooPreconditionerConfig":
-        raise NotImplementedError(
-            "preconditioner_config.drop_weighting_factor_on_gsquare = True is not supported "
-            "yet for eigenvalue-corrected Shampoo (it also drops the weight of the corrected "
-            "eigenvalues' EMA)."
-        )
     root_inverse, rule, reuse = _root_inverse(
         p.get("amortized_computation_config", None),
         corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
@@ -370,7 +415,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         exponents = _exponents(p.get("inverse_exponent_override", {}))
     elif kind == "EigenvalueCorrectedShampooPreconditionerConfig":
         correction = dataclasses.replace(
-            _eigenvalue_correction(p, shared, root_inverse, placement),
+            _eigenvalue_correction(p, shared, root_inverse, placement, drop_weight),
             basis_reuse_tolerance=reuse,
         )
         exponents = _exponents({}, p.get("ignored_basis_change_dims", {}))
@@ -650,12 +695,18 @@ def _exponents(overrides: Any, ignored: Any = None) -> ExponentConfig:
 
 
 def _eigenvalue_correction(
-    p: Args, shared: Shared, root_inverse: RootInverseConfig, placement: Placement
+    p: Args, shared: Shared, root_inverse: RootInverseConfig, placement: Placement,
+    drop_weight: bool = False,
 ) -> EigenvalueCorrectionConfig:
     """Reads ``inverse_exponent_override`` of ``EigenvalueCorrectedShampooPreconditionerConfig``.
 
     Returns ``eigenvalue_correction`` (eq. 17): beta2 = betas[1], epsilon,
-    bias correction = use_bias_correction; an order o the override maps to
+    bias correction = use_bias_correction. ``drop_weight``
+    (``drop_weighting_factor_on_gsquare``): Meta also weighs the corrected
+    eigenvalues' update by 1 (``ema_weight="one"``) and leaves their bias
+    correction at 1, as the factors' (shampoo_preconditioner_list.py,
+    ``update_preconditioners``: one ``_bias_correction2`` and one
+    ``_weighting_factor`` for both). An order o the override maps to
     e > 0 gets root 1/e, every other order Meta's exponent 1/2 (root 2).
     Canonical form: a map naming every order 1..MAX_ORDER sets ``root`` from
     order MAX_ORDER; ``roots_by_order`` lists the orders whose root differs
@@ -677,8 +728,9 @@ def _eigenvalue_correction(
     root = roots[MAX_ORDER] if every_order else 2.0
     return EigenvalueCorrectionConfig(
         beta2=shared.beta2,
+        ema_weight="one" if drop_weight else "one_minus_beta2",
         epsilon=shared.epsilon,
-        bias_correction=shared.bias_correction,
+        bias_correction=shared.bias_correction and not drop_weight,
         root=root,
         roots_by_order=tuple(sorted((o, r) for o, r in roots.items() if r != root)),
     )
@@ -734,24 +786,28 @@ def _grafting(cfg: Any) -> GraftingConfig:
 
     Returns ``grafting`` (eqs. 14, 18; per-block norms with 1e-16): SGD;
     AdaGrad (eps 1e-10); RMSprop (beta2 0.99, eps 1e-10); Adam (beta2 0.999,
-    eps 1e-10, bias-corrected); null -> none.
+    eps 1e-10, bias-corrected); null -> none. RMSprop's and Adam's
+    ``drop_weighting_factor_on_gsquare``: ``V <- beta2 V + G^2`` (eq. 14b's
+    ``grafting.ema_weight="one"``), never bias-corrected (Meta then drops
+    Adam's correction too).
     """
     kind = type_of("grafting_config", cfg)
     if kind is None:
         return GraftingConfig(type="none")
     args = Args("grafting_config", cfg, {"epsilon", "beta2", "drop_weighting_factor_on_gsquare"})
-    args.unsupported("drop_weighting_factor_on_gsquare", False, "graft EMA without 1 - beta2")
     if kind == "SGDPreconditionerConfig":
         return GraftingConfig(type="sgd")
     if kind == "AdaGradPreconditionerConfig":
         return GraftingConfig(type="adagrad", epsilon=args.number("epsilon", 1e-10))
     if kind in ("RMSpropPreconditionerConfig", "AdamPreconditionerConfig"):
         adam = kind == "AdamPreconditionerConfig"
+        drop_weight = args.flag("drop_weighting_factor_on_gsquare", False)
         return GraftingConfig(
             type="adam" if adam else "rmsprop",
             beta2=args.number("beta2", 0.999 if adam else 0.99),
+            ema_weight="one" if drop_weight else "one_minus_beta2",
             epsilon=args.number("epsilon", 1e-10),
-            bias_correction=adam,
+            bias_correction=adam and not drop_weight,
         )
     raise NotImplementedError(f"grafting_config.type = {kind!r} is not supported yet.")
 
