@@ -607,15 +607,23 @@ def _train(
     make_optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
     batches: Batches,
     data: Data,
+    lr_lambda: Callable[[int], float] | None = None,
 ) -> tuple[Trajectory, float]:
-    """The weights after every step, and the final loss on the whole data set."""
+    """The weights after every step, and the final loss on the whole data set.
+
+    ``lr_lambda``: a ``LambdaLR`` schedule, stepped after every optimizer step.
+    """
     model = _model()
     optimizer = make_optimizer(model.parameters())
+    scheduler = (None if lr_lambda is None
+                 else torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda))
     weights: Trajectory = []
     for inputs, labels in batches:
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(inputs), labels).backward()
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         weights.append([p.detach().numpy().copy() for p in model.parameters()])
     with torch.no_grad():
         loss = float(torch.nn.functional.cross_entropy(model(data[0]), data[1]))
@@ -777,3 +785,41 @@ def test_meta_library_matches_shampoo_torch(name: str, problem: tuple[Batches, D
     print(f"{name}: worst relative deviation {worst:.2e} at {where}; loss gap {loss_gap:.1e}")
     assert worst <= tolerance, f"{name}: relative deviation {worst:.2e} at {where}"
     assert loss_gap <= tolerance, f"{name}: final losses {their_loss!r} vs {our_loss!r}"
+
+
+# ------------------------------------------ weight decay under a learning-rate schedule
+#: A LambdaLR whose rates are exact in float32 (Meta applies its lr as a float32 tensor):
+#: 2^-4 (1 - c / 64) = (64 - c) 2^-10.
+SCHEDULE_LR = 0.0625
+
+
+def _linear_decay(count: int) -> float:
+    return 1.0 - count / 64.0
+
+
+@pytest.mark.parametrize("decay_type", ["CORRECTED", "INDEPENDENT"])
+def test_meta_weight_decay_under_a_schedule(decay_type: str, problem: tuple[Batches, Data]) -> None:
+    """CORRECTED (eq. 19, ``scale_by_lr_ratio``: wd * lr_t / peak_lr) and INDEPENDENT
+    (wd / peak_lr) while a LambdaLR decays the rate: Meta's real library against ours.
+    CORRECTED's control, ours with DECOUPLED decay (no lr_t / peak_lr), must be far."""
+    kwargs = _float64_kwargs({"grafting_config": ADAGRAD, "epsilon": 1e-6, "weight_decay": 0.05,
+                              "weight_decay_type": decay_type, "lr": SCHEDULE_LR},
+                             float32_lr=True)
+    batches, data = problem
+
+    def meta(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))
+
+    with _float64_default_dtype():
+        theirs, _ = _train(meta, batches, data, _linear_decay)
+    ours, _ = _train(lambda p: Shampoo(p, from_meta(kwargs)), batches, data, _linear_decay)
+    worst, where = _worst_deviation(theirs, ours)
+    print(f"{decay_type} under a schedule: worst relative deviation {worst:.2e} at {where}")
+    assert worst <= TOLERANCE, f"{decay_type}: deviation {worst:.2e} at {where}"
+    if decay_type == "CORRECTED":
+        plain = {**kwargs, "weight_decay_type": "DECOUPLED"}
+        control, _ = _train(lambda p: Shampoo(p, from_meta(plain)), batches, data,
+                            _linear_decay)
+        gap = _worst_deviation(theirs, control)[0]
+        print(f"  with DECOUPLED decay instead: {gap:.2e}")
+        assert gap > 1e-6, f"the lr_t / peak_lr scaling made no difference ({gap:.2e})"

@@ -442,6 +442,32 @@ def test_growing_root_period_equals_reference(dtype: type) -> None:
     assert relative_error(constant, want, params)[0] > 1e-3
 
 
+def test_corrected_weight_decay_follows_the_schedule() -> None:
+    """Eq. (19) with ``scale_by_lr_ratio`` (Meta's CORRECTED) under a schedule: the
+    coefficient wd * lr(count) / lr_0, lr_0 the config's rate (the schedule is passed
+    separately); equal to the reference fed the same rates."""
+    config = dataclasses.replace(GROWTH, factor_dtype="float64", weight_decay=(
+        ss.WeightDecayConfig(value=0.5, type="direction", scale_by_lr_ratio=True)))
+    params, grads = stream()
+    rates = [0.05 * (1.0 - c / 20.0) for c in range(len(grads))]
+    want = reference_run(config, params, grads, rates)
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config, learning_rate=_decaying)
+        p = {k: jnp.asarray(params[k], np.float64) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        got = []
+        for g in grads:
+            u, state = update({k: jnp.asarray(g[k], np.float64) for k in names}, state, p)
+            p = optax.apply_updates(p, u)
+            got.append({k: np.asarray(v, np.float64) for k, v in p.items()})
+    err, where = relative_error(got, want, params)
+    assert err <= 1e-9, f"{err:.3e} at {where}"
+    plain = dataclasses.replace(config, weight_decay=ss.WeightDecayConfig(value=0.5))
+    assert relative_error(reference_run(plain, params, grads, rates), want, params)[0] > 1e-3
+
+
 def test_growing_root_period_sharded_is_single_device() -> None:
     """The traced ratio reaches every device: the sharded root steps are the single device's.
 

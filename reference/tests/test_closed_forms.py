@@ -258,6 +258,27 @@ def test_decoupled_weight_decay_and_l2_closed_form() -> None:
             np.testing.assert_allclose(out[t]["w"], w, rtol=1e-13)
 
 
+def test_corrected_weight_decay_follows_the_learning_rate() -> None:
+    """Eq. (19) with ``scale_by_lr_ratio`` (Meta's CORRECTED) under a schedule:
+    ``w <- w - lr_t (g + wd (lr_t / lr_0) w)``, lr_0 the config's rate; the plain
+    'direction' decay keeps wd whatever the rate."""
+    gs = stream((4,), 6, seed=7)
+    w0 = np.ones(4)
+    rates = [0.1, 0.05, 0.2, 0.1, 0.025, 0.0]
+    for scaled in (True, False):
+        cfg = base(
+            schedule=NEVER,
+            grafting=ss.GraftingConfig(type="sgd"),
+            weight_decay=ss.WeightDecayConfig(value=0.01, scale_by_lr_ratio=scaled),
+        )
+        out = run(cfg, {"w": w0}, [{"w": g} for g in gs], rates)
+        w = w0.copy()
+        for t, (g, lr) in enumerate(zip(gs, rates, strict=True)):
+            decay = 0.01 * lr / 0.1 if scaled else 0.01
+            w = w - lr * (g + decay * w)
+            np.testing.assert_allclose(out[t]["w"], w, rtol=1e-13)
+
+
 def test_nonfinite_gradient_policy() -> None:
     cfg = base(failure=ss.FailureConfig(nonfinite_gradient="skip_block"),
                grafting=ss.GraftingConfig(type="adagrad"))

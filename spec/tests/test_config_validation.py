@@ -109,6 +109,10 @@ def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -
             eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
             schedule=ss.ScheduleConfig(roots_take_effect="next_step")), "roots_take_effect"),
         (lambda: ss.EpsilonConfig(value=1e-12, placement="pseudo_inverse"), "value"),
+        (lambda: ss.WeightDecayConfig(type="update", scale_by_lr_ratio=True),
+         "scale_by_lr_ratio"),
+        (lambda: ss.ShampooConfig(learning_rate=0.0, weight_decay=ss.WeightDecayConfig(
+            scale_by_lr_ratio=True)), "learning_rate"),
         (lambda: ss.EpsilonConfig(rank_rtol=1e-6), "rank_rtol"),
         (lambda: ss.EpsilonConfig(rank_atol=1e-9), "rank_atol"),
         (lambda: ss.EpsilonConfig(rank_rtol=None), "rank_rtol"),

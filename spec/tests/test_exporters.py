@@ -289,6 +289,8 @@ GOOGLE_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "gradient_filter.beta1": ("gradient_filter", {"beta1": 0.5}),
     "statistics.bias_correction": ("statistics", {"bias_correction": True}),
     "weight_decay.type": ("weight_decay", {"type": "l2"}),
+    "weight_decay.scale_by_lr_ratio": ("weight_decay", {"type": "direction",
+                                                        "scale_by_lr_ratio": True}),
     "grafting.norm_scope": ("grafting", {"norm_scope": "block"}),
     "exponents.default": ("exponents", {"default": "block_order"}),
     "schedule.period_anchor": ("schedule", {"period_anchor": "end"}),
@@ -416,8 +418,11 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 momentum=draw(st.sampled_from([0.0, 0.9])),
                 dampening=draw(st.sampled_from([0.0, 0.9])), nesterov=draw(st.booleans()),
                 buffers=draw(st.sampled_from(["shared", "separate"]))),
-            weight_decay=ss.WeightDecayConfig(
-                value=0.01, type=draw(st.sampled_from(["l2", "direction", "update"]))),
+            weight_decay=draw(st.sampled_from([
+                ss.WeightDecayConfig(value=0.01, type="l2"),
+                ss.WeightDecayConfig(value=0.01, type="direction"),
+                ss.WeightDecayConfig(value=0.01, type="direction", scale_by_lr_ratio=True),
+                ss.WeightDecayConfig(value=0.01, type="update")])),
             blocking=ss.BlockingConfig(
                 max_preconditioner_dim=draw(st.sampled_from([128, 1024])),
                 merge_dims_up_to=draw(st.sampled_from([None, 128, 1024, 4096])),

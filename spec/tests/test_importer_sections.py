@@ -98,7 +98,11 @@ def test_meta_shared_refuses(kwargs: dict[str, Any], key: str) -> None:
 def test_meta_weight_decay() -> None:
     assert meta._weight_decay(m(), 1.0) == ss.WeightDecayConfig(value=0.0, type="direction")
     assert meta._weight_decay(m(weight_decay=0.1, weight_decay_type="L2"), 1.0).type == "l2"
-    assert meta._weight_decay(m(weight_decay_type="CORRECTED"), 1.0).type == "direction"
+    assert meta._weight_decay(m(weight_decay_type="CORRECTED"), 1.0) == ss.WeightDecayConfig(
+        value=0.0, type="direction", scale_by_lr_ratio=True)  # eq. (19): wd * lr_t / lr_0
+    assert not meta._weight_decay(m(weight_decay_type="DECOUPLED"), 1.0).scale_by_lr_ratio
+    with pytest.raises(ValueError, match="'CORRECTED' needs lr > 0"):
+        meta._weight_decay(m(weight_decay_type="CORRECTED"), 0.0)
     # The legacy flag, unless weight_decay_type is given.
     assert meta._weight_decay(m(use_decoupled_weight_decay=False), 1.0).type == "l2"
     assert meta._weight_decay(

@@ -607,6 +607,22 @@ def test_growing_root_period_equals_reference(dtype: torch.dtype) -> None:
     assert max_relative_error(params, constant, ref) > 1e-3  # the root steps matter here
 
 
+# ------------------------- eq. (19): decay scaled by lr_t / lr_0 (Meta's CORRECTED)
+def test_corrected_weight_decay_follows_the_schedule() -> None:
+    """``scale_by_lr_ratio`` under a LambdaLR: the decay coefficient is wd * lr_t / lr_0,
+    lr_0 the config's rate; equal to the reference fed the same rates, far from the
+    unscaled decay."""
+    config = dataclasses.replace(GROWTH, factor_dtype="float64", weight_decay=(
+        WeightDecayConfig(value=0.5, type="direction", scale_by_lr_ratio=True)))
+    params, grads = stream(seed=4)
+    rates = [0.05 * (1.0 - c / 20.0) for c in range(STEPS)]
+    ref = reference_run(config, params, grads, rates)
+    ours, _ = _scheduled_run(config, params, grads, torch.float64)
+    assert max_relative_error(params, ours, ref) <= 1e-9
+    plain = dataclasses.replace(config, weight_decay=WeightDecayConfig(value=0.5))
+    assert max_relative_error(params, reference_run(plain, params, grads, rates), ref) > 1e-3
+
+
 # ------------------------------ eigenvalue correction's storage dtypes, eq. (17a)
 #: (eigenvectors_dtype q, corrected_eigenvalues_dtype s): Meta's default (float32
 #: both), each coarse one alone, and both coarse.

@@ -148,6 +148,8 @@ def shampoo(
         # OverflowError inside jit. As a float it is exact up to 2**53 and
         # otherwise rounded as any float learning rate.
         lr = float(lr)
+    # Eq. (19)'s lr_0 (scale_by_lr_ratio): the rate given, the config's for a schedule.
+    lr_0 = config.learning_rate if callable(lr) else lr
     wd = config.weight_decay
     # Any decay (eqs. 2, 19, 21) needs the weights W.
     needs_w = wd.applies(wd.type)
@@ -199,7 +201,7 @@ def shampoo(
         floats = _read_momentum(state, tree, g_leaves)
         out, new_mom, new_gmom, withheld = _momentum_step(
             shampoo_dir, graft_dir, w, masked.finite, floats, use_shampoo, lr_t, g_leaves,
-            tree.leaves(params) if params is not None else None, tree, config,
+            tree.leaves(params) if params is not None else None, tree, config, lr_0,
         )
         new_mom_leaves, mom_scale = _write_momentum(
             tree, new_mom, floats.momentum, state.momentum_scale, config)
@@ -404,12 +406,14 @@ def _momentum_step(
     p_leaves: list[Array] | None,
     tree: _Tree,
     config: ShampooConfig,
+    lr_0: float,
 ) -> tuple[list[Array], list[Array] | None, list[Array] | None, Array]:
     """Eqs. (19)-(22): ``(updates per leaf, new momentum, new graft momentum, withheld)``.
 
     The direction (Shampoo's or the graft's, eq. 18's choice) is scaled by
     the learning rate first when ``momentum.lr_before_momentum``, takes the
-    direction decay (eq. 19), then momentum (eq. 20; with separate buffers
+    direction decay (eq. 19; ``value * lr_t / lr_0`` with ``scale_by_lr_ratio``),
+    then momentum (eq. 20; with separate buffers
     both directions are accumulated every step), then the learning rate and
     the update decay (eq. 21), rounded to ``update_dtype`` when set (eq. 21a).
     Refused entries (eq. 3) get a zero update.
@@ -430,7 +434,7 @@ def _momentum_step(
             p = lr_t * p
         if decay_direction:
             assert wi is not None
-            p = p + wd.value * wi  # eq. (19)
+            p = p + wd.direction_value(lr_t, lr_0) * wi  # eq. (19)
         return p
 
     def select(a: Array, b: Array) -> Array:

@@ -683,7 +683,7 @@ class ReferenceShampoo:
             if mom.lr_before_momentum:
                 p = self.learning_rate * p
             if wd.applies("direction"):
-                p = p + wd.value * w  # eq. (19)
+                p = p + wd.direction_value(self.learning_rate, cfg.learning_rate) * w  # eq. (19)
             return p
 
         chosen = shampoo_dir if use_shampoo else graft_dir

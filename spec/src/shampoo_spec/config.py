@@ -698,15 +698,31 @@ class WeightDecayConfig:
     With ``momentum.learning_rate_placement = "before_momentum"`` the
     ``"direction"`` term is added after P is scaled by lr (so it is not
     scaled by lr), as Google does with decoupled_learning_rate=False.
+
+    ``scale_by_lr_ratio`` (``"direction"`` only; Meta's CORRECTED): the
+    term is ``value * lr_t / lr_0`` W, lr_t this step's learning rate and
+    lr_0 the one the optimizer was built with (``ShampooConfig.learning_rate``,
+    or the backend's learning-rate argument when given), so that under a
+    schedule the decay follows the rate (eq. 19).
     """
 
     value: float = 0.0
     type: Literal["l2", "direction", "update"] = "direction"
+    scale_by_lr_ratio: bool = False
 
     def __post_init__(self) -> None:
         o = "weight_decay"
         v.real(o, "value", self.value, low=0.0)
         v.choice(o, "type", self.type, ("l2", "direction", "update"))
+        v.boolean(o, "scale_by_lr_ratio", self.scale_by_lr_ratio)
+        if self.scale_by_lr_ratio and self.type != "direction":
+            v.fail(o, "scale_by_lr_ratio", True,
+                   "False unless type is 'direction' (Meta's CORRECTED decay)")
+
+    def direction_value(self, lr_t: float, lr_0: float) -> float:
+        """Eq. (19)'s coefficient of W: ``value``, or ``value * lr_t / lr_0`` with
+        ``scale_by_lr_ratio`` (in Meta's order: the product first)."""
+        return self.value * lr_t / lr_0 if self.scale_by_lr_ratio else self.value
 
     def applies(self, kind: Literal["l2", "direction", "update"]) -> bool:
         """Whether decay of this ``kind`` is on: eq. (2) l2, (19) direction, (21) update."""
@@ -949,6 +965,9 @@ class ShampooConfig:
                 "another placement with a Newton root_inverse.method or with "
                 "eigenvalue_correction (the pseudo-inverse is an eigh inverse root, eq. 10)",
             )
+        if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
+            v.fail(o, "learning_rate", self.learning_rate,
+                   "a number > 0 with weight_decay.scale_by_lr_ratio (it divides by it)")
         if isinstance(self.root_inverse, CoupledNewtonConfig):
             # The coupled Newton iteration raises a matrix to the integer power r.
             if not float(self.exponents.override).is_integer():

@@ -178,12 +178,14 @@ def _meta_shared(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 
 def _meta_weight_decay(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
-    """Writes ``weight_decay``, ``weight_decay_type``: l2 -> L2, direction -> DECOUPLED."""
+    """Writes ``weight_decay``, ``weight_decay_type``: l2 -> L2, direction -> DECOUPLED
+    (CORRECTED with ``scale_by_lr_ratio``)."""
     wd = c.weight_decay
     lacks.need(wd.type != "update", "weight_decay.type", wd.type,
                "Meta adds decay to the gradient (L2) or to the direction before momentum "
                "(DECOUPLED), never after momentum")
-    return {"weight_decay": wd.value, "weight_decay_type": "L2" if wd.type == "l2" else "DECOUPLED"}
+    kind = "L2" if wd.type == "l2" else ("CORRECTED" if wd.scale_by_lr_ratio else "DECOUPLED")
+    return {"weight_decay": wd.value, "weight_decay_type": kind}
 
 
 def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
@@ -692,6 +694,8 @@ def _google_weight_decay(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     wd = c.weight_decay
     lacks.need(wd.type != "l2", "weight_decay.type", wd.type,
                "Google adds decay to the direction or the update, never to the gradient")
+    lacks.same("weight_decay.scale_by_lr_ratio", wd.scale_by_lr_ratio, False,
+               "Google's decay does not follow the learning rate's schedule")
     return {"weight_decay": wd.value, "decoupled_weight_decay": wd.type == "update"}
 
 

@@ -139,11 +139,14 @@ def momentum(
     cfg: ShampooConfig,
     lr: float,
     ok: torch.Tensor | None,
+    lr_0: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eqs. (19)-(20): the step U from the chosen direction P (Shampoo or graft).
 
     P is scaled by lr first with ``lr_before_momentum``, then takes the
-    direction decay (eq. 19); with separate buffers both directions
+    direction decay (eq. 19; with ``scale_by_lr_ratio`` its coefficient is
+    ``value * lr / lr_0``, lr_0 the rate the optimizer was built with,
+    ``cfg.learning_rate`` when None); with separate buffers both directions
     update their own buffer every step (``shampoo_dir`` is then required).
     Returns U and the new buffers by state key, not yet stored:
     :func:`apply_update` commits them with eq. (22)'s guard.
@@ -154,7 +157,8 @@ def momentum(
         if mom.lr_before_momentum:
             p = lr * p
         if wd.applies("direction"):
-            p = p + wd.value * w  # eq. (19)
+            built = cfg.learning_rate if lr_0 is None else lr_0
+            p = p + wd.direction_value(lr, built) * w  # eq. (19)
         return p
 
     chosen = shampoo_dir if use_shampoo else graft_dir

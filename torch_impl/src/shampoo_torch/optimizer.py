@@ -466,7 +466,7 @@ class Shampoo(torch.optim.Optimizer):
             st["step"] = c.t
             ok = c.elem_ok.get(i)
             u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i],
-                                              c.use_shampoo, cfg, inp.lr, ok)
+                                              c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
             withheld = elementwise.apply_update(inp.params[i], inp.w[i], u, buffers, st, cfg,
                                                 inp.lr, ok)
             self._counter(withheld.device)["withheld_updates"].add_(withheld)

@@ -252,9 +252,11 @@ def _shared(a: Args) -> Shared:
 def _weight_decay(a: Args, lr: float) -> WeightDecayConfig:
     """Reads ``weight_decay``, ``weight_decay_type`` (or the legacy ``use_decoupled_weight_decay``).
 
-    Returns ``weight_decay``: L2 -> ``"l2"`` (eq. 2); DECOUPLED and CORRECTED
-    -> ``"direction"`` (eq. 19); INDEPENDENT -> ``"direction"`` with value
-    wd / lr (exact for a constant learning rate).
+    Returns ``weight_decay``: L2 -> ``"l2"`` (eq. 2); DECOUPLED ->
+    ``"direction"`` (eq. 19); CORRECTED -> ``"direction"`` with
+    ``scale_by_lr_ratio`` (Meta's ``wd * lr_t / peak_lr``, peak_lr the
+    constructor's lr); INDEPENDENT -> ``"direction"`` with value wd / lr
+    (Meta's ``wd / peak_lr``, constant under a schedule too).
     """
     wd = a.number("weight_decay", 0.0)
     if "weight_decay_type" in a:
@@ -266,8 +268,12 @@ def _weight_decay(a: Args, lr: float) -> WeightDecayConfig:
         wd_type = "DECOUPLED" if a.flag("use_decoupled_weight_decay", True) else "L2"
     if wd_type == "L2":
         return WeightDecayConfig(value=wd, type="l2")
-    if wd_type in ("DECOUPLED", "CORRECTED"):
+    if wd_type == "DECOUPLED":
         return WeightDecayConfig(value=wd, type="direction")
+    if wd_type == "CORRECTED":  # alpha = wd * lr_t / peak_lr, peak_lr = lr (eq. 19)
+        if lr <= 0:
+            raise ValueError("weight_decay_type = 'CORRECTED' needs lr > 0 (it divides by lr).")
+        return WeightDecayConfig(value=wd, type="direction", scale_by_lr_ratio=True)
     # INDEPENDENT (choice() refused anything else).
     if lr <= 0:
         raise ValueError("weight_decay_type = 'INDEPENDENT' needs lr > 0 (it divides by lr).")
