@@ -230,6 +230,34 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "epsilon": 1e-6,
         "distributed_config": {"type": "DDPDistributedConfig"},
     },
+    # QREigendecompositionConfig (eq. 17c): each root step's eigenbasis is one QR
+    # step (Meta's default) from the stored one, starting from the identity. Roots
+    # every 9 steps: the (at most 8 x 8) factors then have full rank, so B has no
+    # repeated eigenvalue whose order after a QR step rounding alone would decide.
+    "eigenvalue_corrected_qr": {
+        "grafting_config": ADAGRAD,
+        "betas": [0.9, 0.95],
+        "epsilon": 1e-8,
+        "max_preconditioner_dim": 8,
+        "precondition_frequency": 9,
+        "preconditioner_config": {
+            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "QREigendecompositionConfig"},
+        },
+    },
+    # Up to four QR steps, stopping once the off-diagonal part is <= 1e-2 of B.
+    "eigenvalue_corrected_qr_tolerance": {
+        "grafting_config": ADAGRAD,
+        "betas": [0.9, 0.95],
+        "epsilon": 1e-8,
+        "max_preconditioner_dim": 8,
+        "precondition_frequency": 9,
+        "preconditioner_config": {
+            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
+            "amortized_computation_config": {
+                "type": "QREigendecompositionConfig", "max_iterations": 4, "tolerance": 1e-2},
+        },
+    },
     # use_trace_scaling: the roots see A * max(tr A, epsilon)^(-0.25) (eq. 7b).
     "trace_scaling": {
         "grafting_config": ADAGRAD,

@@ -31,6 +31,7 @@ from shampoo_reference import (
 from shampoo_reference.linalg import (
     eigh_input,
     higher_order_coefficients,
+    qr_eigenbasis,
     root_inverse_higher_order,
 )
 from shampoo_spec import CoupledNewtonConfig
@@ -215,3 +216,32 @@ def test_higher_order_coefficients_are_lakic_binomials() -> None:
         np.testing.assert_allclose(b, expected, rtol=1e-15)
         # binomial series of (1 - x)^(-1/p): coefficient of x^i is (1/p)_i / i!
         assert abs(b[1] - 1.0 / p) < 1e-15
+
+
+# ----------------------------------------------------- eq. (17c) QR eigenbasis
+def test_qr_eigenbasis_converges_to_the_eigenvectors() -> None:
+    """Eq. (17c): from the identity, enough unshifted QR steps diagonalize A + eps I; the
+    columns, sorted by diag B, are eigh's eigenvectors up to sign (distinct eigenvalues)."""
+    a = spd(6, 1e2, seed=11)
+    q = qr_eigenbasis(np.eye(6), a, 1e-3, max_iterations=2000, tolerance=0.0)
+    assert q is not None
+    lam, v = np.linalg.eigh(a + 1e-3 * np.eye(6))
+    np.testing.assert_allclose(np.abs(q.T @ v), np.eye(6), atol=1e-8)
+    np.testing.assert_allclose(np.diag(q.T @ (a + 1e-3 * np.eye(6)) @ q), lam, rtol=1e-10)
+
+
+def test_qr_eigenbasis_steps_and_the_stopping_criterion() -> None:
+    """One step is ``Q Q'`` with ``B = Q' R`` (then sorted); a basis that already meets the
+    tolerance takes no step, only the sort; a non-finite B fails (None)."""
+    a = spd(5, 1e1, seed=12)
+    rng = np.random.default_rng(3)
+    q0 = np.linalg.qr(rng.standard_normal((5, 5)))[0]
+    b = q0.T @ a @ q0
+    step, r = np.linalg.qr(b)
+    one = q0 @ step
+    order = np.argsort(np.diag(r @ step), kind="stable")
+    np.testing.assert_array_equal(qr_eigenbasis(q0, a, 0.0, 1, 0.0), one[:, order])
+    kept = qr_eigenbasis(q0, a, 0.0, 5, 1.0)  # tolerance 1: every B fits
+    np.testing.assert_array_equal(kept, q0[:, np.argsort(np.diag(b), kind="stable")])
+    np.testing.assert_array_equal(qr_eigenbasis(q0, a, 0.0, 0, 0.0), kept)
+    assert qr_eigenbasis(q0, np.full((5, 5), 1e308), 0.0, 1, 0.0) is None

@@ -83,6 +83,9 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         reuse = draw(st.sampled_from([None, 0.0, 0.01, 0.5]))  # eq. (17b)
         if reuse is not None:
             pc["amortized_computation_config"]["tolerance"] = reuse
+        if draw(st.booleans()):  # eq. (17c): Meta's QR algorithm
+            pc["amortized_computation_config"]["type"] = "QREigendecompositionConfig"
+            pc["amortized_computation_config"]["max_iterations"] = draw(st.integers(0, 5))
         pc["ignored_basis_change_dims"] = {
             o: draw(st.lists(st.integers(0, o - 1), unique=True)) for o in orders
         }

@@ -211,24 +211,27 @@ def test_meta_preconditioner_refuses(config: dict[str, Any], match: str) -> None
 
 
 def test_meta_root_inverse() -> None:
-    assert meta._root_inverse(None) == (ss.EighConfig(), {"placement": "ridge"}, 0.0)
+    assert meta._root_inverse(None) == (
+        ss.EighConfig(), {"placement": "ridge"}, {"basis_reuse_tolerance": 0.0})
     after = {"type": "EigenConfig",
              "rank_deficient_stability_config": {"type": "PerturbationConfig",
                                                  "perturb_before_computation": False}}
-    assert meta._root_inverse(after) == (ss.EighConfig(), {"placement": "shift_after"}, 0.0)
+    assert meta._root_inverse(after) == (
+        ss.EighConfig(), {"placement": "shift_after"}, {"basis_reuse_tolerance": 0.0})
     assert meta._root_inverse({"type": "CoupledNewtonConfig"}) == (
-        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), {"placement": "ridge"}, 0.0
+        ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), {"placement": "ridge"}, {}
     )
     # Eq. (17b): the eigenbasis reuse tolerance of eigenvalue correction's eigh config.
     eigh = {"type": "EighEigendecompositionConfig", "tolerance": 0.01}
     assert meta._root_inverse(eigh, corrected=True) == (
-        ss.EighConfig(), {"placement": "ridge"}, 0.01)
+        ss.EighConfig(), {"placement": "ridge"}, {"basis_reuse_tolerance": 0.01})
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.tolerance"):
         meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01})
     pseudo = {"type": "EigenConfig", "rank_deficient_stability_config": {
         "type": "PseudoInverseConfig", "rank_rtol": None, "rank_atol": 1e-9}}
     assert meta._root_inverse(pseudo) == (ss.EighConfig(), {
-        "placement": "pseudo_inverse", "rank_rtol": None, "rank_atol": 1e-9}, 0.0)
+        "placement": "pseudo_inverse", "rank_rtol": None, "rank_atol": 1e-9},
+        {"basis_reuse_tolerance": 0.0})
     assert meta._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
         "type": "PseudoInverseConfig"}})[1] == {
         "placement": "pseudo_inverse", "rank_rtol": 0.0, "rank_atol": 0.0}
@@ -242,7 +245,7 @@ def test_meta_root_inverse() -> None:
     higher = {"type": "CoupledHigherOrderConfig", "rel_epsilon": 1e-6, "abs_epsilon": 0.0,
               "order": 4, "tolerance": 1e-10, "disable_tf32": True}
     assert meta._root_inverse(higher) == (ss.HigherOrderNewtonConfig(
-        order=4, rel_epsilon=1e-6, abs_epsilon=0.0, tolerance=1e-10), {"placement": "ridge"}, 0.0)
+        order=4, rel_epsilon=1e-6, abs_epsilon=0.0, tolerance=1e-10), {"placement": "ridge"}, {})
     with pytest.raises(ValueError, match=r"amortized_computation_config\.abs_epsilon is "
                        "required"):
         meta._root_inverse({"type": "CoupledHigherOrderConfig", "rel_epsilon": 0.0})
@@ -250,8 +253,19 @@ def test_meta_root_inverse() -> None:
         meta._root_inverse({**higher, "disable_tf32": False})
     with pytest.raises(ValueError, match=r"amortized_computation_config\.order = 1 is invalid"):
         meta._root_inverse({**higher, "order": 1})
-    with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.type = 'QR"):
+    with pytest.raises(ValueError, match=r"type = 'QREigendecompositionConfig' is invalid: "
+                       "allowed only with EigenvalueCorrected"):
         meta._root_inverse({"type": "QREigendecompositionConfig"})
+    # Eq. (17c): Meta's QR algorithm for eigenvalue correction's eigenbases.
+    assert meta._root_inverse({"type": "QREigendecompositionConfig"}, corrected=True) == (
+        ss.EighConfig(), {"placement": "ridge"},
+        {"eigenbasis_method": "qr", "qr_max_iterations": 1, "basis_reuse_tolerance": 0.0})
+    assert meta._root_inverse({"type": "QREigendecompositionConfig", "max_iterations": 4,
+                               "tolerance": 0.01}, corrected=True)[2] == {
+        "eigenbasis_method": "qr", "qr_max_iterations": 4, "basis_reuse_tolerance": 0.01}
+    with pytest.raises(ValueError, match=r"amortized_computation_config\.tolerance = 2"):
+        meta._root_inverse({"type": "QREigendecompositionConfig", "tolerance": 2},
+                           corrected=True)
 
 
 def test_meta_pseudo_inverse_needs_epsilon_zero_and_only_it() -> None:

@@ -88,9 +88,6 @@ def test_google_defaults() -> None:
         (ss.from_meta, {"preconditioner_config": {"type": "KLShampooPreconditionerConfig"}}, "KL"),
         (ss.from_meta, {"preconditioner_config":
                         {"type": "SpectralDescentPreconditionerConfig"}}, "Spectral"),
-        (ss.from_meta, {"preconditioner_config": {
-            "type": "RootInvShampooPreconditionerConfig",
-            "amortized_computation_config": {"type": "QREigendecompositionConfig"}}}, "QR"),
         (ss.from_meta, {"distributed_config": {"type": "FSDPDistributedConfig"}}, "FSDP"),
         (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b"},
          "batch_axis_name"),

@@ -22,7 +22,7 @@ SECTIONS: list[tuple[type[Any], str, dict[str, Any]]] = [
     (ss.CoupledNewtonConfig, "root_inverse", {}),
     (ss.ExponentConfig, "exponents", {}),
     (OrderOverride, "exponents.overrides_by_order[]", {"order": 1, "roots": (2.0,)}),
-    (ss.EigenvalueCorrectionConfig, "eigenvalue_correction", {}),
+    (ss.EigenvalueCorrectionConfig, "eigenvalue_correction", {"eigenbasis_method": "qr"}),
     (ss.GraftingConfig, "grafting", {"type": "rmsprop", "beta2": 0.9}),
     (ss.GradientFilterConfig, "gradient_filter", {"beta3": 0.5}),
     (ss.MomentumConfig, "momentum", {}),
@@ -57,7 +57,7 @@ def test_the_field_lists_cover_the_config() -> None:
         "blocking.skip_dim_size_gt", "blocking.skip_rank_lt", "blocking.merge_target_rank",
         "schedule.precondition_frequency", "schedule.statistics_frequency",
         "schedule.start_preconditioning_step", "failure.max_consecutive_root_failures",
-        "schedule.precondition_frequency_growth",
+        "schedule.precondition_frequency_growth", "eigenvalue_correction.qr_max_iterations",
     }
     reals = {f"{owner}.{name}" for _, owner, _, name in REAL_FIELDS}
     assert len(reals) == len(REAL_FIELDS) >= 20
@@ -191,7 +191,7 @@ def test_config_differences() -> None:
 def test_integer_fields_are_bounded_by_max_integer(
     cls: type[Any], owner: str, base: dict[str, Any], name: str
 ) -> None:
-    iterations = ("max_iterations", "power_iteration_steps")  # loops: at most 10,000 steps
+    iterations = ("max_iterations", "power_iteration_steps", "qr_max_iterations")  # <= 10,000
     high = MAX_NEWTON_ITERATIONS if name in iterations else ss.MAX_INTEGER
     assert getattr(cls(**{**base, name: high}), name) == high
     for bad in (high + 1, 2**31, 2**62, 10**400, -(2**62), True, 2.0, 2.5, math.nan, "3", [3]):

@@ -282,6 +282,19 @@ def named_cases() -> list[Case]:
             steps=12,
         ),
         Case(
+            # Meta's QREigendecompositionConfig (eq. 17c): two QR steps from the stored
+            # basis per root step, stopping early at tolerance 1e-3.
+            "eigenvalue_corrected_qr",
+            _with(
+                eigenvalue_correction=ss.EigenvalueCorrectionConfig(
+                    beta2=0.95, epsilon=1e-8, eigenbasis_method="qr", qr_max_iterations=2,
+                    basis_reuse_tolerance=1e-3,
+                ),
+                schedule=ss.ScheduleConfig(precondition_frequency=2),
+            ),
+            steps=12,
+        ),
+        Case(
             # Meta's per-order inverse_exponent_override: 1-d blocks root 4, 3-d blocks
             # root 1, every other order the default 2.
             "eigenvalue_corrected_roots_by_order",

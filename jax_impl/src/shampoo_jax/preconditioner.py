@@ -25,7 +25,7 @@ from shampoo_spec import ShampooConfig
 
 from . import blocks as B
 from . import grafting, schedule
-from .roots import all_finite, basis_still_fits, compute_inverse_root
+from .roots import all_finite, basis_still_fits, compute_inverse_root, qr_eigenbasis
 from .state import BlockGroupState, factor_dtype
 
 Groups = tuple[BlockGroupState, ...]
@@ -173,7 +173,9 @@ def refresh_inverse_roots(
         }
         results: dict[tuple[int, int], tuple[Array, Array]] = {}
         token: Array | None = None
-        for key, items in batches.items():
+        ec = config.eigenvalue_correction
+        qr = ec is not None and ec.eigenbasis_method == "qr"  # eq. (17c): below, per factor
+        for key, items in ({} if qr else batches).items():
             root = key[1]
             a = jnp.concatenate([a for _, _, a in items])
             # Blocks masked this step (eq. 3; padding when sharded) keep their
@@ -200,12 +202,17 @@ def refresh_inverse_roots(
             any_failed = jnp.zeros(ok.shape, bool)
             failed_factors = jnp.zeros(ok.shape, jnp.int32)
             for i, xk in enumerate(gs.inverse_roots):
-                x, good = results[(gi, i)]
+                if qr:
+                    assert ec is not None
+                    a = factors_in[(gi, i)]
+                    x, good = qr_eigenbasis(xk.astype(a.dtype), a, config.epsilon,
+                                            ec.qr_max_iterations, ec.basis_reuse_tolerance)
+                else:
+                    x, good = results[(gi, i)]
                 if x.dtype != xk.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
                     x = x.astype(xk.dtype)
                     good = good & jnp.all(jnp.isfinite(x), axis=(1, 2))
-                ec = config.eigenvalue_correction
-                if ec is not None and ec.basis_reuse_tolerance > 0:
+                if ec is not None and ec.basis_reuse_tolerance > 0 and not qr:
                     # Eq. (17b): a block whose stored eigenbasis still fits keeps it.
                     a = factors_in[(gi, i)]
                     fits = basis_still_fits(xk.astype(a.dtype), a, config.epsilon,

@@ -120,6 +120,46 @@ def basis_still_fits(q: Array, a: Array, eps: EpsilonConfig, tolerance: float) -
     return off <= tolerance * norm
 
 
+def _off_diagonal_fits(b: Array, tolerance: float) -> Array:
+    """Eqs. (17b), (17c) per matrix: ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F``."""
+    norm = jnp.sqrt(jnp.sum(b * b, axis=(-2, -1)))
+    diag = jnp.sqrt(jnp.sum(jnp.diagonal(b, axis1=-2, axis2=-1) ** 2, axis=-1))
+    fits: Array = jnp.sqrt(norm**2 - diag**2) <= tolerance * norm  # NaN compares False
+    return fits
+
+
+def qr_eigenbasis(
+    q: Array, a: Array, eps: EpsilonConfig, max_iterations: int, tolerance: float
+) -> tuple[Array, Array]:
+    """Eq. (17c) per matrix: Meta's QR algorithm from the stored eigenbasis ``q``; (Q, ok).
+
+    As reference ``linalg.qr_eigenbasis``: ``B = (Q^T (A + eps I)) Q`` (eps
+    of eq. 9 with the ridge placement, else 0), QR steps ``B = Q' R``,
+    ``B <- R Q'``, ``Q <- Q Q'`` while a matrix fails the off-diagonal
+    criterion (at most ``max_iterations``, a static count; stopped matrices
+    are frozen), then the columns sorted stably by diag B. ``ok`` is False
+    for a non-finite A, B or Q.
+    """
+    eye = _eye_like(a)
+    ok = all_finite(a)
+    a = jnp.where(ok[..., None, None], a, eye)
+    ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else jnp.zeros_like(
+        a[..., 0, 0])
+    b = _matmul(_matmul(jnp.swapaxes(q, -1, -2), a + ridge[..., None, None] * eye), q)
+    ok = ok & all_finite(b)
+    b = jnp.where(ok[..., None, None], b, eye)
+    running = ok
+    for _ in range(max_iterations):
+        running = running & ~_off_diagonal_fits(b, tolerance)
+        step, r = jnp.linalg.qr(b)
+        sel = running[..., None, None]
+        b = jnp.where(sel, _matmul(r, step), b)
+        q = jnp.where(sel, _matmul(q, step), q)
+    order = jnp.argsort(jnp.diagonal(b, axis1=-2, axis2=-1), axis=-1, stable=True)
+    q = jnp.take_along_axis(q, order[..., None, :], axis=-1)
+    return q, ok & all_finite(q)
+
+
 def power_iteration_lambda_max(a: Array, steps: int, tolerance: float) -> Array:
     """Eq. (9b) per matrix of ``a`` [..., n, n]: Google's power iteration (its while loop,
     vmapped: a matrix that has stopped keeps its vector and quotient)."""

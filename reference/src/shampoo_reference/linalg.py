@@ -234,10 +234,42 @@ def basis_still_fits(basis: Array, matrix: Array, eps: float, tolerance: float) 
     ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F`` (False when the
     difference of squares rounds below 0: its root is NaN)."""
     b = (basis.T @ (matrix + eps * np.eye(matrix.shape[0]))) @ basis
+    return off_diagonal_fits(b, tolerance)
+
+
+def off_diagonal_fits(b: Array, tolerance: float) -> bool:
+    """Eqs. (17b), (17c): ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F`` (False
+    where the difference of squares rounds below 0: its root is NaN)."""
     norm = float(np.linalg.norm(b))
     with np.errstate(invalid="ignore"):
         off = float(np.sqrt(np.float64(norm**2 - float(np.linalg.norm(np.diag(b))) ** 2)))
     return off <= tolerance * norm
+
+
+def qr_eigenbasis(
+    basis: Array, matrix: Array, eps: float, max_iterations: int, tolerance: float
+) -> Array | None:
+    """Eq. (17c): Meta's QR algorithm from the stored eigenbasis Q (None: B or Q non-finite).
+
+    ``B = (Q^T (A + eps I)) Q``; while fewer than ``max_iterations`` steps and
+    B fails the off-diagonal criterion at ``tolerance``: ``B = Q' R`` (QR,
+    LAPACK's Householder convention), ``B <- R Q'``, ``Q <- Q Q'``. Then
+    Q's columns are sorted (stably) by the diagonal of B, ascending.
+    """
+    with np.errstate(all="ignore"):
+        b = (basis.T @ (matrix + eps * np.eye(matrix.shape[0]))) @ basis
+    if not np.all(np.isfinite(b)):
+        return None  # an overflowing B (a QR step keeps a finite one finite)
+    q = basis
+    for _ in range(max_iterations):
+        if off_diagonal_fits(b, tolerance):
+            break
+        step, r = np.linalg.qr(b)
+        b = r @ step
+        q = q @ step
+    order = np.argsort(np.diag(b), kind="stable")
+    out: Array = q[:, order]
+    return out if bool(np.all(np.isfinite(out))) else None
 
 
 def eigenbasis_with_error(matrix: Array) -> EighResult:

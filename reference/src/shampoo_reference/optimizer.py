@@ -51,6 +51,7 @@ from .linalg import (
     eigh_fails,
     factor_contraction,
     mode_product,
+    qr_eigenbasis,
     root_inverse_coupled_newton,
     root_inverse_eigh,
     root_inverse_eigh_with_error,
@@ -453,9 +454,13 @@ class ReferenceShampoo:
             tau = cfg.statistics.trace_scaling_exponent
             if tau > 0:  # eq. (7b)
                 a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
-            if self._basis_still_fits(bs.inverse_roots[k], a):
+            ec = cfg.eigenvalue_correction
+            if ec is not None and ec.eigenbasis_method == "qr":
+                new = self._qr_basis(bs.inverse_roots[k], a)  # eq. (17c)
+            elif self._basis_still_fits(bs.inverse_roots[k], a):
                 continue  # eq. (17b): the eigenbasis is kept (not a failure)
-            new = self._inverse_root(a, roots[k])
+            else:
+                new = self._inverse_root(a, roots[k])
             stored = self._stored_root_dtype
             if new is not None and stored is not None:
                 # Eq. (11a) (eq. 17a for eigenbases): the root is stored rounded;
@@ -492,6 +497,17 @@ class ReferenceShampoo:
         eps = self.config.epsilon
         ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else 0.0
         return basis_still_fits(basis, a, ridge, ec.basis_reuse_tolerance)
+
+    def _qr_basis(self, basis: Array | None, a: Array) -> Array | None:
+        """Eq. (17c): QR steps from the stored eigenbasis (identity before the first) on
+        ``a + eps I`` (eps of eq. 9 with the ridge placement, else 0); None: failed."""
+        ec = self.config.eigenvalue_correction
+        assert ec is not None and basis is not None
+        if not np.all(np.isfinite(a)):
+            return None
+        eps = self.config.epsilon
+        ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else 0.0
+        return qr_eigenbasis(basis, a, ridge, ec.qr_max_iterations, ec.basis_reuse_tolerance)
 
     @property
     def _stored_root_dtype(self) -> str | None:

@@ -418,6 +418,12 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     eigendecomposition, when ``B = Q_k^T (A + eps I) Q_k`` is nearly diagonal,
     ``sqrt(||B||_F^2 - ||diag B||^2) <= tau ||B||_F``; 0 (the default) always
     decomposes.
+
+    ``eigenbasis_method="qr"`` (Meta's ``QREigendecompositionConfig``, eq.
+    17c): the new Q_k is not an eigendecomposition but at most
+    ``qr_max_iterations`` steps of the QR algorithm from the stored Q_k,
+    stopping early under the same criterion at tau; then the columns are
+    sorted by the diagonal of B.
     """
 
     beta2: float = 0.999
@@ -429,9 +435,17 @@ class EigenvalueCorrectionConfig(_MovingAverage):
     eigenvectors_dtype: InverseRootDtype | None = None
     corrected_eigenvalues_dtype: InverseRootDtype | None = None
     basis_reuse_tolerance: float = 0.0
+    eigenbasis_method: Literal["eigh", "qr"] = "eigh"
+    qr_max_iterations: int = 1
 
     def __post_init__(self) -> None:
         o = "eigenvalue_correction"
+        v.choice(o, "eigenbasis_method", self.eigenbasis_method, ("eigh", "qr"))
+        v.integer(o, "qr_max_iterations", self.qr_max_iterations, low=0,
+                  high=MAX_NEWTON_ITERATIONS)
+        if self.eigenbasis_method == "eigh" and self.qr_max_iterations != 1:
+            v.fail(o, "qr_max_iterations", self.qr_max_iterations,
+                   "1 (the default) unless eigenbasis_method is 'qr'")
         v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
         v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
         # > 0: a zero second moment (a zero gradient) would divide 0 by 0.
@@ -968,6 +982,13 @@ class ShampooConfig:
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
             v.fail(o, "learning_rate", self.learning_rate,
                    "a number > 0 with weight_decay.scale_by_lr_ratio (it divides by it)")
+        ec = self.eigenvalue_correction
+        if (ec is not None and ec.eigenbasis_method == "qr" and isinstance(
+                self.root_inverse, EighConfig) and self.root_inverse.failure_threshold is not None):
+            # Eq. (10b) judges an eigendecomposition's error; eq. (17c) makes none.
+            v.fail("root_inverse", "failure_threshold", self.root_inverse.failure_threshold,
+                   "None with eigenvalue_correction.eigenbasis_method='qr' (no "
+                   "eigendecomposition to judge, eq. 17c)")
         if isinstance(self.root_inverse, CoupledNewtonConfig):
             # The coupled Newton iteration raises a matrix to the integer power r.
             if not float(self.exponents.override).is_integer():

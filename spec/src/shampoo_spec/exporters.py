@@ -289,7 +289,11 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                 "rank_rtol": c.epsilon.rank_rtol, "rank_atol": c.epsilon.rank_atol,
             }
         ec = c.eigenvalue_correction
-        if ec is not None and ec.basis_reuse_tolerance > 0:  # eq. (17b)
+        if ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
+            out["type"] = "QREigendecompositionConfig"
+            out["max_iterations"] = ec.qr_max_iterations
+            out["tolerance"] = ec.basis_reuse_tolerance
+        elif ec is not None and ec.basis_reuse_tolerance > 0:  # eq. (17b)
             out["tolerance"] = ec.basis_reuse_tolerance
         return out
     if isinstance(c.root_inverse, HigherOrderNewtonConfig):  # eq. (11c)

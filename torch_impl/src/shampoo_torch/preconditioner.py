@@ -141,7 +141,16 @@ def refresh_inverse_roots(
             scale = rowwise(partial(_trace_scale, eps=cfg.epsilon.value,
                                     tau=stats.trace_scaling_exponent), trace)
             a = a * scale[:, None, None]
-        if cfg.eigenvalue_correction is not None:
+        ec = cfg.eigenvalue_correction
+        if ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
+            prev = take(bg.inverse_roots[k], rows)
+            new, good = rowwise(
+                partial(roots.qr_eigenbasis, eps=cfg.epsilon,
+                        max_iterations=ec.qr_max_iterations,
+                        tolerance=ec.basis_reuse_tolerance),
+                torch.stack([prev.to(a.dtype), a], dim=1),
+            )
+        elif ec is not None:
             new, good = rowwise(partial(roots.eigenbasis, failure_threshold=tau), a)
         elif isinstance(method, HigherOrderNewtonConfig):
             new, good = rowwise(
@@ -164,8 +173,7 @@ def refresh_inverse_roots(
         if bg.rounds_roots:
             new = new.to(bg.root_dtype)  # eq. (11a); elementwise, so batch invariant
             good = good & roots.finite_rows(new)
-        ec = cfg.eigenvalue_correction
-        if ec is not None and ec.basis_reuse_tolerance > 0:
+        if ec is not None and ec.basis_reuse_tolerance > 0 and ec.eigenbasis_method == "eigh":
             # Eq. (17b): a row whose stored eigenbasis still fits keeps it (no failure).
             prev = take(bg.inverse_roots[k], rows)
             fits = rowwise(

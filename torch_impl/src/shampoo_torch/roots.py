@@ -221,6 +221,48 @@ def basis_still_fits(pair: torch.Tensor, eps: EpsilonConfig, tolerance: float) -
     return fits
 
 
+def _off_diagonal_fits(b: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """Eqs. (17b), (17c) per row: ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F``."""
+    norm = torch.linalg.vector_norm(b.flatten(1), dim=1)
+    diag = torch.linalg.vector_norm(torch.diagonal(b, dim1=-2, dim2=-1), dim=1)
+    fits: torch.Tensor = torch.sqrt(norm**2 - diag**2) <= tolerance * norm  # NaN: False
+    return fits
+
+
+def qr_eigenbasis(
+    pair: torch.Tensor, eps: EpsilonConfig, max_iterations: int, tolerance: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (17c) per row of ``pair = stack([Q, A], 1)``: Meta's QR algorithm from the
+    stored eigenbasis, as reference ``linalg.qr_eigenbasis``; (Q, ok).
+
+    ``B = (Q^T (A + eps I)) Q`` (eps of eq. 9 with the ridge placement, else
+    0); each row takes QR steps ``B = Q' R``, ``B <- R Q'``, ``Q <- Q Q'``
+    until it meets the off-diagonal criterion or ``max_iterations`` (rows
+    stop independently); the columns are then sorted stably by diag B. A row
+    fails on a non-finite A, B or Q.
+    """
+    q, a = pair[:, 0], pair[:, 1]
+    a, ok = sanitize(a)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else torch.zeros(
+        a.shape[0], dtype=a.dtype, device=a.device)
+    b = (q.transpose(1, 2) @ (a + ridge[:, None, None] * eye)) @ q
+    ok = ok & finite_rows(b)
+    b = torch.where(ok[:, None, None], b, eye)
+    running = ok.clone()
+    for _ in range(max_iterations):
+        running = running & ~_off_diagonal_fits(b, tolerance)
+        if not bool(running.any()):  # root steps only (amortized)
+            break
+        step, r = torch.linalg.qr(b)
+        sel = running[:, None, None]
+        b = torch.where(sel, r @ step, b)
+        q = torch.where(sel, q @ step, q)
+    order = torch.sort(torch.diagonal(b, dim1=-2, dim2=-1), dim=-1, stable=True).indices
+    q = torch.take_along_dim(q, order[:, None, :].expand_as(q), dim=2)
+    return q, ok & finite_rows(q)
+
+
 def _check_every(device: torch.device) -> int:
     return 1 if device.type == "cpu" else 8
 

@@ -83,14 +83,21 @@ def test_rotation_equivariance(
 def test_gradient_scale_invariance(
     backend: Backend, config: ss.ShampooConfig, seed: int, scale: float, shape: tuple[int, ...]
 ) -> None:
-    """eps = 0, sum statistics, no grafting: G -> cG (c > 0) leaves the trajectory unchanged.
+    """eps = 0 (and no absolute ridge of eq. 11c), sum statistics, no grafting: G -> cG
+    (c > 0) leaves the trajectory unchanged.
 
     Each step's factors have full rank from step 1 (every dim <= the product
     of the others), so eps = 0 is well defined.
     """
+    root_inverse = config.root_inverse
+    if isinstance(root_inverse, ss.HigherOrderNewtonConfig):
+        # Eq. (11c)'s absolute ridge is the one epsilon that does not scale with G G^T
+        # (its relative one does).
+        root_inverse = replace(root_inverse, abs_epsilon=0.0)
     config = replace(
         config,
         epsilon=ss.EpsilonConfig(value=0.0),
+        root_inverse=root_inverse,
         statistics=ss.StatisticsConfig(),
         grafting=ss.GraftingConfig(),
         weight_decay=ss.WeightDecayConfig(),

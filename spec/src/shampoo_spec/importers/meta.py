@@ -403,7 +403,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "number in (0, 1] with use_trace_scaling = True."
         )
     drop_weight = p.flag("drop_weighting_factor_on_gsquare", False)
-    root_inverse, rule, reuse = _root_inverse(
+    root_inverse, rule, basis = _root_inverse(
         p.get("amortized_computation_config", None),
         corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
     )
@@ -422,7 +422,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     elif kind == "EigenvalueCorrectedShampooPreconditionerConfig":
         correction = dataclasses.replace(
             _eigenvalue_correction(p, shared, root_inverse, placement, drop_weight),
-            basis_reuse_tolerance=reuse,
+            **basis,
         )
         exponents = _exponents({}, p.get("ignored_basis_change_dims", {}))
     else:
@@ -526,11 +526,11 @@ def _storage_dtype(p: Args, kind: str, key: str, factor_dtype: str) -> InverseRo
 
 def _root_inverse(
     cfg: Any, corrected: bool = False
-) -> tuple[RootInverseConfig, dict[str, Any], float]:
+) -> tuple[RootInverseConfig, dict[str, Any], dict[str, Any]]:
     """Reads ``preconditioner_config.amortized_computation_config``.
 
     Returns ``root_inverse``, the epsilon rule (``EpsilonConfig`` fields) and
-    the eigenbasis reuse tolerance: ``EigenConfig`` /
+    the eigenbasis fields of ``EigenvalueCorrectionConfig``: ``EigenConfig`` /
     ``EighEigendecompositionConfig`` -> eigh (eq. 10) with ``"ridge"``, or
     ``"shift_after"`` when ``perturb_before_computation`` is False, or
     ``"pseudo_inverse"`` with its ``rank_rtol`` (None: n times the factor
@@ -540,18 +540,16 @@ def _root_inverse(
     ``EighEigendecompositionConfig.tolerance`` in [0, 1] is
     ``eigenvalue_correction.basis_reuse_tolerance`` (eq. 17b) with
     eigenvalue correction (``corrected``); > 0 is refused otherwise.
+    ``QREigendecompositionConfig`` (eigenvalue correction only) is
+    ``eigenbasis_method="qr"`` with its ``max_iterations`` and ``tolerance``
+    (eq. 17c).
     """
     kind = type_of("amortized_computation_config", cfg) or "EigenConfig"
     args = Args("preconditioner_config.amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
     if kind in ("EigenConfig", "EighEigendecompositionConfig"):
         reuse = 0.0
         if corrected and kind == "EighEigendecompositionConfig":
-            reuse = args.number("tolerance", 0.0)
-            if not 0.0 <= reuse <= 1.0:
-                raise ValueError(
-                    "preconditioner_config.amortized_computation_config.tolerance = "
-                    f"{reuse!r} is invalid: allowed a number in [0, 1]."
-                )
+            reuse = _tolerance(args)
         else:
             args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal "
                              "criterion, supported with eigenvalue correction's "
@@ -566,7 +564,7 @@ def _root_inverse(
                 "placement": "pseudo_inverse",
                 "rank_rtol": None if rtol is None else number(f"{where}.rank_rtol", rtol),
                 "rank_atol": pseudo.number("rank_atol", 0.0),
-            }, reuse
+            }, {"basis_reuse_tolerance": reuse}
         if stab_kind != "PerturbationConfig":
             raise ValueError(
                 f"{where}.type = {stab_kind!r} is invalid: allowed 'PerturbationConfig' or "
@@ -576,7 +574,8 @@ def _root_inverse(
             f"{where}.perturb_before_computation",
             (stab or {}).get("perturb_before_computation", True),
         )
-        return EighConfig(), {"placement": "ridge" if before else "shift_after"}, reuse
+        return (EighConfig(), {"placement": "ridge" if before else "shift_after"},
+                {"basis_reuse_tolerance": reuse})
     if kind == "CoupledNewtonConfig":
         return (
             CoupledNewtonConfig(
@@ -586,8 +585,30 @@ def _root_inverse(
                 tolerance=args.number("tolerance", 1e-6),
             ),
             {"placement": "ridge"},
-            0.0,
+            {},
         )
+    if kind == "QREigendecompositionConfig":
+        if not corrected:
+            raise ValueError(
+                "preconditioner_config.amortized_computation_config.type = "
+                "'QREigendecompositionConfig' is invalid: allowed only with "
+                "EigenvalueCorrectedShampooPreconditionerConfig (an eigendecomposition "
+                "config; RootInv Shampoo takes EigenConfig, CoupledNewtonConfig or "
+                "CoupledHigherOrderConfig)."
+            )
+        where = "preconditioner_config.amortized_computation_config.rank_deficient_stability_config"
+        stab = args.get("rank_deficient_stability_config", None)
+        if (type_of(where, stab) or "PerturbationConfig") != "PerturbationConfig":
+            raise ValueError(f"{where}.type = {stab['type']!r} is invalid: allowed "
+                             "'PerturbationConfig' with eigenvalue correction.")
+        before = boolean(f"{where}.perturb_before_computation",
+                         (stab or {}).get("perturb_before_computation", True))
+        return EighConfig(), {"placement": "ridge" if before else "shift_after"}, {
+            "eigenbasis_method": "qr",
+            "qr_max_iterations": args.integer("max_iterations", 1, low=0,
+                                              high=MAX_NEWTON_ITERATIONS),
+            "basis_reuse_tolerance": _tolerance(args),
+        }
     if kind == "CoupledHigherOrderConfig":
         for key in ("rel_epsilon", "abs_epsilon"):
             if key not in args:
@@ -612,12 +633,24 @@ def _root_inverse(
                 tolerance=args.number("tolerance", 1e-8),
             ),
             {"placement": "ridge"},
-            0.0,
+            {},
         )
     raise NotImplementedError(
         f"amortized_computation_config.type = {kind!r} is not supported yet "
-        "(supported: EigenConfig, CoupledNewtonConfig, CoupledHigherOrderConfig)."
+        "(supported: EigenConfig, EighEigendecompositionConfig, QREigendecompositionConfig, "
+        "CoupledNewtonConfig, CoupledHigherOrderConfig)."
     )
+
+
+def _tolerance(args: Args) -> float:
+    """An eigendecomposition config's ``tolerance`` in [0, 1] (eqs. 17b, 17c)."""
+    value = args.number("tolerance", 0.0)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(
+            "preconditioner_config.amortized_computation_config.tolerance = "
+            f"{value!r} is invalid: allowed a number in [0, 1]."
+        )
+    return value
 
 
 #: The largest block order an override may name: no tensor has more dims
