@@ -30,7 +30,6 @@ from shampoo_reference import (
 )
 from shampoo_reference.linalg import (
     eigh_input,
-    higher_order_coefficients,
     qr_eigenbasis,
     root_inverse_higher_order,
 )
@@ -210,7 +209,7 @@ def test_higher_order_root_failures() -> None:
 def test_higher_order_coefficients_are_lakic_binomials() -> None:
     """b_i = prod_{j<i} (1 + j p) / (i! p^i): the series of (1 - x)^(-1/p) (eq. 11c)."""
     for p in (1, 2, 3, 4):
-        b = higher_order_coefficients(p, 6)
+        b = ss.HigherOrderNewtonConfig(order=6).coefficients(p)
         expected = [math.prod(1 + j * p for j in range(i)) / (math.factorial(i) * p**i)
                     for i in range(6)]
         np.testing.assert_allclose(b, expected, rtol=1e-15)

@@ -292,8 +292,8 @@ GOOGLE_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "gradient_filter.beta1": ("gradient_filter", {"beta1": 0.5}),
     "statistics.bias_correction": ("statistics", {"bias_correction": True}),
     "weight_decay.type": ("weight_decay", {"type": "l2"}),
-    "weight_decay.scale_by_lr_ratio": ("weight_decay", {"type": "direction",
-                                                        "scale_by_lr_ratio": True}),
+    # Google's decay is 'direction' or 'update'; the latter with this move is refused.
+    "weight_decay.scale_by_lr_ratio": ("weight_decay", {"scale_by_lr_ratio": True}),
     "grafting.norm_scope": ("grafting", {"norm_scope": "block"}),
     "exponents.default": ("exponents", {"default": "block_order"}),
     "schedule.period_anchor": ("schedule", {"period_anchor": "end"}),

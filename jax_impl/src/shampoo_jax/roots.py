@@ -383,16 +383,6 @@ def root_inverse_coupled_newton(
     return x, error
 
 
-def higher_order_coefficients(p: int, order: int) -> list[float]:
-    """Lakic's b_0..b_{order-1} of eq. (11c) (reference ``higher_order_coefficients``)."""
-    b, num, den = [1.0], 1, 1
-    for i in range(1, order):
-        num *= 1 + (i - 1) * p
-        den *= i * p
-        b.append(num / den)
-    return b
-
-
 def root_inverse_higher_order(
     a: Array, root: float, config: HigherOrderNewtonConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
@@ -422,7 +412,7 @@ def root_inverse_higher_order(
     x = _matmul(x, t)
     m = _matmul(matrix_power(t, p), m)
     error = _max_abs_dev(m)
-    b = higher_order_coefficients(p, config.order)
+    b = config.coefficients(p)
     running = error > config.tolerance  # False for NaN, as the reference's loop
     if active is not None:
         running = running & active

@@ -347,16 +347,6 @@ def root_inverse_coupled_newton(
     return result
 
 
-def higher_order_coefficients(p: int, order: int) -> list[float]:
-    """Lakic's coefficients b_0..b_{order-1} of eq. (11c) for root numerator p."""
-    b, num, den = [1.0], 1, 1
-    for i in range(1, order):
-        num *= 1 + (i - 1) * p
-        den *= i * p
-        b.append(num / den)
-    return b
-
-
 def root_inverse_higher_order(
     matrix: Array, root: float, config: HigherOrderNewtonConfig
 ) -> Array | None:
@@ -391,7 +381,7 @@ def root_inverse_higher_order(
         x = x @ t
         m = np.linalg.matrix_power(t, p) @ m
         error = float(np.max(np.abs(m - identity)))
-        b = higher_order_coefficients(p, config.order)
+        b = config.coefficients(p)
         iterations = 1
         while error > config.tolerance and iterations < config.max_iterations:
             iterations += 1

@@ -335,6 +335,16 @@ class HigherOrderNewtonConfig:
         v.integer(o, "max_iterations", self.max_iterations, low=1, high=MAX_NEWTON_ITERATIONS)
         v.real(o, "tolerance", self.tolerance, low=0.0)
 
+    def coefficients(self, p: int) -> list[float]:
+        """Lakic's b_0..b_{order-1} of eq. (11c) for root numerator p:
+        ``b_i = prod_{j<i} (1 + j p) / (i! p^i)``, in Meta's order of operations."""
+        b, num, den = [1.0], 1, 1
+        for i in range(1, self.order):
+            num *= 1 + (i - 1) * p
+            den *= i * p
+            b.append(num / den)
+        return b
+
 
 RootInverseConfig = EighConfig | CoupledNewtonConfig | HigherOrderNewtonConfig
 

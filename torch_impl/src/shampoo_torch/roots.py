@@ -374,7 +374,7 @@ def root_inverse_higher_order(
     x = torch.matmul(x, t)
     m = torch.matmul(torch.linalg.matrix_power(t, p), m)
     error = (m - eye).abs().flatten(1).amax(dim=1)
-    b = _higher_order_coefficients(p, config.order)
+    b = config.coefficients(p)
     active = error > config.tolerance  # False for NaN, as the reference's loop
     check_every = _check_every(a.device)
     for it in range(1, config.max_iterations):
@@ -396,13 +396,3 @@ def root_inverse_higher_order(
     if q > 1:
         x = torch.linalg.matrix_power(x, q)
     return x, ok & finite_rows(x)
-
-
-def _higher_order_coefficients(p: int, order: int) -> list[float]:
-    """Lakic's b_0..b_{order-1} of eq. (11c) (reference ``higher_order_coefficients``)."""
-    b, num, den = [1.0], 1, 1
-    for i in range(1, order):
-        num *= 1 + (i - 1) * p
-        den *= i * p
-        b.append(num / den)
-    return b

@@ -384,7 +384,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     ``root_inverse`` (eqs. 10-11, :func:`_root_inverse`), ``exponents``
     (eq. 12, :func:`_exponents`), ``eigenvalue_correction`` (eq. 17, for
     ``EigenvalueCorrectedShampooPreconditionerConfig``), ``factor_dtype``,
-    ``inverse_root_dtype`` (eqs. 11a, 16, :func:`_inverse_root_dtype`) and
+    ``inverse_root_dtype`` (eqs. 11a, 16, :func:`_storage_dtype`) and
     ``failure`` (eq. 13, ``num_tolerated_failed_amortized_computations``).
     """
     pc = a.get("preconditioner_config", None)
@@ -435,7 +435,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} is not supported yet "
             "(factors in float32 or float64)."
         )
-    inverse_root_dtype = _inverse_root_dtype(p, kind, factor_dtype)
+    inverse_root_dtype = _storage_dtype(p, kind, "inv_factor_matrix_dtype", factor_dtype)
     if correction is not None:
         correction = dataclasses.replace(
             correction,
@@ -473,52 +473,41 @@ _ROOT_DTYPES: dict[str, InverseRootDtype] = {
 }
 
 
-def _inverse_root_dtype(p: Args, kind: str, factor_dtype: str) -> InverseRootDtype | None:
-    """Reads ``preconditioner_config.inv_factor_matrix_dtype`` (RootInv only; default float32).
-
-    Returns ``inverse_root_dtype`` (eqs. 11a, 16). Meta computes each root in
-    the factor dtype, casts it to this dtype to store it, and multiplies the
-    gradient, cast to it, by the roots in it (docs/spec.md eqs. 11a, 16, with
-    the lines of Meta's source). Equal to ``factor_matrix_dtype`` that is
-    Meta storing the roots in the factor dtype: None (the roots in
-    ``factor_dtype``, unrounded by the reference, exactly as before this
-    option). Otherwise its value, Meta's default float32 included: with
-    float64 factors Meta rounds its roots to float32.
-    ``EigenvalueCorrectedShampooPreconditionerConfig`` has no such field
-    (Meta's constructor refuses it): a ValueError there.
-    """
-    key = "inv_factor_matrix_dtype"
-    value = dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
-    if kind != "RootInvShampooPreconditionerConfig":
-        if key in p:
-            raise ValueError(
-                f"preconditioner_config.{key} = {p.data[key]!r} is invalid: allowed only with "
-                f"RootInvShampooPreconditionerConfig ({kind} has no such field; its "
-                "eigenvectors and eigenvalues have factor_matrix_eigenvectors_dtype and "
-                "corrected_eigenvalues_dtype)."
-            )
-        return None
-    return None if value == factor_dtype else _ROOT_DTYPES[value]
+#: Meta's storage-dtype fields, by the preconditioner class that has them, and what the
+#: refusal says the other class stores instead.
+_DTYPE_FIELDS: dict[str, tuple[str, str]] = {
+    "inv_factor_matrix_dtype": (
+        "RootInvShampooPreconditionerConfig",
+        "; its eigenvectors and eigenvalues have factor_matrix_eigenvectors_dtype and "
+        "corrected_eigenvalues_dtype"),
+    "factor_matrix_eigenvectors_dtype": ("EigenvalueCorrectedShampooPreconditionerConfig", ""),
+    "corrected_eigenvalues_dtype": ("EigenvalueCorrectedShampooPreconditionerConfig", ""),
+}
 
 
 def _storage_dtype(p: Args, kind: str, key: str, factor_dtype: str) -> InverseRootDtype | None:
-    """Reads ``preconditioner_config.factor_matrix_eigenvectors_dtype`` or
-    ``.corrected_eigenvalues_dtype`` (EigenvalueCorrected only; default float32).
+    """Reads one of Meta's storage dtypes (default float32): ``inv_factor_matrix_dtype``
+    (RootInv only), ``factor_matrix_eigenvectors_dtype`` or ``corrected_eigenvalues_dtype``
+    (EigenvalueCorrected only).
 
-    Returns ``eigenvalue_correction.eigenvectors_dtype`` resp.
-    ``.corrected_eigenvalues_dtype`` (eq. 17a, with the lines of Meta's
-    source): None when it equals ``factor_matrix_dtype`` (Meta keeps Q_k,
-    resp. D, in the factor dtype, as the backends do), else its value, Meta's
-    default float32 included (with float64 factors Meta stores both in
-    float32). ``RootInvShampooPreconditionerConfig`` has no such field (Meta's
+    Returns ``inverse_root_dtype`` (eqs. 11a, 16), resp.
+    ``eigenvalue_correction.eigenvectors_dtype`` or ``.corrected_eigenvalues_dtype``
+    (eq. 17a). Meta computes in the factor dtype and stores the roots (the
+    eigenvectors, D) cast to this dtype (docs/spec.md, with the lines of
+    Meta's source). Equal to ``factor_matrix_dtype`` that is Meta storing
+    them in the factor dtype: None (kept in ``factor_dtype``, unrounded by the
+    reference, exactly as before these options). Otherwise its value, Meta's
+    default float32 included: with float64 factors Meta rounds them to
+    float32. The other preconditioner class has no such field (Meta's
     constructor refuses it): a ValueError there.
     """
     value = dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
-    if kind != "EigenvalueCorrectedShampooPreconditionerConfig":
+    owner, instead = _DTYPE_FIELDS[key]
+    if kind != owner:
         if key in p:
             raise ValueError(
                 f"preconditioner_config.{key} = {p.data[key]!r} is invalid: allowed only with "
-                f"EigenvalueCorrectedShampooPreconditionerConfig ({kind} has no such field)."
+                f"{owner} ({kind} has no such field{instead})."
             )
         return None
     return None if value == factor_dtype else _ROOT_DTYPES[value]
