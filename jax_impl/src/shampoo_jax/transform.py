@@ -102,7 +102,9 @@ def shampoo(
 
     ``learning_rate`` overrides ``config.learning_rate``; a schedule is called
     with the number of steps taken so far (0 at the first step, optax's
-    convention). With ``schedule.precondition_frequency_growth`` the root
+    convention). ``weight_decay.scale_by_lr_ratio`` scales the direction
+    decay by lr_t / lr_0 (eq. 19), lr_0 this ``learning_rate`` when a
+    number, else ``config.learning_rate``. With ``schedule.precondition_frequency_growth`` the root
     period follows ``lr(count) / lr(0)`` (eq. 8b, in the schedule's dtype);
     a constant rate gives the ratio 1. The returned updates are *added* to the parameters
     (``optax.apply_updates``): they already carry the minus sign and the

@@ -79,7 +79,10 @@ class Shampoo(torch.optim.Optimizer):
             config's ``learning_rate``; it is stored in ``group["lr"]`` so LR
             schedulers work. With ``schedule.precondition_frequency_growth``
             the root period follows ``group["lr"]`` over the group's rate at
-            its first step (eq. 8b), kept in ``group["first_step_lr"]``.
+            its first step (eq. 8b), kept in ``group["first_step_lr"]``; with
+            ``weight_decay.scale_by_lr_ratio`` the direction decay follows
+            ``group["lr"]`` over this ``lr`` (else the config's
+            ``learning_rate``), Meta's ``lr / peak_lr`` (eq. 19).
         distributed: spread the block work over the ranks of a
             ``torch.distributed`` process group (:mod:`shampoo_torch.distributed`):
             every rank keeps the factors of its own blocks only and the
