@@ -148,13 +148,24 @@ def qr_eigenbasis(
     b = _matmul(_matmul(jnp.swapaxes(q, -1, -2), a + ridge[..., None, None] * eye), q)
     ok = ok & all_finite(b)
     b = jnp.where(ok[..., None, None], b, eye)
-    running = ok
-    for _ in range(max_iterations):
-        running = running & ~_off_diagonal_fits(b, tolerance)
+    # A while loop, not an unrolled one: qr_max_iterations may be up to 10,000.
+    # zeros_like: under shard_map the count varies over the mesh axis like b.
+    carry = (b, q, ok, jnp.zeros_like(ok, jnp.int32))
+
+    def cond(carry: tuple[Array, Array, Array, Array]) -> Array:
+        b, _, running, done = carry
+        return jnp.any(running & (done < max_iterations) & ~_off_diagonal_fits(b, tolerance))
+
+    def body(carry: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
+        b, q, running, done = carry
+        running = running & (done < max_iterations) & ~_off_diagonal_fits(b, tolerance)
         step, r = jnp.linalg.qr(b)
         sel = running[..., None, None]
         b = jnp.where(sel, _matmul(r, step), b)
         q = jnp.where(sel, _matmul(q, step), q)
+        return b, q, running, done + running.astype(jnp.int32)
+
+    b, q, _, _ = lax.while_loop(cond, body, carry)
     order = jnp.argsort(jnp.diagonal(b, axis1=-2, axis2=-1), axis=-1, stable=True)
     q = jnp.take_along_axis(q, order[..., None, :], axis=-1)
     return q, ok & all_finite(q)
