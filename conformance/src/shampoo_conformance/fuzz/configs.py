@@ -219,6 +219,10 @@ def step_configs(
                 st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
             corrected_eigenvalues_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16"])),
             basis_reuse_tolerance=draw(st.sampled_from([0.0, 0.0, 0.1, 1.0])),  # eq. (17b)
+            # Eq. (17c): QR steps from the stored basis (no eq. 10b threshold with it).
+            **({"eigenbasis_method": "qr", "qr_max_iterations": draw(st.sampled_from([0, 1, 3]))}
+               if isinstance(root_inverse, ss.EighConfig) and root_inverse.failure_threshold is None
+               and draw(st.booleans()) else {}),
         ) if eigen else None,
         grafting=grafting,
         gradient_filter=ss.GradientFilterConfig(
