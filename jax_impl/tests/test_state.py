@@ -86,20 +86,20 @@ def test_checkpoint_round_trip_resumes_bit_identically(tmp_path) -> None:  # noq
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_checkpoint_keeps_the_inverse_root_dtype(tmp_path, dtype: str) -> None:  # noqa: ANN001
-    """Eq. (11a): roots live and are saved in ``inverse_root_dtype``; through numpy.savez
-    (bfloat16 comes back as raw 2-byte voids) they load bit for bit and resume exactly."""
-    config = dataclasses.replace(CONFIG, inverse_root_dtype=dtype)  # type: ignore[arg-type]
+def _four_steps(config: ss.ShampooConfig):  # noqa: ANN202
+    """The optimizer, its jitted step, and params and state after 4 of 8 steps (and the rest)."""
     opt, step = _make_step(config)
     params, grads = stream(SHAPES, steps=8)
     p = _jnp(params)
     s = opt.init(p)
     for g in grads[:4]:
         p, s = step(p, s, _jnp(g))
-    want = np.dtype(getattr(jnp, dtype))
-    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.inverse_roots} == {want}
-    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.factors} == {np.dtype(np.float32)}
+    return opt, step, p, s, grads[4:]
+
+
+def _savez_load_and_resume(tmp_path, opt, step, p, s, rest) -> list:  # noqa: ANN001
+    """Save ``s`` through numpy.savez, load it bit for bit (dtypes too), and check that
+    the loaded state resumes exactly over ``rest``; returns the saved arrays."""
     path = tmp_path / "state.npz"
     arrays = shampoo_jax.state_to_arrays(s)
     np.savez(path, *arrays)
@@ -109,11 +109,24 @@ def test_checkpoint_keeps_the_inverse_root_dtype(tmp_path, dtype: str) -> None: 
     for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
     p2 = p
-    for g in grads[4:]:
+    for g in rest:
         p, s = step(p, s, _jnp(g))
         p2, s2 = step(p2, s2, _jnp(g))
     for k in p:
         assert np.array_equal(np.asarray(p[k]), np.asarray(p2[k])), k
+    return arrays
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_checkpoint_keeps_the_inverse_root_dtype(tmp_path, dtype: str) -> None:  # noqa: ANN001
+    """Eq. (11a): roots live and are saved in ``inverse_root_dtype``; through numpy.savez
+    (bfloat16 comes back as raw 2-byte voids) they load bit for bit and resume exactly."""
+    config = dataclasses.replace(CONFIG, inverse_root_dtype=dtype)  # type: ignore[arg-type]
+    opt, step, p, s, rest = _four_steps(config)
+    want = np.dtype(getattr(jnp, dtype))
+    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.inverse_roots} == {want}
+    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.factors} == {np.dtype(np.float32)}
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
     # Roots in another dtype are refused, naming the field (never re-rounded on load).
     wrong = [a.astype(np.float32) if np.dtype(a.dtype) == want and a.ndim == 3 else a
              for a in arrays]
@@ -128,30 +141,12 @@ def test_checkpoint_keeps_int8_momentum(tmp_path) -> None:  # noqa: ANN001
     saved under float storage, is refused naming what differs."""
     config = dataclasses.replace(CONFIG, momentum=ss.MomentumConfig(
         momentum=0.9, storage="int8_columnwise"))
-    opt, step = _make_step(config)
-    params, grads = stream(SHAPES, steps=8)
-    p = _jnp(params)
-    s = opt.init(p)
-    for g in grads[:4]:
-        p, s = step(p, s, _jnp(g))
+    opt, step, p, s, rest = _four_steps(config)
     assert np.asarray(s.momentum["w"]).dtype == np.int8
     assert np.asarray(s.momentum["b"]).dtype == np.float32  # a vector: kept in float
     assert s.momentum_scale[0] is None and s.momentum_scale[1].shape == (5,)
     assert np.abs(np.asarray(s.momentum["w"])).max() == 127
-    path = tmp_path / "state.npz"
-    arrays = shampoo_jax.state_to_arrays(s)
-    np.savez(path, *arrays)
-    loaded = np.load(path, allow_pickle=False)
-    s2 = shampoo_jax.state_from_arrays([loaded[f"arr_{i}"] for i in range(len(arrays))],
-                                       like=opt.init(p))
-    for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
-    p2 = p
-    for g in grads[4:]:
-        p, s = step(p, s, _jnp(g))
-        p2, s2 = step(p2, s2, _jnp(g))
-    for k in p:
-        assert np.array_equal(np.asarray(p[k]), np.asarray(p2[k])), k
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
     wrong = [a.astype(np.float32) if a.dtype == np.int8 else a for a in arrays]
     with pytest.raises(ValueError, match=r"momentum.*int8"):
         shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
@@ -168,30 +163,12 @@ def test_checkpoint_keeps_the_eigenvalue_correction_dtypes(tmp_path, q: str, d: 
     ec = ss.EigenvalueCorrectionConfig(epsilon=1e-4, eigenvectors_dtype=q,  # type: ignore[arg-type]
                                        corrected_eigenvalues_dtype=d)  # type: ignore[arg-type]
     config = dataclasses.replace(CONFIG, eigenvalue_correction=ec)
-    opt, step = _make_step(config)
-    params, grads = stream(SHAPES, steps=8)
-    p = _jnp(params)
-    s = opt.init(p)
-    for g in grads[:4]:
-        p, s = step(p, s, _jnp(g))
+    opt, step, p, s, rest = _four_steps(config)
     assert {np.dtype(x.dtype) for gs in s.groups for x in gs.inverse_roots} == \
         {np.dtype(getattr(jnp, q))}
     assert {np.dtype(gs.corrected_moment.dtype) for gs in s.groups} == \
         {np.dtype(getattr(jnp, d))}
-    path = tmp_path / "state.npz"
-    arrays = shampoo_jax.state_to_arrays(s)
-    np.savez(path, *arrays)
-    loaded = np.load(path, allow_pickle=False)
-    s2 = shampoo_jax.state_from_arrays([loaded[f"arr_{i}"] for i in range(len(arrays))],
-                                       like=opt.init(p))
-    for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(s2), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
-    p2 = p
-    for g in grads[4:]:
-        p, s = step(p, s, _jnp(g))
-        p2, s2 = step(p2, s2, _jnp(g))
-    for k in p:
-        assert np.array_equal(np.asarray(p[k]), np.asarray(p2[k])), k
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
     moment = np.dtype(getattr(jnp, d))
     # Only D is in d here (q differs): widen it to float32.
     wrong = [a.astype(np.float32) if np.dtype(a.dtype) == moment else a for a in arrays]
