@@ -119,6 +119,14 @@ STORAGE_DTYPES = {
 # The argument sets the emulator check runs too (shampoo_conformance.anchor_cases).
 CASES: dict[str, dict[str, Any]] = META_CASES
 
+def _eigenvalue_corrected(amortized: dict[str, Any], **config: Any) -> dict[str, Any]:
+    """META_CASES["eigenvalue_corrected"] (first eigenbasis at step 9, when every factor
+    has full rank) with another ``amortized_computation_config`` and preconditioner keys."""
+    case = copy.deepcopy(META_CASES["eigenvalue_corrected"])
+    case["preconditioner_config"].update(amortized_computation_config=amortized, **config)
+    return case
+
+
 #: Inventory rows marked "same numerics" that CASES does not exercise on its own,
 #: and the two known differences from Meta, shown with the real library.
 EXTRA_CASES: dict[str, dict[str, Any]] = {
@@ -234,30 +242,11 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
     # step (Meta's default) from the stored one, starting from the identity. Roots
     # every 9 steps: the (at most 8 x 8) factors then have full rank, so B has no
     # repeated eigenvalue whose order after a QR step rounding alone would decide.
-    "eigenvalue_corrected_qr": {
-        "grafting_config": ADAGRAD,
-        "betas": [0.9, 0.95],
-        "epsilon": 1e-8,
-        "max_preconditioner_dim": 8,
-        "precondition_frequency": 9,
-        "preconditioner_config": {
-            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
-            "amortized_computation_config": {"type": "QREigendecompositionConfig"},
-        },
-    },
+    "eigenvalue_corrected_qr": _eigenvalue_corrected(
+        {"type": "QREigendecompositionConfig"}),
     # Up to four QR steps, stopping once the off-diagonal part is <= 1e-2 of B.
-    "eigenvalue_corrected_qr_tolerance": {
-        "grafting_config": ADAGRAD,
-        "betas": [0.9, 0.95],
-        "epsilon": 1e-8,
-        "max_preconditioner_dim": 8,
-        "precondition_frequency": 9,
-        "preconditioner_config": {
-            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
-            "amortized_computation_config": {
-                "type": "QREigendecompositionConfig", "max_iterations": 4, "tolerance": 1e-2},
-        },
-    },
+    "eigenvalue_corrected_qr_tolerance": _eigenvalue_corrected(
+        {"type": "QREigendecompositionConfig", "max_iterations": 4, "tolerance": 1e-2}),
     # use_trace_scaling: the roots see A * max(tr A, epsilon)^(-0.25) (eq. 7b).
     "trace_scaling": {
         "grafting_config": ADAGRAD,
@@ -281,33 +270,14 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
     },
     # EigenvalueCorrected inverse_exponent_override, one exponent for every order
     # the model has (1: biases, 2: weights), and ignored_basis_change_dims.
-    "eigenvalue_corrected_override_ignored": {
-        "grafting_config": ADAGRAD,
-        "betas": [0.9, 0.95],
-        "epsilon": 1e-8,
-        "max_preconditioner_dim": 8,
-        "precondition_frequency": 9,
-        "preconditioner_config": {
-            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
-            "amortized_computation_config": {"type": "EighEigendecompositionConfig"},
-            "inverse_exponent_override": {"1": 0.25, "2": 0.25},
-            "ignored_basis_change_dims": {"2": [1]},
-        },
-    },
+    "eigenvalue_corrected_override_ignored": _eigenvalue_corrected(
+        {"type": "EighEigendecompositionConfig"},
+        inverse_exponent_override={"1": 0.25, "2": 0.25}, ignored_basis_change_dims={"2": [1]},
+    ),
     # A per-order override naming order 1 only (the biases): the weights' 2-d
     # blocks keep Meta's default exponent 1/2 (roots_by_order, not root).
-    "eigenvalue_corrected_partial_override": {
-        "grafting_config": ADAGRAD,
-        "betas": [0.9, 0.95],
-        "epsilon": 1e-8,
-        "max_preconditioner_dim": 8,
-        "precondition_frequency": 9,
-        "preconditioner_config": {
-            "type": "EigenvalueCorrectedShampooPreconditionerConfig",
-            "amortized_computation_config": {"type": "EighEigendecompositionConfig"},
-            "inverse_exponent_override": {"1": 0.25},
-        },
-    },
+    "eigenvalue_corrected_partial_override": _eigenvalue_corrected(
+        {"type": "EighEigendecompositionConfig"}, inverse_exponent_override={"1": 0.25}),
     # drop_weighting_factor_on_gsquare with eigenvalue correction: weight 1 for the
     # factors and the corrected eigenvalues D, neither bias-corrected (Meta's one
     # _bias_correction2 stays 1). The graft's norm rescale cancels D's scale but
