@@ -209,5 +209,14 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
     )
 
 
+def configs_for(backend: object) -> st.SearchStrategy[ss.ShampooConfig]:
+    """The configs the suite draws for ``backend``: :func:`configs`, or, for a backend
+    that runs another library, the configs that library expresses (``backend.configs()``,
+    its own arguments imported; :mod:`shampoo_conformance.thirdparty`)."""
+    own = getattr(backend, "configs", None)
+    strategy: st.SearchStrategy[ss.ShampooConfig] = own() if callable(own) else configs()
+    return strategy
+
+
 def dtypes() -> st.SearchStrategy[type]:
     return st.sampled_from([np.float64, np.float32])

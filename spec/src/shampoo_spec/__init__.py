@@ -53,6 +53,7 @@ from .config import (
 )
 from .errors import (
     BackendUnavailable,
+    Inexpressible,
     NonFiniteGradientError,
     RootFailureError,
     StepperUnavailable,
@@ -96,6 +97,7 @@ __all__ = [
     "GradientFilterConfig",
     "GraftingConfig",
     "HigherOrderNewtonConfig",
+    "Inexpressible",
     "InverseRootDtype",
     "MomentumStorage",
     "MomentumConfig",

@@ -37,6 +37,7 @@ from .config import (
     OrderOverride,
     ShampooConfig,
 )
+from .errors import Inexpressible
 from .importers import from_google, from_meta
 from .importers.google import GRAFTS, SIDES, ConstantSchedule
 from .importers.meta import MAX_ORDER
@@ -67,7 +68,7 @@ class _Lacks:
     def raise_if_any(self) -> None:
         if self.items:
             listed = "; ".join(self.items[k] for k in sorted(self.items))
-            raise ValueError(
+            raise Inexpressible(
                 f"{self.target} cannot express {len(self.items)} option(s) of this config: "
                 f"{listed}."
             )

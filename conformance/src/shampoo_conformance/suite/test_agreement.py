@@ -46,7 +46,7 @@ def test_named_case_float32(backend: Backend, name: str) -> None:
 @pytest.mark.random_configs
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
-    config=S.configs(),
+    data=st.data(),
     shapes=S.named_shapes(),
     steps=st.integers(1, 6),
     seed=st.integers(0, 2**16),
@@ -54,13 +54,14 @@ def test_named_case_float32(backend: Backend, name: str) -> None:
 )
 def test_random_config_float64(
     backend: Backend,
-    config: object,
+    data: st.DataObject,
     shapes: dict[str, tuple[int, ...]],
     steps: int,
     seed: int,
     kind: str,
 ) -> None:
+    config = data.draw(S.configs_for(backend), label="config")
     rng = np.random.default_rng(seed)
     params = {k: rng.standard_normal(s) for k, s in shapes.items()}
     grads = S.gradient_stream(shapes, steps, seed + 1, kind)
-    assert_matches_reference(backend, config, params, grads, np.float64, seed=seed)  # type: ignore[arg-type]
+    assert_matches_reference(backend, config, params, grads, np.float64, seed=seed)

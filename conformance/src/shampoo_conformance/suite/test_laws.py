@@ -38,15 +38,16 @@ def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type:
 
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
-@given(config=S.configs(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
+@given(data=st.data(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
 def test_rotation_equivariance(
-    backend: Backend, config: ss.ShampooConfig, seed: int, shape: tuple[int, ...]
+    backend: Backend, data: st.DataObject, seed: int, shape: tuple[int, ...]
 ) -> None:
     """G -> U G V^T maps the trajectory W -> U W V^T (full blocks, SGD or no graft, W0 = 0).
 
     Google's Newton safeguards (stop on error growth, retries) test the
     elementwise max|M - I|, which is not rotation invariant, so they are off.
     """
+    config = data.draw(S.configs_for(backend), label="config")
     root = config.root_inverse
     if isinstance(root, ss.CoupledNewtonConfig):
         root = replace(root, error_growth_limit=None, retries=0, failure_threshold=None)
@@ -75,13 +76,13 @@ def test_rotation_equivariance(
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(
-    config=S.configs(),
+    data=st.data(),
     seed=st.integers(0, 2**16),
     scale=st.sampled_from([1e-3, 0.5, 7.0, 1e3]),
     shape=st.sampled_from([(3, 4), (4, 4), (2, 3, 4)]),
 )
 def test_gradient_scale_invariance(
-    backend: Backend, config: ss.ShampooConfig, seed: int, scale: float, shape: tuple[int, ...]
+    backend: Backend, data: st.DataObject, seed: int, scale: float, shape: tuple[int, ...]
 ) -> None:
     """eps = 0 (and no absolute ridge of eq. 11c), sum statistics, no grafting: G -> cG
     (c > 0) leaves the trajectory unchanged.
@@ -89,6 +90,7 @@ def test_gradient_scale_invariance(
     Each step's factors have full rank from step 1 (every dim <= the product
     of the others), so eps = 0 is well defined.
     """
+    config = data.draw(S.configs_for(backend), label="config")
     root_inverse = config.root_inverse
     if isinstance(root_inverse, ss.HigherOrderNewtonConfig):
         # Eq. (11c)'s absolute ridge is the one epsilon that does not scale with G G^T
@@ -119,8 +121,8 @@ def test_gradient_scale_invariance(
 
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
-@given(config=S.configs(), seed=st.integers(0, 2**16))
-def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: int) -> None:
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_block_independence(backend: Backend, data: st.DataObject, seed: int) -> None:
     """A blocked (8, 4) parameter equals its two (4, 4) blocks run as separate parameters.
 
     Normalised grafts divide by the whole parameter's gradient norm, and the
@@ -128,6 +130,7 @@ def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: in
     unclipped forms here, and int8 momentum (eq. 20b, one scale per column
     of the whole parameter) by float storage.
     """
+    config = data.draw(S.configs_for(backend), label="config")
     graft = config.grafting
     plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
     config = replace(
@@ -192,10 +195,11 @@ def test_never_start_is_the_grafting_optimizer(
 
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
-@given(config=S.configs(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))
+@given(data=st.data(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))
 def test_parameter_order_changes_nothing(
-    backend: Backend, config: ss.ShampooConfig, shapes: dict[str, tuple[int, ...]], seed: int
+    backend: Backend, data: st.DataObject, shapes: dict[str, tuple[int, ...]], seed: int
 ) -> None:
+    config = data.draw(S.configs_for(backend), label="config")
     rng = np.random.default_rng(seed)
     params = {k: rng.standard_normal(s) for k, s in shapes.items()}
     grads = S.gradient_stream(shapes, 3, seed, "normal")
