@@ -147,11 +147,17 @@ class ThirdPartyBackend(FrameworkBackend):
         self.library = entry.library
         self.dtypes: tuple[Any, ...] = tuple(self._module.dtypes)
         self.deviations: tuple[Deviation, ...] = tuple(self._module.DEVIATIONS)
+        self.cases: dict[str, ShampooConfig] = dict(self._module.CASES)
 
     def expressible(self, config: ShampooConfig, dtype: Any = np.float64) -> str | None:
         """Why the library cannot run ``config`` in ``dtype``, or None when it can."""
         reason: str | None = self._module.expressible(config, dtype)
         return reason
+
+    def base_config(self) -> ShampooConfig:
+        """The library's config nearest ``ShampooConfig()`` (where fixed laws start)."""
+        config: ShampooConfig = self._module.base_config()
+        return config
 
     def configs(self) -> SearchStrategy[ShampooConfig]:
         """The configs the library expresses (its own arguments, imported)."""

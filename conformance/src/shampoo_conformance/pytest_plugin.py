@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+from hypothesis.errors import Unsatisfiable
 
 from shampoo_spec import Inexpressible
 
@@ -73,10 +74,35 @@ def selected_backends(config: pytest.Config) -> list[str]:
     return out
 
 
+#: Test arguments drawn from a third-party backend: its own named cases and its
+#: documented deviations (attribute of the backend holding them).
+_LIBRARY_ITEMS = {"library_case": "cases", "deviation": "deviations"}
+
+
+def _library_items(name: str, attribute: str) -> list[str]:
+    """Names of backend ``name``'s cases or deviations; ``["unavailable"]`` when its
+    library is not installed (the backend fixture then skips with the install
+    command); none for our own backends."""
+    if name not in third_party_backends():
+        return []
+    try:
+        items = getattr(get_backend(name), attribute)
+    except BackendUnavailable:
+        return ["unavailable"]
+    return sorted(items) if isinstance(items, dict) else [item.name for item in items]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend" in metafunc.fixturenames:
-        names = selected_backends(metafunc.config)
+    if "backend" not in metafunc.fixturenames:
+        return
+    names = selected_backends(metafunc.config)
+    key = next((k for k in _LIBRARY_ITEMS if k in metafunc.fixturenames), None)
+    if key is None:
         metafunc.parametrize("backend", names, indirect=True, scope="session", ids=names)
+        return
+    pairs = [(n, item) for n in names for item in _library_items(n, _LIBRARY_ITEMS[key])]
+    metafunc.parametrize(["backend", key], pairs, indirect=["backend"], scope="session",
+                         ids=[f"{n}-{item}" for n, item in pairs])
 
 
 @pytest.fixture(scope="session")
@@ -125,3 +151,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         return (yield)
     except Inexpressible as err:
         pytest.skip(f"not expressible by this backend: {err}")
+    except Unsatisfiable:
+        backend = pyfuncitem.funcargs.get("backend")
+        if getattr(backend, "expressible", None) is None:
+            raise
+        pytest.skip("no config this law needs is expressible by this backend's library "
+                    "(every example rejected by strategies.require_expressible)")

@@ -12,6 +12,11 @@ contract 8.2's ``run``:
 - ``configs()``: a Hypothesis strategy of the configs the library expresses
   (its own arguments, drawn and imported), which the suite's random-config
   properties draw instead of :func:`shampoo_conformance.strategies.configs`;
+- ``base_config()``: the library's config nearest ``ShampooConfig()``, from
+  which the suite's fixed laws start (they replace the sections they test);
+- ``CASES``: named configs from the library's own arguments (the ones
+  ``nox -s anchors`` checks against the library on a model), which the
+  suite's ``test_library_case_float64`` runs against the reference;
 - ``DEVIATIONS``: the properties where the library as shipped differs from
   the spec, each with its cause (docs/third-party.md); the suite marks
   them as expected failures, so it fails only on an undocumented deviation.
@@ -25,6 +30,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from typing import Literal
+
+from shampoo_spec import ShampooConfig
 
 
 @dataclass(frozen=True)
@@ -41,21 +48,31 @@ class ThirdParty:
 class Deviation:
     """A documented difference between a library and the spec.
 
-    ``tests``: fnmatch patterns over the suite's test ids without the
-    backend (``"test_named_case_float64[momentum_plain]"``,
-    ``"test_random_config_float64"``); ``cause``: what differs and why, with
-    the pointer into the library's source; ``kind``: ``"design"`` (a
-    documented choice of the library) or ``"defect"`` (a bug, with its
-    upstream reproduction in docs/third-party.md).
+    ``name``: its id in docs/third-party.md; ``config``: a config (the
+    library's own arguments, imported) on which the library leaves the
+    reference's tolerance because of this cause alone: the suite's
+    ``test_documented_deviation`` checks that it still does, so the
+    documentation cannot go stale; ``tests``: fnmatch patterns over the
+    suite's test ids without the backend
+    (``"test_named_case_float64[meta_preset]"``) that fail because of it;
+    ``cause``: what differs and why, with the pointer into the library's
+    source; ``kind``: ``"design"`` (a documented choice of the library) or
+    ``"defect"`` (a bug, with its upstream reproduction in docs/third-party.md).
+    The drawn configs (``configs()``) leave out exactly the configs a
+    deviation covers, and say so where they draw.
     """
 
+    name: str
+    config: ShampooConfig
     tests: tuple[str, ...]
     cause: str
     kind: Literal["design", "defect"]
 
     def covers(self, test_id: str) -> bool:
         """Whether ``test_id`` (backend parameter removed) is one of :attr:`tests`."""
-        return any(fnmatch.fnmatchcase(test_id, pattern) for pattern in self.tests)
+        # "[" opens a character class in fnmatch; here it is the id's own bracket.
+        return any(fnmatch.fnmatchcase(test_id, pattern.replace("[", "[[]"))
+                   for pattern in self.tests)
 
 
 #: Meta's snapshot and Google's, as the project's sessions install them.

@@ -22,13 +22,29 @@ from shampoo_conformance.divergence import first_divergence
 from shampoo_conformance.tolerances import trajectory_bound
 from shampoo_spec.config import GraftingType
 
-HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+          HealthCheck.filter_too_much]  # require_expressible may reject every example
 F64 = np.float64
 
 
 def _orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
     q, r = np.linalg.qr(rng.standard_normal((n, n)))
     return q * np.sign(np.diag(r))
+
+
+def _unrounded(config: ss.ShampooConfig) -> ss.ShampooConfig:
+    """``config`` with every stored matrix and the update in the factors' precision.
+
+    Rounding a root, an eigenbasis or an update to a narrower storage dtype
+    (eqs. 11a, 17a, 21a) is not rotation or scale covariant; Meta's
+    defaults store roots and eigenbases in float32.
+    """
+    correction = config.eigenvalue_correction
+    if correction is not None:
+        correction = replace(correction, eigenvectors_dtype=None,
+                             corrected_eigenvalues_dtype=None)
+    return replace(config, inverse_root_dtype=None, update_dtype=None,
+                   eigenvalue_correction=correction)
 
 
 def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -52,16 +68,23 @@ def test_rotation_equivariance(
     if isinstance(root, ss.CoupledNewtonConfig):
         root = replace(root, error_growth_limit=None, retries=0, failure_threshold=None)
     config = replace(
-        config,
+        _unrounded(config),
         root_inverse=root,
         grafting=ss.GraftingConfig(type=("sgd" if seed % 2 else "none")),
-        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        # One block per dim, nothing merged (3 * 4 and 5 * 2 exceed 5).
+        blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=5),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
         # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
         momentum=replace(config.momentum, buffers="shared", storage="float",
                          scale_dtype="float32"),
+        # Eq. (17) is rotation covariant in exact arithmetic, but its rounding is
+        # amplified by 1 / sqrt(D + eps) beyond trajectory_bound's model: measured
+        # 1e-12 against a 1e-13 bound for the reference, torch and Meta alike (W0 = 0,
+        # eps = 1e-3, no graft). Excluded until the bound models eq. (17).
+        eigenvalue_correction=None,
     )
+    S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)
     u, v = _orthogonal(shape[0], rng), _orthogonal(shape[1], rng)
     grads = [{"w": rng.standard_normal(shape)} for _ in range(5)]
@@ -97,20 +120,22 @@ def test_gradient_scale_invariance(
         # (its relative one does).
         root_inverse = replace(root_inverse, abs_epsilon=0.0)
     config = replace(
-        config,
+        _unrounded(config),
         epsilon=ss.EpsilonConfig(value=0.0),
         root_inverse=root_inverse,
         statistics=ss.StatisticsConfig(),
         grafting=ss.GraftingConfig(),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
-        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        # One block per dim, nothing merged (no two adjacent dims multiply to <= 4).
+        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
         schedule=ss.ScheduleConfig(),
         # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
         momentum=replace(config.momentum, buffers="shared", storage="float",
                          scale_dtype="float32"),
         eigenvalue_correction=None,
     )
+    S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)
     grads = [{"w": rng.standard_normal(shape)} for _ in range(4)]
     w0 = {"w": rng.standard_normal(shape)}
@@ -135,11 +160,12 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
     plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
     config = replace(
         config,
-        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
         grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None),
         exponents=ss.ExponentConfig(),
         momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
     )
+    S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)
     grads = [{"w": rng.standard_normal((8, 4))} for _ in range(5)]
     w0 = {"w": rng.standard_normal((8, 4))}
@@ -156,8 +182,9 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
 
 def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
     """1-d Shampoo: W <- W - lr (sum g g^T + eps I)^(-1/2) g, computed directly."""
-    n, eps, lr = 6, 1e-3, 0.1
-    config = ss.ShampooConfig(learning_rate=lr, epsilon=ss.EpsilonConfig(value=eps))
+    n, eps, lr = 6, 1e-3, 0.125
+    config = replace(S.base_config_for(backend), learning_rate=lr,
+                     epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig())
     rng = np.random.default_rng(0)
     grads = [{"w": rng.standard_normal(n)} for _ in range(8)]
     w0 = {"w": rng.standard_normal(n)}
@@ -177,17 +204,20 @@ def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
 def test_never_start_is_the_grafting_optimizer(
     backend: Backend, graft: str, beta1: float, momentum: float
 ) -> None:
-    config = ss.ShampooConfig(
-        learning_rate=0.05,
+    config = replace(
+        S.base_config_for(backend),
+        learning_rate=0.0625,
         grafting=first_order.GRAFTS[graft],
         gradient_filter=ss.GradientFilterConfig(beta1=beta1, bias_correction=True),
+        # No effect without preconditioning; Meta has one flag for both corrections.
+        statistics=ss.StatisticsConfig(bias_correction=True),
         momentum=ss.MomentumConfig(momentum=momentum),
         schedule=ss.ScheduleConfig(start_preconditioning_step=None),
     )
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal((3, 5)) for _ in range(8)]
     w0 = rng.standard_normal((3, 5))
-    want = first_order.trajectory(graft, w0, grads, 0.05, beta1, momentum)
+    want = first_order.trajectory(graft, w0, grads, 0.0625, beta1, momentum)
     ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
     bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
     _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"never-start = {graft}")
