@@ -149,8 +149,19 @@ ANCHOR_LIBRARIES = {
 }
 
 
+#: Third-party Shampoos on the package registry (pinned in constraints.txt; their
+#: only dependencies, torch and numpy, come with our members).
+REGISTRY_LIBRARIES = {"pytorch-optimizer": "pytorch-optimizer"}
+#: Every library a third-party conformance backend runs.
+LIBRARIES = (*ANCHOR_LIBRARIES, *REGISTRY_LIBRARIES)
+
+
 def install_snapshot(session: nox.Session, library: str) -> bool:
-    """Install ``library`` from its snapshot in ../shared/thirdparty; False where absent."""
+    """Install ``library``: from the registry, or from its snapshot in
+    ../shared/thirdparty (False where that is absent)."""
+    if library in REGISTRY_LIBRARIES:
+        session.install(*CONSTRAINTS, "--no-deps", REGISTRY_LIBRARIES[library])
+        return True
     tarball, flags, extra = ANCHOR_LIBRARIES[library]
     path = os.path.normpath(os.path.join(THIRDPARTY, tarball))
     if not os.path.exists(path):
@@ -188,7 +199,7 @@ def anchors(session: nox.Session, library: str) -> None:
 
 
 @nox.session
-@nox.parametrize("library", tuple(ANCHOR_LIBRARIES))
+@nox.parametrize("library", LIBRARIES)
 def thirdparty(session: nox.Session, library: str) -> None:
     """The conformance suite on a real third-party library (docs/third-party.md).
 
@@ -211,11 +222,12 @@ def compare(session: nox.Session) -> None:
 
     Installs Meta's and Google's libraries from ../shared/thirdparty (those
     absent are reported as not installed, with their install command) and
+    pytorch-optimizer from the registry, and
     writes shampoo-compare/ (table, Markdown, plots). Args go to
     ``python -m shampoo_conformance report`` (e.g. ``--quick``, ``--problems``).
     """
     install_members(session, "scikit-learn", "matplotlib")
-    libraries = [name for name in ANCHOR_LIBRARIES if install_snapshot(session, name)]
+    libraries = [name for name in LIBRARIES if install_snapshot(session, name)]
     session.run(
         "python", "-m", "shampoo_conformance", "report", "--out", "shampoo-compare",
         "--backends", "reference", "torch", "jax", *libraries, *session.posargs,
