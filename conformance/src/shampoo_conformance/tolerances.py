@@ -144,8 +144,11 @@ def _factor_kappa(config: ShampooConfig, a: NDArray[np.float64]) -> float:
         top = float(np.abs(lam).max())
         basis = top / gap if gap > 0 else float("inf")
         # Rounding noise along a barely excited direction, divided by sqrt(D + eps)
-        # (spec section 5): relative to the direction, n u ||G|| / sqrt(eps).
-        noise = float(np.sqrt(top / ec.epsilon)) if ec.epsilon > 0 else float("inf")
+        # (spec section 5): relative to the direction, n u ||G|| / sqrt(eps), where
+        # ||G||^2 <= ||A|| / w, w the weight of the newest gradient in A (eq. 6).
+        w = config.statistics.update_weight
+        noise = (float(np.sqrt(top / (w * ec.epsilon))) if ec.epsilon > 0 and w > 0
+                 else float("inf"))
         return max(basis, noise)
     method = config.root_inverse
     if isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge

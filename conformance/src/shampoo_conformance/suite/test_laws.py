@@ -52,6 +52,13 @@ def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type:
     assert div is None, f"{what}: {div.describe() if div else ''}"
 
 
+def _check_runs(ours: list, theirs: list, w0: dict, bound, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Two runs of the backend, each within ``bound`` of its exact trajectory (the law
+    maps one exact trajectory onto the other): they differ by at most twice it."""
+    twice = replace(bound, rtol=2 * bound.rtol, atol_scale=2 * bound.atol_scale)
+    _check(ours, theirs, w0, twice, what)
+
+
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(data=st.data(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
@@ -71,9 +78,21 @@ def test_rotation_equivariance(
     if isinstance(root, ss.HigherOrderNewtonConfig):
         # Eq. (11c)'s relative ridge scales ||A||_inf (max row sum), not rotation invariant.
         root = replace(root, rel_epsilon=0.0)
+    correction = _unrounded(config).eigenvalue_correction
+    if correction is not None:
+        # Eqs. (17b, 17c) start from the stored basis (I at first), which does not turn
+        # with the gradients: a reused or partly iterated basis is not covariant; nor
+        # is D accumulated in I before the first eigenbasis, so that comes at step 1.
+        correction = replace(correction, eigenbasis_method="eigh", basis_reuse_tolerance=0.0)
+        schedule = replace(config.schedule, start_preconditioning_step=1,
+                           precondition_frequency=1, precondition_frequency_growth=None)
+    else:
+        schedule = config.schedule
     config = replace(
         _unrounded(config),
         root_inverse=root,
+        eigenvalue_correction=correction,
+        schedule=schedule,
         grafting=ss.GraftingConfig(type=("sgd" if seed % 2 else "none")),
         # One block per dim, nothing merged (3 * 4 and 5 * 2 exceed 5).
         blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=5),
@@ -92,7 +111,7 @@ def test_rotation_equivariance(
     base = backend.run(config, w0, grads, dtype=F64)
     turned = backend.run(config, w0, rotated, dtype=F64)
     bound = trajectory_bound(config, w0, grads, F64)
-    _check(turned, [{"w": u @ p["w"] @ v.T} for p in base], w0, bound, "rotation equivariance")
+    _check_runs(turned, [{"w": u @ p["w"] @ v.T} for p in base], w0, bound, "rotation equivariance")
 
 
 @pytest.mark.random_configs
@@ -140,7 +159,7 @@ def test_gradient_scale_invariance(
     w0 = {"w": rng.standard_normal(shape)}
     base = backend.run(config, w0, grads, dtype=F64)
     scaled = backend.run(config, w0, [{"w": scale * g["w"]} for g in grads], dtype=F64)
-    _check(scaled, base, w0, trajectory_bound(config, w0, grads, F64), "scale invariance")
+    _check_runs(scaled, base, w0, trajectory_bound(config, w0, grads, F64), "scale invariance")
 
 
 @pytest.mark.random_configs
@@ -176,7 +195,7 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
         dtype=F64,
     )
     joined = [{"w": np.concatenate([p["a"], p["b"]])} for p in halves]
-    _check(whole, joined, w0, trajectory_bound(config, w0, grads, F64), "block independence")
+    _check_runs(whole, joined, w0, trajectory_bound(config, w0, grads, F64), "block independence")
 
 
 def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
@@ -237,6 +256,6 @@ def test_parameter_order_changes_nothing(
     backward = backend.run(
         config, {k: params[k] for k in order}, [{k: g[k] for k in order} for g in grads], dtype=F64
     )
-    _check(
+    _check_runs(
         backward, forward, params, trajectory_bound(config, params, grads, F64), "parameter order"
     )
