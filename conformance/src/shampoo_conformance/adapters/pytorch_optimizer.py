@@ -57,7 +57,14 @@ from shampoo_spec import (
     ShampooConfig,
     from_google,
 )
-from shampoo_spec.config import EpsilonConfig, GraftingConfig
+from shampoo_spec.config import (
+    BlockingConfig,
+    EpsilonConfig,
+    ExponentConfig,
+    GraftingConfig,
+    ScheduleConfig,
+    StatisticsConfig,
+)
 
 #: Parameter dtypes this backend runs (statistics and roots follow them).
 dtypes = (np.float64, np.float32)
@@ -264,11 +271,39 @@ def _schedule(config: ShampooConfig) -> tuple[dict[str, Any], list[str]]:
     return kwargs, out
 
 
+def _never_started(config: ShampooConfig) -> ShampooConfig:
+    """``config`` with the sections that only the Shampoo direction reads replaced by
+    ScalableShampoo's (the direction of a run that never starts preconditioning is
+    the graft's, eq. 18, with the graft's momentum buffer, eq. 20)."""
+    g = config.grafting
+    beta2 = g.beta2 if g.type == "rmsprop" else 0.999
+    return dataclasses.replace(
+        config,
+        statistics=StatisticsConfig(beta2=beta2, initial_value="epsilon_identity"),
+        epsilon=EpsilonConfig(value=1e-6, scale="relative", relative_floor=RELATIVE_FLOOR,
+                              lambda_max="exact"),
+        root_inverse=NEWTON,
+        exponents=ExponentConfig(default="preconditioned_dims"),
+        eigenvalue_correction=None,
+        inverse_root_dtype=None,
+        grafting=(g if g.type == "none" else dataclasses.replace(
+            g, norm_scope="parameter", norm_epsilon=NORM_EPSILON)),
+        blocking=BlockingConfig(max_preconditioner_dim=1024, merge_dims_up_to=None,
+                                squeeze=False, skip_rank_lt=2),
+        schedule=ScheduleConfig(start_preconditioning_step=None, roots_before_start=True),
+    )
+
+
 def scalable_kwargs(config: ShampooConfig) -> dict[str, Any]:
     """``ScalableShampoo``'s keyword arguments for ``config`` (params aside).
 
     Raises :class:`Inexpressible` naming every field its arguments cannot say.
+    With ``schedule.start_preconditioning_step = None`` (never) the Shampoo
+    sections cannot reach the update (shampoo.py:373-380 take the graft's pair),
+    so they are not read: ScalableShampoo runs with its own for them.
     """
+    if config.schedule.start_preconditioning_step is None:
+        config = _never_started(config)
     fields = common_refusals(config) + _root_refusals(config) + _graft_refusals(config)
     fields += _momentum_refusals(config)
     blocking, more = _blocking(config)
@@ -497,7 +532,13 @@ def run_optimizer(
     grads: list[dict[str, np.ndarray]],
     dtype: Any,
 ) -> list[dict[str, np.ndarray]]:
-    """Parameters after each step of ``grads``, stepping ``make(config, tensors, dtype)``."""
+    """Parameters after each step of ``grads``, stepping ``make(config, tensors, dtype)``.
+
+    ScalableShampoo's power iteration starts from ``torch.randn`` of the global
+    generator (utils/matrix.py:102), so its ridge, and the trajectory, vary from run
+    to run (docs/third-party-pytorch-optimizer.md): runs here draw from a generator
+    seeded 0, forked so that the caller's stream is left as it was.
+    """
     key = np.dtype(dtype)
     check_run_inputs(backend, params, grads, key.name)
     names = list(params)
@@ -505,11 +546,13 @@ def run_optimizer(
                for n in names}
     opt = make(config, list(tensors.values()), key)
     out = []
-    for step in grads:
-        for n in names:
-            tensors[n].grad = torch.tensor(np.asarray(step[n]), dtype=TORCH[key])
-        opt.step()
-        out.append({n: tensors[n].detach().numpy().copy() for n in names})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for step in grads:
+            for n in names:
+                tensors[n].grad = torch.tensor(np.asarray(step[n]), dtype=TORCH[key])
+            opt.step()
+            out.append({n: tensors[n].detach().numpy().copy() for n in names})
     return out
 
 
