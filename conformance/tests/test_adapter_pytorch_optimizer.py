@@ -104,3 +104,13 @@ def test_runs_are_reproducible_and_leave_the_callers_generator_alone() -> None:
     assert torch.equal(torch.rand(1), before)
     second = po.run(config, params, grads)
     np.testing.assert_array_equal(first[-1]["w"], second[-1]["w"])
+
+
+@pytest.mark.parametrize("name", ["pytorch-optimizer", "pytorch-optimizer-shampoo"])
+def test_library_cases_float32(name: str) -> None:
+    """Its own cases with float32 parameters (statistics and roots in float32 too)
+    within the reference's float32 tolerance: the suite runs them in float64 only."""
+    backend = get_backend(name)
+    params, grads = make_problem(CASE_SHAPES, 10, 0)
+    for config in backend.cases.values():  # type: ignore[attr-defined]
+        assert_matches_reference(backend, config, params, grads, np.float32, seed=0)

@@ -148,14 +148,18 @@ def common_refusals(config: ShampooConfig) -> list[str]:
 
 
 # ------------------------------------------------------------- config -> kwargs
+#: Why its eigendecomposition path (``use_svd=True``) is no config of the spec.
+SVD_REFUSAL = ("use_svd=True takes the inverse root of the statistics with no epsilon at all "
+               "(utils/matrix.py:268-282) while their initial matrix_eps I decays by beta2^t "
+               "(beta2 < 1 is required, base/optimizer.py:665-675): no placement of "
+               "eqs. (9)-(10) says that")
+
+
 def _root_refusals(config: ShampooConfig) -> list[str]:
     out = []
     root, eps = config.root_inverse, config.epsilon
     if isinstance(root, EighConfig):
-        out.append("root_inverse = eigh: use_svd=True takes the inverse root of the statistics "
-                   "with no epsilon at all (utils/matrix.py:268-282) while their initial "
-                   "matrix_eps I decays by beta2^t (beta2 < 1 is required, "
-                   "base/optimizer.py:665-675): no placement of eq. (9)-(10) says that")
+        out.append(f"root_inverse = eigh: {SVD_REFUSAL}")
     elif root != NEWTON:
         out.append(f"root_inverse = {root!r}: ScalableShampoo's coupled Newton is fixed at "
                    f"{NEWTON!r} (utils/matrix.py:193-264)")
@@ -350,8 +354,7 @@ def from_kwargs(kwargs: dict[str, Any]) -> ShampooConfig:
          "graft_type": 1, "pre_conditioner_type": 0, "nesterov": True, "diagonal_eps": 1e-10,
          "matrix_eps": 1e-6, **kwargs}
     if k.get("use_svd"):
-        raise Inexpressible("ScalableShampoo: use_svd=True (" + _root_refusals(
-            dataclasses.replace(ShampooConfig(), root_inverse=EighConfig()))[0] + ")")
+        raise Inexpressible(f"ScalableShampoo cannot express: use_svd=True ({SVD_REFUSAL})")
     google = {
         "learning_rate": k["lr"], "block_size": k["block_size"],
         "beta1": k["betas"][0], "beta2": k["betas"][1],
