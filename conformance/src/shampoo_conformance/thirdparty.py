@@ -98,6 +98,16 @@ THIRD_PARTY: dict[str, ThirdParty] = {
         f"(or {_SNAPSHOTS}/precondition-239a8cd.tar.gz; "
         "nox -s \"thirdparty(library='google')\" installs it)",
     ),
+    "pytorch-optimizer": ThirdParty(
+        "pytorch-optimizer", "shampoo_conformance.adapters.pytorch_optimizer",
+        "pytorch-optimizer 4.1.0 (kozistr/pytorch_optimizer, its ScalableShampoo)",
+        "pip install pytorch-optimizer==4.1.0",
+    ),
+    "pytorch-optimizer-shampoo": ThirdParty(
+        "pytorch-optimizer-shampoo", "shampoo_conformance.adapters.pytorch_optimizer_shampoo",
+        "pytorch-optimizer 4.1.0 (kozistr/pytorch_optimizer, its plain Shampoo)",
+        "pip install pytorch-optimizer==4.1.0",
+    ),
 }
 
 
