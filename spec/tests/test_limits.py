@@ -174,6 +174,8 @@ def test_config_differences() -> None:
         "momentum.momentum: 0.0 -> 0.5", "momentum.storage: 'float' -> 'int8_columnwise'"]
     rounded = dataclasses.replace(a, inverse_root_dtype="bfloat16")
     assert ss.config_differences(a, rounded) == ["inverse_root_dtype: None -> 'bfloat16'"]
+    stored = dataclasses.replace(a, factor_storage_dtype="bfloat16")
+    assert ss.config_differences(a, stored) == ["factor_storage_dtype: None -> 'bfloat16'"]
     ec = dataclasses.replace(a, eigenvalue_correction=ss.EigenvalueCorrectionConfig())
     stored = dataclasses.replace(a, eigenvalue_correction=ss.EigenvalueCorrectionConfig(
         eigenvectors_dtype="float32", corrected_eigenvalues_dtype="bfloat16"))

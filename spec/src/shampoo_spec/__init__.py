@@ -25,6 +25,7 @@ from .assignment import (
 )
 from .config import (
     EPSILON_PLACEMENTS,
+    FACTOR_STORAGE_DTYPES,
     GRAFTING_TYPES,
     GRAFTING_TYPES_WITH_STATE,
     INVERSE_ROOT_DTYPES,
@@ -36,6 +37,7 @@ from .config import (
     EighConfig,
     EpsilonConfig,
     ExponentConfig,
+    FactorStorageDtype,
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
@@ -75,6 +77,7 @@ __all__ = [
     "EPSILON_PLACEMENTS",
     "GRAFTING_TYPES",
     "GRAFTING_TYPES_WITH_STATE",
+    "FACTOR_STORAGE_DTYPES",
     "INVERSE_ROOT_DTYPES",
     "MOMENTUM_STORAGES",
     "UPDATE_DTYPES",
@@ -96,6 +99,7 @@ __all__ = [
     "GradientFilterConfig",
     "GraftingConfig",
     "HigherOrderNewtonConfig",
+    "FactorStorageDtype",
     "InverseRootDtype",
     "MomentumStorage",
     "MomentumConfig",
