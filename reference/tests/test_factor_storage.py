@@ -58,7 +58,9 @@ def _written_out_root(a: np.ndarray, root: float, eps: float, placement: str,
     p = f32(_to_s(np.array(-1.0 / root), dtype)[0])
     x = _to_s(lam32.astype(np.float64) ** float(p), dtype).astype(f32)
     scaled = _to_s(q32 * x, dtype)
-    return _to_s((scaled @ q32.astype(np.float64).T).astype(f32), dtype)
+    full = _to_s((scaled @ q32.astype(np.float64).T).astype(f32), dtype)
+    n = full.shape[0]
+    return np.array([[full[min(i, j), max(i, j)] for j in range(n)] for i in range(n)])
 
 
 def _s_matrix(n: int, dtype: str, seed: int) -> np.ndarray:

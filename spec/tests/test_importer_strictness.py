@@ -602,6 +602,7 @@ def test_meta_low_precision_factors_import_as_factor_storage_dtype(
                                        {"type": "PseudoInverseConfig"}}},
      "amortized_computation_config"),
     ({"use_trace_scaling": True}, "use_trace_scaling"),
+    ({"use_symmetric_packing": False}, "use_symmetric_packing"),
 ])
 def test_meta_low_precision_factors_refused_where_not_specified(
         extra: dict[str, Any], key: str) -> None:

@@ -235,7 +235,8 @@ def root_inverse_eigh_stored(matrix: Array, root: float, eps: float, placement: 
     eigenvalue m and the epsilon (``"ridge"``: only when ``m < eps``;
     ``"shift_after"``: by ``min(m, 0)``, then ``+ round_s(eps)``), the power
     ``l ** round_s(-1/root)``, the column scaling ``Q diag(x)`` and the
-    product ``(Q diag(x)) Q^T``. Each operand is s-valued, so each operation's
+    product ``(Q diag(x)) Q^T``, whose upper triangle is the root (mirrored:
+    Meta stores symmetric matrices packed). Each operand is s-valued, so each operation's
     exact result is formed in float64 (a product of two s numbers is exact;
     a sum of two is exact or, by Figueroa's double-rounding theorem, rounds
     to float32 as float32 arithmetic does) and rounded once to s through
@@ -260,7 +261,10 @@ def root_inverse_eigh_stored(matrix: Array, root: float, eps: float, placement: 
     with np.errstate(divide="ignore", over="ignore"):
         x = round_to(lam ** float(round_to(np.array([-1.0 / root]), dtype)[0]), dtype)
         scaled = round_to(q * x, dtype)
-        stored: Array = round_to(scaled @ q.T, dtype)
+        product = round_to(scaled @ q.T, dtype)
+    # Meta stores the root as its upper triangle (use_symmetric_packing): the rounded
+    # product is not symmetric, and its lower triangle is the upper one mirrored.
+    stored: Array = np.triu(product) + np.triu(product, 1).T
     return stored
 
 

@@ -203,7 +203,8 @@ def root_inverse_eigh_stored(
     ``"shift_after"``: by ``min(m, 0)``, then ``+ eps``), ``pow(-1/root)``, the
     column scaling (``pow`` in float32, as torch's vectorized s kernel); the product
     ``(Q diag(x)) Q^T`` of s numbers summed in
-    ``work_dtype`` and rounded to s (the reference's sum, to that precision).
+    ``work_dtype`` and rounded to s (the reference's sum, to that precision), its
+    upper triangle mirrored (Meta stores the root packed as its upper triangle).
     Returns the root in s and ok (eq. 13: finite input, eigh converged, finite
     root).
     """
@@ -228,6 +229,7 @@ def root_inverse_eigh_stored(
     x = lam.float().pow(exponent).to(s)
     scaled = q * x.unsqueeze(1)
     out = torch.matmul(scaled.to(work_dtype), q.to(work_dtype).transpose(1, 2)).to(s)
+    out = torch.triu(out) + torch.triu(out, 1).transpose(1, 2)  # the upper triangle, mirrored
     return out, ok & ok_eigh & finite_rows(out)
 
 

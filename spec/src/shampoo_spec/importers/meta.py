@@ -451,8 +451,11 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
                 f"{kind} is not supported yet (factors in bfloat16 or float16 are "
                 "specified for RootInvShampooPreconditionerConfig, eq. 11b)."
             )
+        # Eq. (11b) takes the root's upper triangle, as Meta's packed storage does.
+        packed = p.flag("use_symmetric_packing", True)
         unsupported = (
             "use_trace_scaling" if trace_scaling
+            else "use_symmetric_packing" if not packed
             else "amortized_computation_config" if not isinstance(root_inverse, EighConfig)
             or placement == "pseudo_inverse" else None
         )
@@ -460,8 +463,8 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             raise NotImplementedError(
                 f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} with "
                 f"preconditioner_config.{unsupported} = {p.data[unsupported]!r} is not supported "
-                "yet (factors in bfloat16 or float16 with EigenConfig's perturbation roots and "
-                "no trace scaling, eq. 11b)."
+                "yet (factors in bfloat16 or float16 with EigenConfig's perturbation roots, "
+                "no trace scaling and symmetric packing, eq. 11b)."
             )
         factor_dtype = "float64"
     elif factor_dtype not in _FACTOR_DTYPES:
