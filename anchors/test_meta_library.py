@@ -18,7 +18,9 @@ dtypes are set to float64 in every case but the three ``inv_*_roots``, which
 store the roots in float32, bfloat16 or float16 as Meta's
 ``inv_factor_matrix_dtype``, and the five ``ec_*``, which store eigenvalue
 correction's eigenvectors and corrected eigenvalues in float32, bfloat16 or
-float16: see :data:`ORDER_FLOOR_CASES` for how they are held), and "same
+float16, and the four ``factor_*``, which store the factors in bfloat16 or
+float16 as Meta's ``factor_matrix_dtype``: see :data:`ORDER_FLOOR_CASES` for
+how they are held), and "same
 numerics" means the same
 rules in the same order, so only rounding may differ: measured, 1e-15 to
 1e-10 after 50 steps (2e-9 for the Nesterov case, whose trajectory is that
@@ -434,6 +436,15 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
 #: 3.2e-16 / 2.5e-7; q bfloat16 0 / 3.6e-16 / 7.0e-3; s bfloat16 1e-15 / 4.6e-15 /
 #: 2.3e-3; both bfloat16 0 / 3.2e-16 / 9.2e-3; both float16 (epsilon 1e-6)
 #: 6.5e-5 / 3.4e-16 / 7.1e-1.
+#: factor_matrix_dtype (factor_storage_dtype, eq. 11b; Meta's root's product and power
+#: replaced too, :func:`_stored_root_in_our_order`), with float32 roots / float64 roots:
+#: bfloat16 2.9e-1 / 2.1e-16 / 2.0e-1 and 2.7e-1 / 4.9e-15 / 3.8e-1; float16 5.0e-2 /
+#: 3.8e-16 / 2.8e-2 and 2.7e-2 / 7.0e-15 / 2.8e-2 (the control here: Meta with float64
+#: factors). The floor is as large as the option's effect: an ulp of bfloat16 is 0.4%,
+#: and the few entries Meta's kernels round otherwise grow over the 50 steps (for
+#: bfloat16 all from its pow(-1/2) tail: replacing only the power moves Meta by 2.9e-1;
+#: for float16 from the mm order); a 1e-15 change of W1 moves Meta in our order by
+#: 8.7e-16 (bfloat16) and 1.3e-12 (float16).
 ORDER_FLOOR_CASES = {"inv_float32_roots", "inv_bfloat16_roots", "inv_float16_roots",
                      "ec_float32_eigenvectors_and_eigenvalues", "ec_bfloat16_eigenvectors",
                      "ec_bfloat16_eigenvalues", "ec_bfloat16_eigenvectors_and_eigenvalues",
