@@ -792,3 +792,31 @@ def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
     got = jax_run(config, params, grads, dtype=np.float64)
     err, where = relative_error(got, want, params)
     assert err <= 1e-9, f"relative error {err:.3e} at {where}"
+
+
+def test_float16_factors_refuse_blocks_as_the_reference() -> None:
+    """Eq. (3) with float16 factors (eq. 11b): a block whose factors could pass 2^15 is
+    skipped as the reference skips it (counted, state unchanged), sharded-safe masks."""
+    config = dataclasses.replace(
+        _factor_storage_config("plain", "float16"),
+        failure=ss.FailureConfig(nonfinite_gradient="skip_block"))
+    params, grads = stream(steps=3, seed=3)
+    name = sorted(params)[0]
+    grads[1][name] = np.full_like(grads[1][name], 100.0)  # its blocks: |B| 100^2 > 2^15
+    ref = ReferenceShampoo(config, params)
+    for g in grads:
+        ref.step(g)
+    assert ref.metrics.skipped_blocks > 0
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config)
+        p = {k: jnp.asarray(params[k]) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        for g in grads:
+            u, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
+            p = optax.apply_updates(p, u)
+        assert int(state.skipped_blocks) == ref.metrics.skipped_blocks
+        for k in names:
+            theirs = ref.params[k]
+            assert np.abs(np.asarray(p[k]) - theirs).max() <= 1e-2 * np.abs(theirs).max()

@@ -168,3 +168,28 @@ def test_with_inverse_root_dtype_the_s_root_is_rounded_again() -> None:
             for x in bs.inverse_roots:
                 if x is not None:
                     assert np.array_equal(round_to(x, "float16"), x)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip_block"])
+def test_float16_factors_refuse_blocks_that_could_overflow(policy: str) -> None:
+    """Eq. (3) with float16 factors: a finite gradient whose block could take a factor
+    past 2^15 is refused (raised, or skipped with its state unchanged); bfloat16, whose
+    range is float32's, takes it."""
+    base = dataclasses.replace(_config("float16"), failure=ss.FailureConfig(
+        nonfinite_gradient=policy))  # type: ignore[arg-type]
+    params = {"b": np.zeros(4)}
+    big = {"b": np.array([91.0, 1.0, -2.0, 3.0])}  # 4 * 91^2 = 33124 > 2^15
+    opt = ReferenceShampoo(base, params)
+    opt.step({"b": np.array([1.0, 2.0, 3.0, 4.0])})
+    before = [f.copy() for f in opt.state["b"].blocks[0].factors if f is not None]
+    if policy == "raise":
+        with pytest.raises(ss.NonFiniteGradientError, match="float16 factors"):
+            opt.step(big)
+        return
+    opt.step(big)
+    assert opt.metrics.skipped_blocks == 1
+    after = [f for f in opt.state["b"].blocks[0].factors if f is not None]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    wide = ReferenceShampoo(dataclasses.replace(base, factor_storage_dtype="bfloat16"), params)
+    wide.step(big)
+    assert wide.metrics.skipped_blocks == 0

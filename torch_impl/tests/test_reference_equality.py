@@ -53,7 +53,7 @@ from shampoo_spec import (
     from_meta,
 )
 from shampoo_spec import is_root_step as ss_is_root_step
-from shampoo_torch import Shampoo
+from shampoo_torch import NonFiniteGradientError, Shampoo
 
 SHAPES = {"w": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": (), "o": (1, 5, 1)}
 STEPS = 20
@@ -821,3 +821,36 @@ def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
     without = reference_run(dataclasses.replace(config, eigenvalue_correction=dataclasses.replace(
         config.eigenvalue_correction, basis_reuse_tolerance=0.0)), params, grads)
     assert max_relative_error(params, without, ref) > 1e-6  # the reuse changes the run
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip_block"])
+def test_float16_factors_refuse_blocks_as_the_reference(policy: str) -> None:
+    """Eq. (3) with float16 factors (eq. 11b): a block whose factors could pass 2^15 is
+    refused as the reference refuses it (raised naming float16, or skipped and counted)."""
+    config = dataclasses.replace(
+        _factor_storage_config("blocked", "float16"),
+        failure=FailureConfig(nonfinite_gradient=policy))  # type: ignore[arg-type]
+    params, grads = stream(seed=3, steps=3)
+    grads[1]["o"] = np.full_like(grads[1]["o"], 100.0)  # its (4,) block: 4 * 100^2 > 2^15
+    ref = ReferenceShampoo(config, params)
+    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    opt = Shampoo(list(tensors.items()), config)
+    for g in grads:
+        for k, t in tensors.items():
+            t.grad = torch.tensor(g[k])
+        if policy == "raise":
+            try:
+                ref.step(g)
+            except NonFiniteGradientError:
+                with pytest.raises(NonFiniteGradientError, match="float16 factors"):
+                    opt.step()
+                return
+        else:
+            ref.step(g)
+        opt.step()
+    assert policy == "skip_block"
+    assert ref.metrics.skipped_blocks > 0
+    assert opt.metrics["skipped_blocks"] == ref.metrics.skipped_blocks
+    for k, t in tensors.items():
+        ours, theirs = t.detach().numpy(), ref.params[k]
+        assert np.abs(ours - theirs).max() <= 1e-2 * max(np.abs(theirs).max(), 1e-30)

@@ -34,6 +34,7 @@ from shampoo_spec import (
     RootFailureError,
     ShampooConfig,
     block_overflows,
+    factor_limit,
     is_root_step,
     is_statistics_step,
     large_block_warnings,
@@ -281,13 +282,22 @@ class ReferenceShampoo:
                 reason = "non-finite gradient"
             else:
                 g_max, m = _max_abs(gb), self._state_max_abs(st, b.slices, bs)
-                if not block_overflows(g_max, gb.size, m):
+                m_f = max((_max_abs(f) for f in bs.factors if f is not None), default=0.0)
+                limit = factor_limit(cfg.factor_storage_dtype)
+                if not block_overflows(g_max, gb.size, m, m_f, limit):
                     continue
-                reason = (
-                    f"gradient too large for float32 state (max |G| = {g_max:.3g} over "
-                    f"{gb.size} entries with state max {m:.3g}: m + |B| g^2 > 2^127, "
-                    "shampoo_spec.block_overflows)"
-                )
+                if block_overflows(g_max, gb.size, m):
+                    reason = (
+                        f"gradient too large for float32 state (max |G| = {g_max:.3g} over "
+                        f"{gb.size} entries with state max {m:.3g}: m + |B| g^2 > 2^127, "
+                        "shampoo_spec.block_overflows)"
+                    )
+                else:
+                    reason = (
+                        f"gradient too large for float16 factors (max |G| = {g_max:.3g} over "
+                        f"{gb.size} entries with factor max {m_f:.3g}: m + |B| g^2 > 2^15, "
+                        "factor_storage_dtype='float16', shampoo_spec.block_overflows)"
+                    )
             if cfg.failure.nonfinite_gradient == "raise":
                 raise NonFiniteGradientError(
                     f"{reason} in parameter {name!r} at step {t} (block {i} at offsets "

@@ -61,7 +61,14 @@ from .errors import (
 )
 from .exporters import to_google, to_meta
 from .importers import from_google, from_meta
-from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
+from .limits import (
+    FLOAT16_FACTOR_LIMIT,
+    LARGE_BLOCK_DIM,
+    STATE_LIMIT,
+    block_overflows,
+    factor_limit,
+    large_block_warnings,
+)
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
 from .power_iteration import power_iteration_start
 from .schedule import (
@@ -85,6 +92,7 @@ __all__ = [
     "MAX_INTEGER",
     "ROOT_FLOPS_PER_CUBE",
     "STATE_LIMIT",
+    "FLOAT16_FACTOR_LIMIT",
     "Assignment",
     "BackendUnavailable",
     "BlockCost",
@@ -117,6 +125,7 @@ __all__ = [
     "assign_blocks",
     "block_cost",
     "block_overflows",
+    "factor_limit",
     "power_iteration_start",
     "config_differences",
     "config_from_dict",
