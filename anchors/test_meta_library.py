@@ -18,7 +18,9 @@ dtypes are set to float64 in every case but the three ``inv_*_roots``, which
 store the roots in float32, bfloat16 or float16 as Meta's
 ``inv_factor_matrix_dtype``, and the five ``ec_*``, which store eigenvalue
 correction's eigenvectors and corrected eigenvalues in float32, bfloat16 or
-float16: see :data:`ORDER_FLOOR_CASES` for how they are held), and "same
+float16, and the four ``factor_*``, which store the factors in bfloat16 or
+float16 as Meta's ``factor_matrix_dtype``: see :data:`ORDER_FLOOR_CASES` for
+how they are held), and "same
 numerics" means the same
 rules in the same order, so only rounding may differ: measured, 1e-15 to
 1e-10 after 50 steps (2e-9 for the Nesterov case, whose trajectory is that
@@ -87,6 +89,7 @@ sklearn_datasets = pytest.importorskip("sklearn.datasets", reason="needs scikit-
 import torch  # noqa: E402  (after the skip: without Meta's library torch may be absent too)
 from distributed_shampoo import shampoo_types  # noqa: E402
 from distributed_shampoo.preconditioner import (  # noqa: E402
+    matrix_functions,
     matrix_functions_types,
     shampoo_preconditioner_list,
 )
@@ -353,6 +356,19 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "epsilon": 1e-6,
         "preconditioner_config": {**EIGEN64, "inv_factor_matrix_dtype": "float16"},
     },
+    # factor_matrix_dtype bfloat16 / float16 (factor_storage_dtype, eq. 11b): factors
+    # stored in it, Meta's root steps in it (eigh retried in float64), roots then cast
+    # to inv_factor_matrix_dtype: Meta's default float32 (eq. 16's products in float32)
+    # or float64. Held to the summation-order floor (ORDER_FLOOR_CASES).
+    **{
+        f"factor_{s}" + ("" if inv == "float32" else f"_inv_{inv}"): {
+            "grafting_config": ADAGRAD,
+            "epsilon": 1e-6,
+            "preconditioner_config": {**EIGEN64, "factor_matrix_dtype": s,
+                                      "inv_factor_matrix_dtype": inv},
+        }
+        for s in ("bfloat16", "float16") for inv in ("float32", "float64")
+    },
     # factor_matrix_eigenvectors_dtype and corrected_eigenvalues_dtype
     # (eigenvalue_correction.eigenvectors_dtype / corrected_eigenvalues_dtype,
     # eq. 17a) on the eigenvalue_corrected case's arguments, float64 factors:
@@ -420,10 +436,21 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
 #: 3.2e-16 / 2.5e-7; q bfloat16 0 / 3.6e-16 / 7.0e-3; s bfloat16 1e-15 / 4.6e-15 /
 #: 2.3e-3; both bfloat16 0 / 3.2e-16 / 9.2e-3; both float16 (epsilon 1e-6)
 #: 6.5e-5 / 3.4e-16 / 7.1e-1.
+#: factor_matrix_dtype (factor_storage_dtype, eq. 11b; Meta's root's product and power
+#: replaced too, :func:`_stored_root_in_our_order`), with float32 roots / float64 roots:
+#: bfloat16 2.9e-1 / 2.1e-16 / 2.0e-1 and 2.7e-1 / 4.9e-15 / 3.8e-1; float16 5.0e-2 /
+#: 3.8e-16 / 2.8e-2 and 2.7e-2 / 7.0e-15 / 2.8e-2 (the control here: Meta with float64
+#: factors). The floor is as large as the option's effect: an ulp of bfloat16 is 0.4%,
+#: and the few entries Meta's kernels round otherwise grow over the 50 steps (for
+#: bfloat16 all from its pow(-1/2) tail: replacing only the power moves Meta by 2.9e-1;
+#: for float16 from the mm order); a 1e-15 change of W1 moves Meta in our order by
+#: 8.7e-16 (bfloat16) and 1.3e-12 (float16).
 ORDER_FLOOR_CASES = {"inv_float32_roots", "inv_bfloat16_roots", "inv_float16_roots",
                      "ec_float32_eigenvectors_and_eigenvalues", "ec_bfloat16_eigenvectors",
                      "ec_bfloat16_eigenvalues", "ec_bfloat16_eigenvectors_and_eigenvalues",
-                     "ec_float16_eigenvectors_and_eigenvalues"}
+                     "ec_float16_eigenvectors_and_eigenvalues",
+                     "factor_bfloat16", "factor_bfloat16_inv_float64", "factor_float16",
+                     "factor_float16_inv_float64"}
 
 #: World sizes Meta's DDP distributor runs the DDPDistributedConfig cases at
 #: (gloo on 127.0.0.1, one thread per rank, every rank fed the same batches:
@@ -475,7 +502,8 @@ def _params() -> list[Any]:
 
 
 def _float64_kwargs(case: Mapping[str, Any], *, float32_lr: bool) -> dict[str, Any]:
-    """The case's kwargs with :data:`BASE_KWARGS` and every Meta storage dtype float64.
+    """The case's kwargs with :data:`BASE_KWARGS` and every Meta storage dtype float64
+    (a bfloat16 or float16 ``factor_matrix_dtype`` excepted: ``factor_storage_dtype``).
 
     Meta's defaults are float32 factors, roots, eigenvectors and corrected
     eigenvalues; from_meta maps each (``inverse_root_dtype``, eq. 11a;
@@ -487,7 +515,8 @@ def _float64_kwargs(case: Mapping[str, Any], *, float32_lr: bool) -> dict[str, A
     """
     kwargs = {**copy.deepcopy(BASE_KWARGS), **copy.deepcopy(dict(case))}
     pc = kwargs.setdefault("preconditioner_config", copy.deepcopy(EIGEN64))
-    pc["factor_matrix_dtype"] = "float64"
+    if pc.get("factor_matrix_dtype") not in ("bfloat16", "float16"):
+        pc["factor_matrix_dtype"] = "float64"  # a case that sets one tests it (eq. 11b)
     for key in STORAGE_DTYPES[pc["type"]]:
         pc.setdefault(key, "float64")  # a case that sets one tests it (inverse_root_dtype)
     if float32_lr:
@@ -700,21 +729,56 @@ def _rotations_in_our_order(
                                   transpose=dims == ([0], [0]))
 
 
+_META_ROOT_FROM_EIGH = matrix_functions.matrix_inverse_root_from_eigendecomposition
+
+
+def _stored_root_in_our_order(
+    L: torch.Tensor, Q: torch.Tensor, root: Any, epsilon: float = 0.0,
+    rank_deficient_stability_config: Any = None,
+) -> torch.Tensor:
+    """Meta's ``matrix_inverse_root_from_eigendecomposition`` (matrix_functions.py:179-279)
+    for a bfloat16/float16 factor (eq. 11b) with its casts and its own perturbation
+    steps kept, and two kernels ours: the power in float32 with the exponent rounded
+    to s (torch's bfloat16 ``pow(-1/2)`` rounds ``sqrt`` to bfloat16 first on the
+    entries outside whole SIMD vectors) and ``(Q diag(x)) Q^T`` summed in float64
+    (Meta's ``mm`` in s sums in float32, in its own order); both rounded to s once.
+    Any other dtype: Meta's function itself."""
+    if L.dtype not in (torch.bfloat16, torch.float16):
+        return _META_ROOT_FROM_EIGH(L, Q, root, epsilon, rank_deficient_stability_config)
+    config = rank_deficient_stability_config
+    assert isinstance(config, matrix_functions_types.PerturbationConfig)
+    perturb = matrix_functions._matrix_perturbation
+    lambda_min = torch.min(L).item()
+    if config.perturb_before_computation:
+        if lambda_min < epsilon:
+            L = perturb(L, epsilon=-lambda_min, is_eigenvalues=True)
+            L = perturb(L, epsilon=epsilon, is_eigenvalues=True)
+    else:
+        L = perturb(L, epsilon=-min(lambda_min, 0.0), is_eigenvalues=True)
+        L = perturb(L, epsilon=epsilon, is_eigenvalues=True)
+    exponent = float(torch.tensor(-1.0 / root, dtype=torch.float64).to(L.dtype))
+    x = L.float().pow(exponent).to(L.dtype)
+    return ((Q * x.unsqueeze(0)).double() @ Q.double().T).to(L.dtype)
+
+
 @contextlib.contextmanager
 def _meta_products_in_our_order() -> Iterator[None]:
     """Meta with :func:`_roots_in_our_order` (and :func:`_rotations_in_our_order` for
-    eigenvalue correction) in place of its own, while it runs."""
+    eigenvalue correction, :func:`_stored_root_in_our_order` for its root of a
+    bfloat16/float16 factor) in place of its own, while it runs."""
     base = shampoo_preconditioner_list.BaseShampooPreconditionerList
     corrected = shampoo_preconditioner_list.EigenvalueCorrectedShampooPreconditionerList
     original = base.__dict__["_precondition_grad"]  # the staticmethod object itself
     assert "_precondition_grad" not in corrected.__dict__
     base._precondition_grad = staticmethod(_roots_in_our_order)
     corrected._precondition_grad = staticmethod(_rotations_in_our_order)  # type: ignore[method-assign]
+    matrix_functions.matrix_inverse_root_from_eigendecomposition = _stored_root_in_our_order
     try:
         yield
     finally:
         base._precondition_grad = original
         del corrected._precondition_grad
+        matrix_functions.matrix_inverse_root_from_eigendecomposition = _META_ROOT_FROM_EIGH
 
 
 def meta_ddp_rank(rank: int, world: int, kwargs: dict[str, Any]) -> tuple[Trajectory, float]:

@@ -312,6 +312,83 @@ def test_stored_roots_are_the_references_bit_for_bit(dtype: str) -> None:
     assert fractions and float(np.mean(fractions)) <= 0.01, fractions
 
 
+# ----------------------------------------------------- factor_storage_dtype, eq. (11b)
+FACTOR_STORAGE_CASES = {
+    "plain": ROOT_BASE,
+    "graft_momentum_bias_corrected": dataclasses.replace(
+        ROOT_BASE, grafting=ss.GraftingConfig(type="adagrad"),
+        momentum=ss.MomentumConfig(momentum=0.9, nesterov=True),
+        statistics=ss.StatisticsConfig(beta2=0.95, bias_correction=True),
+        schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
+    ),
+    "merged_shift_after": dataclasses.replace(
+        ROOT_BASE, blocking=ss.BlockingConfig(merge_dims_up_to=64),
+        epsilon=ss.EpsilonConfig(value=1e-3, placement="shift_after"),
+        exponents=ss.ExponentConfig(
+            overrides_by_order=(ss.OrderOverride(order=2, roots=(4.0, 6.0)),)
+        ),
+    ),
+}
+
+
+def _factor_storage_config(name: str, dtype: str, inverse: str | None = None
+                           ) -> ss.ShampooConfig:
+    return dataclasses.replace(FACTOR_STORAGE_CASES[name], factor_storage_dtype=dtype,  # type: ignore[arg-type]
+                               inverse_root_dtype=inverse)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(FACTOR_STORAGE_CASES))
+def test_factor_storage_dtype_within_derived_bound(name: str, dtype: str) -> None:
+    """float64 JAX with factors stored in s (native s arrays, each rounding behind a
+    barrier) against the reference's exact emulation of eq. (11b): section 5's bound
+    with u = u_s, capped at 1e-2 (``trajectory_bound`` takes u_s)."""
+    config = _factor_storage_config(name, dtype)
+    params, grads = stream()
+    rtol = min(1e-2, trajectory_bound(config, params, grads, np.float64).rtol)
+    want = reference_run(config, params, grads)
+    got = jax_run(config, params, grads, dtype=np.float64)
+    err, where = relative_error(got, want, params)
+    assert err <= rtol, f"{name} {dtype}: relative error {err:.3e} at {where}"
+
+
+@pytest.mark.parametrize("inverse", [None, "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_stored_factors_and_roots_are_the_references_bit_for_bit(
+        dtype: str, inverse: str | None) -> None:
+    """Eq. (11b) after four steps: the stored factors and roots are s numbers equal to the
+    reference's in all but a few entries (a flip needs an entry within kappa 2^-53, or a
+    float32 power's error, of a boundary of s); a rounding left out moves far more."""
+    config = _factor_storage_config("graft_momentum_bias_corrected", dtype, inverse)
+    params, grads = stream(steps=4, seed=11)
+    ref = ReferenceShampoo(config, params)
+    for g in grads:
+        ref.step(g)
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config)
+        p = {k: jnp.asarray(params[k]) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        for g in grads:
+            _, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
+        layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
+        fractions = []
+        for grp, gs in zip(layout.groups, state.groups, strict=True):
+            for i, k in enumerate(grp.preconditioned_dims):
+                f = np.asarray(gs.factors[i])
+                assert f.dtype == np.dtype(getattr(jnp, dtype))
+                x = np.asarray(gs.inverse_roots[i])
+                assert x.dtype == np.dtype(getattr(jnp, inverse or "float64"))
+                for row, (leaf, block) in enumerate(grp.members):
+                    bs = ref.state[names[leaf]].blocks[block]
+                    for mine, theirs in ((f, bs.factors[k]), (x, bs.inverse_roots[k])):
+                        assert theirs is not None
+                        fractions.append(fraction_not_bitwise(mine[row].astype(np.float64),
+                                                              theirs, dtype))
+    assert fractions and float(np.mean(fractions)) <= 0.01, fractions
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_first_direction_is_the_references_bit_for_bit(dtype: str) -> None:
     """Eq. (16) at step 1 (W_0 = 0, lr = 1, no graft: W_1 = -P exactly).
@@ -715,3 +792,31 @@ def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
     got = jax_run(config, params, grads, dtype=np.float64)
     err, where = relative_error(got, want, params)
     assert err <= 1e-9, f"relative error {err:.3e} at {where}"
+
+
+def test_float16_factors_refuse_blocks_as_the_reference() -> None:
+    """Eq. (3) with float16 factors (eq. 11b): a block whose factors could pass 2^15 is
+    skipped as the reference skips it (counted, state unchanged), sharded-safe masks."""
+    config = dataclasses.replace(
+        _factor_storage_config("plain", "float16"),
+        failure=ss.FailureConfig(nonfinite_gradient="skip_block"))
+    params, grads = stream(steps=3, seed=3)
+    name = sorted(params)[0]
+    grads[1][name] = np.full_like(grads[1][name], 100.0)  # its blocks: |B| 100^2 > 2^15
+    ref = ReferenceShampoo(config, params)
+    for g in grads:
+        ref.step(g)
+    assert ref.metrics.skipped_blocks > 0
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config)
+        p = {k: jnp.asarray(params[k]) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        for g in grads:
+            u, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
+            p = optax.apply_updates(p, u)
+        assert int(state.skipped_blocks) == ref.metrics.skipped_blocks
+        for k in names:
+            theirs = ref.params[k]
+            assert np.abs(np.asarray(p[k]) - theirs).max() <= 1e-2 * np.abs(theirs).max()

@@ -94,6 +94,12 @@ CONFIGS = {
     ),
     # Roots stored in bfloat16 (eq. 11a), products in bfloat16 (eq. 16).
     "bf16_roots": dataclasses.replace(BASE, inverse_root_dtype="bfloat16"),
+    # Factors stored in bfloat16 (eq. 11b), roots in float16, bias-corrected EMA.
+    "bf16_factors": dataclasses.replace(
+        BASE, factor_storage_dtype="bfloat16", inverse_root_dtype="float16",
+        statistics=ss.StatisticsConfig(beta2=0.95, bias_correction=True)),
+    # Factors stored in float16 (eq. 11b; eq. 3's float16 limit in the masks).
+    "f16_factors": dataclasses.replace(BASE, factor_storage_dtype="float16"),
     # Momentum stored as int8 with float32 scales (eq. 20b).
     "int8_momentum": dataclasses.replace(BASE, momentum=ss.MomentumConfig(
         momentum=0.9, storage="int8_columnwise")),

@@ -135,6 +135,24 @@ def test_checkpoint_keeps_the_inverse_root_dtype(tmp_path, dtype: str) -> None: 
             shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_checkpoint_keeps_the_factor_storage_dtype(tmp_path, dtype: str) -> None:  # noqa: ANN001
+    """Eq. (11b): factors live and are saved in ``factor_storage_dtype``; through
+    numpy.savez they load bit for bit and resume exactly; factors widened to float32
+    are refused naming the field (never re-rounded on load)."""
+    config = dataclasses.replace(CONFIG, factor_storage_dtype=dtype,  # type: ignore[arg-type]
+                                 epsilon=ss.EpsilonConfig(value=1e-4))
+    opt, step, p, s, rest = _four_steps(config)
+    want = np.dtype(getattr(jnp, dtype))
+    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.factors} == {want}
+    assert {np.dtype(x.dtype) for gs in s.groups for x in gs.inverse_roots} == \
+        {np.dtype(np.float32)}
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
+    wrong = [a.astype(np.float32) if np.dtype(a.dtype) == want else a for a in arrays]
+    with pytest.raises(ValueError, match=r"factors.*the state needs"):
+        shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
+
+
 def test_checkpoint_keeps_int8_momentum(tmp_path) -> None:  # noqa: ANN001
     """Eq. (20b): int8 buffers and their scales are saved as they are, load bit for bit
     through numpy.savez and resume exactly; a float buffer in their place, or a state

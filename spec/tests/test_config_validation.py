@@ -122,6 +122,29 @@ def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -
         (lambda: ss.ShampooConfig(
             epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse"),
             eigenvalue_correction=ss.EigenvalueCorrectionConfig()), "placement"),
+        # Eq. (11b): factors stored in s only with Meta's eigh root in s.
+        (lambda: ss.ShampooConfig(factor_storage_dtype="bfloat16",
+                                  root_inverse=ss.CoupledNewtonConfig()), "method"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="bfloat16",
+                                  root_inverse=ss.HigherOrderNewtonConfig()), "method"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="bfloat16",
+                                  root_inverse=ss.EighConfig(failure_threshold=0.1)),
+         "failure_threshold"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="float16",
+                                  epsilon=ss.EpsilonConfig(value=1e-3, placement="floor")),
+         "placement"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="float16",
+                                  epsilon=ss.EpsilonConfig(value=1e-3, scale="relative")),
+         "scale"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="bfloat16", statistics=ss.StatisticsConfig(
+            trace_scaling_exponent=0.5)), "trace_scaling_exponent"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="bfloat16", statistics=ss.StatisticsConfig(
+            initial_value="epsilon_identity")), "initial_value"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="bfloat16",
+                                  eigenvalue_correction=ss.EigenvalueCorrectionConfig()),
+         "factor_storage_dtype"),
+        (lambda: ss.ShampooConfig(factor_storage_dtype="float16",
+                                  epsilon=ss.EpsilonConfig(value=2.0**-25)), "value"),
     ],
 )
 def test_cross_field_rules(make: typing.Callable[[], object], field: str) -> None:
@@ -190,6 +213,22 @@ def test_update_dtype_error_names_field_value_and_allowed() -> None:
         "ShampooConfig.update_dtype = 'float64' is invalid: allowed one of 'float32', "
         "'bfloat16', 'float16', or None (the update is added unrounded)."
     )
+
+
+def test_factor_storage_dtype_error_names_field_value_and_allowed() -> None:
+    with pytest.raises(ValueError) as err:
+        ss.ShampooConfig(factor_storage_dtype="float32")  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "ShampooConfig.factor_storage_dtype = 'float32' is invalid: allowed one of 'bfloat16', "
+        "'float16', or None (the factors stay in factor_dtype)."
+    )
+    with pytest.raises(ValueError, match=r"epsilon.value = 1e-12 .* >= 2\^-24"):
+        ss.ShampooConfig(factor_storage_dtype="float16")
+    # bfloat16 has float32's range: Meta's default epsilon is fine; float16 from 2^-24.
+    assert ss.ShampooConfig(factor_storage_dtype="bfloat16").stores_factors_rounded
+    ss.ShampooConfig(factor_storage_dtype="float16", epsilon=ss.EpsilonConfig(value=2.0**-24))
+    ss.ShampooConfig(factor_storage_dtype="float16",
+                     epsilon=ss.EpsilonConfig(value=1e-3, placement="shift_after"))
 
 
 def test_defaults_are_valid_and_frozen() -> None:

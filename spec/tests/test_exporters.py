@@ -140,6 +140,16 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             o: draw(st.one_of(exponent, st.dictionaries(st.integers(0, o - 1), exponent)))
             for o in orders
         }
+        perturbation = pc["amortized_computation_config"].get(
+            "rank_deficient_stability_config", {}).get("type") == "PerturbationConfig"
+        if perturbation and "use_trace_scaling" not in pc:
+            # Eq. (11b): factors stored in bfloat16 or float16 (float16 needs an
+            # epsilon >= 2^-24: a smaller one rounds to 0 there).
+            low = draw(st.sampled_from([None, "bfloat16", "torch.float16"]))
+            if low is not None:
+                pc["factor_matrix_dtype"] = low
+                if low.endswith("float16") and not low.endswith("bfloat16"):
+                    kwargs["epsilon"] = max(kwargs["epsilon"], 1e-6)
     kwargs["preconditioner_config"] = pc
     if corrected and graft is None:
         # Without a graft Meta applies the correction from step 1 (refused for a later start).

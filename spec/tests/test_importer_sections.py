@@ -199,7 +199,9 @@ def test_meta_preconditioner_values() -> None:
     ("config", "match"),
     [({"type": "KLShampooPreconditionerConfig"}, r"preconditioner_config\.type = 'KL"),
      ({"type": "MyConfig"}, r"preconditioner_config\.type = 'MyConfig'"),
-     ({"factor_matrix_dtype": "bfloat16"}, r"preconditioner_config\.factor_matrix_dtype"),
+     ({"factor_matrix_dtype": "bfloat16", "use_trace_scaling": True},
+      r"preconditioner_config\.factor_matrix_dtype = 'bfloat16' with "
+      r"preconditioner_config\.use_trace_scaling"),
      ({"ignored_basis_change_dims": {"1": [0]}}, "ignored_basis_change_dims")],
 )
 def test_meta_preconditioner_refuses(config: dict[str, Any], match: str) -> None:

@@ -580,10 +580,57 @@ def test_meta_dtypes_refused_naming_path_value_and_allowed(bad: Any, key: str) -
              "a floating dtype, one of ['bfloat16', 'float16', 'float32', 'float64']")
 
 
-def test_meta_bfloat16_factors_still_unsupported() -> None:
-    with pytest.raises(NotImplementedError, match="factor_matrix_dtype = 'bfloat16'"):
-        ss.from_meta({"preconditioner_config": {**ROOT_INV,
-                                                "factor_matrix_dtype": "torch.bfloat16"}})
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+@pytest.mark.parametrize("inv", [None, "float32", "float64", "bfloat16"])
+def test_meta_low_precision_factors_import_as_factor_storage_dtype(
+        low: str, inv: str | None) -> None:
+    """Eq. (11b): a bfloat16/float16 factor_matrix_dtype is stored in it, computed in
+    float64 (Meta's eigh retry); the roots' dtype as before (float32 by default)."""
+    pc: dict[str, Any] = {**ROOT_INV, "factor_matrix_dtype": f"torch.{low}"}
+    if inv is not None:
+        pc["inv_factor_matrix_dtype"] = inv
+    c = ss.from_meta({"preconditioner_config": pc, "epsilon": 1e-6})
+    assert (c.factor_storage_dtype, c.factor_dtype) == (low, "float64")
+    assert c.inverse_root_dtype == (None if inv == "float64" else inv or "float32")
+    assert ss.from_meta(ss.to_meta(c)) == c
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"amortized_computation_config": {"type": "CoupledNewtonConfig"}},
+     "amortized_computation_config"),
+    ({"amortized_computation_config": {"type": "EigenConfig", "rank_deficient_stability_config":
+                                       {"type": "PseudoInverseConfig"}}},
+     "amortized_computation_config"),
+    ({"use_trace_scaling": True}, "use_trace_scaling"),
+    ({"use_symmetric_packing": False}, "use_symmetric_packing"),
+])
+def test_meta_low_precision_factors_refused_where_not_specified(
+        extra: dict[str, Any], key: str) -> None:
+    pc = {**ROOT_INV, "factor_matrix_dtype": "bfloat16", **extra}
+    eps = 0.0 if "PseudoInverseConfig" in str(extra) else 1e-6
+    with pytest.raises(NotImplementedError,
+                       match=f"factor_matrix_dtype = 'bfloat16' with preconditioner_config.{key}"):
+        ss.from_meta({"preconditioner_config": pc, "epsilon": eps})
+    with pytest.raises(NotImplementedError, match="EigenvalueCorrectedShampooPreconditionerConfig"):
+        ss.from_meta({"preconditioner_config": {**EIGEN_CORRECTED,
+                                                "factor_matrix_dtype": "bfloat16"}})
+
+
+def test_meta_float16_factors_need_epsilon_representable_in_float16() -> None:
+    with pytest.raises(ValueError, match=r"epsilon.value = 1e-12 .* >= 2\^-24"):
+        ss.from_meta({"preconditioner_config": {**ROOT_INV, "factor_matrix_dtype": "float16"}})
+
+
+def test_to_meta_refuses_factor_storage_with_float32_work() -> None:
+    c = ss.from_meta({"preconditioner_config": {**ROOT_INV, "factor_matrix_dtype": "bfloat16"}})
+    with pytest.raises(ValueError, match="factor_dtype = 'float32'"):
+        ss.to_meta(dataclasses.replace(c, factor_dtype="float32"))
+    with pytest.raises(ValueError, match="factor_storage_dtype = 'bfloat16'"):
+        ss.to_google(dataclasses.replace(
+            ss.from_google({**GOOGLE, "eigh": True, "relative_matrix_epsilon": False}),
+            root_inverse=ss.EighConfig(), factor_storage_dtype="bfloat16",
+            epsilon=ss.EpsilonConfig(value=1e-6, placement="ridge"),
+            statistics=ss.StatisticsConfig(beta2=0.999, initial_value="zero")))
 
 
 def test_meta_keys_of_this_snapshot_are_accepted() -> None:

@@ -102,6 +102,18 @@ def test_block_overflows_closed_forms(g: float, size: int, m: float, refused: bo
     assert ss.block_overflows(g, size, m) == (not m + size * g * g <= 2.0**127)
 
 
+def test_float16_factor_limit() -> None:
+    """Eq. (3) with float16 factors (eq. 11b): m_f + |B| g^2 <= 2^15 as well."""
+    assert ss.factor_limit("float16") == ss.FLOAT16_FACTOR_LIMIT == 2.0**15
+    assert ss.factor_limit("bfloat16") is None and ss.factor_limit(None) is None
+    assert ss.FLOAT16_FACTOR_LIMIT * 2 < 65504 * 1.01  # half of float16's range
+    assert not ss.block_overflows(90.0, 4, 0.0, 0.0, 2.0**15)  # 32400
+    assert ss.block_overflows(91.0, 4, 0.0, 0.0, 2.0**15)  # 33124
+    assert ss.block_overflows(1.0, 4, 0.0, 2.0**15 - 3, 2.0**15)
+    assert not ss.block_overflows(91.0, 4, 0.0)  # float32's limit alone
+    assert ss.block_overflows(float("nan"), 4, 0.0, 0.0, 2.0**15)
+
+
 def test_block_overflows_bounds_every_update() -> None:
     """A block that passes keeps every state term below float32's range (eqs. 6, 14b, 17)."""
     g, size = 3e18, 16
@@ -174,6 +186,8 @@ def test_config_differences() -> None:
         "momentum.momentum: 0.0 -> 0.5", "momentum.storage: 'float' -> 'int8_columnwise'"]
     rounded = dataclasses.replace(a, inverse_root_dtype="bfloat16")
     assert ss.config_differences(a, rounded) == ["inverse_root_dtype: None -> 'bfloat16'"]
+    stored = dataclasses.replace(a, factor_storage_dtype="bfloat16")
+    assert ss.config_differences(a, stored) == ["factor_storage_dtype: None -> 'bfloat16'"]
     ec = dataclasses.replace(a, eigenvalue_correction=ss.EigenvalueCorrectionConfig())
     stored = dataclasses.replace(a, eigenvalue_correction=ss.EigenvalueCorrectionConfig(
         eigenvectors_dtype="float32", corrected_eigenvalues_dtype="bfloat16"))

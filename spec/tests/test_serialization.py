@@ -110,6 +110,18 @@ def test_eigenvalue_correction_dtypes_round_trip(dtype: str | None) -> None:
     assert (read.eigenvectors_dtype, read.corrected_eigenvalues_dtype) == (None, None)
 
 
+@pytest.mark.parametrize("dtype", [None, *ss.FACTOR_STORAGE_DTYPES])
+def test_factor_storage_dtype_round_trip(dtype: str | None) -> None:
+    """Eq. (11b): the factors' storage dtype survives JSON; a dict without it reads None."""
+    c = ss.ShampooConfig(factor_dtype="float64", factor_storage_dtype=dtype,  # type: ignore[arg-type]
+                         epsilon=ss.EpsilonConfig(value=1e-4))
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["factor_storage_dtype"] == dtype
+    assert ss.ShampooConfig.from_dict(data) == c
+    del data["factor_storage_dtype"]
+    assert ss.ShampooConfig.from_dict(data).factor_storage_dtype is None
+
+
 def test_dict_without_inverse_root_dtype_reads_none() -> None:
     """A dict saved before the field existed (checkpoints) reads as None: today's numerics."""
     data = ss.ShampooConfig(factor_dtype="float64").to_dict()
@@ -126,6 +138,7 @@ def test_dict_without_inverse_root_dtype_reads_none() -> None:
         ({"grafting": "adagrad"}, "grafting"),
         ({"exponents": {"overrides_by_order": 4}}, "overrides_by_order"),
         ({"inverse_root_dtype": "float8"}, "inverse_root_dtype"),
+        ({"factor_storage_dtype": "float8"}, "factor_storage_dtype"),
         ({"eigenvalue_correction": {"eigenvectors_dtype": "float8"}}, "eigenvectors_dtype"),
         ({"eigenvalue_correction": {"corrected_eigenvalues_dtype": "int8"}},
          "corrected_eigenvalues_dtype"),

@@ -101,6 +101,14 @@ CASES: dict[str, tuple[Groups, torch.dtype, dict[str, Any]]] = {
         _one_group(dataclasses.replace(RICH, factor_dtype="float64", update_dtype="bfloat16")),
         torch.float64, {},
     ),
+    # Eq. (11b): factors stored in float16 on their owner ranks, eq. 3's float16 limit
+    # decided on every rank alike (skip_block).
+    "float16_factors_skip_block": (
+        _one_group(dataclasses.replace(
+            RICH, factor_storage_dtype="float16",
+            failure=FailureConfig(nonfinite_gradient="skip_block"))),
+        torch.float32, {},
+    ),
     "large_blocks_adagrad_sum": (
         _one_group(dataclasses.replace(
             RICH, statistics=StatisticsConfig(),

@@ -69,6 +69,12 @@ RESUME_CASES = {
         dataclasses.replace(RICH, factor_dtype="float64", inverse_root_dtype="bfloat16"),
         torch.float64,
     ),
+    # Eq. (11b): factors stored in float16 (float64 work), roots in float32.
+    "float16_factors_float64": (
+        dataclasses.replace(RICH, factor_dtype="float64", factor_storage_dtype="float16",
+                            inverse_root_dtype="float32"),
+        torch.float64,
+    ),
     # Eq. (20b): int8 momentum (separate buffers) with float32 scales, blocks skipped too.
     "int8_momentum_skip_block": (
         dataclasses.replace(RICH, momentum=dataclasses.replace(
@@ -246,6 +252,30 @@ def test_checkpoints_carry_the_inverse_root_dtype(dtype: str) -> None:
     assert_trees_equal(fresh.state_dict(), opt.state_dict())
     assert {x.dtype for v in fresh.blocks() for x in (v.inverse_roots or ()) if x is not None} \
         == {want}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_checkpoints_carry_the_factor_storage_dtype(dtype: str) -> None:
+    """Eq. (11b): factors are saved in ``factor_storage_dtype`` (both formats) and load
+    back bit for bit; a factor saved in another dtype is refused, not rounded."""
+    config = dataclasses.replace(RICH, factor_dtype="float64",
+                                 factor_storage_dtype=dtype)  # type: ignore[arg-type]
+    params = make_params(torch.float64)
+    opt = Shampoo(params, config)
+    run_steps(opt, params, make_grads(4))
+    want = getattr(torch, dtype)
+    for saved in (roundtrip(opt.state_dict()), roundtrip(opt.distributed_state_dict())):
+        factors = {f.dtype for block in _blocks(saved) for f in block["factors"].values()}
+        assert factors == {want}
+        assert _root_dtypes(saved) == {torch.float64}
+    fresh = Shampoo(make_params(torch.float64), config)
+    fresh.load_state_dict(roundtrip(opt.state_dict()))
+    assert_trees_equal(fresh.state_dict(), opt.state_dict())
+    widened = roundtrip(opt.state_dict())
+    for block in _blocks(widened):
+        block["factors"] = {k: f.double() for k, f in block["factors"].items()}
+    with pytest.raises(ValueError, match="factor_storage_dtype, eq. 11b"):
+        Shampoo(make_params(torch.float64), config).load_state_dict(widened)
 
 
 def _blocks(sd: dict) -> list[dict]:

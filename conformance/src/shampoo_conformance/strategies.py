@@ -188,6 +188,14 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         # f_t = max(floor(f / 10) * 10, 1) = 1. The backends' own tests run schedules.
         precondition_frequency_growth=draw(st.sampled_from([None, None, 20])),
     )
+    # Factors stored in bfloat16/float16 (eq. 11b) where the config allows it (Meta's eigh
+    # root in s: absolute ridge or shift_after epsilon, statistics from zero).
+    storable = (well_conditioned and type(root_inverse) is ss.EighConfig
+                and root_inverse.failure_threshold is None and epsilon.scale == "absolute"
+                and epsilon.placement in ("ridge", "shift_after")
+                and statistics.initial_value == "zero")
+    factor_storage = (draw(st.sampled_from([None, None, None, "bfloat16", "float16"]))
+                      if storable else None)
     return ss.ShampooConfig(
         learning_rate=draw(st.sampled_from([0.01, 0.1])),
         statistics=statistics,
@@ -207,6 +215,7 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         inverse_root_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16"])),
         # The update rounded before it is added (eq. 21a, Meta's DDP communication_dtype).
         update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
+        factor_storage_dtype=factor_storage,
     )
 
 

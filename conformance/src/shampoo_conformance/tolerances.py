@@ -85,10 +85,11 @@ INT8_UNIT_ROUNDOFF = 2.0**-8
 
 def storage_dtypes(config: ShampooConfig) -> tuple[str, ...]:
     """The storage dtypes whose roundings the reference emulates: ``inverse_root_dtype``
-    (eqs. 11a, 16) and eigenvalue correction's ``eigenvectors_dtype`` and
-    ``corrected_eigenvalues_dtype`` (eq. 17a), those that are set."""
+    (eqs. 11a, 16), ``factor_storage_dtype`` (eq. 11b) and eigenvalue correction's
+    ``eigenvectors_dtype`` and ``corrected_eigenvalues_dtype`` (eq. 17a), those that
+    are set."""
     ec = config.eigenvalue_correction
-    named = [config.inverse_root_dtype]
+    named: list[str | None] = [config.inverse_root_dtype, config.factor_storage_dtype]
     if ec is not None:
         named += [ec.eigenvectors_dtype, ec.corrected_eigenvalues_dtype]
     return tuple(d for d in named if d is not None)

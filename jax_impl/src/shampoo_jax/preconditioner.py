@@ -25,7 +25,7 @@ from shampoo_spec import ShampooConfig
 
 from . import blocks as B
 from . import grafting, schedule
-from .roots import all_finite, basis_still_fits, compute_inverse_root, qr_eigenbasis
+from .roots import all_finite, basis_still_fits, compute_inverse_root, qr_eigenbasis, rounded
 from .state import BlockGroupState, factor_dtype
 
 Groups = tuple[BlockGroupState, ...]
@@ -103,8 +103,17 @@ def update_statistics(
         for grp, gs, gb, ok in zip(layout.groups, groups, g_blocks, block_ok, strict=False):
             factors = []
             for k, lk in zip(grp.preconditioned_dims, gs.factors, strict=False):
-                decayed = stats.beta2 * lk if stats.decays else lk
-                updated = decayed + weight * B.factor_contraction(gb, k)
+                if config.factor_storage_dtype is not None:
+                    # Eq. (11b): the decay in float32 rounded to s, the sum with
+                    # w G G^T in the factor dtype rounded once to s.
+                    decayed = (rounded(lk.astype(jnp.float32) * jnp.float32(stats.beta2),
+                                       lk.dtype) if stats.decays else lk)
+                    contraction = B.factor_contraction(gb, k)
+                    updated = rounded(decayed.astype(contraction.dtype) + weight * contraction,
+                                      lk.dtype)
+                else:
+                    decayed = stats.beta2 * lk if stats.decays else lk
+                    updated = decayed + weight * B.factor_contraction(gb, k)
                 factors.append(jnp.where(ok[:, None, None], updated, lk))
             new.append(gs._replace(
                 factors=tuple(factors),
@@ -158,7 +167,14 @@ def refresh_inverse_roots(
             n = gs.statistics_updates
             for i, (k, lk) in enumerate(zip(grp.preconditioned_dims, gs.factors, strict=False)):
                 a = lk
-                if stats.corrects_bias:
+                if stats.corrects_bias and config.factor_storage_dtype is not None:
+                    # Eq. (11b): bc in the factor dtype, the division in float32, rounded.
+                    work = factor_dtype(config)
+                    beta2 = jnp.asarray(stats.beta2, work)
+                    bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(work), 1.0)
+                    a = rounded(lk.astype(jnp.float32) / bc.astype(jnp.float32)[:, None, None],
+                                lk.dtype)
+                elif stats.corrects_bias:
                     beta2 = jnp.asarray(stats.beta2, lk.dtype)
                     bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(lk.dtype), 1.0)
                     a = lk / bc[:, None, None]
@@ -350,25 +366,6 @@ def corrected_direction(
 
 
 # ------------------------------------------------------- eqs. (16)-(18)
-def rounded(x: Array, dtype: Any) -> Array:
-    """``round_s(x)`` of eqs. (11a), (16): ``x`` in ``dtype``, rounded there for certain.
-
-    XLA may keep a narrow value in wider precision (``xla_allow_excess_precision``,
-    on by default): on CPU it computes a bfloat16/float16 dot in float32 and
-    then drops a float32 -> bfloat16 -> float32 pair of converts around it, so
-    a product would skip its rounding, depending on the batch size and the
-    fusion (measured on jax 0.10.2: every entry of a batched matrix-vector
-    product). The barrier makes the value in ``dtype`` a real value of the
-    program. ``lax.reduce_precision`` would not do: it flushes float16
-    subnormals (below 6.1e-5, common gradient entries) to zero.
-    """
-    y = x.astype(dtype)
-    if y.dtype == x.dtype and x.dtype in (jnp.float32, jnp.float64):
-        return y  # already in dtype: nothing to round
-    out: Array = lax.optimization_barrier(y)
-    return out
-
-
 def precondition_blocks(
     groups: Groups,
     layout: B.Layout,

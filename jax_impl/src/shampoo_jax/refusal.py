@@ -64,7 +64,8 @@ def held_max(
     return real_blocks(per_slot, layout, groups, sharding)
 
 
-def passes(x: Array, held: Array | None) -> Array:
+def passes(x: Array, held: Array | None, factors: Array | None = None,
+           limit: float | None = None) -> Array:
     """Eq. (3) per block of a stack ``[nb, ...]``: finite and ``m + |B| g^2 <= STATE_LIMIT``.
 
     ``held``: m, the largest |entry| of each block's state (None: 0). The
@@ -80,6 +81,10 @@ def passes(x: Array, held: Array | None) -> Array:
     if held is not None:
         bound = held.astype(bound.dtype) + bound
     ok: Array = finite & (bound <= STATE_LIMIT)
+    if limit is not None:  # float16 factors (eq. 11b): m_f + |B| g^2 <= 2^15 too
+        term = math.prod(x.shape[1:]) * g * g
+        factor_bound = term if factors is None else factors.astype(term.dtype) + term
+        ok = ok & (factor_bound <= limit)
     return ok
 
 
@@ -90,6 +95,7 @@ def refuse_blocks(
     layout: B.Layout,
     fdt: Any,
     sharding: ShardingConfig | None,
+    limit: float | None = None,
 ) -> Refused:
     """Eq. (3): refused blocks are zeroed here and masked in every update.
 
@@ -97,17 +103,21 @@ def refuse_blocks(
     overflow bound ``m + |B| g^2 > STATE_LIMIT`` holds
     (``shampoo_spec.block_overflows``): g = max |G_B|, m = the largest
     |entry| of the block's factors, graft state V (on its slice) and
-    corrected moment D. A parameter that is not preconditioned is one block.
+    corrected moment D. With ``limit`` (float16 factors, ``shampoo_spec.factor_limit``,
+    eq. 11b) also ``m_f + |B| g^2 > limit``, m_f of the factors alone. A parameter
+    that is not preconditioned is one block (no factors: no factor limit).
     ``v``: the graft state in merged shapes (None: no graft state).
     """
     g_blocks = B.gather(g, layout)
     held = held_max(state.groups, layout, sharding)
+    factors_held = list(held)  # the factors alone (no D with stored factors): ``limit``'s m
     if v is not None and layout.groups:
         for gi, vb in enumerate(B.gather(v, layout)):
             m = max_abs(vb, tuple(range(1, vb.ndim)))
             h = held[gi]
             held[gi] = m if h is None else jnp.maximum(h, m)
-    block_ok = [passes(x, h) for x, h in zip(g_blocks, held, strict=True)]
+    block_ok = [passes(x, h, f, limit)
+                for x, h, f in zip(g_blocks, held, factors_held, strict=True)]
     n = len(layout.leaves)
     per_parameter = jnp.zeros((n,), jnp.int32)
     for grp, ok in zip(layout.groups, block_ok, strict=True):

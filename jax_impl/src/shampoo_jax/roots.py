@@ -24,9 +24,11 @@ traced value. The rules are those of ``shampoo_reference.linalg``:
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 
 from shampoo_spec import (
@@ -86,6 +88,25 @@ def _eigh(a: Array, active: Array | None = None) -> tuple[Array, Array]:
         return pairs
     lam, q = jnp.linalg.eigh(a, symmetrize_input=False)
     return lam, q
+
+
+def rounded(x: Array, dtype: Any) -> Array:
+    """``round_s(x)`` of eqs. (11a), (16): ``x`` in ``dtype``, rounded there for certain.
+
+    XLA may keep a narrow value in wider precision (``xla_allow_excess_precision``,
+    on by default): on CPU it computes a bfloat16/float16 dot in float32 and
+    then drops a float32 -> bfloat16 -> float32 pair of converts around it, so
+    a product would skip its rounding, depending on the batch size and the
+    fusion (measured on jax 0.10.2: every entry of a batched matrix-vector
+    product). The barrier makes the value in ``dtype`` a real value of the
+    program. ``lax.reduce_precision`` would not do: it flushes float16
+    subnormals (below 6.1e-5, common gradient entries) to zero.
+    """
+    y = x.astype(dtype)
+    if y.dtype == x.dtype and x.dtype in (jnp.float32, jnp.float64):
+        return y  # already in dtype: nothing to round
+    out: Array = lax.optimization_barrier(y)
+    return out
 
 
 def all_finite(a: Array) -> Array:
@@ -270,6 +291,44 @@ def root_inverse_eigh(
     x = _matmul(q * inverse_root_eigenvalues(lam, root, rank)[..., None, :],
                 jnp.swapaxes(q, -1, -2))
     return x, passes
+
+
+def root_inverse_eigh_stored(
+    a: Array, root: float, eps: EpsilonConfig, work: Any, active: Array | None = None,
+) -> Array:
+    """Eq. (11b) for a stack of factors stored in s (bfloat16 or float16), in s.
+
+    Meta's steps, each computed in float32 (torch's s kernels) and rounded to s
+    behind :func:`rounded`'s barrier: the ridge ``A + round_s(eps) I``, the
+    eigendecomposition in ``work`` (the factor dtype; Meta's float64 retry) with
+    lambda and Q rounded to s, the shift by each matrix's smallest eigenvalue m
+    and the epsilon (``"ridge"``: only where ``m < eps``; ``"shift_after"``: by
+    ``min(m, 0)``, then ``+ round_s(eps)``), the power with the exponent rounded
+    to s, the column scaling, and ``(Q diag(x)) Q^T`` summed in ``work``, rounded
+    to s, its upper triangle mirrored (Meta stores the root packed).
+    """
+    s = a.dtype
+    f32 = jnp.float32
+    e = jnp.asarray(eps.value, s).astype(f32)  # round_s(eps)
+    if eps.placement == "ridge":
+        a = rounded(a.astype(f32) + e * _eye_like(a).astype(f32), s)
+    lam, q = _eigh(a.astype(work), active)
+    lam, q = rounded(lam, s), rounded(q, s)
+    m = lam[..., :1].astype(f32)  # ascending: the smallest eigenvalue of each matrix
+    lam32 = lam.astype(f32)
+    if eps.placement == "ridge":
+        shifted = rounded(rounded(lam32 - m, s).astype(f32) + e, s)
+        lam = jnp.where(m.astype(jnp.float64 if work == jnp.float64 else f32) < eps.value,
+                        shifted, lam)
+    else:  # "shift_after"
+        lam = rounded(jnp.where(m < 0, rounded(lam32 - m, s).astype(f32), lam32) + e, s)
+    exponent = float(np.asarray(-1.0 / root, np.float32).astype(s))  # round_s, via float32
+    x = rounded(lam.astype(f32) ** exponent, s)
+    scaled = rounded(q.astype(f32) * x.astype(f32)[..., None, :], s)
+    full = rounded(_matmul(scaled.astype(work), jnp.swapaxes(q, -1, -2).astype(work)), s)
+    upper = jnp.triu(full)
+    out: Array = upper + jnp.swapaxes(jnp.triu(full, 1), -1, -2)
+    return out
 
 
 def eigenbasis(
@@ -483,7 +542,10 @@ def compute_inverse_root(
     method = config.root_inverse
     tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
     passes: Array | None = None
-    if config.eigenvalue_correction is not None:
+    if config.factor_storage_dtype is not None:  # eq. (11b): the root in s
+        work = jnp.float64 if config.factor_dtype == "float64" else jnp.float32
+        x = root_inverse_eigh_stored(a, root, config.epsilon, work, active)
+    elif config.eigenvalue_correction is not None:
         x, passes = eigenbasis(a, active, tau)
     elif isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge
         x, higher_ok = root_inverse_higher_order(a, root, method, active)

@@ -159,6 +159,13 @@ def _storage_dtype(config: ShampooConfig, field: str, stored: str | None) -> Any
     return _ROOT_DTYPES[stored]
 
 
+def stored_factor_dtype(config: ShampooConfig) -> Any:
+    """The dtype the factors are stored in: ``config.factor_storage_dtype`` (eq. 11b), or
+    :func:`factor_dtype` when None."""
+    stored = config.factor_storage_dtype
+    return factor_dtype(config) if stored is None else _ROOT_DTYPES[stored]
+
+
 def root_dtype(config: ShampooConfig) -> Any:
     """The dtype inverse roots are stored in (eq. 11a): ``config.inverse_root_dtype``, or
     with eigenvalue correction the eigenbases' ``eigenvectors_dtype`` (eq. 17a), or
@@ -196,7 +203,7 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
     factors, inverse_roots = [], []
     for k in grp.preconditioned_dims:
         eye = jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt), (nb, grp.shape[k], grp.shape[k]))
-        factors.append(jnp.asarray(init_scale, fdt) * eye)
+        factors.append((jnp.asarray(init_scale, fdt) * eye).astype(stored_factor_dtype(config)))
         # Identity before the first root (eq. 13), exact in any storage dtype (eq. 11a).
         inverse_roots.append(jnp.array(eye, dtype=rdt))
     ec = config.eigenvalue_correction is not None
@@ -276,4 +283,5 @@ __all__ = [
     "leaf_shapes",
     "root_dtype",
     "scale_dtype",
+    "stored_factor_dtype",
 ]

@@ -44,6 +44,7 @@ from shampoo_spec import (
     GraftingConfig,
     ParameterPlan,
     ShampooConfig,
+    factor_limit,
     large_block_warnings,
 )
 
@@ -188,7 +189,8 @@ def shampoo(
             lr_t = float(lr_t)  # a Python int such as 2**62 overflows JAX's int32 arguments
         g, w = _merged_inputs(g_leaves, params, tree, config)
         v = tree.merged(state.graft) if state.graft is not None else None
-        masked = refuse_blocks(g, state, v, layout, fdt, sharding)
+        masked = refuse_blocks(g, state, v, layout, fdt, sharding,
+                               factor_limit(config.factor_storage_dtype))
         graft_state = _update_graft_state(state.graft, masked, tree, config.grafting)
         used, new_filtered = _filter_gradient(
             state.filtered, masked, t, tree, config.gradient_filter

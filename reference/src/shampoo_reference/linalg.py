@@ -224,6 +224,50 @@ def root_inverse_eigh_with_error(
     return _root_inverse_eigh(matrix, root, eps, placement, True, rank)
 
 
+def root_inverse_eigh_stored(matrix: Array, root: float, eps: float, placement: str,
+                             dtype: str) -> Array:
+    """Eq. (11b): the inverse root of a factor stored in ``dtype`` s (bfloat16 or float16).
+
+    ``matrix`` is the bias-corrected factor A, already s-valued. Every step
+    Meta takes in s is rounded to s here: the ridge ``round_s(A + round_s(eps) I)``
+    (``"ridge"``), the eigenvalues and eigenvectors of the exact
+    eigendecomposition (float64, Meta's retry), the shift by the smallest
+    eigenvalue m and the epsilon (``"ridge"``: only when ``m < eps``;
+    ``"shift_after"``: by ``min(m, 0)``, then ``+ round_s(eps)``), the power
+    ``l ** round_s(-1/root)``, the column scaling ``Q diag(x)`` and the
+    product ``(Q diag(x)) Q^T``, whose upper triangle is the root (mirrored:
+    Meta stores symmetric matrices packed). Each operand is s-valued, so each operation's
+    exact result is formed in float64 (a product of two s numbers is exact;
+    a sum of two is exact or, by Figueroa's double-rounding theorem, rounds
+    to float32 as float32 arithmetic does) and rounded once to s through
+    float32; only the n-term sum of the last product and the power carry a
+    float64 rounding (docs/spec.md eq. 11b says what is exact). Returns the
+    s-valued root in float64.
+    """
+    e = float(round_to(np.array([eps]), dtype)[0])
+    a = np.asarray(matrix, dtype=np.float64)
+    if placement == "ridge":
+        a = round_to(a + e * np.eye(a.shape[0]), dtype)
+    lam, q = np.linalg.eigh(a)
+    lam, q = round_to(lam, dtype), round_to(q, dtype)
+    m = float(lam.min())
+    if placement == "ridge":
+        if m < eps:
+            lam = round_to(round_to(lam - m, dtype) + e, dtype)
+    else:  # "shift_after"
+        if m < 0:
+            lam = round_to(lam - m, dtype)
+        lam = round_to(lam + e, dtype)
+    with np.errstate(divide="ignore", over="ignore"):
+        x = round_to(lam ** float(round_to(np.array([-1.0 / root]), dtype)[0]), dtype)
+        scaled = round_to(q * x, dtype)
+        product = round_to(scaled @ q.T, dtype)
+    # Meta stores the root as its upper triangle (use_symmetric_packing): the rounded
+    # product is not symmetric, and its lower triangle is the upper one mirrored.
+    stored: Array = np.triu(product) + np.triu(product, 1).T
+    return stored
+
+
 def eigenbasis(matrix: Array) -> Array:
     """Orthonormal eigenvectors of a symmetric factor, ascending eigenvalues (eq. 17)."""
     return np.linalg.eigh(symmetrize(matrix))[1]

@@ -34,6 +34,7 @@ from shampoo_spec import (
     RootFailureError,
     ShampooConfig,
     block_overflows,
+    factor_limit,
     is_root_step,
     is_statistics_step,
     large_block_warnings,
@@ -54,6 +55,7 @@ from .linalg import (
     qr_eigenbasis,
     root_inverse_coupled_newton,
     root_inverse_eigh,
+    root_inverse_eigh_stored,
     root_inverse_eigh_with_error,
     root_inverse_higher_order,
     round_to,
@@ -280,13 +282,22 @@ class ReferenceShampoo:
                 reason = "non-finite gradient"
             else:
                 g_max, m = _max_abs(gb), self._state_max_abs(st, b.slices, bs)
-                if not block_overflows(g_max, gb.size, m):
+                m_f = max((_max_abs(f) for f in bs.factors if f is not None), default=0.0)
+                limit = factor_limit(cfg.factor_storage_dtype)
+                if not block_overflows(g_max, gb.size, m, m_f, limit):
                     continue
-                reason = (
-                    f"gradient too large for float32 state (max |G| = {g_max:.3g} over "
-                    f"{gb.size} entries with state max {m:.3g}: m + |B| g^2 > 2^127, "
-                    "shampoo_spec.block_overflows)"
-                )
+                if block_overflows(g_max, gb.size, m):
+                    reason = (
+                        f"gradient too large for float32 state (max |G| = {g_max:.3g} over "
+                        f"{gb.size} entries with state max {m:.3g}: m + |B| g^2 > 2^127, "
+                        "shampoo_spec.block_overflows)"
+                    )
+                else:
+                    reason = (
+                        f"gradient too large for float16 factors (max |G| = {g_max:.3g} over "
+                        f"{gb.size} entries with factor max {m_f:.3g}: m + |B| g^2 > 2^15, "
+                        "factor_storage_dtype='float16', shampoo_spec.block_overflows)"
+                    )
             if cfg.failure.nonfinite_gradient == "raise":
                 raise NonFiniteGradientError(
                     f"{reason} in parameter {name!r} at step {t} (block {i} at offsets "
@@ -426,11 +437,18 @@ class ReferenceShampoo:
         stats = cfg.statistics
         if is_statistics_step(t, cfg.schedule):
             w = stats.update_weight
+            s = cfg.factor_storage_dtype
             for k, lk in enumerate(bs.factors):
                 if lk is None:
                     continue
-                decayed = stats.beta2 * lk if stats.decays else lk
-                bs.factors[k] = decayed + w * factor_contraction(gb, k)
+                if s is None:
+                    decayed = stats.beta2 * lk if stats.decays else lk
+                    bs.factors[k] = decayed + w * factor_contraction(gb, k)
+                    continue
+                # Eq. (11b): the decay in float32 (c_s), rounded; the sum with the
+                # working-precision w G G^T rounded once.
+                decayed = round_to(_scalar_in(stats.beta2, s) * lk, s) if stats.decays else lk
+                bs.factors[k] = round_to(decayed + w * factor_contraction(gb, k), s)
             bs.statistics_updates += 1
         if roots_now and self._root_step():
             self._refresh_inverse_roots(name, roots, bs)
@@ -450,7 +468,9 @@ class ReferenceShampoo:
         for k, lk in enumerate(bs.factors):
             if lk is None:
                 continue
-            a = lk / bc
+            s = cfg.factor_storage_dtype
+            # Eq. (11b): in s the division takes bc in float32 and rounds.
+            a = lk / bc if s is None else round_to(lk / _scalar_in(bc, s), s)
             tau = cfg.statistics.trace_scaling_exponent
             if tau > 0:  # eq. (7b)
                 a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
@@ -549,6 +569,8 @@ class ReferenceShampoo:
                 return None
             return result.root
         e = cfg.epsilon
+        if cfg.factor_storage_dtype is not None:  # eq. (11b): the root in s
+            return root_inverse_eigh_stored(a, root, eps, e.placement, cfg.factor_storage_dtype)
         rank = (e.rank_cutoff_rtol(a.shape[0], cfg.factor_dtype), e.rank_atol) if (
             e.pseudo_inverse) else None
         try:

@@ -25,6 +25,7 @@ from .assignment import (
 )
 from .config import (
     EPSILON_PLACEMENTS,
+    FACTOR_STORAGE_DTYPES,
     GRAFTING_TYPES,
     GRAFTING_TYPES_WITH_STATE,
     INVERSE_ROOT_DTYPES,
@@ -36,6 +37,7 @@ from .config import (
     EighConfig,
     EpsilonConfig,
     ExponentConfig,
+    FactorStorageDtype,
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
@@ -60,7 +62,14 @@ from .errors import (
 )
 from .exporters import to_google, to_meta
 from .importers import from_google, from_meta
-from .limits import LARGE_BLOCK_DIM, STATE_LIMIT, block_overflows, large_block_warnings
+from .limits import (
+    FLOAT16_FACTOR_LIMIT,
+    LARGE_BLOCK_DIM,
+    STATE_LIMIT,
+    block_overflows,
+    factor_limit,
+    large_block_warnings,
+)
 from .plan import BlockPlan, ParameterPlan, merge_dims, plan_parameter, squeeze_shape
 from .power_iteration import power_iteration_start
 from .schedule import (
@@ -76,6 +85,7 @@ __all__ = [
     "EPSILON_PLACEMENTS",
     "GRAFTING_TYPES",
     "GRAFTING_TYPES_WITH_STATE",
+    "FACTOR_STORAGE_DTYPES",
     "INVERSE_ROOT_DTYPES",
     "MOMENTUM_STORAGES",
     "UPDATE_DTYPES",
@@ -83,6 +93,7 @@ __all__ = [
     "MAX_INTEGER",
     "ROOT_FLOPS_PER_CUBE",
     "STATE_LIMIT",
+    "FLOAT16_FACTOR_LIMIT",
     "Assignment",
     "BackendUnavailable",
     "BlockCost",
@@ -97,6 +108,7 @@ __all__ = [
     "GradientFilterConfig",
     "GraftingConfig",
     "HigherOrderNewtonConfig",
+    "FactorStorageDtype",
     "Inexpressible",
     "InverseRootDtype",
     "MomentumStorage",
@@ -115,6 +127,7 @@ __all__ = [
     "assign_blocks",
     "block_cost",
     "block_overflows",
+    "factor_limit",
     "power_iteration_start",
     "config_differences",
     "config_from_dict",

@@ -59,6 +59,11 @@ _SMALLEST_POSITIVE: dict[str, tuple[float, str]] = {"float16": (2.0**-24, "2^-24
 UpdateDtype = Literal["float32", "bfloat16", "float16"]
 UPDATE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
+#: The dtypes the factors may be stored in below ``factor_dtype``
+#: (``ShampooConfig.factor_storage_dtype``, eq. 11b; Meta's ``factor_matrix_dtype``).
+FactorStorageDtype = Literal["bfloat16", "float16"]
+FACTOR_STORAGE_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+
 #: Grafting types that keep a second-moment state V (eq. 14b).
 GRAFTING_TYPES_WITH_STATE: tuple[str, ...] = (
     "adagrad",
@@ -902,6 +907,21 @@ class ShampooConfig:
     ``W <- W + round_c(Delta)`` (eq. 21a), as Meta's DDP distributor
     rounds every block's update into its all-gather buffer, on every rank
     and at any world size. None (the default) adds the update unrounded.
+
+    ``factor_storage_dtype`` (Meta's ``factor_matrix_dtype`` bfloat16 or
+    float16) is a rule too: when set to s, the factors are stored in s and
+    every operation Meta makes on them in s is rounded to s (eq. 11b: the
+    decay, the sum with ``w G G^T``, the bias correction, the ridge, the
+    eigenvalues and eigenvectors of the root, their shift and power, and the
+    root's product ``Q diag(x) Q^T``); the eigendecomposition itself and the
+    outer product ``G G^T`` stay in the working precision (``factor_dtype``
+    in the backends, float64 in the reference), as Meta's float64 retry and
+    gradient-dtype ``tensordot``. None (the default): the factors in
+    ``factor_dtype``, today's numerics bit for bit. Only with what Meta's
+    root offers in s: ``root_inverse`` eigh without ``failure_threshold``,
+    ``epsilon`` absolute with placement ``ridge`` or ``shift_after``, no
+    trace scaling, statistics starting at zero, no eigenvalue correction;
+    with s = float16 ``epsilon.value`` >= 2^-24.
     """
 
     learning_rate: float = 1e-2
@@ -920,6 +940,7 @@ class ShampooConfig:
     factor_dtype: Literal["float32", "float64"] = "float32"
     inverse_root_dtype: InverseRootDtype | None = None
     update_dtype: UpdateDtype | None = None
+    factor_storage_dtype: FactorStorageDtype | None = None
 
     def __post_init__(self) -> None:
         o = "ShampooConfig"
@@ -948,6 +969,10 @@ class ShampooConfig:
         if self.update_dtype is not None:
             v.choice(o, "update_dtype", self.update_dtype, UPDATE_DTYPES,
                      none_means="the update is added unrounded")
+        if self.factor_storage_dtype is not None:
+            v.choice(o, "factor_storage_dtype", self.factor_storage_dtype, FACTOR_STORAGE_DTYPES,
+                     none_means="the factors stay in factor_dtype")
+            self._check_factor_storage()
         # Cross-field rules.
         if self.momentum.buffers == "separate" and self.grafting.type == "none":
             v.fail(
@@ -1012,6 +1037,42 @@ class ShampooConfig:
                         "exponents.overrides_by_order[]", "roots", item.roots,
                         "integer roots with root_inverse.method='coupled_newton'",
                     )
+
+    def _check_factor_storage(self) -> None:
+        """Eq. (6a): the rest of the config must be what Meta's root computes in s."""
+        s = self.factor_storage_dtype
+        why = f"with factor_storage_dtype={s!r} (eq. 11b specifies Meta's eigh root in s only)"
+        method = self.root_inverse
+        if not isinstance(method, EighConfig):
+            v.fail("root_inverse", "method", method.method, f"'eigh' {why}")
+        elif method.failure_threshold is not None:
+            v.fail("root_inverse", "failure_threshold", method.failure_threshold, f"None {why}")
+        eps = self.epsilon
+        if eps.scale != "absolute":
+            v.fail("epsilon", "scale", eps.scale, f"'absolute' {why}")
+        if eps.placement not in ("ridge", "shift_after"):
+            v.fail("epsilon", "placement", eps.placement, f"'ridge' or 'shift_after' {why}")
+        if self.statistics.trace_scaling_exponent != 0:
+            v.fail("statistics", "trace_scaling_exponent",
+                   self.statistics.trace_scaling_exponent, f"0 {why}")
+        if self.statistics.initial_value != "zero":
+            v.fail("statistics", "initial_value", self.statistics.initial_value,
+                   f"'zero' {why}")
+        if self.eigenvalue_correction is not None:
+            v.fail("ShampooConfig", "factor_storage_dtype", s,
+                   "None with eigenvalue_correction (eq. 11b specifies the inverse root only)")
+        if s in _SMALLEST_POSITIVE and eps.value < _SMALLEST_POSITIVE[s][0]:
+            # Eq. (6a): the shifted smallest eigenvalue becomes round_s(eps), 0 in
+            # float16 below 2^-25: an infinite root (Meta raises on it).
+            v.fail("epsilon", "value", eps.value,
+                   f">= {_SMALLEST_POSITIVE[s][1]} with factor_storage_dtype={s!r} (a smaller "
+                   "epsilon rounds to 0 in float16: an infinite root, eq. 11b)")
+
+    @property
+    def stores_factors_rounded(self) -> bool:
+        """Whether eq. (11b) stores the factors, and computes their roots, in
+        ``factor_storage_dtype``."""
+        return self.factor_storage_dtype is not None
 
     @property
     def root_dtype(self) -> str:

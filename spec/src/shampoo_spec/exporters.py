@@ -214,8 +214,8 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
     From ``epsilon`` (absolute; eq. 10 placement), ``root_inverse``,
     ``exponents`` (per-order exponents 1 / root), ``eigenvalue_correction``,
-    ``factor_dtype``, ``inverse_root_dtype`` (RootInv's
-    ``inv_factor_matrix_dtype``, eqs. 11a, 16) and ``failure``.
+    ``factor_dtype`` or ``factor_storage_dtype`` (eq. 11b), ``inverse_root_dtype``
+    (RootInv's ``inv_factor_matrix_dtype``, eqs. 11a, 16) and ``failure``.
     """
     eps = c.epsilon
     lacks.same("epsilon.scale", eps.scale, "absolute", "Meta's epsilon is absolute")
@@ -238,7 +238,7 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
             else "RootInvShampooPreconditionerConfig"
         ),
         "amortized_computation_config": _meta_root_inverse(c, lacks),
-        "factor_matrix_dtype": c.factor_dtype,
+        "factor_matrix_dtype": _meta_factor_dtype(c, lacks),
         "num_tolerated_failed_amortized_computations": c.failure.max_consecutive_root_failures,
     }
     if corrected:
@@ -252,6 +252,18 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         out["use_trace_scaling"] = True
         out["trace_scaling_exponent"] = c.statistics.trace_scaling_exponent
     return out
+
+
+def _meta_factor_dtype(c: ShampooConfig, lacks: _Lacks) -> str:
+    """Writes ``factor_matrix_dtype``: ``factor_storage_dtype`` (eq. 11b) when set, whose
+    working precision must be float64 (Meta's eigendecomposition of a bfloat16 or
+    float16 factor retries in float64), else ``factor_dtype``."""
+    if c.factor_storage_dtype is None:
+        return c.factor_dtype
+    lacks.same("factor_dtype", c.factor_dtype, "float64",
+               f"with factor_storage_dtype={c.factor_storage_dtype!r} Meta decomposes its "
+               "factors in float64 (its eigh retry, eq. 11b)")
+    return c.factor_storage_dtype
 
 
 def _meta_inverse_root_dtype(c: ShampooConfig, lacks: _Lacks) -> str:
@@ -595,6 +607,8 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google has no eigenvalue-corrected Shampoo")
     lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
                "Google keeps its preconditioners in the computation dtype (eq. 11a)")
+    lacks.same("factor_storage_dtype", c.factor_storage_dtype, None,
+               "Google keeps its statistics in the computation dtype (eq. 11b)")
     lacks.same("update_dtype", c.update_dtype, None,
                "Google returns its updates unrounded (eq. 21a)")
     lacks.same("exponents.default", ex.default, "preconditioned_dims",

@@ -26,20 +26,36 @@ from .plan import ParameterPlan
 #: state entry may reach, with room for one more addition of the same size.
 STATE_LIMIT = 2.0**127
 
+#: Half of float16's range (its largest finite value is 65504 < 2^16): the most a factor
+#: stored in float16 (``factor_storage_dtype``, eq. 11b) may reach, with the same margin.
+FLOAT16_FACTOR_LIMIT = 2.0**15
+
 #: Block dims above this get a warning (a 8192 x 8192 float32 factor is 256 MiB).
 LARGE_BLOCK_DIM = 8192
 
 
-def block_overflows(gradient_max_abs: float, block_size: int, state_max_abs: float) -> bool:
+def block_overflows(gradient_max_abs: float, block_size: int, state_max_abs: float,
+                    factor_max_abs: float = 0.0, factor_limit: float | None = None) -> bool:
     """Eq. (3): whether a block's step must be refused although its gradient is finite.
 
     ``gradient_max_abs``: max |G_B| (after L2 decay, eq. 2); ``block_size``:
     |B|; ``state_max_abs``: the largest absolute entry of the block's factors,
-    graft state and corrected second moment (0 when it has none). A NaN in
-    either magnitude also refuses the block.
+    graft state and corrected second moment (0 when it has none). With
+    ``factor_limit`` (:func:`factor_limit`: float16 factors, eq. 11b) also
+    ``factor_max_abs + |B| g^2 > factor_limit``, ``factor_max_abs`` the
+    largest absolute entry of the block's factors. A NaN in either magnitude
+    also refuses the block.
     """
-    bound = state_max_abs + block_size * gradient_max_abs * gradient_max_abs
-    return not bound <= STATE_LIMIT
+    term = block_size * gradient_max_abs * gradient_max_abs
+    if factor_limit is not None and not factor_max_abs + term <= factor_limit:
+        return True
+    return not state_max_abs + term <= STATE_LIMIT
+
+
+def factor_limit(factor_storage_dtype: str | None) -> float | None:
+    """Eq. (3)'s limit on the factors alone: :data:`FLOAT16_FACTOR_LIMIT` for factors stored in
+    float16 (eq. 11b), else None (bfloat16 has float32's range: STATE_LIMIT covers it)."""
+    return FLOAT16_FACTOR_LIMIT if factor_storage_dtype == "float16" else None
 
 
 def large_block_warnings(name: str, plan: ParameterPlan) -> list[str]:

@@ -57,7 +57,8 @@ class BlockGroup:
     ``factors[k]`` (eq. 6) and ``inverse_roots[k]`` (eqs. 10-11; the
     eigenbasis Q_k with eigenvalue correction, eq. 17) exist for each
     preconditioned dim k, i.e. each dim whose root r_k is not 0. Factors and
-    the corrected moment are in ``dtype`` (``factor_dtype``); inverse roots
+    the corrected moment are in ``dtype`` (``factor_dtype``; the factors in
+    ``storage_dtype`` when set, eq. 11b); inverse roots
     in ``root_dtype`` (``config.root_dtype``: ``inverse_root_dtype``, eq. 11a,
     or the eigenbases' ``eigenvectors_dtype``, eq. 17a, else the factor dtype;
     None here means ``dtype``); the corrected moment D in ``corrected_dtype``
@@ -77,12 +78,19 @@ class BlockGroup:
     corrected_updates: torch.Tensor | None = None  # [B] int64
     root_dtype: torch.dtype | None = None  # None: ``dtype``
     corrected_dtype: torch.dtype | None = None  # D's (eq. 17a); None: ``dtype``
+    #: the factors' storage dtype (``factor_storage_dtype``, eq. 11b); None: ``dtype``.
+    storage_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.root_dtype is None:
             self.root_dtype = self.dtype
         if self.corrected_dtype is None:
             self.corrected_dtype = self.dtype
+
+    @property
+    def stored_factor_dtype(self) -> torch.dtype:
+        """The factors' dtype: ``storage_dtype`` (eq. 11b) or ``dtype``."""
+        return self.dtype if self.storage_dtype is None else self.storage_dtype
 
     @property
     def rounds_roots(self) -> bool:
@@ -103,7 +111,7 @@ class BlockGroup:
         for k in self.dims:
             n = self.shape[k]
             eye = torch.eye(n, dtype=dt, device=dev).expand(b, n, n)
-            self.factors[k] = (initial_value * eye).contiguous()
+            self.factors[k] = (initial_value * eye).to(self.stored_factor_dtype).contiguous()
             self.inverse_roots[k] = eye.to(self.root_dtype, copy=True)  # exact in any dtype
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)
         self.consecutive_failures = torch.zeros(b, dtype=torch.int64, device=dev)
@@ -144,13 +152,15 @@ def build_block_groups(
     owned: Callable[[int, int], bool] | None = None,
     root_dtype: torch.dtype | None = None,
     corrected_dtype: torch.dtype | None = None,
+    storage_dtype: torch.dtype | None = None,
 ) -> tuple[list[ParamLayout], list[BlockGroup]]:
     """Group the blocks of all preconditioned parameters by (shape, roots, device).
 
     ``owned(position, block)``: only the blocks it accepts get a block-group
     row (the blocks this rank owns, :mod:`shampoo_torch.distributed`); None: all.
-    ``dtype`` is the factor dtype, ``root_dtype`` the inverse roots' and
-    ``corrected_dtype`` the corrected moment's (None: ``dtype``).
+    ``dtype`` is the factor dtype, ``root_dtype`` the inverse roots',
+    ``corrected_dtype`` the corrected moment's and ``storage_dtype`` the
+    factors' storage (eq. 11b) (None: ``dtype``).
     """
     groups: list[BlockGroup] = []
     index: dict[tuple[object, ...], int] = {}
@@ -165,7 +175,8 @@ def build_block_groups(
                     index[key] = len(groups)
                     groups.append(BlockGroup(block.shape, block.roots, device, dtype, [],
                                              root_dtype=root_dtype,
-                                             corrected_dtype=corrected_dtype))
+                                             corrected_dtype=corrected_dtype,
+                                             storage_dtype=storage_dtype))
                 groups[index[key]].members.append((pos, bi))
         layouts.append(ParamLayout(plan, tuple(b.slices for b in plan.blocks)))
     return layouts, groups

@@ -149,6 +149,13 @@ def _fail(where: str, message: str) -> NoReturn:
     raise ValueError(f"cannot load Shampoo state: {where}: {message}")
 
 
+def _stored(factors: Any) -> bool:
+    """Whether a block's factors are held in a storage dtype (eq. 11b: bfloat16, float16)."""
+    return isinstance(factors, dict) and any(
+        isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
+        for t in factors.values())
+
+
 def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) -> None:
     """Same keys, same tensor shapes; ints for ints; inverse roots in our dtype exactly.
 
@@ -166,7 +173,8 @@ def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) ->
             if not saved.dtype.is_floating_point or (exact_dtype and saved.dtype != ours.dtype):
                 _fail(where, f"dtype {saved.dtype} does not match {ours.dtype}"
                       + (" (a storage rule: config.root_dtype, eq. 11a, "
-                         "config.corrected_dtype, eq. 17a, or the momentum scales', eq. 20b)"
+                         "config.corrected_dtype, eq. 17a, config.factor_storage_dtype, "
+                         "eq. 11b, or the momentum scales', eq. 20b)"
                          if exact_dtype else ""))
             if saved.numel() and not bool(torch.isfinite(saved.to(ours.dtype)).all()):
                 _fail(where, f"non-finite entries (NaN or inf, in {ours.dtype}): allowed "
@@ -191,10 +199,11 @@ def _check_tree(where: str, ours: Any, saved: Any, exact_dtype: bool = False) ->
             got = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
             _fail(where, f"keys {got} do not match {sorted(map(str, ours))}")
         for k in ours:
-            # The roots' dtype (eq. 11a) and the momentum scales' (eq. 20b) are rules.
+            # The roots' dtype (eq. 11a), the momentum scales' (eq. 20b) and the
+            # factors' storage dtype (eq. 11b) are rules.
             _check_tree(f"{where}[{k!r}]", ours[k], saved[k],
                         exact_dtype or k in ("inverse_roots", "corrected")
-                        or str(k).endswith("_scale"))
+                        or str(k).endswith("_scale") or (k == "factors" and _stored(ours[k])))
         return
     if isinstance(ours, list):
         if not isinstance(saved, list) or len(saved) != len(ours):

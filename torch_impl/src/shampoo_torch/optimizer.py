@@ -93,7 +93,8 @@ class Shampoo(torch.optim.Optimizer):
 
     Parameters may be float32/float64/bfloat16/float16 on any device. Factors
     and inverse roots are kept in ``config.factor_dtype`` (the roots in
-    ``config.inverse_root_dtype`` when set, eq. 11a); elementwise state
+    ``config.inverse_root_dtype`` when set, eq. 11a; the factors in
+    ``config.factor_storage_dtype`` when set, eq. 11b); elementwise state
     (graft, filter, momentum) in the wider of the parameter dtype and the
     factor dtype; the update is cast back to the parameter dtype.
     :meth:`blocks` shows the Kronecker state of every block.
@@ -312,6 +313,9 @@ class Shampoo(torch.optim.Optimizer):
             what = "too large gradient"
             why = (": finite, but max|state| + |B| max|G_B|^2 > 2^127, so the block's state "
                    "could overflow float32 (eq. 3, shampoo_spec.block_overflows)")
+            if self._plans[gi].config.factor_storage_dtype == "float16":
+                why += (", or max|factors| + |B| max|G_B|^2 > 2^15, so its float16 factors "
+                        "could overflow (factor_storage_dtype, eq. 11b)")
         raise NonFiniteGradientError(
             f"{what} in parameter {self._plans[gi].names[pos]!r} at step {step} (block {block})"
             f"{where}{why}; failure.nonfinite_gradient='raise' (no optimizer state or "

@@ -75,7 +75,15 @@ def update_statistics(
     in_place = rows is None and ok is None
     for k in bg.dims:
         a, b = contraction_operands(gb, k)
-        if a.shape[-1] == 1:  # rank-1 update: products, scalings and sums entry by entry
+        if bg.storage_dtype is not None:
+            # Eq. (11b): the decay on the stored factor in its dtype (torch takes
+            # beta2 in float32 and rounds to s, as Meta's _foreach_mul_), the sum with
+            # w G G^T in the working precision, rounded once to s (Meta's add_).
+            outer = a * b if a.shape[-1] == 1 else torch.bmm(a, b)
+            old = take(bg.factors[k], rows)
+            decayed = old.mul(beta2) if stats.decays else old
+            new = decayed.to(bg.dtype).add(outer, alpha=weight).to(bg.storage_dtype)
+        elif a.shape[-1] == 1:  # rank-1 update: products, scalings and sums entry by entry
             outer = a * b if weight == 1.0 else weight * (a * b)
             old = take(bg.factors[k], rows)
             new = outer + (beta2 * old if stats.decays else old)
@@ -133,6 +141,25 @@ def refresh_inverse_roots(
     tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
     for k in bg.dims:
         a = take(bg.factors[k], rows)
+        if bg.storage_dtype is not None:  # eq. (11b): the root in s
+            if bc is not None:  # float32 division, rounded to s (Meta's 0-d divisor)
+                a = (a.float() / bc.float()[:, None, None]).to(bg.storage_dtype)
+            new, good = rowwise(
+                partial(roots.root_inverse_eigh_stored, root=bg.roots[k], eps=cfg.epsilon,
+                        work_dtype=bg.dtype),
+                a,
+            )
+            new = new.contiguous().to(bg.root_dtype)  # eq. (11a) when set; exact otherwise
+            good = good & roots.finite_rows(new)
+            failed = ~good if ok is None else (~good & ok)
+            keep_new = good if ok is None else (good & ok)
+            old = take(bg.inverse_roots[k], rows)
+            bg.inverse_roots[k] = put(
+                bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
+            )
+            failures = failures + failed.sum()
+            failed_any |= failed
+            continue
         if bc is not None:
             a = a / bc[:, None, None]
         if stats.trace_scaling_exponent > 0:  # eq. (7b), per row

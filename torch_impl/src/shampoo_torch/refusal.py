@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from shampoo_spec import STATE_LIMIT
+from shampoo_spec import STATE_LIMIT, factor_limit
 
 from .blocks import BlockGroup, block_max_abs
 from .cohorts import StepInput
@@ -73,15 +73,17 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
         if rows is not None:
             held.index_copy_(0, flat.to(device), rows.to(device, dt))
     zeros = torch.zeros(total, dtype=dt, device=device)
-    g_parts, m_parts = [], []
+    g_parts, m_parts, f_parts = [], [], []
     for pos, grid in enumerate(gp.grids):
         lo, hi = gp.offsets[pos], gp.offsets[pos] + grid.num_blocks
         if pos not in inp.g:
             g_parts.append(zeros[lo:hi])
             m_parts.append(zeros[lo:hi])
+            f_parts.append(zeros[lo:hi])
             continue
         g_parts.append(block_max_abs(grid, inp.g[pos]).to(device, dt))
         m = held[lo:hi]
+        f_parts.append(m)  # the factors alone (no corrected moment with stored factors)
         graft = state[inp.params[pos]].get("graft")
         if graft is not None:
             m = torch.maximum(m, block_max_abs(grid, graft).to(device, dt))
@@ -90,5 +92,9 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
     assert gp.block_sizes is not None
     bound = m + gp.block_sizes.to(device, dt) * gmax * gmax  # as shampoo_spec.block_overflows
     codes = torch.where(bound <= STATE_LIMIT, OK, TOO_LARGE)
+    limit = factor_limit(gp.config.factor_storage_dtype)
+    if limit is not None:  # float16 factors (eq. 11b): m_f + |B| g^2 <= 2^15 too
+        factor_bound = torch.cat(f_parts) + gp.block_sizes.to(device, dt) * gmax * gmax
+        codes = torch.where(factor_bound <= limit, codes, TOO_LARGE)
     codes = torch.where(torch.isfinite(gmax), codes, NONFINITE)
     return codes.to(CODE_DTYPE)

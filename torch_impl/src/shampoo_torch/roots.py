@@ -189,6 +189,50 @@ def root_inverse_eigh(
     return x, ok & ok_eigh & finite_rows(x)
 
 
+def root_inverse_eigh_stored(
+    a: torch.Tensor, root: float, eps: EpsilonConfig, work_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (11b) per row: the inverse root of factors stored in s (bfloat16 or float16).
+
+    ``a`` [B, n, n] in s, already bias corrected. Meta's steps in s, each one
+    torch's s kernel (float32 arithmetic rounded once to s; the added scalars,
+    ``add``'s alpha and ``pow``'s exponent rounded to s): the ridge
+    ``A + round_s(eps) I``, the eigendecomposition in ``work_dtype`` (Meta's
+    float64 retry) with lambda and Q cast to s, the shift by the smallest
+    eigenvalue m and the epsilon (``"ridge"``: only where ``m < eps``;
+    ``"shift_after"``: by ``min(m, 0)``, then ``+ eps``), ``pow(-1/root)``, the
+    column scaling (``pow`` in float32, as torch's vectorized s kernel); the product
+    ``(Q diag(x)) Q^T`` of s numbers summed in
+    ``work_dtype`` and rounded to s (the reference's sum, to that precision), its
+    upper triangle mirrored (Meta stores the root packed as its upper triangle).
+    Returns the root in s and ok (eq. 13: finite input, eigh converged, finite
+    root).
+    """
+    s = a.dtype
+    a, ok = sanitize(a)
+    n = a.shape[-1]
+    value = eps.value
+    if eps.placement == "ridge":
+        a = a.add(torch.eye(n, dtype=s, device=a.device), alpha=value)
+    lam, q, ok_eigh = eigh(a.to(work_dtype))
+    lam, q = lam.to(s), q.to(s)
+    m = lam[:, :1]  # ascending: the smallest eigenvalue of each row
+    if eps.placement == "ridge":
+        shifted = (lam - m) + value  # per row: m is the row's scalar, as Meta's .item()
+        lam = torch.where(m.double() < value, shifted, lam)
+    else:  # "shift_after"
+        lam = torch.where(m < 0, lam - m, lam) + value
+    # The power in float32 with the exponent rounded to s, rounded once to s: torch's s
+    # kernel, except bfloat16 pow(-1/2), whose scalar tail (entries outside whole SIMD
+    # vectors) rounds sqrt to bfloat16 before dividing (docs/spec.md eq. 11b).
+    exponent = float(torch.tensor(-1.0 / root, dtype=torch.float64).to(s))
+    x = lam.float().pow(exponent).to(s)
+    scaled = q * x.unsqueeze(1)
+    out = torch.matmul(scaled.to(work_dtype), q.to(work_dtype).transpose(1, 2)).to(s)
+    out = torch.triu(out) + torch.triu(out, 1).transpose(1, 2)  # the upper triangle, mirrored
+    return out, ok & ok_eigh & finite_rows(out)
+
+
 def eigenbasis(
     a: torch.Tensor, failure_threshold: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -126,6 +126,7 @@ def build_param_group_plan(
     layouts, block_groups = build_block_groups(
         plans, [p.device for p in params], fdt, owned, ROOT_DTYPES[cfg.root_dtype],
         ROOT_DTYPES[cfg.corrected_dtype],
+        None if cfg.factor_storage_dtype is None else ROOT_DTYPES[cfg.factor_storage_dtype],
     )
     for bg in block_groups:
         bg.allocate(cfg.initial_factor_scale, cfg.eigenvalue_correction is not None)

@@ -269,6 +269,16 @@ def step_configs(
         # Updates rounded (eq. 21a): a float16 update beyond 65504 is withheld (eq. 22).
         update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
     )
+    # Factors stored in bfloat16/float16 (eq. 11b) where the config allows it; float16
+    # refuses blocks whose factors could pass 2^15 (eq. 3) and needs eps >= 2^-24.
+    if (not eigen and type(root_inverse) is ss.EighConfig
+            and root_inverse.failure_threshold is None and config.epsilon.scale == "absolute"
+            and config.epsilon.placement in ("ridge", "shift_after")
+            and config.statistics.initial_value == "zero"):
+        allowed = ["bfloat16"] + (["float16"] if config.epsilon.value >= 2.0**-24 else [])
+        storage = draw(st.sampled_from([None, None, *allowed]))
+        if storage is not None:
+            config = dataclasses.replace(config, factor_storage_dtype=storage)
     return config
 
 

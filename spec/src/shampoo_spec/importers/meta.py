@@ -30,6 +30,7 @@ from ..config import (
     EighConfig,
     EpsilonConfig,
     ExponentConfig,
+    FactorStorageDtype,
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
@@ -130,6 +131,12 @@ Placement = Literal["ridge", "shift_after", "pseudo_inverse"]
 FactorDtype = Literal["float32", "float64"]
 _FACTOR_DTYPES: dict[str, FactorDtype] = {"float32": "float32", "float64": "float64"}
 
+#: ``factor_matrix_dtype`` values stored below the working precision
+#: (``factor_storage_dtype``, eq. 11b); the working precision is then float64.
+_FACTOR_STORAGE_DTYPES: dict[str, FactorStorageDtype] = {
+    "bfloat16": "bfloat16", "float16": "float16",
+}
+
 #: ``weight_decay_type`` (WeightDecayType member names; each value is its name).
 WEIGHT_DECAY_TYPES = {name: name for name in ("L2", "DECOUPLED", "CORRECTED", "INDEPENDENT")}
 
@@ -158,6 +165,7 @@ class Preconditioner(NamedTuple):
     eigenvalue_correction: EigenvalueCorrectionConfig | None
     factor_dtype: FactorDtype
     inverse_root_dtype: InverseRootDtype | None
+    factor_storage_dtype: FactorStorageDtype | None
     failure: FailureConfig
 
 
@@ -217,6 +225,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
             failure=pre.failure,
             factor_dtype=pre.factor_dtype,
             inverse_root_dtype=pre.inverse_root_dtype,
+            factor_storage_dtype=pre.factor_storage_dtype,
             update_dtype=update_dtype,
         )
 
@@ -384,7 +393,10 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     ``root_inverse`` (eqs. 10-11, :func:`_root_inverse`), ``exponents``
     (eq. 12, :func:`_exponents`), ``eigenvalue_correction`` (eq. 17, for
     ``EigenvalueCorrectedShampooPreconditionerConfig``), ``factor_dtype``,
-    ``inverse_root_dtype`` (eqs. 11a, 16, :func:`_storage_dtype`) and
+    ``inverse_root_dtype`` (eqs. 11a, 16, :func:`_storage_dtype`),
+    ``factor_storage_dtype`` (eq. 11b: a bfloat16 or float16
+    ``factor_matrix_dtype``, with ``factor_dtype`` float64, the precision of
+    Meta's eigendecomposition, which retries in float64) and
     ``failure`` (eq. 13, ``num_tolerated_failed_amortized_computations``).
     """
     pc = a.get("preconditioner_config", None)
@@ -430,10 +442,35 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     factor_dtype = dtype(
         "preconditioner_config.factor_matrix_dtype", p.get("factor_matrix_dtype", "float32"), TORCH
     )
-    if factor_dtype not in _FACTOR_DTYPES:
+    storage = _FACTOR_STORAGE_DTYPES.get(factor_dtype)
+    if storage is not None:
+        # Eq. (11b): factors stored in s, the rest in float64 (Meta's eigh retry).
+        if correction is not None:
+            raise NotImplementedError(
+                f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} with "
+                f"{kind} is not supported yet (factors in bfloat16 or float16 are "
+                "specified for RootInvShampooPreconditionerConfig, eq. 11b)."
+            )
+        # Eq. (11b) takes the root's upper triangle, as Meta's packed storage does.
+        packed = p.flag("use_symmetric_packing", True)
+        unsupported = (
+            "use_trace_scaling" if trace_scaling
+            else "use_symmetric_packing" if not packed
+            else "amortized_computation_config" if not isinstance(root_inverse, EighConfig)
+            or placement == "pseudo_inverse" else None
+        )
+        if unsupported is not None:
+            raise NotImplementedError(
+                f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} with "
+                f"preconditioner_config.{unsupported} = {p.data[unsupported]!r} is not supported "
+                "yet (factors in bfloat16 or float16 with EigenConfig's perturbation roots, "
+                "no trace scaling and symmetric packing, eq. 11b)."
+            )
+        factor_dtype = "float64"
+    elif factor_dtype not in _FACTOR_DTYPES:
         raise NotImplementedError(
             f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} is not supported yet "
-            "(factors in float32 or float64)."
+            "(factors in float64, float32, bfloat16 or float16)."
         )
     inverse_root_dtype = _storage_dtype(p, kind, "inv_factor_matrix_dtype", factor_dtype)
     if correction is not None:
@@ -463,6 +500,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         eigenvalue_correction=correction,
         factor_dtype=_FACTOR_DTYPES[factor_dtype],
         inverse_root_dtype=inverse_root_dtype,
+        factor_storage_dtype=storage,
         failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=tolerated),
     )
 
