@@ -613,3 +613,60 @@ def test_quantized_integers_equal_googles(dtype: type) -> None:
             np.testing.assert_array_equal(
                 np.asarray(theirs.to_float()).astype(np.float64), dequantize_columnwise(q, s)
             )
+
+
+# ------------------------------ eq. (20c): Google's int16 statistics and inverse roots
+def _square_quantization_inputs(dtype: type, seed: int) -> list[np.ndarray]:
+    """Square matrices as Google's pmap path quantizes them: factors, roots and edges.
+
+    A PSD factor G G^T + eps I (its diagonal dominates its columns), a
+    non-symmetric one (a read-back factor plus a Gram matrix is no longer
+    symmetric), entries over 40 orders of magnitude, eps I (no off-diagonal:
+    scales 0), a 1 x 1, ties (a column c * (32767, 0.5, 1.5, ...), c a power
+    of 2: the scale is c and every ratio a half-integer) and a column whose
+    off-diagonal maximum is below the smallest normal number (flushed).
+    """
+    rng = np.random.default_rng(seed)
+    tiny = float(np.finfo(dtype).tiny)
+    g = rng.standard_normal((24, 40))
+    psd = g @ g.T + 1e-6 * np.eye(24)
+    nonsym = psd + 1e-5 * rng.standard_normal((24, 24))
+    wide = rng.standard_normal((9, 9)) * np.exp(rng.uniform(-20, 20, (1, 9)))
+    n = 41
+    ties = np.zeros((n, n))
+    ties[1:, 0] = np.concatenate([[32767.0], np.arange(20) + 0.5, -(np.arange(19) + 0.5)])
+    ties *= 2.0**-15
+    ties[:, 1] = rng.standard_normal(n) * tiny / 3  # off-diagonal maximum flushed
+    ties[:, 2] = -np.abs(rng.standard_normal(n)) * 1e3
+    np.fill_diagonal(ties, 1.0 + rng.uniform(size=n))
+    return [x.astype(dtype) for x in (psd, nonsym, wide, 1e-6 * np.eye(7), np.array([[3.0]]),
+                                      ties)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_quantized_int16_with_diagonal_equals_googles(dtype: type) -> None:
+    """Eq. (20c): the reference stores Google's int16 ``QuantizedValue`` bit for bit.
+
+    ``QuantizedValue.from_float_value(a, jnp.int16, extract_diagonal=True)``
+    (Google's pmap path, ``best_effort_memory_usage_reduction`` with
+    ``batch_axis_name``, for statistics and inverse roots): integers,
+    extracted diagonal, scales and the matrix read back (``to_float``).
+    """
+    from precondition.quantization_utils import QuantizedValue
+
+    from shampoo_reference.quantization import dequantize_with_diagonal, quantize_with_diagonal
+
+    name = np.dtype(dtype).name
+    for seed in range(5):
+        for x in _square_quantization_inputs(dtype, seed):
+            theirs = QuantizedValue.from_float_value(jnp.asarray(x), jnp.int16,
+                                                     extract_diagonal=True)
+            q, s, g = quantize_with_diagonal(x.astype(np.float64), name)
+            assert np.asarray(theirs.quantized).dtype == np.int16
+            np.testing.assert_array_equal(np.asarray(theirs.quantized), q)
+            assert np.asarray(theirs.bucket_size).dtype == s.dtype == g.dtype
+            np.testing.assert_array_equal(np.asarray(theirs.bucket_size), s)
+            np.testing.assert_array_equal(np.asarray(theirs.diagonal), g)
+            np.testing.assert_array_equal(
+                np.asarray(theirs.to_float()).astype(np.float64), dequantize_with_diagonal(q, s, g)
+            )

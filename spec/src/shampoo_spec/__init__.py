@@ -25,6 +25,7 @@ from .assignment import (
 )
 from .config import (
     EPSILON_PLACEMENTS,
+    FACTOR_STORAGES,
     GRAFTING_TYPES,
     GRAFTING_TYPES_WITH_STATE,
     INVERSE_ROOT_DTYPES,
@@ -36,6 +37,7 @@ from .config import (
     EighConfig,
     EpsilonConfig,
     ExponentConfig,
+    FactorStorage,
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
@@ -77,6 +79,7 @@ __all__ = [
     "GRAFTING_TYPES_WITH_STATE",
     "INVERSE_ROOT_DTYPES",
     "MOMENTUM_STORAGES",
+    "FACTOR_STORAGES",
     "UPDATE_DTYPES",
     "LARGE_BLOCK_DIM",
     "MAX_INTEGER",
@@ -98,6 +101,7 @@ __all__ = [
     "HigherOrderNewtonConfig",
     "InverseRootDtype",
     "MomentumStorage",
+    "FactorStorage",
     "MomentumConfig",
     "NonFiniteGradientError",
     "OrderOverride",
