@@ -309,17 +309,29 @@ def _google_init(tx: optax.GradientTransformation, params: Params, matrix_epsilo
 
     Google builds statistics and preconditioners in float32 even under x64 and
     then fails on float64 gradients (mismatched ``lax.cond`` branches); its
-    ``training_metrics`` stay float32, as its update produces them.
+    ``training_metrics`` stay float32, as its update produces them. Quantized
+    statistics (eq. 20c, its pmap path with ``best_effort_memory_usage_reduction``)
+    are Google's ``QuantizedValue`` of ``matrix_epsilon * I`` in float64: diagonal
+    ``matrix_epsilon``, no off-diagonal entries (scales 0); the quantized
+    identity roots only change the dtype of their diagonals and scales.
     """
+    from precondition.quantization_utils import QuantizedValue
+
     state = tx.init(params)
 
     def to_float64(a: jax.Array) -> jax.Array:
         return a.astype(jnp.float64) if a.dtype == jnp.float32 else a
 
+    def initial(s: Any) -> Any:
+        if isinstance(s, QuantizedValue):
+            eye = matrix_epsilon * jnp.eye(s.shape[0], dtype=jnp.float64)
+            return QuantizedValue.from_float_value(eye, s.quantized_dtype, extract_diagonal=True)
+        return matrix_epsilon * jnp.eye(len(s), dtype=jnp.float64)
+
     def cast(stats: Any) -> Any:
         floats = jax.tree.map(to_float64, stats._replace(training_metrics=None))
         # float32(matrix_epsilon) is a documented departure (docs/spec.md section 3).
-        exact = [matrix_epsilon * jnp.eye(len(s), dtype=jnp.float64) for s in stats.statistics]
+        exact = [initial(s) for s in stats.statistics]
         return floats._replace(statistics=exact, training_metrics=stats.training_metrics)
 
     is_stats: Callable[[Any], bool] = lambda s: isinstance(s, ds.ParameterStats)  # noqa: E731
@@ -420,25 +432,20 @@ def test_google_sharded_states_match_shampoo_jax(name: str) -> None:
     assert unlagged > 1e3 * TOLERANCE, f"{name}: the lag made no difference ({unlagged:.2e})"
 
 
-def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
-    """batch_axis_name (pmap over two devices): the root work split between them.
+def _pmap_trajectories(kwargs: Kwargs, ours: dict[str, optax.GradientTransformation]
+                       ) -> dict[str, Params]:
+    """Google's and each of ``ours`` inside one ``pmap`` over two devices, 50 steps.
 
-    Both optimizers run in the same ``pmap``: each device takes half of every
-    minibatch and the gradients are averaged (``pmean``, the caller's job in
-    Google's contract); Google's update gets the axis name and computes each
-    device's share of the roots, ours (imported from the same kwargs) the
-    whole step on every device. Replicas must agree and match at <= 1e-8.
+    Each device takes half of every minibatch and the gradients are averaged
+    (``pmean``, the caller's job in Google's contract); Google's update gets
+    the axis name. Replicas must agree bitwise; returns replica 0's trajectory
+    of each (Google's under ``"google"``).
     """
     if jax.device_count() < 2:
         pytest.skip("needs two JAX devices: XLA_FLAGS=--xla_force_host_platform_device_count=2 "
                     "before JAX starts")
-    kwargs = {**BASE, "graft_type": "ADAGRAD", "preconditioning_compute_steps": 2,
-              "batch_axis_name": "batch"}
     problem = _problem()
     google = ds.distributed_shampoo(**_google_kwargs(kwargs))
-    ours = shampoo_jax.shampoo(from_google(kwargs, x64=True))
-    assert from_google(kwargs, x64=True) == from_google(
-        {k: v for k, v in kwargs.items() if k != "batch_axis_name"}, x64=True)
 
     def run(tx: optax.GradientTransformation, state: Any, xs: jax.Array, ys: jax.Array) -> Params:
         def step(carry: tuple[Params, Any], batch: tuple[jax.Array, jax.Array]) -> Any:
@@ -457,21 +464,83 @@ def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
     def replicated(tree: Any) -> Any:  # a leading axis of two: one copy per device
         return jax.tree.map(lambda x: jnp.stack([x, x]), tree)
 
-    pmapped = {
-        "google": (google, _google_init(google, problem.params, 1e-6)),
-        "ours": (ours, ours.init(problem.params)),
-    }
+    eps = kwargs.get("matrix_epsilon", 1e-6)
+    assert isinstance(eps, float)
+    pmapped = {"google": (google, _google_init(google, problem.params, eps)),
+               **{who: (tx, tx.init(problem.params)) for who, tx in ours.items()}}
     out = {}
     for who, (tx, state) in pmapped.items():
         go = jax.pmap(functools.partial(run, tx), axis_name="batch")
-        out[who] = go(replicated(state), *halves)
-    for who, trajectory in out.items():
+        trajectory = go(replicated(state), *halves)
         for name, a in trajectory.items():  # the replicas agree bitwise
             np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(a[1]), err_msg=who + name)
-    theirs = {k: v[0] for k, v in out["google"].items()}
-    worst = _worst_relative_deviation(theirs, {k: v[0] for k, v in out["ours"].items()})
+        out[who] = {k: v[0] for k, v in trajectory.items()}
+    return out
+
+
+def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
+    """batch_axis_name (pmap over two devices): the root work split between them.
+
+    Both optimizers run in the same ``pmap``; Google computes each device's
+    share of the roots, ours (imported from the same kwargs) the whole step
+    on every device. Replicas must agree and match at <= 1e-8.
+    """
+    kwargs = {**BASE, "graft_type": "ADAGRAD", "preconditioning_compute_steps": 2,
+              "batch_axis_name": "batch"}
+    assert from_google(kwargs, x64=True) == from_google(
+        {k: v for k, v in kwargs.items() if k != "batch_axis_name"}, x64=True)
+    out = _pmap_trajectories(kwargs, {"ours": shampoo_jax.shampoo(from_google(kwargs, x64=True))})
+    worst = _worst_relative_deviation(out["google"], out["ours"])
     print(f"batch_axis_name: worst relative deviation {worst:.2e}")
     assert worst <= TOLERANCE, f"batch_axis_name: worst relative deviation {worst:.2e}"
+
+
+def test_google_pmap_int16_statistics_match_shampoo_jax() -> None:
+    """best_effort_memory_usage_reduction with batch_axis_name (eqs. 20b, 20c), 64-bit JAX.
+
+    Google then keeps int8 momentum and int16 statistics and roots with float
+    diagonals, in its statistics' dtype (float64 here: its state cast to
+    float64 as in every case, :func:`_google_init`); ``from_google`` imports
+    both storages with float64 scales. The control, ours with float
+    statistics and roots (int8 momentum kept), must be far off.
+
+    block_size 16: 76 statistics, an even number. With an odd number on two
+    devices (39 at block_size 32) Google pads its stack with a quantized
+    identity built in float32 even under x64, and its update fails on the
+    float64 state (:func:`test_google_pmap_int16_statistics_odd_count_fails_in_float64`).
+    """
+    kwargs = {**BASE, "block_size": 16, "graft_type": "ADAGRAD",
+              "preconditioning_compute_steps": 2, "batch_axis_name": "batch",
+              "best_effort_memory_usage_reduction": True}
+    config = from_google(kwargs, x64=True)
+    assert config.statistics.storage == "int16_columnwise_diagonal"
+    assert config.statistics.scale_dtype == "float64" and config.momentum.storage == (
+        "int8_columnwise")
+    floats = dataclasses.replace(config, statistics=dataclasses.replace(
+        config.statistics, storage="float", scale_dtype="float32"))
+    out = _pmap_trajectories(kwargs, {"ours": shampoo_jax.shampoo(config),
+                                      "float_statistics": shampoo_jax.shampoo(floats)})
+    worst = _worst_relative_deviation(out["google"], out["ours"])
+    control = _worst_relative_deviation(out["google"], out["float_statistics"])
+    print(f"int16 statistics: worst relative deviation {worst:.2e}; "
+          f"float statistics instead: {control:.2e}")
+    assert worst <= TOLERANCE, f"int16 statistics: worst relative deviation {worst:.2e}"
+    assert control > CONTROL_GAP, f"int16 statistics: the control deviates by {control:.2e}"
+
+
+def test_google_pmap_int16_statistics_odd_count_fails_in_float64() -> None:
+    """Google's limit under x64 (docs/migrating.md): 39 statistics on two devices.
+
+    ``_pmap_quantized_compute_preconditioners`` pads the stack to a multiple
+    of the device count with ``QuantizedValue.from_float_value(jnp.eye(...,
+    dtype=jnp.float32), ...)``: float32 diagonals and scales beside the
+    float64 ones, and its ``lax.cond`` refuses the mismatched branches.
+    Google's own float32 runs (x64 off) are unaffected; ours has no padding.
+    """
+    kwargs = {**BASE, "graft_type": "ADAGRAD", "preconditioning_compute_steps": 2,
+              "batch_axis_name": "batch", "best_effort_memory_usage_reduction": True}
+    with pytest.raises(TypeError, match="float32.*float64"):
+        _pmap_trajectories(kwargs, {})
 
 
 # Arguments whose effect the test also proves: each case runs a control, ours with

@@ -196,7 +196,10 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
     factors, inverse_roots = [], []
     for k in grp.preconditioned_dims:
         eye = jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt), (nb, grp.shape[k], grp.shape[k]))
-        factors.append(jnp.asarray(init_scale, fdt) * eye)
+        scale = jnp.asarray(init_scale, fdt)
+        if config.statistics.quantized:  # eq. (20c): c I stored, read back as fl_d(c) I
+            scale = jnp.asarray(init_scale, config.statistics.scale_dtype).astype(fdt)
+        factors.append(scale * eye)
         # Identity before the first root (eq. 13), exact in any storage dtype (eq. 11a).
         inverse_roots.append(jnp.array(eye, dtype=rdt))
     ec = config.eigenvalue_correction is not None

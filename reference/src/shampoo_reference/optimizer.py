@@ -95,7 +95,7 @@ class ParameterState:
     graft_momentum: Array | None
     #: Eq. (20b), int8 storage: the stored (integers, scales) of each buffer by name;
     #: ``momentum``/``graft_momentum`` then hold their read-back values fl_d(q s).
-    stored: dict[str, tuple[NDArray[np.int8], NDArray[np.floating]]] = field(
+    stored: dict[str, tuple[NDArray[np.integer], NDArray[np.floating]]] = field(
         default_factory=dict
     )
 

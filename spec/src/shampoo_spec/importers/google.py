@@ -419,12 +419,12 @@ def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Precondit
             failure_threshold=threshold,
         )
     override = a.number("exponent_override", 0)
+    quantized = _quantizes_second_moment(a)
     return Preconditioner(
         statistics=StatisticsConfig(
             beta2=beta2, bias_correction=False, initial_value="epsilon_identity",
-            **({"storage": "int16_columnwise_diagonal",
-                "scale_dtype": "float32" if x64 is False else "float64"}
-               if _quantizes_second_moment(a) else {}),
+            storage="int16_columnwise_diagonal" if quantized else "float",
+            scale_dtype="float64" if quantized and x64 is not False else "float32",
         ),
         epsilon=EpsilonConfig(
             value=eps,
