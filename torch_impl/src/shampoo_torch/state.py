@@ -127,8 +127,12 @@ def build_param_group_plan(
         plans, [p.device for p in params], fdt, owned, ROOT_DTYPES[cfg.root_dtype],
         ROOT_DTYPES[cfg.corrected_dtype],
     )
+    init_scale = cfg.initial_factor_scale
+    if cfg.statistics.quantized:  # eq. (20c): c I stored, read back as fl_d(c) I
+        init_scale = float(torch.tensor(init_scale, dtype=getattr(
+            torch, cfg.statistics.scale_dtype)))
     for bg in block_groups:
-        bg.allocate(cfg.initial_factor_scale, cfg.eigenvalue_correction is not None)
+        bg.allocate(init_scale, cfg.eigenvalue_correction is not None)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]
