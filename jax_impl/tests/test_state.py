@@ -155,6 +155,23 @@ def test_checkpoint_keeps_int8_momentum(tmp_path) -> None:  # noqa: ANN001
         shampoo_jax.state_from_arrays(arrays, like=float_opt.init(p))
 
 
+def test_checkpoint_keeps_int16_statistics(tmp_path) -> None:  # noqa: ANN001
+    """Eq. (20c): the read-back factors and roots are saved as they are (float32 here),
+    load bit for bit and resume exactly; a state saved under float storage is refused
+    naming the field, and the reverse."""
+    config = dataclasses.replace(
+        CONFIG, root_inverse=ss.CoupledNewtonConfig(),
+        statistics=ss.StatisticsConfig(storage="int16_columnwise_diagonal"))
+    opt, step, p, s, rest = _four_steps(config)
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
+    float_opt = shampoo_jax.shampoo(dataclasses.replace(config, statistics=ss.StatisticsConfig()))
+    with pytest.raises(ValueError, match="statistics.storage"):
+        shampoo_jax.state_from_arrays(arrays, like=float_opt.init(p))
+    plain = shampoo_jax.state_to_arrays(float_opt.init(p))
+    with pytest.raises(ValueError, match="statistics.storage"):
+        shampoo_jax.state_from_arrays(plain, like=opt.init(p))
+
+
 @pytest.mark.parametrize(("q", "d"), [("bfloat16", "float16"), ("float16", "bfloat16")])
 def test_checkpoint_keeps_the_eigenvalue_correction_dtypes(tmp_path, q: str, d: str) -> None:  # noqa: ANN001
     """Eq. (17a): eigenbases live and are saved in ``eigenvectors_dtype``, D in

@@ -57,9 +57,11 @@ def test_rotation_equivariance(
         blocking=ss.BlockingConfig(merge_dims_up_to=None),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
-        # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
+        # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant,
+        # nor are eq. (20c)'s int16 ones.
         momentum=replace(config.momentum, buffers="shared", storage="float",
                          scale_dtype="float32"),
+        statistics=replace(config.statistics, storage="float", scale_dtype="float32"),
     )
     rng = np.random.default_rng(seed)
     u, v = _orthogonal(shape[0], rng), _orthogonal(shape[1], rng)
@@ -136,6 +138,7 @@ def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: in
         grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None),
         exponents=ss.ExponentConfig(),
         momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
+        statistics=replace(config.statistics, storage="float", scale_dtype="float32"),
     )
     rng = np.random.default_rng(seed)
     grads = [{"w": rng.standard_normal((8, 4))} for _ in range(5)]
