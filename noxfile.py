@@ -149,6 +149,19 @@ ANCHOR_LIBRARIES = {
 }
 
 
+def install_library(session: nox.Session, library: str) -> None:
+    """Our members and the real ``library`` from its snapshot in ../shared/thirdparty
+    (the session skips, naming the file and the backend's install command, where the
+    snapshot is absent)."""
+    tarball, flags, extra = ANCHOR_LIBRARIES[library]
+    path = os.path.normpath(os.path.join(THIRDPARTY, tarball))
+    if not os.path.exists(path):
+        session.skip(f"{path} not found: this session needs the library's snapshot "
+                     "(shampoo_conformance/thirdparty.py has the install command)")
+    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    session.install(*CONSTRAINTS, "--no-deps", *flags, path, *extra)
+
+
 @nox.session
 @nox.parametrize("library", tuple(ANCHOR_LIBRARIES))
 def anchors(session: nox.Session, library: str) -> None:
@@ -159,16 +172,28 @@ def anchors(session: nox.Session, library: str) -> None:
     Installs the library from ../shared/thirdparty (skips, naming the file,
     where it is absent). ``nox -s "anchors(library='meta')"``; args go to pytest.
     """
-    tarball, flags, extra = ANCHOR_LIBRARIES[library]
-    path = os.path.normpath(os.path.join(THIRDPARTY, tarball))
-    if not os.path.exists(path):
-        session.skip(f"{path} not found: the anchors session needs the library's snapshot "
-                     "(see anchors/test_*_library.py for the install command)")
-    install_members(session, "pytest", "hypothesis", "scikit-learn")
-    session.install(*CONSTRAINTS, "--no-deps", *flags, path, *extra)
+    install_library(session, library)
     env = hypothesis_env("ci")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
     session.run("pytest", *PYTEST_OPTIONS, f"anchors/test_{library}_library.py",
+                *session.posargs, env=env)
+
+
+@nox.session
+@nox.parametrize("library", tuple(ANCHOR_LIBRARIES))
+def thirdparty(session: nox.Session, library: str) -> None:
+    """The conformance suite on a real third-party library (docs/third-party.md).
+
+    Configs the library cannot express are skipped with the reason; its
+    documented deviations are expected failures, each still demonstrated;
+    anything else that fails is an undocumented deviation and fails the
+    session. Hypothesis profile "deep" (``HYPOTHESIS_PROFILE=ci``: the short
+    run CI makes). ``nox -s "thirdparty(library='meta')"``; args go to pytest.
+    """
+    install_library(session, library)
+    env = hypothesis_env("deep")
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
+    session.run("pytest", *PYTEST_OPTIONS, SUITE, f"--backend={library}", "-rxXs",
                 *session.posargs, env=env)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 
@@ -10,6 +11,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance import BackendUnavailable, get_backend
+from shampoo_conformance.thirdparty import Deviation, deviation_for
 
 
 def test_reference_run_returns_params_after_each_step() -> None:
@@ -61,3 +63,32 @@ def test_third_party_backend_by_path(monkeypatch: pytest.MonkeyPatch) -> None:
         get_backend("my_shampoo_backend:nothere")
     with pytest.raises(BackendUnavailable):
         get_backend("no_such_module_xyz:make")
+
+
+def test_uninstalled_library_backend_names_its_install_command() -> None:
+    """Contract 8.2: a third-party library that is not installed is reported with the
+    command that installs it (here: the tests session does not install Meta's)."""
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("distributed_shampoo") is not None:
+        pytest.skip("Meta's library is installed here")
+    with pytest.raises(BackendUnavailable, match=r"pip install .*torch-shampoo-f606606"):
+        get_backend("meta")
+
+
+def test_deviation_patterns_match_bracketed_test_ids() -> None:
+    """fnmatch reads "[" as a character class; a deviation's patterns take it literally."""
+    found = Deviation(name="d", config=ss.ShampooConfig(), cause="c", kind="design",
+                      tests=("test_named_case_float64[meta_preset]", "test_laws[*-adam]"))
+    assert found.covers("test_named_case_float64[meta_preset]")
+    assert found.covers("test_laws[0.9-adam]")
+    assert not found.covers("test_named_case_float64[m]")
+    assert not found.covers("test_named_case_float64[meta_preset_2]")
+    assert deviation_for((found,), "test_laws[0.9-sgd]") is None
+
+
+def test_exporters_refuse_with_inexpressible_naming_the_field() -> None:
+    """A third-party backend skips exactly the configs the exporter cannot write."""
+    config = ss.ShampooConfig(epsilon=ss.EpsilonConfig(value=1e-3, scale="relative"))
+    with pytest.raises(ss.Inexpressible, match=r"epsilon\.scale = 'relative'"):
+        ss.to_meta(config)
+    assert issubclass(ss.Inexpressible, ValueError)

@@ -740,3 +740,13 @@ def test_meta_eigenvalue_correction_without_graft_needs_start_1() -> None:
         ss.to_meta(c)
     one = dataclasses.replace(c, schedule=ss.ScheduleConfig(start_preconditioning_step=1))
     assert ss.from_meta(ss.to_meta(one)) == one
+
+
+def test_meta_names_int16_factor_storage() -> None:
+    """Eq. (20c) is Google's; Meta keeps its factors and roots in float."""
+    c = dataclasses.replace(
+        ss.from_meta({"lr": 0.1}), root_inverse=ss.CoupledNewtonConfig(),
+        statistics=dataclasses.replace(ss.from_meta({"lr": 0.1}).statistics,
+                                       storage="int16_columnwise_diagonal"))
+    with pytest.raises(ValueError, match="statistics.storage = 'int16_columnwise_diagonal'"):
+        ss.to_meta(c)

@@ -1,11 +1,12 @@
 """The backend protocol (contract 8.2) and the registry of backends.
 
 A backend is any object with ``run(config, params, grads, dtype)`` returning
-the parameters after each step. Built-in backends are named (``"reference"``,
-``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"jax-sharded"``); a third-party
-backend is named ``"package.module:factory"``, where ``factory()`` returns
-such an object, so anyone can test their own Shampoo
-without editing this package.
+the parameters after each step. Our backends are named (``"reference"``,
+``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"jax-sharded"``); the real
+third-party libraries too (``"meta"``, ``"google"``: see
+:mod:`shampoo_conformance.thirdparty`); any other backend is named
+``"package.module:factory"``, where ``factory()`` returns such an object,
+so anyone can test their own Shampoo without editing this package.
 
 For closed-loop training (the backend report) a backend may also have
 ``stepper(optimizer, params, *, lr, config=None, weight_decay=0.0, dtype)``
@@ -20,11 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from hypothesis.strategies import SearchStrategy
 from numpy.typing import NDArray
 
 from shampoo_spec import BackendUnavailable, ShampooConfig, StepperUnavailable
 
 from .adapters.inputs import check_stepper_arguments
+from .thirdparty import THIRD_PARTY, Deviation, ThirdParty
 
 Params = dict[str, NDArray[Any]]
 
@@ -85,14 +88,14 @@ class FrameworkBackend:
     is missing, which is reported as :class:`BackendUnavailable`.
     """
 
-    def __init__(self, name: str, module: str) -> None:
+    def __init__(self, name: str, module: str, install: str | None = None) -> None:
         self.name = name
         try:
             self._module = importlib.import_module(module)
         except ImportError as err:
+            how = install or f"`pip install -e {name.split('-')[0]}_impl`"
             raise BackendUnavailable(
-                f"backend {name!r} is not installed ({module}: {err}); "
-                f"install it with `pip install -e {name.split('-')[0]}_impl`."
+                f"backend {name!r} is not installed ({module}: {err}); install it with {how}."
             ) from err
 
     def run(
@@ -131,6 +134,37 @@ class FrameworkBackend:
         return out
 
 
+class ThirdPartyBackend(FrameworkBackend):
+    """A real library run from our exporters' kwargs (:mod:`shampoo_conformance.thirdparty`).
+
+    Besides ``run`` it states its capabilities: ``dtypes``, ``expressible``,
+    ``configs()`` (the configs its library expresses, for the suite's random
+    properties) and ``deviations`` (the documented differences from the spec).
+    """
+
+    def __init__(self, entry: ThirdParty) -> None:
+        super().__init__(entry.name, entry.module, install=entry.install)
+        self.library = entry.library
+        self.dtypes: tuple[Any, ...] = tuple(self._module.dtypes)
+        self.deviations: tuple[Deviation, ...] = tuple(self._module.DEVIATIONS)
+        self.cases: dict[str, ShampooConfig] = dict(self._module.CASES)
+
+    def expressible(self, config: ShampooConfig, dtype: Any = np.float64) -> str | None:
+        """Why the library cannot run ``config`` in ``dtype``, or None when it can."""
+        reason: str | None = self._module.expressible(config, dtype)
+        return reason
+
+    def base_config(self) -> ShampooConfig:
+        """The library's config nearest ``ShampooConfig()`` (where fixed laws start)."""
+        config: ShampooConfig = self._module.base_config()
+        return config
+
+    def configs(self) -> SearchStrategy[ShampooConfig]:
+        """The configs the library expresses (its own arguments, imported)."""
+        strategy: SearchStrategy[ShampooConfig] = self._module.configs()
+        return strategy
+
+
 def has_stepper(backend: object) -> bool:
     """Whether ``backend`` can train closed-loop (has a usable ``stepper``)."""
     if isinstance(backend, FrameworkBackend):
@@ -159,8 +193,18 @@ _BUILTIN: dict[str, Callable[[], Backend]] = {
 
 
 def available_backends() -> list[str]:
-    """Names of the built-in backends (their frameworks may still be missing)."""
+    """Names of our own backends (their frameworks may still be missing): ``all``."""
     return sorted(_BUILTIN)
+
+
+def third_party_backends() -> list[str]:
+    """Names of the backends that run another library (which may not be installed)."""
+    return sorted(THIRD_PARTY)
+
+
+def known_backends() -> list[str]:
+    """Every backend :func:`get_backend` knows by name: ours, then the third-party ones."""
+    return available_backends() + third_party_backends()
 
 
 def get_backend(name: str) -> Backend:
@@ -173,6 +217,8 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"backend name = {name!r} is invalid: allowed a string.")
     if name in _BUILTIN:
         return _BUILTIN[name]()
+    if name in THIRD_PARTY:
+        return ThirdPartyBackend(THIRD_PARTY[name])
     if name.startswith("mutant:"):
         from .mutants import mutant_backend
 
@@ -193,6 +239,6 @@ def get_backend(name: str) -> Backend:
             raise ValueError(f"backend {name!r}: factory returned an object without run().")
         return backend  # type: ignore[no-any-return]
     raise ValueError(
-        f"backend = {name!r} is invalid: allowed one of {available_backends()}, "
+        f"backend = {name!r} is invalid: allowed one of {known_backends()}, "
         "'mutant:NAME' or 'package.module:factory'."
     )

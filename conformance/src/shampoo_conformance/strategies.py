@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
+from hypothesis import reject
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
@@ -220,6 +221,38 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         # The update rounded before it is added (eq. 21a, Meta's DDP communication_dtype).
         update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
     )
+
+
+def configs_for(backend: object) -> st.SearchStrategy[ss.ShampooConfig]:
+    """The configs the suite draws for ``backend``: :func:`configs`, or, for a backend
+    that runs another library, the configs that library expresses (``backend.configs()``,
+    its own arguments imported; :mod:`shampoo_conformance.thirdparty`)."""
+    own = getattr(backend, "configs", None)
+    strategy: st.SearchStrategy[ss.ShampooConfig] = own() if callable(own) else configs()
+    return strategy
+
+
+def require_expressible(backend: object, config: ss.ShampooConfig, dtype: Any = np.float64) -> None:
+    """Reject this Hypothesis example unless ``backend`` can run ``config``.
+
+    A law changes sections of a drawn config; for a backend that runs another
+    library the result may leave what that library expresses (Meta has no
+    eigenvalue correction without a graft from a later step, for one). A law
+    whose every example is rejected ends ``Unsatisfiable``, which the suite
+    reports as a skip for that backend.
+    """
+    check = getattr(backend, "expressible", None)
+    if callable(check) and check(config, dtype) is not None:
+        reject()
+
+
+def base_config_for(backend: object) -> ss.ShampooConfig:
+    """The config a fixed law starts from: ``ShampooConfig()``, or the library's own
+    defaults for a backend that runs another library (``backend.base_config()``), so
+    a law changes only the sections it is about."""
+    own = getattr(backend, "base_config", None)
+    config: ss.ShampooConfig = own() if callable(own) else ss.ShampooConfig()
+    return config
 
 
 def dtypes() -> st.SearchStrategy[type]:

@@ -55,6 +55,7 @@ from .config import (
 )
 from .errors import (
     BackendUnavailable,
+    Inexpressible,
     NonFiniteGradientError,
     RootFailureError,
     StepperUnavailable,
@@ -99,6 +100,7 @@ __all__ = [
     "GradientFilterConfig",
     "GraftingConfig",
     "HigherOrderNewtonConfig",
+    "Inexpressible",
     "InverseRootDtype",
     "MomentumStorage",
     "FactorStorage",

@@ -25,12 +25,24 @@ class BackendUnavailable(RuntimeError):
     """
 
 
+class Inexpressible(ValueError):
+    """A config that another library's arguments cannot express (contract 8.1).
+
+    Raised by ``to_meta`` / ``to_google`` naming every field the library has
+    no argument for, and by a third-party conformance backend asked to run
+    such a config: the suite reports it as skipped with this reason, never
+    as passed. A ``ValueError``, so code that catches invalid configs still
+    catches it.
+    """
+
+
 class StepperUnavailable(NotImplementedError):
     """A conformance backend runs open-loop only (``run``); it has no ``stepper``."""
 
 
 __all__ = [
     "BackendUnavailable",
+    "Inexpressible",
     "NonFiniteGradientError",
     "RootFailureError",
     "StepperUnavailable",

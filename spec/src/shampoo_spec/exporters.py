@@ -37,6 +37,7 @@ from .config import (
     OrderOverride,
     ShampooConfig,
 )
+from .errors import Inexpressible
 from .importers import from_google, from_meta
 from .importers.google import GRAFTS, SIDES, ConstantSchedule
 from .importers.meta import MAX_ORDER
@@ -67,7 +68,7 @@ class _Lacks:
     def raise_if_any(self) -> None:
         if self.items:
             listed = "; ".join(self.items[k] for k in sorted(self.items))
-            raise ValueError(
+            raise Inexpressible(
                 f"{self.target} cannot express {len(self.items)} option(s) of this config: "
                 f"{listed}."
             )
@@ -160,6 +161,8 @@ def _meta_shared(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """
     s, f = c.statistics, c.gradient_filter
     lacks.same("statistics.initial_value", s.initial_value, "zero", "Meta's factors start at zero")
+    lacks.same("statistics.storage", s.storage, "float",
+               "Meta keeps its factors and roots in float (eq. 20c)")
     if s.ema_weight == "one":
         lacks.same("statistics.bias_correction", s.bias_correction, False,
                    "with drop_weighting_factor_on_gsquare Meta does not bias-correct its factors")

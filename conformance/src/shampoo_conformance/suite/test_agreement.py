@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from shampoo_conformance import strategies as S
 from shampoo_conformance.backends import Backend
-from shampoo_conformance.cases import named_cases
-from shampoo_conformance.divergence import assert_matches_reference
+from shampoo_conformance.cases import CASE_SHAPES, make_problem, named_cases
+from shampoo_conformance.divergence import assert_matches_reference, first_divergence
+from shampoo_conformance.tolerances import bound_and_reference
 
 CASES = {case.name: case for case in named_cases()}
 FLOAT32_CASES = [
@@ -46,7 +47,7 @@ def test_named_case_float32(backend: Backend, name: str) -> None:
 @pytest.mark.random_configs
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
-    config=S.configs(),
+    data=st.data(),
     shapes=S.named_shapes(),
     steps=st.integers(1, 6),
     seed=st.integers(0, 2**16),
@@ -54,13 +55,38 @@ def test_named_case_float32(backend: Backend, name: str) -> None:
 )
 def test_random_config_float64(
     backend: Backend,
-    config: object,
+    data: st.DataObject,
     shapes: dict[str, tuple[int, ...]],
     steps: int,
     seed: int,
     kind: str,
 ) -> None:
+    config = data.draw(S.configs_for(backend), label="config")
     rng = np.random.default_rng(seed)
     params = {k: rng.standard_normal(s) for k, s in shapes.items()}
     grads = S.gradient_stream(shapes, steps, seed + 1, kind)
-    assert_matches_reference(backend, config, params, grads, np.float64, seed=seed)  # type: ignore[arg-type]
+    assert_matches_reference(backend, config, params, grads, np.float64, seed=seed)
+
+
+def test_library_case_float64(backend: Backend, library_case: str) -> None:
+    """A third-party backend's named cases: its library's own arguments (those ``nox -s
+    anchors`` checks on a model), imported, against the reference on the named cases'
+    problem. None for our own backends (their named cases are above)."""
+    config = backend.cases[library_case]  # type: ignore[attr-defined]
+    params, grads = make_problem(CASE_SHAPES, 10, 0)
+    assert_matches_reference(backend, config, params, grads, np.float64, seed=0)
+
+
+def test_documented_deviation(backend: Backend, deviation: str) -> None:
+    """Each deviation docs/third-party.md documents still exists: its demonstration
+    leaves the reference's tolerance (else the documentation is stale: update it)."""
+    found = {d.name: d for d in backend.deviations}[deviation]  # type: ignore[attr-defined]
+    params, grads = make_problem(CASE_SHAPES, 10, 0)
+    bound, ref = bound_and_reference(found.config, params, grads, np.float64)
+    div = first_divergence(backend.run(found.config, params, grads, dtype=np.float64), ref,
+                           params, bound)
+    assert div is not None, (
+        f"documented deviation {deviation!r} of {backend.name!r} no longer reproduces: "
+        "the library changed; update docs/third-party.md and the backend's DEVIATIONS"
+    )
+    print(f"{backend.name} {deviation}: {div.describe()}")

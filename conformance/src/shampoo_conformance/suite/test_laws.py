@@ -22,13 +22,29 @@ from shampoo_conformance.divergence import first_divergence
 from shampoo_conformance.tolerances import trajectory_bound
 from shampoo_spec.config import GraftingType
 
-HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+          HealthCheck.filter_too_much]  # require_expressible may reject every example
 F64 = np.float64
 
 
 def _orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
     q, r = np.linalg.qr(rng.standard_normal((n, n)))
     return q * np.sign(np.diag(r))
+
+
+def _unrounded(config: ss.ShampooConfig) -> ss.ShampooConfig:
+    """``config`` with every stored matrix and the update in the factors' precision.
+
+    Rounding a root, an eigenbasis or an update to a narrower storage dtype
+    (eqs. 11a, 17a, 21a) is not rotation or scale covariant; Meta's
+    defaults store roots and eigenbases in float32.
+    """
+    correction = config.eigenvalue_correction
+    if correction is not None:
+        correction = replace(correction, eigenvectors_dtype=None,
+                             corrected_eigenvalues_dtype=None)
+    return replace(config, inverse_root_dtype=None, update_dtype=None,
+                   eigenvalue_correction=correction)
 
 
 def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -38,23 +54,29 @@ def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type:
 
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
-@given(config=S.configs(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
+@given(data=st.data(), seed=st.integers(0, 2**16), shape=st.sampled_from([(3, 4), (5, 2)]))
 def test_rotation_equivariance(
-    backend: Backend, config: ss.ShampooConfig, seed: int, shape: tuple[int, ...]
+    backend: Backend, data: st.DataObject, seed: int, shape: tuple[int, ...]
 ) -> None:
     """G -> U G V^T maps the trajectory W -> U W V^T (full blocks, SGD or no graft, W0 = 0).
 
     Google's Newton safeguards (stop on error growth, retries) test the
-    elementwise max|M - I|, which is not rotation invariant, so they are off.
+    elementwise max|M - I|, which is not rotation invariant, so they are off;
+    so is eq. (11c)'s relative ridge, which scales the max row sum.
     """
+    config = data.draw(S.configs_for(backend), label="config")
     root = config.root_inverse
     if isinstance(root, ss.CoupledNewtonConfig):
         root = replace(root, error_growth_limit=None, retries=0, failure_threshold=None)
+    if isinstance(root, ss.HigherOrderNewtonConfig):
+        # Eq. (11c)'s relative ridge scales ||A||_inf (max row sum), not rotation invariant.
+        root = replace(root, rel_epsilon=0.0)
     config = replace(
-        config,
+        _unrounded(config),
         root_inverse=root,
         grafting=ss.GraftingConfig(type=("sgd" if seed % 2 else "none")),
-        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        # One block per dim, nothing merged (3 * 4 and 5 * 2 exceed 5).
+        blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=5),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
         # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant,
@@ -62,7 +84,13 @@ def test_rotation_equivariance(
         momentum=replace(config.momentum, buffers="shared", storage="float",
                          scale_dtype="float32"),
         statistics=replace(config.statistics, storage="float", scale_dtype="float32"),
+        # Eq. (17) is rotation covariant in exact arithmetic, but its rounding is
+        # amplified by 1 / sqrt(D + eps) beyond trajectory_bound's model: measured
+        # 1e-12 against a 1e-13 bound for the reference, torch and Meta alike (W0 = 0,
+        # eps = 1e-3, no graft). Excluded until the bound models eq. (17).
+        eigenvalue_correction=None,
     )
+    S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)
     u, v = _orthogonal(shape[0], rng), _orthogonal(shape[1], rng)
     grads = [{"w": rng.standard_normal(shape)} for _ in range(5)]
@@ -77,13 +105,13 @@ def test_rotation_equivariance(
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(
-    config=S.configs(),
+    data=st.data(),
     seed=st.integers(0, 2**16),
     scale=st.sampled_from([1e-3, 0.5, 7.0, 1e3]),
     shape=st.sampled_from([(3, 4), (4, 4), (2, 3, 4)]),
 )
 def test_gradient_scale_invariance(
-    backend: Backend, config: ss.ShampooConfig, seed: int, scale: float, shape: tuple[int, ...]
+    backend: Backend, data: st.DataObject, seed: int, scale: float, shape: tuple[int, ...]
 ) -> None:
     """eps = 0 (and no absolute ridge of eq. 11c), sum statistics, no grafting: G -> cG
     (c > 0) leaves the trajectory unchanged.
@@ -91,26 +119,29 @@ def test_gradient_scale_invariance(
     Each step's factors have full rank from step 1 (every dim <= the product
     of the others), so eps = 0 is well defined.
     """
+    config = data.draw(S.configs_for(backend), label="config")
     root_inverse = config.root_inverse
     if isinstance(root_inverse, ss.HigherOrderNewtonConfig):
         # Eq. (11c)'s absolute ridge is the one epsilon that does not scale with G G^T
         # (its relative one does).
         root_inverse = replace(root_inverse, abs_epsilon=0.0)
     config = replace(
-        config,
+        _unrounded(config),
         epsilon=ss.EpsilonConfig(value=0.0),
         root_inverse=root_inverse,
         statistics=ss.StatisticsConfig(),
         grafting=ss.GraftingConfig(),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
-        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        # One block per dim, nothing merged (no two adjacent dims multiply to <= 4).
+        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
         schedule=ss.ScheduleConfig(),
         # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
         momentum=replace(config.momentum, buffers="shared", storage="float",
                          scale_dtype="float32"),
         eigenvalue_correction=None,
     )
+    S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)
     grads = [{"w": rng.standard_normal(shape)} for _ in range(4)]
     w0 = {"w": rng.standard_normal(shape)}
@@ -121,8 +152,8 @@ def test_gradient_scale_invariance(
 
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
-@given(config=S.configs(), seed=st.integers(0, 2**16))
-def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: int) -> None:
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_block_independence(backend: Backend, data: st.DataObject, seed: int) -> None:
     """A blocked (8, 4) parameter equals its two (4, 4) blocks run as separate parameters.
 
     Normalised grafts divide by the whole parameter's gradient norm, and the
@@ -130,16 +161,18 @@ def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: in
     unclipped forms here, and int8 momentum (eq. 20b, one scale per column
     of the whole parameter) by float storage.
     """
+    config = data.draw(S.configs_for(backend), label="config")
     graft = config.grafting
     plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
     config = replace(
         config,
-        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
         grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None),
         exponents=ss.ExponentConfig(),
         momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
         statistics=replace(config.statistics, storage="float", scale_dtype="float32"),
     )
+    S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)
     grads = [{"w": rng.standard_normal((8, 4))} for _ in range(5)]
     w0 = {"w": rng.standard_normal((8, 4))}
@@ -156,8 +189,9 @@ def test_block_independence(backend: Backend, config: ss.ShampooConfig, seed: in
 
 def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
     """1-d Shampoo: W <- W - lr (sum g g^T + eps I)^(-1/2) g, computed directly."""
-    n, eps, lr = 6, 1e-3, 0.1
-    config = ss.ShampooConfig(learning_rate=lr, epsilon=ss.EpsilonConfig(value=eps))
+    n, eps, lr = 6, 1e-3, 0.125
+    config = replace(S.base_config_for(backend), learning_rate=lr,
+                     epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig())
     rng = np.random.default_rng(0)
     grads = [{"w": rng.standard_normal(n)} for _ in range(8)]
     w0 = {"w": rng.standard_normal(n)}
@@ -177,17 +211,20 @@ def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
 def test_never_start_is_the_grafting_optimizer(
     backend: Backend, graft: str, beta1: float, momentum: float
 ) -> None:
-    config = ss.ShampooConfig(
-        learning_rate=0.05,
+    config = replace(
+        S.base_config_for(backend),
+        learning_rate=0.0625,
         grafting=first_order.GRAFTS[graft],
         gradient_filter=ss.GradientFilterConfig(beta1=beta1, bias_correction=True),
+        # No effect without preconditioning; Meta has one flag for both corrections.
+        statistics=ss.StatisticsConfig(bias_correction=True),
         momentum=ss.MomentumConfig(momentum=momentum),
         schedule=ss.ScheduleConfig(start_preconditioning_step=None),
     )
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal((3, 5)) for _ in range(8)]
     w0 = rng.standard_normal((3, 5))
-    want = first_order.trajectory(graft, w0, grads, 0.05, beta1, momentum)
+    want = first_order.trajectory(graft, w0, grads, 0.0625, beta1, momentum)
     ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
     bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
     _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"never-start = {graft}")
@@ -195,10 +232,11 @@ def test_never_start_is_the_grafting_optimizer(
 
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
-@given(config=S.configs(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))
+@given(data=st.data(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))
 def test_parameter_order_changes_nothing(
-    backend: Backend, config: ss.ShampooConfig, shapes: dict[str, tuple[int, ...]], seed: int
+    backend: Backend, data: st.DataObject, shapes: dict[str, tuple[int, ...]], seed: int
 ) -> None:
+    config = data.draw(S.configs_for(backend), label="config")
     rng = np.random.default_rng(seed)
     params = {k: rng.standard_normal(s) for k, s in shapes.items()}
     grads = S.gradient_stream(shapes, 3, seed, "normal")

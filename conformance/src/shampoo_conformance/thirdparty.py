@@ -1,0 +1,104 @@
+"""Other people's Shampoo as conformance backends: the registry and its vocabulary.
+
+A third-party backend runs a real library (Meta's ``DistributedShampoo``,
+Google's ``distributed_shampoo``, ...) from the kwargs our exporters write.
+Its adapter module (``shampoo_conformance.adapters.<name>``) provides, besides
+contract 8.2's ``run``:
+
+- ``dtypes``: the parameter dtypes it runs;
+- ``expressible(config, dtype) -> str | None``: why the library cannot run
+  ``config`` (None when it can); ``run`` raises
+  :class:`~shampoo_spec.Inexpressible` with that reason;
+- ``configs()``: a Hypothesis strategy of the configs the library expresses
+  (its own arguments, drawn and imported), which the suite's random-config
+  properties draw instead of :func:`shampoo_conformance.strategies.configs`;
+- ``base_config()``: the library's config nearest ``ShampooConfig()``, from
+  which the suite's fixed laws start (they replace the sections they test);
+- ``CASES``: named configs from the library's own arguments (the ones
+  ``nox -s anchors`` checks against the library on a model), which the
+  suite's ``test_library_case_float64`` runs against the reference;
+- ``DEVIATIONS``: the properties where the library as shipped differs from
+  the spec, each with its cause (docs/third-party.md); the suite marks
+  them as expected failures, so it fails only on an undocumented deviation.
+
+Importing an adapter fails when its library is missing; the backend is then
+reported as unavailable with :attr:`ThirdParty.install`, never as an error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Literal
+
+from shampoo_spec import ShampooConfig
+
+
+@dataclass(frozen=True)
+class ThirdParty:
+    """A library the suite can run: its adapter module and how a user installs it."""
+
+    name: str
+    module: str
+    library: str
+    install: str
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A documented difference between a library and the spec.
+
+    ``name``: its id in docs/third-party.md; ``config``: a config (the
+    library's own arguments, imported) on which the library leaves the
+    reference's tolerance because of this cause alone: the suite's
+    ``test_documented_deviation`` checks that it still does, so the
+    documentation cannot go stale; ``tests``: fnmatch patterns over the
+    suite's test ids without the backend
+    (``"test_named_case_float64[meta_preset]"``) that fail because of it;
+    ``cause``: what differs and why, with the pointer into the library's
+    source; ``kind``: ``"design"`` (a documented choice of the library) or
+    ``"defect"`` (a bug, with its upstream reproduction in docs/third-party.md).
+    The drawn configs (``configs()``) leave out exactly the configs a
+    deviation covers, and say so where they draw.
+    """
+
+    name: str
+    config: ShampooConfig
+    tests: tuple[str, ...]
+    cause: str
+    kind: Literal["design", "defect"]
+
+    def covers(self, test_id: str) -> bool:
+        """Whether ``test_id`` (backend parameter removed) is one of :attr:`tests`."""
+        # "[" opens a character class in fnmatch; here it is the id's own bracket.
+        return any(fnmatch.fnmatchcase(test_id, pattern.replace("[", "[[]"))
+                   for pattern in self.tests)
+
+
+#: Meta's snapshot and Google's, as the project's sessions install them.
+_SNAPSHOTS = "../shared/thirdparty"
+
+THIRD_PARTY: dict[str, ThirdParty] = {
+    "meta": ThirdParty(
+        "meta", "shampoo_conformance.adapters.meta",
+        "torch-shampoo (facebookresearch/optimizers, import distributed_shampoo)",
+        "pip install --no-deps --ignore-requires-python "
+        "'git+https://github.com/facebookresearch/optimizers.git@f606606' "
+        f"(or {_SNAPSHOTS}/torch-shampoo-f606606.tar.gz; "
+        "nox -s \"thirdparty(library='meta')\" installs it)",
+    ),
+    "google": ThirdParty(
+        "google", "shampoo_conformance.adapters.google",
+        "precondition-opt (google-research/precondition, import precondition.distributed_shampoo)",
+        "pip install --no-deps "
+        "'git+https://github.com/google-research/precondition.git@239a8cd' "
+        "chex flax toolz msgpack rich pyyaml "
+        f"(or {_SNAPSHOTS}/precondition-239a8cd.tar.gz; "
+        "nox -s \"thirdparty(library='google')\" installs it)",
+    ),
+}
+
+
+def deviation_for(deviations: tuple[Deviation, ...], test_id: str) -> Deviation | None:
+    """The first of ``deviations`` that covers ``test_id``, or None."""
+    return next((d for d in deviations if d.covers(test_id)), None)
