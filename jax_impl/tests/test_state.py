@@ -324,3 +324,14 @@ def test_schedule_learning_rate_and_weight_decay_needs_params() -> None:
         CONFIG, weight_decay=ss.WeightDecayConfig(value=0.1)))
     with pytest.raises(ValueError, match="params"):
         decayed.update(_jnp(grads[0]), decayed.init(_jnp(params)))
+
+
+def test_float64_statistics_scales_need_x64() -> None:
+    """Eq. (20c) in float64 needs 64-bit JAX (it would compute in float32 otherwise)."""
+    config = dataclasses.replace(
+        CONFIG, root_inverse=ss.CoupledNewtonConfig(),
+        statistics=ss.StatisticsConfig(storage="int16_columnwise_diagonal",
+                                       scale_dtype="float64"))
+    with jax.enable_x64(False), pytest.raises(
+            ValueError, match="statistics.scale_dtype = 'float64' needs 64-bit JAX"):
+        shampoo_jax.shampoo(config).init(_jnp({k: np.zeros(s) for k, s in SHAPES.items()}))

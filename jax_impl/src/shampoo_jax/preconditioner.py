@@ -27,7 +27,7 @@ from . import blocks as B
 from . import grafting, schedule
 from .quantization import stored
 from .roots import all_finite, basis_still_fits, compute_inverse_root, qr_eigenbasis
-from .state import BlockGroupState, factor_dtype
+from .state import BlockGroupState, factor_dtype, statistics_scale_dtype
 
 Groups = tuple[BlockGroupState, ...]
 
@@ -107,7 +107,7 @@ def update_statistics(
                 decayed = stats.beta2 * lk if stats.decays else lk
                 updated = decayed + weight * B.factor_contraction(gb, k)
                 if stats.quantized:  # eq. (20c): stored, read back from here on
-                    updated = stored(updated, stats.scale_dtype)
+                    updated = stored(updated, statistics_scale_dtype(config))
                 factors.append(jnp.where(ok[:, None, None], updated, lk))
             new.append(gs._replace(
                 factors=tuple(factors),
@@ -224,7 +224,7 @@ def refresh_inverse_roots(
                     good = good | fits
                 failed = ok & ~good
                 if stats.quantized:  # eq. (20c): the accepted root is stored
-                    x = stored(x, stats.scale_dtype)
+                    x = stored(x, statistics_scale_dtype(config))
                 inverse_roots.append(jnp.where((ok & good)[:, None, None], x, xk))
                 any_failed = any_failed | failed
                 failed_factors = failed_factors + failed.astype(jnp.int32)
