@@ -149,17 +149,36 @@ ANCHOR_LIBRARIES = {
 }
 
 
+#: Third-party Shampoos on the package registry (pinned in constraints.txt; their
+#: only dependencies, torch and numpy, come with our members).
+REGISTRY_LIBRARIES = {"pytorch-optimizer": "pytorch-optimizer"}
+#: Every library a third-party conformance backend runs.
+LIBRARIES = (*ANCHOR_LIBRARIES, *REGISTRY_LIBRARIES)
+
+
+def install_snapshot(session: nox.Session, library: str) -> bool:
+    """Install ``library``: from the registry, or from its snapshot in
+    ../shared/thirdparty (False where that is absent)."""
+    if library in REGISTRY_LIBRARIES:
+        session.install(*CONSTRAINTS, "--no-deps", REGISTRY_LIBRARIES[library])
+        return True
+    tarball, flags, extra = ANCHOR_LIBRARIES[library]
+    path = os.path.normpath(os.path.join(THIRDPARTY, tarball))
+    if not os.path.exists(path):
+        return False
+    session.install(*CONSTRAINTS, "--no-deps", *flags, path, *extra)
+    return True
+
+
 def install_library(session: nox.Session, library: str) -> None:
     """Our members and the real ``library`` from its snapshot in ../shared/thirdparty
     (the session skips, naming the file and the backend's install command, where the
     snapshot is absent)."""
-    tarball, flags, extra = ANCHOR_LIBRARIES[library]
-    path = os.path.normpath(os.path.join(THIRDPARTY, tarball))
-    if not os.path.exists(path):
-        session.skip(f"{path} not found: this session needs the library's snapshot "
-                     "(shampoo_conformance/thirdparty.py has the install command)")
     install_members(session, "pytest", "hypothesis", "scikit-learn")
-    session.install(*CONSTRAINTS, "--no-deps", *flags, path, *extra)
+    if not install_snapshot(session, library):
+        session.skip(f"{ANCHOR_LIBRARIES[library][0]} not found in {THIRDPARTY}: this session "
+                     "needs the library's snapshot (shampoo_conformance/thirdparty.py has the "
+                     "install command)")
 
 
 @nox.session
@@ -180,7 +199,7 @@ def anchors(session: nox.Session, library: str) -> None:
 
 
 @nox.session
-@nox.parametrize("library", tuple(ANCHOR_LIBRARIES))
+@nox.parametrize("library", LIBRARIES)
 def thirdparty(session: nox.Session, library: str) -> None:
     """The conformance suite on a real third-party library (docs/third-party.md).
 
@@ -193,8 +212,29 @@ def thirdparty(session: nox.Session, library: str) -> None:
     install_library(session, library)
     env = hypothesis_env("deep")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    session.run("pytest", *PYTEST_OPTIONS, SUITE, f"--backend={library}", "-rxXs",
-                *session.posargs, env=env)
+    # The backend's own contract first (it skips without the library), then the suite.
+    adapter_tests = f"conformance/tests/test_adapter_{library.replace('-', '_')}.py"
+    session.run("pytest", *PYTEST_OPTIONS, adapter_tests, SUITE, f"--backend={library}",
+                "-rxX", *session.posargs, env=env)
+
+
+@nox.session
+def compare(session: nox.Session) -> None:
+    """The report over every Shampoo a user could pick: ours and each installable library.
+
+    Installs Meta's and Google's libraries from ../shared/thirdparty (those
+    absent are reported as not installed, with their install command) and
+    pytorch-optimizer from the registry, and
+    writes shampoo-compare/ (table, Markdown, plots). Args go to
+    ``python -m shampoo_conformance report`` (e.g. ``--quick``, ``--problems``).
+    """
+    install_members(session, "scikit-learn", "matplotlib")
+    libraries = [name for name in LIBRARIES if install_snapshot(session, name)]
+    session.run(
+        "python", "-m", "shampoo_conformance", "report", "--out", "shampoo-compare",
+        "--backends", "reference", "torch", "jax", *libraries, *session.posargs,
+        env=blas_env(),
+    )
 
 
 @nox.session

@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance import BackendUnavailable, get_backend
-from shampoo_conformance.thirdparty import Deviation, deviation_for
+from shampoo_conformance.thirdparty import Deviation, deviation_for, nearest_config
 
 
 def test_reference_run_returns_params_after_each_step() -> None:
@@ -92,3 +93,34 @@ def test_exporters_refuse_with_inexpressible_naming_the_field() -> None:
     with pytest.raises(ss.Inexpressible, match=r"epsilon\.scale = 'relative'"):
         ss.to_meta(config)
     assert issubclass(ss.Inexpressible, ValueError)
+
+
+class _AbsoluteOnly:
+    """A library that has no relative epsilon, and grafts only with Adam at beta2 0.999."""
+
+    def base_config(self) -> ss.ShampooConfig:
+        return ss.ShampooConfig(learning_rate=0.5)
+
+    def expressible(self, config: ss.ShampooConfig, dtype: object = np.float64) -> str | None:
+        if config.epsilon.scale != "absolute":
+            return "epsilon.scale: absolute only"
+        graft = config.grafting
+        if graft.type not in ("none", "adam") or (graft.type == "adam" and graft.beta2 != 0.999):
+            return "grafting: none or Adam(0.999) only"
+        return None
+
+
+def test_nearest_config_keeps_what_the_library_expresses_and_lists_the_rest() -> None:
+    """The report runs a library on the nearest config it expresses and says what changed:
+    a section taken whole (the graft's type and beta2 together), single values kept
+    (epsilon's value without its relative scale)."""
+    want = ss.ShampooConfig(
+        learning_rate=0.1,
+        epsilon=ss.EpsilonConfig(value=1e-6, scale="relative"),
+        grafting=ss.GraftingConfig(type="adam", beta2=0.999, bias_correction=True),
+    )
+    nearest, changed = nearest_config(_AbsoluteOnly(), want)
+    assert nearest == replace(want, epsilon=ss.EpsilonConfig(value=1e-6))
+    assert changed == ["epsilon.scale: 'relative' -> 'absolute'"]
+    assert nearest_config(_AbsoluteOnly(), nearest) == (nearest, [])
+    assert nearest_config(get_backend("reference"), want) == (want, [])

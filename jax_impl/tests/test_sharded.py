@@ -380,3 +380,21 @@ def test_placement_fills_every_slot_once_and_balances_root_work() -> None:
     # split (blocks are indivisible); real blocks first in every group would
     # put 5.5e9 (0.56) on device 0.
     assert busiest[4] < 0.34 and busiest[1] == 1.0
+
+
+def test_a_parameter_without_factors_beside_a_delayed_start_compiles_sharded() -> None:
+    """A 0-d parameter kept unsqueezed and without a scalar factor has no factors: its
+    group's failure count in the root step must still vary over the mesh axis as the
+    skipped branch's does (a conformance draw found lax.cond refusing the mismatch)."""
+    config = ss.ShampooConfig(
+        learning_rate=0.01, epsilon=ss.EpsilonConfig(value=1e-3),
+        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None,
+                                   squeeze=False, scalar_factor=False),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=2),
+    )
+    rng = np.random.default_rng(0)
+    params = {"p0": rng.standard_normal(()), "p1": rng.standard_normal((1,))}
+    grads = [{k: rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(3)]
+    want, _ = trajectory(config, params, grads, None)
+    got, _ = trajectory(config, params, grads, 2)
+    assert_bitwise(got, want)

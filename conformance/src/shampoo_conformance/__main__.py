@@ -27,7 +27,8 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
     )
     parser.add_argument(
         "--backends", nargs="+", metavar="NAME",
-        help=f"backends (default: {' '.join(S.DEFAULT_BACKENDS)}; also torch-ddp, jax-sharded)",
+        help=f"backends (default: {' '.join(S.DEFAULT_BACKENDS)}; also torch-ddp, jax-sharded, "
+        "and the third-party libraries meta, google)",
     )
     parser.add_argument(
         "--out", default="shampoo-report", help="output folder (default: %(default)s)"
@@ -41,7 +42,7 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
 
 def _report_handler(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from . import report
-    from .backends import available_backends
+    from .backends import known_backends
     from .report import settings as S
 
     def handler(args: argparse.Namespace) -> int:
@@ -53,7 +54,7 @@ def _report_handler(parser: argparse.ArgumentParser) -> Callable[[argparse.Names
         if problems is not None:
             _check(parser, "--problems", problems, S.available_problems())
         if backends is not None:
-            _check(parser, "--backends", backends, available_backends())
+            _check(parser, "--backends", backends, known_backends())
         settings = report.settings_for(
             args.preset, problems=problems, backends=backends, out=args.out,
             steps=args.steps, seeds=args.seeds,

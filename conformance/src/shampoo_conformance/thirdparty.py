@@ -28,10 +28,12 @@ reported as unavailable with :attr:`ThirdParty.install`, never as an error.
 from __future__ import annotations
 
 import fnmatch
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from shampoo_spec import ShampooConfig
+from shampoo_spec import ShampooConfig, config_differences, config_from_dict, config_to_dict
 
 
 @dataclass(frozen=True)
@@ -102,3 +104,83 @@ THIRD_PARTY: dict[str, ThirdParty] = {
 def deviation_for(deviations: tuple[Deviation, ...], test_id: str) -> Deviation | None:
     """The first of ``deviations`` that covers ``test_id``, or None."""
     return next((d for d in deviations if d.covers(test_id)), None)
+
+
+def _leaves(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield (*prefix, key)
+
+
+def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return _MISSING
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    out = dict(tree)
+    node = out
+    for key in path[:-1]:
+        child = node.get(key)
+        node[key] = dict(child) if isinstance(child, dict) else {}
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+_MISSING = object()
+
+
+def nearest_config(backend: object, config: ShampooConfig) -> tuple[ShampooConfig, list[str]]:
+    """The config ``backend``'s library runs in place of ``config``, and what changed.
+
+    ``config`` itself where the library expresses it (or the backend is ours);
+    else the library's defaults (``base_config()``) with as many of
+    ``config``'s values as it can express, taken a section at a time, then
+    one value at a time and two at a time (coupled values, such as Meta's one bias-correction
+    flag for two sections), until none more fits. The changes, as
+    ``config_differences`` lists them, go into the report beside the
+    library's numbers, so a comparison never hides that it ran another
+    config.
+    """
+    check = getattr(backend, "expressible", None)
+    if not callable(check) or check(config) is None:
+        return config, []
+    want = config_to_dict(config)
+    current = config_to_dict(backend.base_config())  # type: ignore[attr-defined]
+
+    def fits(tree: dict[str, Any]) -> bool:
+        try:
+            return bool(check(config_from_dict(tree)) is None)
+        except ValueError:  # not a valid config on its own
+            return False
+
+    # Whole sections first (a graft's type, beta2 and epsilon go together), then
+    # single values and pairs of what is left.
+    sections: list[tuple[str, ...]] = [
+        (key,) for key in want if _get(current, (key,)) != _get(want, (key,))]
+    for path in sections:
+        trial = _set(current, path, _get(want, path))
+        if fits(trial):
+            current = trial
+    todo = [path for path in _leaves(want) if _get(current, path) != _get(want, path)]
+
+    for size in (1, 2):
+        progress = True
+        while progress:
+            progress = False
+            for combo in itertools.combinations(todo, size):
+                trial = current
+                for leaf in combo:
+                    trial = _set(trial, leaf, _get(want, leaf))
+                if fits(trial):
+                    current, progress = trial, True
+                    todo = [path for path in todo if path not in combo]
+                    break
+    nearest = config_from_dict(current)
+    return nearest, config_differences(config, nearest)

@@ -18,7 +18,9 @@ of eq. 11c too, with kappa of A + its own ridge). A pseudo-inverse root
 those (the cut ones are rounding noise; a backend agrees only while none
 is near the cutoff, which the cases ensure). Eigenvalue-corrected
 Shampoo uses eigenvectors, whose error is u * ||A|| / gap (the smallest
-eigenvalue gap), so kappa there also covers ||A|| / gap.
+eigenvalue gap), and divides by sqrt(D + eps), which amplifies rounding noise
+along barely excited directions by up to sqrt(||A|| / eps): kappa there is
+the larger of the two.
 
 Inverse roots stored in ``inverse_root_dtype`` s (eqs. 11a, 16): the
 reference emulates those roundings, so a backend differs from it only where
@@ -145,10 +147,16 @@ class Bound:
 def _factor_kappa(config: ShampooConfig, a: NDArray[np.float64]) -> float:
     a = 0.5 * (a + a.T)
     lam = np.asarray(np.linalg.eigvalsh(a), dtype=np.float64)
-    if config.eigenvalue_correction is not None:
+    ec = config.eigenvalue_correction
+    if ec is not None:
         gaps = np.diff(lam)
         gap = float(gaps.min()) if gaps.size else float("inf")
-        return float(np.abs(lam).max() / gap) if gap > 0 else float("inf")
+        top = float(np.abs(lam).max())
+        basis = top / gap if gap > 0 else float("inf")
+        # Rounding noise along a barely excited direction, divided by sqrt(D + eps)
+        # (spec section 5): relative to the direction, n u ||G|| / sqrt(eps).
+        noise = float(np.sqrt(top / ec.epsilon)) if ec.epsilon > 0 else float("inf")
+        return max(basis, noise)
     method = config.root_inverse
     if isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge
         ridge = max(method.rel_epsilon * float(np.abs(a).sum(axis=1).max()), method.abs_epsilon)

@@ -202,8 +202,10 @@ def refresh_inverse_roots(
         new, failures = [], []
         for gi, (gs, ok) in enumerate(zip(groups, block_ok, strict=False)):
             inverse_roots = []
-            any_failed = jnp.zeros(ok.shape, bool)
-            failed_factors = jnp.zeros(ok.shape, jnp.int32)
+            # zeros_like(ok): under shard_map they then vary over the mesh axis as
+            # ok does, also for a group without factors (as keep's zeros do).
+            any_failed = jnp.zeros_like(ok, bool)
+            failed_factors = jnp.zeros_like(ok, jnp.int32)
             for i, xk in enumerate(gs.inverse_roots):
                 if qr:
                     assert ec is not None

@@ -14,15 +14,17 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any, TextIO
 
 import numpy as np
 
 from shampoo_datasets import load_problem
+from shampoo_spec import ShampooConfig
 
 from ..backends import Backend, BackendUnavailable, get_backend, has_stepper
+from ..thirdparty import nearest_config
 from . import settings as S
 from .accuracy import AccuracyResult, measure_accuracy
 from .convergence import ConvergenceResult, tune_and_evaluate
@@ -83,6 +85,11 @@ def load_backends(names: tuple[str, ...]) -> tuple[dict[str, Backend], list[Back
         trains = has_stepper(backend)
         loaded[name] = backend
         note = "" if trains else "no stepper: accuracy only (open-loop run)"
+        deviations = getattr(backend, "deviations", ())
+        if deviations:  # a third-party library's (docs/third-party.md)
+            listed = ", ".join(f"{d.name} ({d.kind})" for d in deviations)
+            note = "; ".join(filter(None, [note, f"documented deviations: {listed} "
+                                                 "(docs/third-party.md)"]))
         status.append(BackendStatus(name, True, trains, note))
     return loaded, status
 
@@ -117,6 +124,7 @@ def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None
     start = time.perf_counter()
     backends, status = load_backends(settings.backends)
     training = [n for n in backends if has_stepper(backends[n])]
+    configs = _configs(backends, settings.config, status)
     infos = []
     for name in settings.problems:
         p = load_problem(name, seed=0)
@@ -128,7 +136,7 @@ def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None
         stream=progress_stream if progress_stream is not None else sys.stderr,
     )
     for info in infos:
-        _problem(report, info, backends, training, progress)
+        _problem(report, info, backends, configs, training, progress)
     progress.close()
     missing = [s.name for s in status if not s.installed]
     report.recommendations = recommend(
@@ -139,21 +147,38 @@ def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None
     return report
 
 
+def _configs(
+    backends: dict[str, Backend], config: ShampooConfig, status: list[BackendStatus]
+) -> dict[str, ShampooConfig]:
+    """The config each backend runs: ``config``, or for another library the nearest
+    config it expresses (:func:`~shampoo_conformance.thirdparty.nearest_config`),
+    with the changes written into that backend's status note."""
+    out = {}
+    for index, entry in enumerate(status):
+        if entry.name not in backends:
+            continue
+        out[entry.name], changed = nearest_config(backends[entry.name], config)
+        if changed:
+            note = "runs the nearest config its library expresses: " + "; ".join(changed)
+            status[index] = replace(entry, note="; ".join(filter(None, [entry.note, note])))
+    return out
+
+
 def _problem(
     report: Report,
     info: ProblemInfo,
     backends: dict[str, Backend],
+    configs: dict[str, ShampooConfig],
     training: list[str],
     progress: Progress,
 ) -> None:
     settings = report.settings
-    config = settings.config
     name = info.name
     for backend_name in training:
         progress.set_label(f"{name}: convergence on {backend_name}")
         try:
             report.convergence.append(tune_and_evaluate(
-                name, backends[backend_name], config=config, grid=settings.grid,
+                name, backends[backend_name], config=configs[backend_name], grid=settings.grid,
                 steps=info.steps, seeds=settings.seeds,
                 dtype=training_dtype(backend_name), on_step=progress.advance,
             ))
@@ -163,13 +188,14 @@ def _problem(
             )
     tuned = {c.backend: c for c in report.convergence if c.problem == name}
     source = tuned.get("reference") or next(iter(tuned.values()), None)
-    lr = source.shampoo.lr if source is not None else config.learning_rate
-    accuracy_config = config.__class__.from_dict({**config.to_dict(), "learning_rate": lr})
+    lr = source.shampoo.lr if source is not None else settings.config.learning_rate
     problem = load_problem(name, seed=0)
     for backend_name, backend in backends.items():
         if backend_name == "reference":
             continue  # the oracle itself
         progress.set_label(f"{name}: accuracy of {backend_name}")
+        # Against the exact reference on the config this backend runs.
+        accuracy_config = replace(configs[backend_name], learning_rate=lr)
         try:
             report.accuracy.extend(
                 measure_accuracy(problem, backend, accuracy_config, settings.accuracy_steps)
@@ -181,6 +207,7 @@ def _problem(
         progress.set_label(f"{name}: timing on {backend_name}")
         run = tuned.get(backend_name)
         try:
+            config = configs[backend_name]
             report.timing.append(measure_timing(
                 problem, backends[backend_name], config,
                 lr_shampoo=run.shampoo.lr if run else config.learning_rate,

@@ -283,7 +283,9 @@ def markdown(report: Report, plots: Sequence[str], command: str) -> str:
         "## Shampoo configuration",
         "",
         "The learning rate is tuned per problem and backend (above); everything else is this "
-        "`ShampooConfig` (JSON), the same for every backend:",
+        "`ShampooConfig` (JSON), the same for every backend except a third-party library "
+        "that cannot express it: that one runs the nearest config it expresses, with the "
+        "changes listed under Backends:",
         "",
         "```json",
         json.dumps(s.config.to_dict(), indent=1, sort_keys=True),

@@ -167,9 +167,9 @@ def settings_for(
     if problems is not None:
         base["problems"] = tuple(check_names("problem", problems, available_problems()))
     if backends is not None:
-        from ..backends import available_backends
+        from ..backends import known_backends
 
-        base["backends"] = tuple(check_names("backend", backends, available_backends()))
+        base["backends"] = tuple(check_names("backend", backends, known_backends()))
     if out is not None:
         base["out"] = Path(out)
     if seeds is not None:
