@@ -309,17 +309,29 @@ def _google_init(tx: optax.GradientTransformation, params: Params, matrix_epsilo
 
     Google builds statistics and preconditioners in float32 even under x64 and
     then fails on float64 gradients (mismatched ``lax.cond`` branches); its
-    ``training_metrics`` stay float32, as its update produces them.
+    ``training_metrics`` stay float32, as its update produces them. Quantized
+    statistics (eq. 20c, its pmap path with ``best_effort_memory_usage_reduction``)
+    are Google's ``QuantizedValue`` of ``matrix_epsilon * I`` in float64: diagonal
+    ``matrix_epsilon``, no off-diagonal entries (scales 0); the quantized
+    identity roots only change the dtype of their diagonals and scales.
     """
+    from precondition.quantization_utils import QuantizedValue
+
     state = tx.init(params)
 
     def to_float64(a: jax.Array) -> jax.Array:
         return a.astype(jnp.float64) if a.dtype == jnp.float32 else a
 
+    def initial(s: Any) -> Any:
+        if isinstance(s, QuantizedValue):
+            eye = matrix_epsilon * jnp.eye(s.shape[0], dtype=jnp.float64)
+            return QuantizedValue.from_float_value(eye, s.quantized_dtype, extract_diagonal=True)
+        return matrix_epsilon * jnp.eye(len(s), dtype=jnp.float64)
+
     def cast(stats: Any) -> Any:
         floats = jax.tree.map(to_float64, stats._replace(training_metrics=None))
         # float32(matrix_epsilon) is a documented departure (docs/spec.md section 3).
-        exact = [matrix_epsilon * jnp.eye(len(s), dtype=jnp.float64) for s in stats.statistics]
+        exact = [initial(s) for s in stats.statistics]
         return floats._replace(statistics=exact, training_metrics=stats.training_metrics)
 
     is_stats: Callable[[Any], bool] = lambda s: isinstance(s, ds.ParameterStats)  # noqa: E731
@@ -420,25 +432,20 @@ def test_google_sharded_states_match_shampoo_jax(name: str) -> None:
     assert unlagged > 1e3 * TOLERANCE, f"{name}: the lag made no difference ({unlagged:.2e})"
 
 
-def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
-    """batch_axis_name (pmap over two devices): the root work split between them.
+def _pmap_trajectories(kwargs: Kwargs, ours: dict[str, optax.GradientTransformation]
+                       ) -> dict[str, Params]:
+    """Google's and each of ``ours`` inside one ``pmap`` over two devices, 50 steps.
 
-    Both optimizers run in the same ``pmap``: each device takes half of every
-    minibatch and the gradients are averaged (``pmean``, the caller's job in
-    Google's contract); Google's update gets the axis name and computes each
-    device's share of the roots, ours (imported from the same kwargs) the
-    whole step on every device. Replicas must agree and match at <= 1e-8.
+    Each device takes half of every minibatch and the gradients are averaged
+    (``pmean``, the caller's job in Google's contract); Google's update gets
+    the axis name. Replicas must agree bitwise; returns replica 0's trajectory
+    of each (Google's under ``"google"``).
     """
     if jax.device_count() < 2:
         pytest.skip("needs two JAX devices: XLA_FLAGS=--xla_force_host_platform_device_count=2 "
                     "before JAX starts")
-    kwargs = {**BASE, "graft_type": "ADAGRAD", "preconditioning_compute_steps": 2,
-              "batch_axis_name": "batch"}
     problem = _problem()
     google = ds.distributed_shampoo(**_google_kwargs(kwargs))
-    ours = shampoo_jax.shampoo(from_google(kwargs, x64=True))
-    assert from_google(kwargs, x64=True) == from_google(
-        {k: v for k, v in kwargs.items() if k != "batch_axis_name"}, x64=True)
 
     def run(tx: optax.GradientTransformation, state: Any, xs: jax.Array, ys: jax.Array) -> Params:
         def step(carry: tuple[Params, Any], batch: tuple[jax.Array, jax.Array]) -> Any:
@@ -457,21 +464,83 @@ def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
     def replicated(tree: Any) -> Any:  # a leading axis of two: one copy per device
         return jax.tree.map(lambda x: jnp.stack([x, x]), tree)
 
-    pmapped = {
-        "google": (google, _google_init(google, problem.params, 1e-6)),
-        "ours": (ours, ours.init(problem.params)),
-    }
+    eps = kwargs.get("matrix_epsilon", 1e-6)
+    assert isinstance(eps, float)
+    pmapped = {"google": (google, _google_init(google, problem.params, eps)),
+               **{who: (tx, tx.init(problem.params)) for who, tx in ours.items()}}
     out = {}
     for who, (tx, state) in pmapped.items():
         go = jax.pmap(functools.partial(run, tx), axis_name="batch")
-        out[who] = go(replicated(state), *halves)
-    for who, trajectory in out.items():
+        trajectory = go(replicated(state), *halves)
         for name, a in trajectory.items():  # the replicas agree bitwise
             np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(a[1]), err_msg=who + name)
-    theirs = {k: v[0] for k, v in out["google"].items()}
-    worst = _worst_relative_deviation(theirs, {k: v[0] for k, v in out["ours"].items()})
+        out[who] = {k: v[0] for k, v in trajectory.items()}
+    return out
+
+
+def test_google_pmap_batch_axis_name_matches_shampoo_jax() -> None:
+    """batch_axis_name (pmap over two devices): the root work split between them.
+
+    Both optimizers run in the same ``pmap``; Google computes each device's
+    share of the roots, ours (imported from the same kwargs) the whole step
+    on every device. Replicas must agree and match at <= 1e-8.
+    """
+    kwargs = {**BASE, "graft_type": "ADAGRAD", "preconditioning_compute_steps": 2,
+              "batch_axis_name": "batch"}
+    assert from_google(kwargs, x64=True) == from_google(
+        {k: v for k, v in kwargs.items() if k != "batch_axis_name"}, x64=True)
+    out = _pmap_trajectories(kwargs, {"ours": shampoo_jax.shampoo(from_google(kwargs, x64=True))})
+    worst = _worst_relative_deviation(out["google"], out["ours"])
     print(f"batch_axis_name: worst relative deviation {worst:.2e}")
     assert worst <= TOLERANCE, f"batch_axis_name: worst relative deviation {worst:.2e}"
+
+
+def test_google_pmap_int16_statistics_match_shampoo_jax() -> None:
+    """best_effort_memory_usage_reduction with batch_axis_name (eqs. 20b, 20c), 64-bit JAX.
+
+    Google then keeps int8 momentum and int16 statistics and roots with float
+    diagonals, in its statistics' dtype (float64 here: its state cast to
+    float64 as in every case, :func:`_google_init`); ``from_google`` imports
+    both storages with float64 scales. The control, ours with float
+    statistics and roots (int8 momentum kept), must be far off.
+
+    block_size 16: 76 statistics, an even number. With an odd number on two
+    devices (39 at block_size 32) Google pads its stack with a quantized
+    identity built in float32 even under x64, and its update fails on the
+    float64 state (:func:`test_google_pmap_int16_statistics_odd_count_fails_in_float64`).
+    """
+    kwargs = {**BASE, "block_size": 16, "graft_type": "ADAGRAD",
+              "preconditioning_compute_steps": 2, "batch_axis_name": "batch",
+              "best_effort_memory_usage_reduction": True}
+    config = from_google(kwargs, x64=True)
+    assert config.statistics.storage == "int16_columnwise_diagonal"
+    assert config.statistics.scale_dtype == "float64" and config.momentum.storage == (
+        "int8_columnwise")
+    floats = dataclasses.replace(config, statistics=dataclasses.replace(
+        config.statistics, storage="float", scale_dtype="float32"))
+    out = _pmap_trajectories(kwargs, {"ours": shampoo_jax.shampoo(config),
+                                      "float_statistics": shampoo_jax.shampoo(floats)})
+    worst = _worst_relative_deviation(out["google"], out["ours"])
+    control = _worst_relative_deviation(out["google"], out["float_statistics"])
+    print(f"int16 statistics: worst relative deviation {worst:.2e}; "
+          f"float statistics instead: {control:.2e}")
+    assert worst <= TOLERANCE, f"int16 statistics: worst relative deviation {worst:.2e}"
+    assert control > CONTROL_GAP, f"int16 statistics: the control deviates by {control:.2e}"
+
+
+def test_google_pmap_int16_statistics_odd_count_fails_in_float64() -> None:
+    """Google's limit under x64 (docs/migrating.md): 39 statistics on two devices.
+
+    ``_pmap_quantized_compute_preconditioners`` pads the stack to a multiple
+    of the device count with ``QuantizedValue.from_float_value(jnp.eye(...,
+    dtype=jnp.float32), ...)``: float32 diagonals and scales beside the
+    float64 ones, and its ``lax.cond`` refuses the mismatched branches.
+    Google's own float32 runs (x64 off) are unaffected; ours has no padding.
+    """
+    kwargs = {**BASE, "graft_type": "ADAGRAD", "preconditioning_compute_steps": 2,
+              "batch_axis_name": "batch", "best_effort_memory_usage_reduction": True}
+    with pytest.raises(TypeError, match="float32.*float64"):
+        _pmap_trajectories(kwargs, {})
 
 
 # Arguments whose effect the test also proves: each case runs a control, ours with
@@ -612,4 +681,61 @@ def test_quantized_integers_equal_googles(dtype: type) -> None:
             np.testing.assert_array_equal(np.asarray(theirs.bucket_size), s)
             np.testing.assert_array_equal(
                 np.asarray(theirs.to_float()).astype(np.float64), dequantize_columnwise(q, s)
+            )
+
+
+# ------------------------------ eq. (20c): Google's int16 statistics and inverse roots
+def _square_quantization_inputs(dtype: type, seed: int) -> list[np.ndarray]:
+    """Square matrices as Google's pmap path quantizes them: factors, roots and edges.
+
+    A PSD factor G G^T + eps I (its diagonal dominates its columns), a
+    non-symmetric one (a read-back factor plus a Gram matrix is no longer
+    symmetric), entries over 40 orders of magnitude, eps I (no off-diagonal:
+    scales 0), a 1 x 1, ties (a column c * (32767, 0.5, 1.5, ...), c a power
+    of 2: the scale is c and every ratio a half-integer) and a column whose
+    off-diagonal maximum is below the smallest normal number (flushed).
+    """
+    rng = np.random.default_rng(seed)
+    tiny = float(np.finfo(dtype).tiny)
+    g = rng.standard_normal((24, 40))
+    psd = g @ g.T + 1e-6 * np.eye(24)
+    nonsym = psd + 1e-5 * rng.standard_normal((24, 24))
+    wide = rng.standard_normal((9, 9)) * np.exp(rng.uniform(-20, 20, (1, 9)))
+    n = 41
+    ties = np.zeros((n, n))
+    ties[1:, 0] = np.concatenate([[32767.0], np.arange(20) + 0.5, -(np.arange(19) + 0.5)])
+    ties *= 2.0**-15
+    ties[:, 1] = rng.standard_normal(n) * tiny / 3  # off-diagonal maximum flushed
+    ties[:, 2] = -np.abs(rng.standard_normal(n)) * 1e3
+    np.fill_diagonal(ties, 1.0 + rng.uniform(size=n))
+    return [x.astype(dtype) for x in (psd, nonsym, wide, 1e-6 * np.eye(7), np.array([[3.0]]),
+                                      ties)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_quantized_int16_with_diagonal_equals_googles(dtype: type) -> None:
+    """Eq. (20c): the reference stores Google's int16 ``QuantizedValue`` bit for bit.
+
+    ``QuantizedValue.from_float_value(a, jnp.int16, extract_diagonal=True)``
+    (Google's pmap path, ``best_effort_memory_usage_reduction`` with
+    ``batch_axis_name``, for statistics and inverse roots): integers,
+    extracted diagonal, scales and the matrix read back (``to_float``).
+    """
+    from precondition.quantization_utils import QuantizedValue
+
+    from shampoo_reference.quantization import dequantize_with_diagonal, quantize_with_diagonal
+
+    name = np.dtype(dtype).name
+    for seed in range(5):
+        for x in _square_quantization_inputs(dtype, seed):
+            theirs = QuantizedValue.from_float_value(jnp.asarray(x), jnp.int16,
+                                                     extract_diagonal=True)
+            q, s, g = quantize_with_diagonal(x.astype(np.float64), name)
+            assert np.asarray(theirs.quantized).dtype == np.int16
+            np.testing.assert_array_equal(np.asarray(theirs.quantized), q)
+            assert np.asarray(theirs.bucket_size).dtype == s.dtype == g.dtype
+            np.testing.assert_array_equal(np.asarray(theirs.bucket_size), s)
+            np.testing.assert_array_equal(np.asarray(theirs.diagonal), g)
+            np.testing.assert_array_equal(
+                np.asarray(theirs.to_float()).astype(np.float64), dequantize_with_diagonal(q, s, g)
             )

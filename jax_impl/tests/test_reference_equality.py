@@ -671,6 +671,83 @@ def test_int8_momentum_float32_within_bound() -> None:
     assert err <= 1e-2, f"float32 relative error {err:.3e} at {where}"
 
 
+# ------------------------------------------------ statistics.storage, eq. (20c)
+_INT16 = {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b",
+          "relative_matrix_epsilon": False}
+INT16_CASES = {
+    "google_defaults": ss.from_google({"learning_rate": 0.05, "block_size": 5, **_INT16},
+                                      x64=True),
+    "google_adagrad_ema_every_2nd_root": ss.from_google({
+        "learning_rate": 0.05, "block_size": 6, "graft_type": "ADAGRAD", "beta2": 0.9,
+        "start_preconditioning_step": 2, "preconditioning_compute_steps": 2,
+        "matrix_epsilon": 1e-4, **_INT16}, x64=True),
+    # float32 scales (x64=False: Google's float32 statistics), computed in float64 here.
+    "google_float32_scales": dataclasses.replace(ss.from_google(
+        {"learning_rate": 0.05, "block_size": 6, "graft_type": "SGD", "statistics_compute_steps": 2,
+         **_INT16}, x64=False), factor_dtype="float64"),
+}
+
+
+@pytest.mark.parametrize("name", list(INT16_CASES))
+def test_int16_statistics_float64_equals_reference(name: str) -> None:
+    """Eq. (20c) in float64: within the float64 bound of section 5 (1e-9 over 20 steps).
+
+    The stored integers are the reference's unless a factor's or root's entry
+    lies within the step's rounding of a half-integer times its scale
+    (probability about 32767 kappa u64 per entry); none does on these streams.
+    """
+    config = INT16_CASES[name]
+    assert config.statistics.quantized
+    params, grads = stream()
+    want = reference_run(config, params, grads)
+    got = jax_run(config, params, grads, dtype=np.float64)
+    err, where = relative_error(got, want, params)
+    assert err <= 1e-9, f"{name}: relative error {err:.3e} at {where}"
+    plain = dataclasses.replace(config, statistics=dataclasses.replace(
+        config.statistics, storage="float", scale_dtype="float32"))
+    err_plain, _ = relative_error(reference_run(plain, params, grads), want, params)
+    assert err_plain > 1e3 * 1e-9, f"{name}: int16 storage changed nothing ({err_plain:.1e})"
+
+
+def test_int16_stored_factors_and_roots_are_the_references() -> None:
+    """After 6 steps (float64 JAX) every factor and inverse root JAX holds is stored with
+    the reference's integers (JAX keeps the read-back values: re-quantizing them gives
+    their integers back); scales and diagonals agree to the rounding of the unrounded
+    factors and roots (kappa u64; 1e-12 relative here)."""
+    from shampoo_reference.quantization import quantize_with_diagonal
+    config = INT16_CASES["google_adagrad_ema_every_2nd_root"]
+    params, grads = stream(steps=6, seed=3)
+    ref = ReferenceShampoo(config, params)
+    for g in grads:
+        ref.step(g)
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config)
+        p = {k: jnp.asarray(params[k]) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        for g in grads:
+            _, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
+    layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
+    compared = 0
+    for li, k in enumerate(names):
+        leaf = layout.leaves[li]
+        for bi, (gi, slot) in enumerate(leaf.refs):
+            bs = ref.state[k].blocks[bi]
+            gs = state.groups[gi]
+            kept = [k2 for k2, f in enumerate(bs.factors) if f is not None]
+            for i, (fk, xk) in enumerate(zip(gs.factors, gs.inverse_roots, strict=True)):
+                for kind, got in (("factor", fk), ("root", xk)):
+                    q, s, d = bs.stored[(kind, kept[i])]
+                    mine = np.asarray(got[slot])
+                    np.testing.assert_array_equal(quantize_with_diagonal(mine, "float64")[0], q)
+                    theirs = bs.factors[kept[i]] if kind == "factor" else bs.inverse_roots[kept[i]]
+                    assert theirs is not None
+                    np.testing.assert_allclose(mine, theirs, rtol=1e-12, atol=0)
+                    compared += 1
+    assert compared > 5
+
+
 # ------------------------------ eigenvalue correction's storage dtypes, eq. (17a)
 EC_DTYPES = [("float32", "float32"), ("bfloat16", None), (None, "bfloat16"),
              ("bfloat16", "bfloat16"), ("float16", "float16")]

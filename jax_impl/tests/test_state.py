@@ -173,6 +173,23 @@ def test_checkpoint_keeps_int8_momentum(tmp_path) -> None:  # noqa: ANN001
         shampoo_jax.state_from_arrays(arrays, like=float_opt.init(p))
 
 
+def test_checkpoint_keeps_int16_statistics(tmp_path) -> None:  # noqa: ANN001
+    """Eq. (20c): the read-back factors and roots are saved as they are (float32 here),
+    load bit for bit and resume exactly; a state saved under float storage is refused
+    naming the field, and the reverse."""
+    config = dataclasses.replace(
+        CONFIG, root_inverse=ss.CoupledNewtonConfig(),
+        statistics=ss.StatisticsConfig(storage="int16_columnwise_diagonal"))
+    opt, step, p, s, rest = _four_steps(config)
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
+    float_opt = shampoo_jax.shampoo(dataclasses.replace(config, statistics=ss.StatisticsConfig()))
+    with pytest.raises(ValueError, match="statistics.storage"):
+        shampoo_jax.state_from_arrays(arrays, like=float_opt.init(p))
+    plain = shampoo_jax.state_to_arrays(float_opt.init(p))
+    with pytest.raises(ValueError, match="statistics.storage"):
+        shampoo_jax.state_from_arrays(plain, like=opt.init(p))
+
+
 @pytest.mark.parametrize(("q", "d"), [("bfloat16", "float16"), ("float16", "bfloat16")])
 def test_checkpoint_keeps_the_eigenvalue_correction_dtypes(tmp_path, q: str, d: str) -> None:  # noqa: ANN001
     """Eq. (17a): eigenbases live and are saved in ``eigenvectors_dtype``, D in
@@ -325,3 +342,14 @@ def test_schedule_learning_rate_and_weight_decay_needs_params() -> None:
         CONFIG, weight_decay=ss.WeightDecayConfig(value=0.1)))
     with pytest.raises(ValueError, match="params"):
         decayed.update(_jnp(grads[0]), decayed.init(_jnp(params)))
+
+
+def test_float64_statistics_scales_need_x64() -> None:
+    """Eq. (20c) in float64 needs 64-bit JAX (it would compute in float32 otherwise)."""
+    config = dataclasses.replace(
+        CONFIG, root_inverse=ss.CoupledNewtonConfig(),
+        statistics=ss.StatisticsConfig(storage="int16_columnwise_diagonal",
+                                       scale_dtype="float64"))
+    with jax.enable_x64(False), pytest.raises(
+            ValueError, match="statistics.scale_dtype = 'float64' needs 64-bit JAX"):
+        shampoo_jax.shampoo(config).init(_jnp({k: np.zeros(s) for k, s in SHAPES.items()}))

@@ -104,3 +104,91 @@ def test_empty_parameters(shape: tuple[int, ...]) -> None:
     opt = ReferenceShampoo(_config("int8_columnwise"), {"w": np.zeros(shape)})
     opt.step({"w": np.zeros(shape)})
     assert opt.state["w"].stored["momentum"][0].shape == shape
+
+
+# ------------------------------------------------ eq. (20c): int16 factors and roots
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_int16_with_diagonal_bounds_and_fixed_point(dtype: str) -> None:
+    """The diagonal kept in d, off-diagonal entries within half a step, |q| <= 32767."""
+    from shampoo_reference.quantization import dequantize_with_diagonal, quantize_with_diagonal
+
+    rng = np.random.default_rng(2)
+    g = rng.standard_normal((7, 12))
+    a = g @ g.T + 1e-3 * rng.standard_normal((7, 7))
+    q, s, d = quantize_with_diagonal(a, dtype)
+    assert q.dtype == np.int16 and s.dtype == d.dtype == np.dtype(dtype)
+    assert not np.diagonal(q).any() and np.abs(q).max() == 32767
+    x = a.astype(dtype).astype(np.float64)
+    np.testing.assert_array_equal(d, np.diagonal(a).astype(dtype))
+    back = dequantize_with_diagonal(q, s, d)
+    np.testing.assert_array_equal(np.diagonal(back), np.diagonal(x))
+    off = ~np.eye(7, dtype=bool)
+    err = np.abs(back - x)
+    assert np.all(err[off] <= (0.5 * s.astype(np.float64) * (1 + 1e-5))[np.newaxis, :]
+                  .repeat(7, 0)[off])
+    q2, s2, d2 = quantize_with_diagonal(back, dtype)
+    np.testing.assert_array_equal(q2, q)
+    eye = quantize_with_diagonal(1e-6 * np.eye(3), dtype)
+    assert not eye[0].any() and not eye[1].any()
+    np.testing.assert_array_equal(dequantize_with_diagonal(*eye),
+                                  np.float64(np.asarray(1e-6, dtype)) * np.eye(3))
+
+
+def _int16_config(scale_dtype: str, beta2: float = 1.0) -> ss.ShampooConfig:
+    return ss.ShampooConfig(
+        learning_rate=0.1,
+        statistics=ss.StatisticsConfig(beta2=beta2, initial_value="epsilon_identity",
+                                       storage="int16_columnwise_diagonal",
+                                       scale_dtype=scale_dtype),  # type: ignore[arg-type]
+        root_inverse=ss.CoupledNewtonConfig(),
+        # eps 0.1: the (5, 5) factor of a (5, 3) gradient has rank 3, and float32
+        # quantization moves its zero eigenvalues by about 1e-5 either way.
+        epsilon=ss.EpsilonConfig(value=0.1),
+        grafting=ss.GraftingConfig(type="none"),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        factor_dtype="float64",
+    )
+
+
+@pytest.mark.parametrize("beta2", [1.0, 0.9])
+@pytest.mark.parametrize("scale_dtype", ["float32", "float64"])
+def test_int16_step_closed_form(scale_dtype: str, beta2: float) -> None:
+    """Eqs. (6), (11), (16) with eq. (20c) written out for a (5, 3) weight, no graft.
+
+    L <- stored(beta2 R(L) + w G G^T) (R(L) the read-back factor), X = eq. (11)
+    on R(L) + eps I as it is (not symmetrized), stored; the direction is
+    R(X_0)^T G R(X_1) (Google's contraction of the roots' first index).
+    """
+    from shampoo_reference.linalg import root_inverse_coupled_newton
+    from shampoo_reference.quantization import dequantize_with_diagonal, quantize_with_diagonal
+
+    cfg = _int16_config(scale_dtype, beta2)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 3))
+    opt = ReferenceShampoo(cfg, {"w": w})
+    eps = cfg.epsilon.value
+    stored = lambda a: dequantize_with_diagonal(*quantize_with_diagonal(a, scale_dtype))  # noqa: E731
+    factors = [stored(eps * np.eye(5)), stored(eps * np.eye(3))]
+    weight = cfg.statistics.update_weight
+    saw_asymmetric = False
+    for t in range(4):
+        g = rng.standard_normal((5, 3))
+        out = opt.step({"w": g})
+        grams = [g @ g.T, g.T @ g]
+        roots = []
+        for k in range(2):
+            factors[k] = stored((beta2 * factors[k] if beta2 != 1.0 else factors[k])
+                                + weight * grams[k])
+            bc = cfg.statistics.bias_correction_factor(t + 1)
+            result = root_inverse_coupled_newton(factors[k] / bc, 4, eps, cfg.root_inverse,
+                                                 symmetric=False)
+            roots.append(stored(result.root))
+            bs = opt.state["w"].blocks[0]
+            np.testing.assert_array_equal(bs.factors[k], factors[k])
+            np.testing.assert_array_equal(bs.inverse_roots[k], roots[k])
+            q, s, d = quantize_with_diagonal(result.root, scale_dtype)
+            np.testing.assert_array_equal(bs.stored[("root", k)][0], q)
+            saw_asymmetric |= not np.array_equal(roots[k], roots[k].T)
+        w = w - 0.1 * (roots[0].T @ g @ roots[1])
+        np.testing.assert_allclose(out["w"], w, rtol=0, atol=1e-14)
+    assert saw_asymmetric and opt.metrics.root_failures == 0

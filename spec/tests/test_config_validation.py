@@ -152,6 +152,30 @@ def test_cross_field_rules(make: typing.Callable[[], object], field: str) -> Non
         make()
 
 
+def test_factor_storage_errors_name_field_value_and_allowed() -> None:
+    """Eq. (20c): storage is 'float' or 'int16_columnwise_diagonal', with coupled Newton
+    roots and no inverse_root_dtype; scales only with int16 storage."""
+    with pytest.raises(ValueError) as err:
+        ss.StatisticsConfig(storage="int8")  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "statistics.storage = 'int8' is invalid: allowed one of 'float', "
+        "'int16_columnwise_diagonal'."
+    )
+    with pytest.raises(ValueError, match=r"statistics.scale_dtype = 'float64' is invalid: "
+                       r"allowed 'float32' \(the default\) with storage='float'"):
+        ss.StatisticsConfig(scale_dtype="float64")
+    stats = ss.StatisticsConfig(storage="int16_columnwise_diagonal", scale_dtype="float64")
+    assert stats.quantized and not ss.StatisticsConfig().quantized
+    with pytest.raises(ValueError, match=r"root_inverse.method = 'eigh' is invalid: allowed "
+                       r"'coupled_newton' with statistics.storage='int16_columnwise_diagonal'"):
+        ss.ShampooConfig(statistics=stats)
+    with pytest.raises(ValueError, match=r"ShampooConfig.inverse_root_dtype = 'float32' is "
+                       r"invalid: allowed None with statistics.storage="):
+        ss.ShampooConfig(statistics=stats, root_inverse=ss.CoupledNewtonConfig(),
+                         inverse_root_dtype="float32")
+    ss.ShampooConfig(statistics=stats, root_inverse=ss.CoupledNewtonConfig())
+
+
 def test_momentum_storage_errors_name_field_value_and_allowed() -> None:
     """Eq. (20b): storage is 'float' or 'int8_columnwise'; scales only with int8 storage."""
     with pytest.raises(ValueError) as err:

@@ -168,7 +168,7 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
     # A callable learning rate (an optax schedule in Google's hands) lets the root
     # period follow it (eq. 8b); the importer reads its value at count 0.
     scheduled = draw(st.booleans())
-    return {
+    kwargs = {
         "learning_rate": (lambda count: lr * 0.5**count) if scheduled else lr,
         "decay_preconditioning_compute_steps": draw(st.booleans()),
         "end_preconditioning_compute_steps": draw(st.sampled_from([None, 0, 10, 100])),
@@ -205,11 +205,21 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             "statistics_partition_spec": [None, "mdl"],
             "preconditioner_partition_spec": [["data", "mdl"], None, None]}])),
         # pmap's axis places root work only; with it Google's quantization adds int16
-        # statistics (refused), so the two are drawn apart.
+        # statistics and roots (eq. 20c).
         **draw(st.sampled_from([{"batch_axis_name": "batch"},
                                 {"best_effort_memory_usage_reduction": True},
+                                {"best_effort_memory_usage_reduction": True,
+                                 "batch_axis_name": "batch"},
                                 {"best_effort_memory_usage_reduction": False}])),
     }
+    if kwargs.get("best_effort_memory_usage_reduction") and "batch_axis_name" in kwargs:
+        # Eq. (20c) is Google's pmap path with Newton roots (eigh, pjit: refused by name).
+        kwargs["eigh"] = False
+        kwargs.pop("shard_optimizer_states", None)
+        kwargs.pop("num_devices_for_pjit", None)
+        kwargs.pop("statistics_partition_spec", None)
+        kwargs.pop("preconditioner_partition_spec", None)
+    return kwargs
 
 
 def _imported(importer: Any, kwargs: dict[str, Any], **extra: Any) -> ss.ShampooConfig:
@@ -624,8 +634,38 @@ def test_google_int8_momentum_round_trip(x64: bool | None) -> None:
     plain = ss.from_google({**kwargs, "best_effort_memory_usage_reduction": False}, x64=x64)
     assert plain.momentum.storage == "float" and plain.momentum.scale_dtype == "float32"
     assert "best_effort_memory_usage_reduction" not in ss.to_google(plain)
-    with pytest.raises(NotImplementedError, match="batch_axis_name"):
-        ss.from_google({**kwargs, "batch_axis_name": "batch"})
+    assert ss.from_google({**kwargs, "batch_axis_name": "batch"}, x64=x64).statistics.quantized
+
+
+@pytest.mark.parametrize("x64", [None, True, False])
+def test_google_int16_statistics_round_trip(x64: bool | None) -> None:
+    """best_effort_memory_usage_reduction with batch_axis_name: int8 momentum (eq. 20b) and
+    int16 statistics and roots (eq. 20c), both in the dtype Google computes in; exported
+    with the axis "batch"; what Google cannot pair is named."""
+    kwargs = {"learning_rate": 0.1, "block_size": 128, "best_effort_memory_usage_reduction": True,
+              "batch_axis_name": "devices"}
+    c = ss.from_google(kwargs, x64=x64)
+    want = "float32" if x64 is False else "float64"
+    assert c.statistics.storage == "int16_columnwise_diagonal"
+    assert c.statistics.scale_dtype == c.momentum.scale_dtype == c.factor_dtype == want
+    assert c.momentum.storage == "int8_columnwise"
+    assert isinstance(c.root_inverse, ss.CoupledNewtonConfig)
+    exported = ss.to_google(c)
+    assert exported["best_effort_memory_usage_reduction"] is True
+    assert exported["batch_axis_name"] == "batch"
+    assert ss.from_google(exported, x64=c.factor_dtype == "float64") == c
+    # The axis alone imports as before (it places root work only).
+    assert not ss.from_google({**kwargs, "best_effort_memory_usage_reduction": False},
+                              x64=x64).statistics.quantized
+    other = "float64" if want == "float32" else "float32"
+    moved = dataclasses.replace(c, statistics=dataclasses.replace(c.statistics,
+                                                                  scale_dtype=other))
+    with pytest.raises(ValueError, match=rf"statistics.scale_dtype = '{other}'"):
+        ss.to_google(moved)
+    alone = dataclasses.replace(c, momentum=dataclasses.replace(
+        c.momentum, storage="float", scale_dtype="float32"))
+    with pytest.raises(ValueError, match="momentum.storage = 'float'"):
+        ss.to_google(alone)
 
 
 def test_meta_exports_exponents_and_eigenvalue_correction() -> None:
@@ -710,3 +750,13 @@ def test_meta_eigenvalue_correction_without_graft_needs_start_1() -> None:
         ss.to_meta(c)
     one = dataclasses.replace(c, schedule=ss.ScheduleConfig(start_preconditioning_step=1))
     assert ss.from_meta(ss.to_meta(one)) == one
+
+
+def test_meta_names_int16_factor_storage() -> None:
+    """Eq. (20c) is Google's; Meta keeps its factors and roots in float."""
+    c = dataclasses.replace(
+        ss.from_meta({"lr": 0.1}), root_inverse=ss.CoupledNewtonConfig(),
+        statistics=dataclasses.replace(ss.from_meta({"lr": 0.1}).statistics,
+                                       storage="int16_columnwise_diagonal"))
+    with pytest.raises(ValueError, match="statistics.storage = 'int16_columnwise_diagonal'"):
+        ss.to_meta(c)

@@ -464,6 +464,12 @@ def test_google_preconditioner() -> None:
     strict = google._preconditioner(g(eigh=True, inverse_failure_threshold=1e-30), 0.95)
     assert strict.root_inverse == ss.EighConfig(failure_threshold=1e-30)
     assert google._preconditioner(g(exponent_override=-2), 0.95).exponents.override == 0.0
+    # Eq. (20c): int16 statistics and roots with best_effort and a pmap axis, in Google's dtype.
+    q = google._preconditioner(g(best_effort_memory_usage_reduction=True, batch_axis_name="b"),
+                               0.95, x64=False).statistics
+    assert q.storage == "int16_columnwise_diagonal" and q.scale_dtype == "float32"
+    assert not google._preconditioner(g(best_effort_memory_usage_reduction=True),
+                                      0.95).statistics.quantized
     with pytest.raises(ValueError, match="matrix_epsilon = 'small'"):
         google._preconditioner(g(matrix_epsilon="small"), 0.95)
     with pytest.raises(ValueError, match="root_inverse.failure_threshold"):

@@ -89,8 +89,8 @@ def test_google_defaults() -> None:
         (ss.from_meta, {"preconditioner_config":
                         {"type": "SpectralDescentPreconditionerConfig"}}, "Spectral"),
         (ss.from_meta, {"distributed_config": {"type": "FSDPDistributedConfig"}}, "FSDP"),
-        (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b"},
-         "batch_axis_name"),
+        (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b",
+                          "eigh": True}, "from_google.eigh = True"),
         # No graft: Meta applies the eigenvalue correction from step 1 (identity basis).
         (ss.from_meta, {"precondition_frequency": 5, "preconditioner_config": {
             "type": "EigenvalueCorrectedShampooPreconditionerConfig",
@@ -100,8 +100,8 @@ def test_google_defaults() -> None:
             "type": "DDPDistributedConfig", "communicate_params": True,
             "communication_dtype": "bfloat16"}}, "communicate_params"),
         (ss.from_google, {"frequent_directions": True}, "frequent_directions"),
-        (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b"},
-         "batch_axis_name"),
+        (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b",
+                          "shard_optimizer_states": True}, "shard_optimizer_states"),
         (ss.from_google, {"lobpcg_topk_precondition": 4}, "lobpcg_topk_precondition"),
         (ss.from_google, {"graft_type": "NONE", "decoupled_learning_rate": False},
          "decoupled_learning_rate"),

@@ -180,6 +180,11 @@ def test_config_differences() -> None:
     assert "eigenvalue_correction.beta2: '<absent>' -> 0.9" in diff
     newton = dataclasses.replace(a, root_inverse=ss.CoupledNewtonConfig())
     assert "root_inverse.method: 'eigh' -> 'coupled_newton'" in ss.config_differences(a, newton)
+    quantized = dataclasses.replace(
+        a, root_inverse=ss.CoupledNewtonConfig(),
+        statistics=dataclasses.replace(a.statistics, storage="int16_columnwise_diagonal"))
+    assert "statistics.storage: 'float' -> 'int16_columnwise_diagonal'" in (
+        ss.config_differences(a, quantized))
     stored = dataclasses.replace(a, momentum=ss.MomentumConfig(momentum=0.5,
                                                               storage="int8_columnwise"))
     assert ss.config_differences(a, stored) == [

@@ -80,6 +80,22 @@ def test_inverse_root_dtype_round_trip(dtype: str | None) -> None:
 
 
 @pytest.mark.parametrize("scale_dtype", ["float32", "float64"])
+def test_factor_storage_round_trip(scale_dtype: str) -> None:
+    """Eq. (20c): int16 factor storage and its scale dtype survive JSON; an older dict
+    reads 'float'."""
+    c = ss.ShampooConfig(
+        statistics=ss.StatisticsConfig(storage="int16_columnwise_diagonal",
+                                       scale_dtype=scale_dtype),  # type: ignore[arg-type]
+        root_inverse=ss.CoupledNewtonConfig())
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["statistics"]["storage"] == "int16_columnwise_diagonal"
+    assert data["statistics"]["scale_dtype"] == scale_dtype
+    assert ss.ShampooConfig.from_dict(data) == c
+    del data["statistics"]["storage"], data["statistics"]["scale_dtype"]
+    assert ss.ShampooConfig.from_dict(data).statistics.storage == "float"
+
+
+@pytest.mark.parametrize("scale_dtype", ["float32", "float64"])
 def test_momentum_storage_round_trip(scale_dtype: str) -> None:
     """Eq. (20b): int8 storage and its scale dtype survive JSON; an older dict reads 'float'."""
     c = ss.ShampooConfig(momentum=ss.MomentumConfig(

@@ -75,6 +75,15 @@ RESUME_CASES = {
                             inverse_root_dtype="float32"),
         torch.float64,
     ),
+    # Eq. (20c): int16 factors and roots (read back in float32), float32 scales, blocks
+    # skipped too.
+    "int16_statistics_skip_block": (
+        dataclasses.replace(RICH, root_inverse=CoupledNewtonConfig(),
+                            statistics=StatisticsConfig(beta2=0.95, bias_correction=True,
+                                                        storage="int16_columnwise_diagonal"),
+                            failure=FailureConfig(nonfinite_gradient="skip_block")),
+        torch.float32,
+    ),
     # Eq. (20b): int8 momentum (separate buffers) with float32 scales, blocks skipped too.
     "int8_momentum_skip_block": (
         dataclasses.replace(RICH, momentum=dataclasses.replace(
@@ -379,6 +388,24 @@ def test_checkpoints_keep_int8_momentum_and_refuse_other_dtypes() -> None:
     plain = Shampoo(make_params(torch.float64), dataclasses.replace(INT8, momentum=RICH.momentum))
     with pytest.raises(ValueError, match="momentum.storage: 'int8_columnwise' -> 'float'"):
         plain.load_state_dict(roundtrip(opt.state_dict()))
+
+
+def test_checkpoints_refuse_another_factor_storage() -> None:
+    """Eq. (20c): a state saved under int16 factor storage is refused under float storage
+    (and the reverse), naming the field."""
+    int16 = dataclasses.replace(RICH, factor_dtype="float64", root_inverse=CoupledNewtonConfig(),
+                                statistics=StatisticsConfig(storage="int16_columnwise_diagonal"))
+    params = make_params(torch.float64)
+    opt = Shampoo(params, int16)
+    run_steps(opt, params, make_grads(4))
+    plain = Shampoo(make_params(torch.float64), dataclasses.replace(
+        int16, statistics=StatisticsConfig()))
+    with pytest.raises(ValueError, match="statistics.storage: 'int16_columnwise_diagonal' -> "
+                                         "'float'"):
+        plain.load_state_dict(roundtrip(opt.state_dict()))
+    run_steps(plain, params, make_grads(2))
+    with pytest.raises(ValueError, match="statistics.storage: 'float' -> "):
+        opt.load_state_dict(roundtrip(plain.state_dict()))
 
 
 def test_load_rejects_other_shapes_and_changes_nothing() -> None:

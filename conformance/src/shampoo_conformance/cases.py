@@ -314,4 +314,12 @@ def named_cases() -> list[Case]:
             "google_preset",
             ss.from_google({"learning_rate": 0.1, "block_size": 4, "graft_type": "ADAGRAD"}),
         ),
+        Case(
+            # best_effort_memory_usage_reduction on Google's pmap path: int8 momentum
+            # (eq. 20b) and int16 factors and roots with float diagonals (eq. 20c).
+            "google_preset_quantized",
+            ss.from_google({"learning_rate": 0.1, "block_size": 4, "graft_type": "ADAGRAD",
+                            "best_effort_memory_usage_reduction": True,
+                            "batch_axis_name": "batch"}),
+        ),
     ]

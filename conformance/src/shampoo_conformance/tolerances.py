@@ -30,7 +30,8 @@ root error does, so u is then the larger of the backend dtype's and s's
 (:data:`STORAGE_UNIT_ROUNDOFF`; spec section 5). Likewise the eigenbases
 and the corrected moment of eigenvalue correction stored in their dtypes
 (eq. 17a): u is the coarsest of the set storage dtypes' (:func:`storage_dtypes`);
-and int8 momentum (eq. 20b) for backends below float64 (:data:`INT8_UNIT_ROUNDOFF`).
+and int8 momentum (eq. 20b) for backends below float64 (:data:`INT8_UNIT_ROUNDOFF`),
+int16 factors and roots (eq. 20c) likewise (:data:`INT16_UNIT_ROUNDOFF`).
 Updates rounded to
 ``update_dtype`` c (eq. 21a): the same argument, one ulp of c of an entry's
 update where the unrounded updates straddle a boundary; u is also at
@@ -83,6 +84,11 @@ def fraction_not_bitwise(ours: NDArray[np.float64], ref: NDArray[np.float64],
 INT8_UNIT_ROUNDOFF = 2.0**-8
 
 
+#: u of eq. (20c)'s int16 factors and roots: a flipped integer moves an entry by
+#: s = max|A_col| / 32767, a relative change of up to 2 / 65534 ~ 2 * 2^-16 of the column.
+INT16_UNIT_ROUNDOFF = 2.0**-15
+
+
 def storage_dtypes(config: ShampooConfig) -> tuple[str, ...]:
     """The storage dtypes whose roundings the reference emulates: ``inverse_root_dtype``
     (eqs. 11a, 16), ``factor_storage_dtype`` (eq. 11b) and eigenvalue correction's
@@ -117,6 +123,10 @@ def config_unit_roundoff(config: ShampooConfig, dtype: DTypeLike) -> float:
         u = max(u, STORAGE_UNIT_ROUNDOFF[config.update_dtype])
     if config.momentum.storage != "float" and u > 2.0**-53:
         u = max(u, INT8_UNIT_ROUNDOFF)
+    if config.statistics.quantized and u > 2.0**-53:
+        # Eq. (20c) likewise: an int16 integer of a factor or root flips with
+        # probability about 32767 kappa u per entry on such a backend.
+        u = max(u, INT16_UNIT_ROUNDOFF)
     return u
 
 

@@ -25,8 +25,9 @@ from shampoo_spec import ShampooConfig
 
 from . import blocks as B
 from . import grafting, schedule
+from .quantization import stored
 from .roots import all_finite, basis_still_fits, compute_inverse_root, qr_eigenbasis, rounded
-from .state import BlockGroupState, factor_dtype
+from .state import BlockGroupState, factor_dtype, statistics_scale_dtype
 
 Groups = tuple[BlockGroupState, ...]
 
@@ -114,6 +115,8 @@ def update_statistics(
                 else:
                     decayed = stats.beta2 * lk if stats.decays else lk
                     updated = decayed + weight * B.factor_contraction(gb, k)
+                if stats.quantized:  # eq. (20c): stored, read back from here on
+                    updated = stored(updated, statistics_scale_dtype(config))
                 factors.append(jnp.where(ok[:, None, None], updated, lk))
             new.append(gs._replace(
                 factors=tuple(factors),
@@ -238,6 +241,8 @@ def refresh_inverse_roots(
                     x = jnp.where(fits[:, None, None], xk, x.astype(xk.dtype))
                     good = good | fits
                 failed = ok & ~good
+                if stats.quantized:  # eq. (20c): the accepted root is stored
+                    x = stored(x, statistics_scale_dtype(config))
                 inverse_roots.append(jnp.where((ok & good)[:, None, None], x, xk))
                 any_failed = any_failed | failed
                 failed_factors = failed_factors + failed.astype(jnp.int32)
@@ -399,8 +404,10 @@ def precondition_blocks(
             pb = fb.astype(factor_dtype(config))  # no preconditioned dim: not rounded
         else:
             pb = fb
+            # Eq. (20c): a read-back root is applied as Google does, X^T on its dim.
+            quantized = config.statistics.quantized
             for k, xk in zip(grp.preconditioned_dims, gs.inverse_roots, strict=False):
-                pb = B.mode_product(pb, xk, k)
+                pb = B.mode_product(pb, xk, k, transpose=quantized)
         if gd_blocks is not None:
             scale = B.block_norms(gd_blocks[gi]) / (B.block_norms(pb) + ne)
             pb = pb * B.expand(scale, pb)

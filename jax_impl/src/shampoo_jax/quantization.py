@@ -19,20 +19,49 @@ import numpy as np
 from jax import Array
 
 
-def quantize(m: Array, dtype: Any) -> tuple[Array, Array]:
-    """``(q, s)`` of eq. (20b) for ``m`` in the parameter's shape (rank >= 2)."""
+def quantize(m: Array, dtype: Any, levels: int = 127, axis: int = 0) -> tuple[Array, Array]:
+    """``(q, s)`` of eq. (20b) for ``m`` in the parameter's shape (rank >= 2).
+
+    ``levels`` 32767 and ``axis`` -2 give eq. (20c)'s map of a stack of
+    matrices ``[..., n, n]`` (int16, one scale per column of each matrix).
+    """
     d = np.dtype(dtype)
     tiny = jnp.asarray(np.finfo(d).tiny, d)
     zero = jnp.zeros((), d)
     x = m.astype(d)
     x = jnp.where(jnp.abs(x) >= tiny, x, zero)
-    a = jnp.max(jnp.abs(x), axis=0, initial=zero)  # 0 over an empty dim 0
-    s = a * jnp.asarray(d.type(1) / d.type(127), d)
+    a = jnp.max(jnp.abs(x), axis=axis, initial=zero)  # 0 over an empty dim 0
+    s = a * jnp.asarray(d.type(1) / d.type(levels), d)
     s = jnp.where(s >= tiny, s, zero)
-    positive = s > 0
-    inv = jnp.asarray(1, d) / jnp.where(positive, s, jnp.ones((), d))
-    q = jnp.where(positive[None], jnp.round(x * inv[None]), zero)
-    return q.astype(jnp.int8), s
+    positive = jnp.expand_dims(s > 0, axis)
+    inv = jnp.asarray(1, d) / jnp.where(positive, jnp.expand_dims(s, axis), jnp.ones((), d))
+    q = jnp.where(positive, jnp.round(x * inv), zero)
+    return q.astype({127: jnp.int8, 32767: jnp.int16}[levels]), s
+
+
+def quantize_with_diagonal(a: Array, dtype: Any) -> tuple[Array, Array, Array]:
+    """``(q, s, g)`` of eq. (20c) for a stack of square matrices ``[..., n, n]``."""
+    d = np.dtype(dtype)
+    x = a.astype(d)
+    g = jnp.diagonal(x, axis1=-2, axis2=-1)
+    eye = jnp.eye(x.shape[-1], dtype=bool)
+    off = jnp.where(eye, jnp.zeros((), d), x)
+    q, s = quantize(off, d, levels=32767, axis=-2)
+    return q, s, g
+
+
+def dequantize_with_diagonal(q: Array, s: Array, g: Array) -> Array:
+    """Eq. (20c)'s read-back matrices in d: ``fl_d(q_ij s_j)`` off the diagonal, ``g_j`` on it."""
+    back = q.astype(s.dtype) * s[..., None, :]
+    eye = jnp.eye(q.shape[-1], dtype=bool)
+    out: Array = jnp.where(eye, g[..., None, :], back)
+    return out
+
+
+def stored(a: Array, dtype: Any) -> Array:
+    """Eq. (20c): a stack of factors or inverse roots as stored and read back, in
+    ``a``'s dtype (the backends keep the read-back values, not the integers)."""
+    return dequantize_with_diagonal(*quantize_with_diagonal(a, dtype)).astype(a.dtype)
 
 
 def dequantize(q: Array, s: Array) -> Array:

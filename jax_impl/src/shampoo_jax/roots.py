@@ -363,9 +363,12 @@ def _max_abs_dev(m: Array) -> Array:
     return jnp.max(jnp.abs(m - _eye_like(m)), axis=(-2, -1))
 
 
-def _newton_start(a: Array, root: int) -> tuple[Array, Array, Array, Array]:
-    """Eq. (11) start: ``(X_0, M_0, e_0, bad)``; a zero or non-finite matrix is *bad*."""
-    a = symmetrize(a)
+def _newton_start(a: Array, root: int, symmetric: bool = True
+                  ) -> tuple[Array, Array, Array, Array]:
+    """Eq. (11) start: ``(X_0, M_0, e_0, bad)``; a zero or non-finite matrix is *bad*.
+
+    ``symmetric=False``: the matrix as it is (eq. 20c's read-back factors)."""
+    a = symmetrize(a) if symmetric else a
     eye = _eye_like(a)
     norm = jnp.sqrt(jnp.sum(a * a, axis=(-2, -1)))
     bad = ~jnp.isfinite(norm) | (norm == 0.0)
@@ -383,7 +386,8 @@ _NewtonCarry = tuple[Array, Array, Array, Array, Array, Array, Array, Array]
 
 
 def root_inverse_coupled_newton(
-    a: Array, root: int, eps: Array, config: CoupledNewtonConfig, active: Array | None = None
+    a: Array, root: int, eps: Array, config: CoupledNewtonConfig, active: Array | None = None,
+    symmetric: bool = True,
 ) -> tuple[Array, Array]:
     """``(A + eps I)^(-1/root)`` by eq. (11), retries included: ``(X, final error)``.
 
@@ -403,7 +407,7 @@ def root_inverse_coupled_newton(
     tol = config.tolerance
 
     def start(ridge: Array) -> tuple[Array, Array, Array, Array]:
-        x, m, error, bad = _newton_start(a + ridge[..., None, None] * eye, root)
+        x, m, error, bad = _newton_start(a + ridge[..., None, None] * eye, root, symmetric)
         return x, m, error, ~bad & (error > tol)
 
     x, m, error, started = start(eps)
@@ -553,7 +557,9 @@ def compute_inverse_root(
     else:
         eps = effective_epsilon(a, config.epsilon, active)
         if isinstance(method, CoupledNewtonConfig):
-            x, error = root_inverse_coupled_newton(a, int(root), eps, method, active)
+            # Eq. (20c): the read-back factors as they are (not symmetrized).
+            x, error = root_inverse_coupled_newton(a, int(root), eps, method, active,
+                                                   symmetric=not config.statistics.quantized)
             ok = ok & jnp.isfinite(error)
             if method.failure_threshold is not None:
                 ok = ok & (error < method.failure_threshold)

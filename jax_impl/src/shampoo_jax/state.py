@@ -143,6 +143,19 @@ def scale_dtype(config: ShampooConfig) -> Any:
     return jnp.float32
 
 
+def statistics_scale_dtype(config: ShampooConfig) -> Any:
+    """The dtype of eq. (20c)'s quantization: ``statistics.scale_dtype`` (float64 needs x64)."""
+    if config.statistics.scale_dtype == "float64":
+        if not _x64_enabled():
+            raise ValueError(
+                "statistics.scale_dtype = 'float64' needs 64-bit JAX: call "
+                "jax.config.update('jax_enable_x64', True) or use the "
+                "`with jax.enable_x64(True):` context; allowed otherwise: 'float32'."
+            )
+        return jnp.float64
+    return jnp.float32
+
+
 def _storage_dtype(config: ShampooConfig, field: str, stored: str | None) -> Any:
     """A storage dtype rule's JAX dtype: :func:`factor_dtype` for None; float64 needs x64."""
     if stored is None:
@@ -203,7 +216,10 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
     factors, inverse_roots = [], []
     for k in grp.preconditioned_dims:
         eye = jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt), (nb, grp.shape[k], grp.shape[k]))
-        factors.append((jnp.asarray(init_scale, fdt) * eye).astype(stored_factor_dtype(config)))
+        scale = jnp.asarray(init_scale, fdt)
+        if config.statistics.quantized:  # eq. (20c): c I stored, read back as fl_d(c) I
+            scale = jnp.asarray(init_scale, statistics_scale_dtype(config)).astype(fdt)
+        factors.append((scale * eye).astype(stored_factor_dtype(config)))
         # Identity before the first root (eq. 13), exact in any storage dtype (eq. 11a).
         inverse_roots.append(jnp.array(eye, dtype=rdt))
     ec = config.eigenvalue_correction is not None

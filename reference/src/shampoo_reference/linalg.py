@@ -333,7 +333,7 @@ class NewtonResult:
 
 
 def coupled_newton_iteration(
-    matrix: Array, root: int, config: CoupledNewtonConfig
+    matrix: Array, root: int, config: CoupledNewtonConfig, symmetric: bool = True
 ) -> NewtonResult:
     """One run of the coupled Newton iteration for ``matrix^(-1/root)`` (eq. 11).
 
@@ -343,9 +343,11 @@ def coupled_newton_iteration(
     ``max|M - I| <= tolerance``, after ``max_iterations``, or (when
     ``error_growth_limit`` is set) when the error would grow by that factor,
     returning the previous iterate with the grown error (which then decides
-    retries and failure).
+    retries and failure). ``symmetric=False`` (eq. 20c's read-back factors)
+    iterates on the matrix as it is: X and M are polynomials in A, so X
+    approximates the primary root of the non-symmetric A, as Google's does.
     """
-    a = symmetrize(matrix)
+    a = symmetrize(matrix) if symmetric else np.asarray(matrix)
     n = a.shape[0]
     identity = np.eye(n)
     norm = float(np.linalg.norm(a))
@@ -373,7 +375,7 @@ def coupled_newton_iteration(
 
 
 def root_inverse_coupled_newton(
-    matrix: Array, root: int, eps: float, config: CoupledNewtonConfig
+    matrix: Array, root: int, eps: float, config: CoupledNewtonConfig, symmetric: bool = True
 ) -> NewtonResult:
     """``(A + eps I)^(-1/root)`` by eq. (11), with retries at a larger ridge.
 
@@ -382,12 +384,12 @@ def root_inverse_coupled_newton(
     """
     n = matrix.shape[0]
     ridge = eps
-    result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config)
+    result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config, symmetric)
     for _ in range(config.retries):
         if np.isfinite(result.error) and result.error <= config.retry_error_threshold:
             break
         ridge *= config.retry_epsilon_factor
-        result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config)
+        result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config, symmetric)
     return result
 
 

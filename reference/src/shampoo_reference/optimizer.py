@@ -60,7 +60,12 @@ from .linalg import (
     root_inverse_higher_order,
     round_to,
 )
-from .quantization import dequantize_columnwise, quantize_columnwise
+from .quantization import (
+    dequantize_columnwise,
+    dequantize_with_diagonal,
+    quantize_columnwise,
+    quantize_with_diagonal,
+)
 
 Array = NDArray[np.float64]
 
@@ -75,6 +80,11 @@ class BlockState:
     consecutive_failures: int = 0
     corrected_second_moment: Array | None = None
     corrected_updates: int = 0
+    #: Eq. (20c), int16 storage: the stored (integers, scales, diagonal) of each factor
+    #: ("factor", k) and inverse root ("root", k); ``factors``/``inverse_roots`` then
+    #: hold their read-back values.
+    stored: dict[tuple[str, int], tuple[NDArray[np.int16], NDArray[np.floating],
+                                        NDArray[np.floating]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,7 +97,7 @@ class ParameterState:
     graft_momentum: Array | None
     #: Eq. (20b), int8 storage: the stored (integers, scales) of each buffer by name;
     #: ``momentum``/``graft_momentum`` then hold their read-back values fl_d(q s).
-    stored: dict[str, tuple[NDArray[np.int8], NDArray[np.floating]]] = field(
+    stored: dict[str, tuple[NDArray[np.integer], NDArray[np.floating]]] = field(
         default_factory=dict
     )
 
@@ -192,13 +202,16 @@ class ReferenceShampoo:
                     factors.append(init_eps * np.eye(n))
                     inverse_roots.append(np.eye(n))  # identity before the first root (eq. 13)
             corrected = np.zeros(b.shape) if cfg.eigenvalue_correction is not None else None
-            blocks.append(
-                BlockState(
-                    factors=factors,
-                    inverse_roots=inverse_roots,
-                    corrected_second_moment=corrected,
-                )
+            bs = BlockState(
+                factors=factors,
+                inverse_roots=inverse_roots,
+                corrected_second_moment=corrected,
             )
+            if cfg.statistics.quantized:  # eq. (20c): the initial eps I and I are stored too
+                for k in range(len(factors)):
+                    self._store_factor(bs, "factor", k)
+                    self._store_factor(bs, "root", k)
+            blocks.append(bs)
         size_shape = plan.merged_shape
         graft = np.zeros(size_shape) if cfg.grafting.has_state else None
         filtered = np.zeros(size_shape) if cfg.gradient_filter.enabled else None
@@ -444,6 +457,8 @@ class ReferenceShampoo:
                 if s is None:
                     decayed = stats.beta2 * lk if stats.decays else lk
                     bs.factors[k] = decayed + w * factor_contraction(gb, k)
+                    if stats.quantized:
+                        self._store_factor(bs, "factor", k)  # eq. (20c)
                     continue
                 # Eq. (11b): the decay in float32 (c_s), rounded; the sum with the
                 # working-precision w G G^T rounded once.
@@ -494,6 +509,8 @@ class ReferenceShampoo:
                 failed.append(k)
                 continue
             bs.inverse_roots[k] = new
+            if cfg.statistics.quantized:
+                self._store_factor(bs, "root", k)  # eq. (20c): the accepted root
         bs.consecutive_failures = bs.consecutive_failures + 1 if failed else 0
         limit = cfg.failure.max_consecutive_root_failures
         if limit is not None and bs.consecutive_failures > limit:
@@ -504,6 +521,21 @@ class ReferenceShampoo:
                 f"(failure.max_consecutive_root_failures={limit}; the step was completed, "
                 "failed roots kept their previous values)"
             )
+
+    def _store_factor(self, bs: BlockState, kind: str, k: int) -> None:
+        """Eq. (20c): factor or inverse root k stored as (q, s, g) in
+        ``statistics.scale_dtype``; from here on it holds its read-back value."""
+        values = bs.factors if kind == "factor" else bs.inverse_roots
+        x = values[k]
+        if x is None:
+            return
+        if not np.all(np.isfinite(x.astype(self.config.statistics.scale_dtype))):
+            # A non-finite factor (eq. 3 skips its block from here) is kept as it is.
+            bs.stored.pop((kind, k), None)
+            return
+        stored = quantize_with_diagonal(x, self.config.statistics.scale_dtype)
+        bs.stored[(kind, k)] = stored
+        values[k] = dequantize_with_diagonal(*stored)
 
     def _basis_still_fits(self, basis: Array | None, a: Array) -> bool:
         """Eq. (17b): with ``basis_reuse_tolerance`` tau > 0, whether the stored eigenbasis
@@ -561,7 +593,9 @@ class ReferenceShampoo:
             return root_inverse_higher_order(a, root, method)  # eq. (11c): its own ridge
         eps = effective_epsilon(a, cfg.epsilon)
         if isinstance(method, CoupledNewtonConfig):
-            result = root_inverse_coupled_newton(a, int(root), eps, method)
+            # Eq. (20c): the read-back factor as it is, not symmetrized (Google's).
+            result = root_inverse_coupled_newton(a, int(root), eps, method,
+                                                 symmetric=not cfg.statistics.quantized)
             threshold = method.failure_threshold
             if not math.isfinite(result.error) or (
                 threshold is not None and result.error >= threshold
@@ -666,6 +700,10 @@ class ReferenceShampoo:
         """
         dtype = self.config.inverse_root_dtype
         preconditioned = [(k, xk) for k, xk in enumerate(bs.inverse_roots) if xk is not None]
+        if self.config.statistics.quantized:
+            # Eq. (20c): a read-back root is not symmetric; Google contracts the
+            # block's dim with the root's first index: X^T applied.
+            preconditioned = [(k, xk.T) for k, xk in preconditioned]
         if dtype is None or not preconditioned:
             pb = fb
             for k, xk in preconditioned:

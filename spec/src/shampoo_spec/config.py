@@ -51,6 +51,10 @@ INVERSE_ROOT_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float
 MomentumStorage = Literal["float", "int8_columnwise"]
 MOMENTUM_STORAGES: tuple[str, ...] = ("float", "int8_columnwise")
 
+#: How factors and their inverse roots are stored (``StatisticsConfig.storage``, eq. 20c).
+FactorStorage = Literal["float", "int16_columnwise_diagonal"]
+FACTOR_STORAGES: tuple[str, ...] = ("float", "int16_columnwise_diagonal")
+
 #: The smallest positive number of a storage dtype (its smallest subnormal) where it is
 #: above the least epsilon every section allows (2^-126): float16 only.
 _SMALLEST_POSITIVE: dict[str, tuple[float, str]] = {"float16": (2.0**-24, "2^-24")}
@@ -114,6 +118,22 @@ class StatisticsConfig(_MovingAverage):
     ``trace_scaling_exponent`` tau > 0 (Meta's ``use_trace_scaling``) scales
     the factor the roots see: ``A * max(tr A, epsilon.value)^(-tau)`` (eq. 7b);
     0 leaves it.
+
+    ``storage`` (eq. 20c) is a rule, not a precision:
+    ``"int16_columnwise_diagonal"`` stores every factor after each update, and
+    every inverse root after it is computed, as its diagonal in float plus
+    its off-diagonal part as int16 integers with one scale per column (the
+    maximum over the rows), rounded to nearest with ties to even, and reads
+    them back as integer * scale (plus the diagonal) wherever they are used:
+    Google's ``best_effort_memory_usage_reduction`` with ``batch_axis_name``
+    (``QuantizedValue`` with ``int16`` and ``extract_diagonal``). The read-back
+    factors are not symmetric: eq. (11) takes them as they are, and eq. (16)
+    applies a read-back root X as Google does, ``X^T`` on its dim. Only with
+    ``root_inverse.method = "coupled_newton"`` (Google's root with
+    quantized statistics) and no ``inverse_root_dtype``. ``scale_dtype`` is
+    the dtype the map computes in and keeps its scales and diagonals in
+    (Google: its statistics' dtype, float32, float64 under 64-bit JAX).
+    ``"float"`` (the default) keeps them unrounded: today's numerics.
     """
 
     beta2: float = 1.0
@@ -121,6 +141,8 @@ class StatisticsConfig(_MovingAverage):
     bias_correction: bool = False
     initial_value: Literal["zero", "epsilon_identity"] = "zero"
     trace_scaling_exponent: float = 0.0
+    storage: FactorStorage = "float"
+    scale_dtype: Literal["float32", "float64"] = "float32"
 
     def __post_init__(self) -> None:
         o = "statistics"
@@ -129,6 +151,16 @@ class StatisticsConfig(_MovingAverage):
         v.boolean(o, "bias_correction", self.bias_correction)
         v.choice(o, "initial_value", self.initial_value, ("zero", "epsilon_identity"))
         v.real(o, "trace_scaling_exponent", self.trace_scaling_exponent, low=0.0, high=1.0)
+        v.choice(o, "storage", self.storage, FACTOR_STORAGES)
+        v.choice(o, "scale_dtype", self.scale_dtype, ("float32", "float64"))
+        if self.storage == "float" and self.scale_dtype != "float32":
+            v.fail(o, "scale_dtype", self.scale_dtype,
+                   "'float32' (the default) with storage='float' (no scales are kept)")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether eq. (20c) stores factors and inverse roots as int16 plus a diagonal."""
+        return self.storage == "int16_columnwise_diagonal"
 
     @property
     def update_weight(self) -> float:
@@ -974,6 +1006,17 @@ class ShampooConfig:
                      none_means="the factors stay in factor_dtype")
             self._check_factor_storage()
         # Cross-field rules.
+        if self.statistics.quantized and not isinstance(self.root_inverse, CoupledNewtonConfig):
+            # Eq. (20c)'s read-back factors are not symmetric; Google runs its
+            # coupled Newton iteration on them as they are (eq. 11), the only
+            # root its quantized path has been checked with.
+            v.fail("root_inverse", "method", self.root_inverse.method,
+                   "'coupled_newton' with statistics.storage='int16_columnwise_diagonal' "
+                   "(eq. 20c)")
+        if self.statistics.quantized and self.inverse_root_dtype is not None:
+            v.fail(o, "inverse_root_dtype", self.inverse_root_dtype,
+                   "None with statistics.storage='int16_columnwise_diagonal' (the roots are "
+                   "stored as int16 there, eq. 20c)")
         if self.momentum.buffers == "separate" and self.grafting.type == "none":
             v.fail(
                 "momentum", "buffers", "separate",

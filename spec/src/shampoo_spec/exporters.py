@@ -161,6 +161,8 @@ def _meta_shared(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """
     s, f = c.statistics, c.gradient_filter
     lacks.same("statistics.initial_value", s.initial_value, "zero", "Meta's factors start at zero")
+    lacks.same("statistics.storage", s.storage, "float",
+               "Meta keeps its factors and roots in float (eq. 20c)")
     if s.ema_weight == "one":
         lacks.same("statistics.bias_correction", s.bias_correction, False,
                    "with drop_weighting_factor_on_gsquare Meta does not bias-correct its factors")
@@ -686,7 +688,9 @@ def _google_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``beta1``, ``moving_average_for_momentum``, ``nesterov``,
     ``decoupled_learning_rate`` (eq. 20): two buffers whenever there is a graft;
     ``best_effort_memory_usage_reduction`` with int8 storage (eq. 20b, scales in
-    ``factor_dtype``, the dtype Google computes in)."""
+    ``factor_dtype``, the dtype Google computes in); with int16 factor storage
+    (eq. 20c, which needs int8 momentum storage) also ``batch_axis_name="batch"``:
+    Google's update must then run inside a ``pmap`` binding that axis."""
     m = c.momentum
     lacks.need(m.dampening in (0.0, m.momentum), "momentum.dampening", m.dampening,
                "Google's dampening is 0 or beta1 (moving_average_for_momentum)")
@@ -705,6 +709,18 @@ def _google_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     }
     if m.storage == "int8_columnwise":
         out["best_effort_memory_usage_reduction"] = True
+    if c.statistics.quantized:
+        # Eq. (20c): Google's int16 statistics and roots come with its int8 momentum,
+        # on its pmap path only; the caller's pmap (or shard_map) binds the axis "batch".
+        lacks.same("momentum.storage", m.storage, "int8_columnwise",
+                   "Google quantizes the momentum whenever it quantizes its statistics "
+                   "(best_effort_memory_usage_reduction)")
+        lacks.same("statistics.scale_dtype", c.statistics.scale_dtype, c.factor_dtype,
+                   "Google quantizes in its computation dtype, factor_dtype here")
+        lacks.same("schedule.roots_take_effect", c.schedule.roots_take_effect, "same_step",
+                   "Google's int16 statistics are on its pmap path, whose roots take effect "
+                   "the same step")
+        out["batch_axis_name"] = "batch"
     return out
 
 

@@ -58,27 +58,44 @@ def init_state(
 _SCALE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def quantize(m: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(m: torch.Tensor, dtype: torch.dtype, levels: int = 127, dim: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, s)`` of eq. (20b) for ``m`` in the parameter's shape (rank >= 2).
 
     Written as the spec states it, in ``dtype``: subnormals flushed to 0
     (torch keeps them; XLA, and so Google, does not), reciprocals times the
-    dividend, round half to even (``torch.round``).
+    dividend, round half to even (``torch.round``). ``levels`` 32767 and
+    ``dim`` -2: eq. (20c)'s int16 map of a stack of matrices (one scale per
+    column of each).
     """
     tiny = torch.finfo(dtype).tiny
     x = m.to(dtype)
     x = torch.where(x.abs() >= tiny, x, torch.zeros((), dtype=dtype, device=x.device))
-    recip127 = torch.ones((), dtype=dtype) / torch.full((), 127.0, dtype=dtype)
-    if x.shape[0] == 0:  # max over an empty dim 0 is 0 (amax refuses it)
-        a = torch.zeros(x.shape[1:], dtype=dtype, device=x.device)
+    recip = torch.ones((), dtype=dtype) / torch.full((), float(levels), dtype=dtype)
+    if x.shape[dim] == 0:  # max over an empty dim is 0 (amax refuses it)
+        a = torch.zeros_like(x.sum(dim=dim))
     else:
-        a = x.abs().amax(dim=0)
-    s = a * recip127.to(x.device)
+        a = x.abs().amax(dim=dim)
+    s = a * recip.to(x.device)
     s = torch.where(s >= tiny, s, torch.zeros((), dtype=dtype, device=x.device))
-    positive = s > 0
-    inv = 1.0 / torch.where(positive, s, torch.ones((), dtype=dtype, device=x.device))
+    positive = (s > 0).unsqueeze(dim)
+    inv = 1.0 / torch.where(positive, s.unsqueeze(dim),
+                            torch.ones((), dtype=dtype, device=x.device))
     q = torch.where(positive, torch.round(x * inv), torch.zeros((), dtype=dtype, device=x.device))
-    return q.to(torch.int8), s
+    return q.to({127: torch.int8, 32767: torch.int16}[levels]), s
+
+
+def stored_with_diagonal(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Eq. (20c): a stack of factors or inverse roots ``[b, n, n]`` as stored (its
+    diagonal in ``dtype``, the rest int16 with one scale per column) and read back,
+    in ``a``'s dtype (the backend keeps the read-back values, not the integers)."""
+    x = a.to(dtype)
+    eye = torch.eye(x.shape[-1], dtype=torch.bool, device=x.device)
+    g = torch.diagonal(x, dim1=-2, dim2=-1)
+    q, s = quantize(torch.where(eye, torch.zeros((), dtype=dtype, device=x.device), x),
+                    dtype, levels=32767, dim=-2)
+    back = torch.where(eye, g.unsqueeze(-2), q.to(dtype) * s.unsqueeze(-2))
+    return back.to(a.dtype)
 
 
 def read_momentum(st: dict[str, Any], key: str, shape: tuple[int, ...],

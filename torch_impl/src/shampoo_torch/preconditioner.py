@@ -45,6 +45,7 @@ from .blocks import (
     put,
     take,
 )
+from .elementwise import _SCALE_DTYPES, stored_with_diagonal
 from .invariance import rowwise
 
 
@@ -72,7 +73,7 @@ def update_statistics(
     several, which would make a block's factor depend on its group.
     """
     beta2, weight = stats.beta2, stats.update_weight
-    in_place = rows is None and ok is None
+    in_place = rows is None and ok is None and not stats.quantized
     for k in bg.dims:
         a, b = contraction_operands(gb, k)
         if bg.storage_dtype is not None:
@@ -93,6 +94,8 @@ def update_statistics(
         else:
             old = take(bg.factors[k], rows)
             new = torch.baddbmm(old, a, b, beta=beta2, alpha=weight)
+        if stats.quantized:  # eq. (20c): stored, read back from here on
+            new = stored_with_diagonal(new, _SCALE_DTYPES[stats.scale_dtype])
         if ok is not None:
             new = torch.where(ok[:, None, None], new, old)
         bg.factors[k] = put(bg.factors[k], rows, new)
@@ -186,7 +189,8 @@ def refresh_inverse_roots(
         elif isinstance(method, CoupledNewtonConfig):
             new, good = rowwise(
                 partial(roots.root_inverse_coupled_newton, root=int(bg.roots[k]),
-                        eps=cfg.epsilon, config=method),
+                        eps=cfg.epsilon, config=method,
+                        symmetric=not stats.quantized),  # eq. (20c): as read back
                 a,
             )
         else:
@@ -210,6 +214,8 @@ def refresh_inverse_roots(
             ) & roots.finite_rows(a)
             new = torch.where(fits[:, None, None], prev, new.to(prev.dtype))
             good = good | fits
+        if stats.quantized:  # eq. (20c): the accepted root is stored
+            new = stored_with_diagonal(new, _SCALE_DTYPES[stats.scale_dtype])
         failed = ~good if ok is None else (~good & ok)
         keep_new = good if ok is None else (good & ok)
         old = take(bg.inverse_roots[k], rows)
@@ -334,7 +340,9 @@ def shampoo_direction(
             pb = mode_product_in(pb, take(bg.inverse_roots[k], rows), k, bg.root_dtype)
         return pb.to(bg.dtype)
     for k in bg.dims:
-        pb = mode_product(pb, take(bg.inverse_roots[k], rows), k)
+        # Eq. (20c): a read-back root is applied as Google does, X^T on its dim.
+        pb = mode_product(pb, take(bg.inverse_roots[k], rows), k,
+                          transpose=cfg.statistics.quantized)
     return pb
 
 

@@ -313,7 +313,7 @@ def _check_every(device: torch.device) -> int:
 
 
 def coupled_newton_iteration(
-    a: torch.Tensor, root: int, config: CoupledNewtonConfig
+    a: torch.Tensor, root: int, config: CoupledNewtonConfig, symmetric: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One run of eq. (11) on each row of ``a`` (ridge already added): (X, error).
 
@@ -321,8 +321,9 @@ def coupled_newton_iteration(
     rows stop independently (tolerance, ``max_iterations``, or error growth
     beyond ``error_growth_limit``, which keeps the previous iterate and
     reports the grown error); a zero or non-finite norm gives (I, nan).
+    ``symmetric=False``: the matrices as they are (eq. 20c's read-back factors).
     """
-    a = symmetrize(a)
+    a = symmetrize(a) if symmetric else a
     n = a.shape[-1]
     eye = torch.eye(n, dtype=a.dtype, device=a.device)
     norm = torch.linalg.matrix_norm(a)
@@ -356,7 +357,8 @@ def coupled_newton_iteration(
 
 
 def root_inverse_coupled_newton(
-    a: torch.Tensor, root: int, eps: EpsilonConfig, config: CoupledNewtonConfig
+    a: torch.Tensor, root: int, eps: EpsilonConfig, config: CoupledNewtonConfig,
+    symmetric: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A + eps I)^(-1/root)`` by eq. (11) with retries at a larger ridge; (X, ok).
 
@@ -372,7 +374,7 @@ def root_inverse_coupled_newton(
     a, ok = sanitize(a)
     ridge = effective_epsilon(a, eps)
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    x, error = coupled_newton_iteration(a + ridge[:, None, None] * eye, root, config)
+    x, error = coupled_newton_iteration(a + ridge[:, None, None] * eye, root, config, symmetric)
     for _ in range(config.retries):
         retry = ~(torch.isfinite(error) & (error <= config.retry_error_threshold))
         if not bool(retry.any()):
@@ -381,7 +383,8 @@ def root_inverse_coupled_newton(
         if not bool((grown != ridge).any()):
             break  # every retrying ridge is inf already: reruns would repeat (I, nan)
         ridge = grown
-        x2, e2 = coupled_newton_iteration(a + ridge[:, None, None] * eye, root, config)
+        x2, e2 = coupled_newton_iteration(a + ridge[:, None, None] * eye, root, config,
+                                          symmetric)
         x = torch.where(retry[:, None, None], x2, x)
         error = torch.where(retry, e2, error)
     good = torch.isfinite(error)

@@ -128,8 +128,12 @@ def build_param_group_plan(
         ROOT_DTYPES[cfg.corrected_dtype],
         None if cfg.factor_storage_dtype is None else ROOT_DTYPES[cfg.factor_storage_dtype],
     )
+    init_scale = cfg.initial_factor_scale
+    if cfg.statistics.quantized:  # eq. (20c): c I stored, read back as fl_d(c) I
+        init_scale = float(torch.tensor(init_scale, dtype=getattr(
+            torch, cfg.statistics.scale_dtype)))
     for bg in block_groups:
-        bg.allocate(cfg.initial_factor_scale, cfg.eigenvalue_correction is not None)
+        bg.allocate(init_scale, cfg.eigenvalue_correction is not None)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]

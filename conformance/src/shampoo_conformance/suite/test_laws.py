@@ -98,12 +98,14 @@ def test_rotation_equivariance(
         blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=5),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
-        # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
+        # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant,
+        # nor are eq. (20c)'s int16 ones.
         momentum=replace(config.momentum, buffers="shared", storage="float",
                          scale_dtype="float32"),
         # Eq. (11b) rounds every factor entry in s, which is not rotation covariant: a
         # root error of kappa u_s everywhere, not the rare one-ulp flips of section 5.
         factor_storage_dtype=None,
+        statistics=replace(config.statistics, storage="float", scale_dtype="float32"),
     )
     S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)
@@ -188,6 +190,7 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
         grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None),
         exponents=ss.ExponentConfig(),
         momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
+        statistics=replace(config.statistics, storage="float", scale_dtype="float32"),
     )
     S.require_expressible(backend, config)
     rng = np.random.default_rng(seed)

@@ -210,7 +210,7 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     with a.section():
         grafting = _grafting(a, beta2, decoupled_lr)
     with a.section():
-        pre = _preconditioner(a, beta2)
+        pre = _preconditioner(a, beta2, x64)
     with a.section():
         momentum = _momentum(a, grafting.type, decoupled_lr, x64)
     with a.section():
@@ -260,19 +260,31 @@ def _unsupported(a: Args) -> None:
 
     Refuses a non-default value of what we do not implement: LOBPCG,
     frequent directions, and Google's int16 statistics (its
-    ``best_effort_memory_usage_reduction`` under ``batch_axis_name``).
+    ``best_effort_memory_usage_reduction`` under ``batch_axis_name``) with
+    ``eigh`` or ``shard_optimizer_states``.
     """
     for key, (default, what) in UNSUPPORTED.items():
         a.unsupported(key, default, what)
-    if a.data.get("best_effort_memory_usage_reduction") is True and (
-        a.data.get("batch_axis_name") is not None
-    ):
-        raise NotImplementedError(
-            "from_google.best_effort_memory_usage_reduction = True with batch_axis_name = "
-            f"{a.data['batch_axis_name']!r} is not supported yet (Google then also keeps its "
-            "statistics and roots as int16 with float32 diagonals; without batch_axis_name it "
-            "quantizes only the momentum, which imports)."
-        )
+    if _quantizes_second_moment(a):
+        # Eq. (20c) is Google's pmap path (coupled Newton roots). With eigh, or on
+        # the pjit path (shard_optimizer_states), its quantized statistics meet
+        # code that was never checked against ours.
+        for key in ("eigh", "shard_optimizer_states"):
+            if a.data.get(key) is True:
+                raise NotImplementedError(
+                    f"from_google.{key} = True with best_effort_memory_usage_reduction = True "
+                    f"and batch_axis_name = {a.data['batch_axis_name']!r} is not supported "
+                    "(int16 statistics and roots, eq. 20c, import with Google's coupled "
+                    f"Newton roots on its pmap path: {key} = False)."
+                )
+
+
+def _quantizes_second_moment(a: Args) -> bool:
+    """Google's ``quantize_second_moment``: int16 statistics and roots (eq. 20c) with
+    ``best_effort_memory_usage_reduction`` and ``batch_axis_name`` (its other two
+    conditions, no compression_rank and no frequent_directions, are refused anyway)."""
+    return a.data.get("best_effort_memory_usage_reduction") is True and (
+        a.data.get("batch_axis_name") is not None)
 
 
 def _no_numerical_effect(a: Args) -> None:
@@ -371,7 +383,7 @@ def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
     )
 
 
-def _preconditioner(a: Args, beta2: float) -> Preconditioner:
+def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Preconditioner:
     """Reads ``matrix_epsilon``, ``eigh``, ``relative_matrix_epsilon``,
     ``inverse_failure_threshold``, ``exponent_override`` (with ``beta2``).
 
@@ -383,7 +395,10 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
     ``inverse_failure_threshold``: eq. 13's eigh error
     ``max|Q^T (A + eps I) Q - diag(lambda)|``, eq. 11's Newton error) and
     ``exponents`` (eq. 12: 2 * preconditioned dims, or ``exponent_override``
-    when > 0).
+    when > 0). ``best_effort_memory_usage_reduction`` with ``batch_axis_name``
+    stores the statistics and roots as int16 with their diagonals
+    (``storage="int16_columnwise_diagonal"``, eq. 20c) in Google's statistics
+    dtype: float32, float64 under ``x64`` (and when not said).
     """
     eps = a.number("matrix_epsilon", 1e-6)
     use_eigh = a.flag("eigh", False)
@@ -404,9 +419,12 @@ def _preconditioner(a: Args, beta2: float) -> Preconditioner:
             failure_threshold=threshold,
         )
     override = a.number("exponent_override", 0)
+    quantized = _quantizes_second_moment(a)
     return Preconditioner(
         statistics=StatisticsConfig(
-            beta2=beta2, bias_correction=False, initial_value="epsilon_identity"
+            beta2=beta2, bias_correction=False, initial_value="epsilon_identity",
+            storage="int16_columnwise_diagonal" if quantized else "float",
+            scale_dtype="float64" if quantized and x64 is not False else "float32",
         ),
         epsilon=EpsilonConfig(
             value=eps,
@@ -429,10 +447,10 @@ def _momentum(a: Args, graft_type: str, decoupled_lr: bool, x64: bool | None) ->
     Returns ``momentum`` (eq. 20): heavy ball (dampening beta1 with the
     moving average), separate Shampoo and graft buffers when there is a graft
     and beta1 > 0, lr after momentum unless ``decoupled_learning_rate=False``.
-    ``best_effort_memory_usage_reduction=True`` without ``batch_axis_name``
-    (with it, refused: :func:`_unsupported`) quantizes only the momentum buffers of parameters of
-    rank >= 2 to int8 (``storage="int8_columnwise"``, eq. 20b; Google's
-    int16 statistics need ``batch_axis_name``), in the dtype Google computes
+    ``best_effort_memory_usage_reduction=True`` quantizes the momentum buffers
+    of parameters of rank >= 2 to int8 (``storage="int8_columnwise"``, eq.
+    20b; with ``batch_axis_name`` also the statistics and roots to int16,
+    eq. 20c: :func:`_preconditioner`), in the dtype Google computes
     in: float32, float64 under ``x64`` (and when not said, as ``factor_dtype``).
     """
     beta1 = a.number("beta1", 0.9)
