@@ -154,6 +154,8 @@ ANCHOR_LIBRARIES = {
 REGISTRY_LIBRARIES = {"pytorch-optimizer": "pytorch-optimizer"}
 #: Every library a third-party conformance backend runs.
 LIBRARIES = (*ANCHOR_LIBRARIES, *REGISTRY_LIBRARIES)
+#: The conformance backends of each library (shampoo_conformance/thirdparty.py).
+LIBRARY_BACKENDS = {"pytorch-optimizer": ("pytorch-optimizer", "pytorch-optimizer-shampoo")}
 
 
 def install_snapshot(session: nox.Session, library: str) -> bool:
@@ -214,8 +216,9 @@ def thirdparty(session: nox.Session, library: str) -> None:
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
     # The backend's own contract first (it skips without the library), then the suite.
     adapter_tests = f"conformance/tests/test_adapter_{library.replace('-', '_')}.py"
-    session.run("pytest", *PYTEST_OPTIONS, adapter_tests, SUITE, f"--backend={library}",
-                "-rxX", *session.posargs, env=env)
+    backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
+    session.run("pytest", *PYTEST_OPTIONS, adapter_tests, SUITE, *backends, "-rxX",
+                *session.posargs, env=env)
 
 
 @nox.session
@@ -230,9 +233,10 @@ def compare(session: nox.Session) -> None:
     """
     install_members(session, "scikit-learn", "matplotlib")
     libraries = [name for name in LIBRARIES if install_snapshot(session, name)]
+    backends = [b for name in libraries for b in LIBRARY_BACKENDS.get(name, (name,))]
     session.run(
         "python", "-m", "shampoo_conformance", "report", "--out", "shampoo-compare",
-        "--backends", "reference", "torch", "jax", *libraries, *session.posargs,
+        "--backends", "reference", "torch", "jax", *backends, *session.posargs,
         env=blas_env(),
     )
 
