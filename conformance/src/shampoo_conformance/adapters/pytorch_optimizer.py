@@ -10,7 +10,7 @@ Shampoo. Nothing of the library is patched; parameters stay in the run's dtype
 (its statistics and roots follow them: float64 for float64 parameters).
 
 What ``ScalableShampoo`` computes, read from its source (paths under
-``pytorch_optimizer/optimizer/``; docs/third-party-pytorch-optimizer.md):
+``pytorch_optimizer/optimizer/``; docs/third-party.md):
 
 - Google's rules where it ports them: statistics ``beta2 L + (1 - beta2) G G^T``
   from ``matrix_eps I`` (utils/preconditioner.py:47, :74-77, :121, :128), one
@@ -488,7 +488,7 @@ CASES: dict[str, ShampooConfig] = {
                                statistics_compute_steps=2, inverse_exponent_override=2),
 }
 
-#: Where ScalableShampoo as shipped differs from the spec (docs/third-party-pytorch-optimizer.md
+#: Where ScalableShampoo as shipped differs from the spec (docs/third-party.md
 #: has the measurements and upstream reproductions). :func:`configs` draws none of them.
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
@@ -539,7 +539,7 @@ def run_optimizer(
 
     ScalableShampoo's power iteration starts from ``torch.randn`` of the global
     generator (utils/matrix.py:102), so its ridge, and the trajectory, vary from run
-    to run (docs/third-party-pytorch-optimizer.md): runs here draw from a generator
+    to run (docs/third-party.md): runs here draw from a generator
     seeded 0, forked so that the caller's stream is left as it was.
     """
     key = np.dtype(dtype)
