@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -87,13 +86,13 @@ distributed_shampoo = pytest.importorskip("distributed_shampoo", reason=INSTALL)
 sklearn_datasets = pytest.importorskip("sklearn.datasets", reason="needs scikit-learn")
 
 import torch  # noqa: E402  (after the skip: without Meta's library torch may be absent too)
-from distributed_shampoo import shampoo_types  # noqa: E402
 from distributed_shampoo.preconditioner import (  # noqa: E402
     matrix_functions,
     matrix_functions_types,
     shampoo_preconditioner_list,
 )
 
+from shampoo_conformance.adapters.meta import meta_kwargs  # noqa: E402
 from shampoo_conformance.anchor_cases import ADAGRAD, EIGEN64, META_CASES  # noqa: E402
 from shampoo_spec import from_meta  # noqa: E402
 from shampoo_torch import Shampoo  # noqa: E402
@@ -538,51 +537,6 @@ def _float64_default_dtype() -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-# ------------------------------------------------- JSON form -> Meta's real objects
-#: Where Meta defines the config classes the JSON form names by ``"type"``.
-META_MODULES = (shampoo_types, matrix_functions_types)
-
-
-def _meta_class(name: str) -> type:
-    for module in META_MODULES:
-        cls = getattr(module, name, None)
-        if isinstance(cls, type):
-            return cls
-    raise LookupError(f"Meta's library has no config class {name!r}")
-
-
-def _meta_key(key: Any) -> Any:
-    """JSON object keys naming an order or a dim are digit strings; Meta's dicts take ints."""
-    return int(key) if isinstance(key, str) and key.isdigit() else key
-
-
-def _meta_value(key: str, value: Any) -> Any:
-    """One JSON-form value as Meta takes it: configs, enums by name, dtypes, int-keyed dicts."""
-    if isinstance(value, Mapping):
-        if "type" in value:
-            cls = _meta_class(value["type"])
-            fields = {k: _meta_value(k, v) for k, v in value.items() if k != "type"}
-            return cls(**fields)
-        return {_meta_key(k): _meta_value(str(k), v) for k, v in value.items()}
-    if key.endswith("dtype") and isinstance(value, str):
-        dtype = getattr(torch, value.removeprefix("torch."))
-        assert isinstance(dtype, torch.dtype), value
-        return dtype
-    if key == "weight_decay_type":
-        # "DECOUPLED" or "WeightDecayType.DECOUPLED" (any dotted prefix).
-        return shampoo_types.WeightDecayType[value.rpartition(".")[2]]
-    if key == "betas":
-        return tuple(value)
-    if key == "target_parameter_dimensionality" and value == "inf":
-        return math.inf
-    return value
-
-
-def meta_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``DistributedShampoo``'s keyword arguments from their JSON form."""
-    return {k: _meta_value(k, v) for k, v in kwargs.items()}
 
 
 # ------------------------------------------------------------------ the model problem
