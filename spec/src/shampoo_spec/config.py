@@ -642,7 +642,9 @@ class MomentumConfig:
     ``M <- momentum * M + (1 - dampening) P``; the step uses M, or with
     Nesterov ``(1 - dampening) P + momentum * M``. ``buffers="separate"``
     keeps one buffer for the Shampoo direction and one for the graft
-    direction, both updated every step (Google). ``learning_rate_placement``:
+    direction, both updated every step (Google; without a graft the graft
+    direction is F~, the direction before the start step, as Google's SGD
+    warm-up with graft NONE). ``learning_rate_placement``:
     ``"after_momentum"`` multiplies the momentum output by lr (Meta; Google's
     decoupled_learning_rate) and ``"before_momentum"`` scales P by lr first.
 
@@ -949,11 +951,6 @@ class ShampooConfig:
             v.choice(o, "update_dtype", self.update_dtype, UPDATE_DTYPES,
                      none_means="the update is added unrounded")
         # Cross-field rules.
-        if self.momentum.buffers == "separate" and self.grafting.type == "none":
-            v.fail(
-                "momentum", "buffers", "separate",
-                "'shared' when grafting.type is 'none' (the graft buffer needs a graft)",
-            )
         if self.eigenvalue_correction is not None and not isinstance(
             self.root_inverse, EighConfig
         ):
