@@ -226,6 +226,24 @@ def test_single_element_parameter_crashes_google() -> None:
 
 
 @needs_google
+def test_input_side_on_a_vector_crashes_google() -> None:
+    """The INPUT defect in DEVIATIONS: a parameter whose merged shape is 1-d (a vector,
+    or a (3, 5) merged into 15) crashes Google; unmerged, the matrix runs."""
+    kwargs = {**BASE, "precondtioner_type": "INPUT"}
+    config = from_google(kwargs, x64=True)
+    exported = ss.to_google(config)
+    assert G.crashing_parameters(exported, {"v": np.zeros(4), "w": np.zeros((3, 5))}) == [
+        "v", "w"]
+    for shape in ((4,), (3, 5)):
+        with pytest.raises(AssertionError):
+            G.run(config, {"w": np.zeros(shape)}, [{"w": np.ones(shape)}])
+    unmerged = from_google({**kwargs, "merge_small_dims_block_size": 1}, x64=True)
+    assert G.crashing_parameters(ss.to_google(unmerged), {"w": np.zeros((3, 5))}) == []
+    assert np.isfinite(G.run(unmerged, {"w": np.zeros((3, 5))},
+                             [{"w": np.ones((3, 5))}])[0]["w"]).all()
+
+
+@needs_google
 def test_ungrafted_coupled_learning_rate_is_ignored_by_google() -> None:
     """The other defect in DEVIATIONS: graft NONE with decoupled_learning_rate=False
     takes the same preconditioned steps whatever the learning rate (from step 2, Google's
