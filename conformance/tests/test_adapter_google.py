@@ -209,20 +209,35 @@ def test_float32_initial_statistics_under_x64() -> None:
     assert exact < 1e-14 and power_of_2 < 1e-14, (exact, power_of_2)
 
 
+def _runs(config: ss.ShampooConfig, params: Arrays) -> bool:
+    """Whether Google's update runs one step on ``params`` (finite), as a user calls it."""
+    out = G.run(config, params, [{k: np.ones_like(v) for k, v in params.items()}])
+    return all(np.isfinite(v).all() for v in out[0].values())
+
+
 @needs_google
-def test_single_element_parameter_crashes_google() -> None:
-    """The defect in DEVIATIONS: a (1,) parameter crashes Google's update (both root
-    methods), so the suite's random properties discard it. Fails once Google fixes it."""
+def test_all_one_by_one_statistics_crash_google() -> None:
+    """A crash defect in DEVIATIONS: when every statistic of the step is 1 x 1 Google's
+    update fails (both root methods); one larger statistic beside it and it runs, as
+    known_crash predicts. Fails once Google fixes it."""
+    lone = {"w": np.zeros(1)}
     for eigh, error in ((False, UnboundLocalError), (True, IndexError)):
         config = from_google({**BASE, "eigh": eigh}, x64=True)
         kwargs = ss.to_google(config)
-        assert G.crashing_parameters(kwargs, {"w": np.zeros(1), "v": np.zeros((2, 2))}) == ["w"]
+        assert G.known_crash(kwargs, lone) is not None
         with pytest.raises(error):
-            G.run(config, {"w": np.zeros(1)}, [{"w": np.ones(1)}])
+            G.run(config, lone, [{"w": np.ones(1)}])
+        beside = {**lone, "v": np.zeros((3, 4))}
+        assert G.known_crash(kwargs, beside) is None and _runs(config, beside)
+    # Also a (2, 1) with only its last dim preconditioned and no shape interpretation.
+    output = from_google({**BASE, "precondtioner_type": "OUTPUT",
+                          "best_effort_shape_interpretation": False}, x64=True)
+    assert G.known_crash(ss.to_google(output), {"w": np.zeros((2, 1))}) is not None
+    with pytest.raises(UnboundLocalError):
+        G.run(output, {"w": np.zeros((2, 1))}, [{"w": np.ones((2, 1))}])
     # Not preconditioned (rank below skip_preconditioning_rank_lt): Google runs it.
     skip = from_google({**BASE, "skip_preconditioning_rank_lt": 2}, x64=True)
-    assert G.crashing_parameters(ss.to_google(skip), {"w": np.zeros(1)}) == []
-    assert np.isfinite(G.run(skip, {"w": np.zeros(1)}, [{"w": np.ones(1)}])[0]["w"]).all()
+    assert G.known_crash(ss.to_google(skip), lone) is None and _runs(skip, lone)
 
 
 @needs_google
@@ -232,15 +247,13 @@ def test_input_side_on_a_vector_crashes_google() -> None:
     kwargs = {**BASE, "precondtioner_type": "INPUT"}
     config = from_google(kwargs, x64=True)
     exported = ss.to_google(config)
-    assert G.crashing_parameters(exported, {"v": np.zeros(4), "w": np.zeros((3, 5))}) == [
-        "v", "w"]
     for shape in ((4,), (3, 5)):
+        assert G.known_crash(exported, {"w": np.zeros(shape)}) is not None
         with pytest.raises(AssertionError):
             G.run(config, {"w": np.zeros(shape)}, [{"w": np.ones(shape)}])
     unmerged = from_google({**kwargs, "merge_small_dims_block_size": 1}, x64=True)
-    assert G.crashing_parameters(ss.to_google(unmerged), {"w": np.zeros((3, 5))}) == []
-    assert np.isfinite(G.run(unmerged, {"w": np.zeros((3, 5))},
-                             [{"w": np.ones((3, 5))}])[0]["w"]).all()
+    matrix = {"w": np.zeros((3, 5))}
+    assert G.known_crash(ss.to_google(unmerged), matrix) is None and _runs(unmerged, matrix)
 
 
 @needs_google

@@ -69,17 +69,18 @@ DEVIATIONS: tuple[Deviation, ...] = (
     ),
     Deviation(
         # No pattern: the random properties discard such examples (see run), and no
-        # fixed-input property of the suite has a single-element parameter.
+        # fixed-input property of the suite Google expresses meets the crash.
         tests=(),
-        cause="a parameter with one element and rank >= 1 ((1,), (1, 1), ...) crashes "
-        "Google's update: merge_small_dims turns its shape into [1] "
-        "(distributed_shampoo.py:1307), a 1 x 1 statistic whose coupled-Newton root "
-        "skips the retry loop and leaves total_retries unbound (UnboundLocalError, "
-        "distributed_shampoo.py:850-907), and whose eigh root comes back 0-d "
-        "(IndexError, distributed_shampoo.py:2950). The suite's random properties "
-        "discard such examples (hypothesis.reject); "
-        "conformance/tests/test_adapter_google.py::test_single_element_parameter_crashes_google "
-        "demonstrates the crash",
+        cause="when every statistic of a step is 1 x 1 Google's update crashes: it pads "
+        "all statistics to the largest before its roots (distributed_shampoo.py:2842), and "
+        "a 1 x 1 matrix takes coupled Newton's matrix_size == 1 branch (850), which skips "
+        "the retry loop and leaves total_retries unbound (UnboundLocalError, 907), while the "
+        "eigh root comes back 0-d (IndexError, 2950). A model whose only preconditioned "
+        "parameter has one element ((1,): merge_small_dims makes it [1], 1307), or a (2, 1) "
+        "with the OUTPUT side and no shape interpretation. The suite's random properties "
+        "discard such examples (hypothesis.reject, predicted by known_crash); "
+        "conformance/tests/test_adapter_google.py::test_all_one_by_one_statistics_crash_google "
+        "demonstrates it",
         kind="defect",
     ),
     Deviation(
@@ -280,27 +281,37 @@ def _init(tx: optax.GradientTransformation, params: Any, dtype: np.dtype[Any]) -
     return google_init(tx, params) if dtype == np.float64 else tx.init(params)
 
 
-def crashing_parameters(kwargs: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
-    """The parameters Google's update crashes on (defects, :data:`DEVIATIONS`).
+def known_crash(kwargs: Mapping[str, Any], params: Mapping[str, Any]) -> str | None:
+    """Why Google's update crashes on ``params`` with ``kwargs`` (JSON form), or None.
 
-    Among the parameters it preconditions (rank >= ``skip_preconditioning_rank_lt``,
-    no dim above ``skip_preconditioning_dim_size_gt``, as its ``_skip_preconditioning``):
-    one element and rank >= 1 (a 1 x 1 statistic), or ``precondtioner_type=INPUT``
-    with a shape of rank <= 1 after Google's own merge of small dims.
+    Two defects (:data:`DEVIATIONS`), predicted with Google's own shape rules
+    (its ``Preconditioner`` and ``merge_small_dims``) over the parameters it
+    preconditions (rank >= ``skip_preconditioning_rank_lt``, no dim above
+    ``skip_preconditioning_dim_size_gt``): every statistic of the step is
+    1 x 1 (Google pads them all to the largest before its roots), or
+    ``precondtioner_type=INPUT`` meets a shape of rank <= 1 after the merge.
     """
     rank_lt = kwargs.get("skip_preconditioning_rank_lt", 1)
     size_gt = kwargs.get("skip_preconditioning_dim_size_gt", 4096)
     side = kwargs.get("precondtioner_type", kwargs.get("preconditioner_type", "ALL"))
-    out = []
+    merge = kwargs.get("merge_small_dims_block_size", 4096)
+    interpret = kwargs.get("best_effort_shape_interpretation", True)
+    sizes: list[int] = []
     for name, value in params.items():
-        shape = tuple(np.shape(value))
+        shape = tuple(int(d) for d in np.shape(value))
         if len(shape) < rank_lt or any(d > size_gt for d in shape):
             continue
-        merged = (ds.merge_small_dims(shape, kwargs.get("merge_small_dims_block_size", 4096))
-                  if kwargs.get("best_effort_shape_interpretation", True) else shape)
-        if (shape and np.prod(shape) == 1) or (side == "INPUT" and len(merged) <= 1):
-            out.append(name)
-    return out
+        merged = ds.merge_small_dims(shape, merge) if interpret else shape
+        if side == "INPUT" and len(merged) <= 1:
+            return (f"precondtioner_type INPUT on {name!r} of shape {shape}, rank "
+                    f"{len(merged)} after Google's merge (AssertionError, line 1621)")
+        pre = ds.Preconditioner(np.zeros(shape), kwargs["block_size"], merge, interpret,
+                                ds.PreconditionerType[side])
+        sizes += [s[0] for s in pre.shapes_for_preconditioners()]
+    if sizes and max(sizes) == 1:
+        return ("every statistic of the step is 1 x 1 (coupled Newton: UnboundLocalError, "
+                "line 907; eigh: IndexError, line 2950)")
+    return None
 
 
 def run(
@@ -314,7 +325,7 @@ def run(
     check_run_inputs("google", params, grads, key.name)
     names = sorted(params)
     kwargs, _ = _kwargs_or_reason(config, key)
-    if kwargs is not None and crashing_parameters(kwargs, params) and currently_in_test_context():
+    if kwargs is not None and known_crash(kwargs, params) and currently_in_test_context():
         # Google crashes on this input (DEVIATIONS): a property drawing it skips the
         # example; anywhere else Google runs, and crashes, as its users see it.
         reject()
