@@ -123,6 +123,15 @@ CASES: dict[str, ss.ShampooConfig] = {
         weight_decay=ss.WeightDecayConfig(value=0.1, type="direction"),
         schedule=ss.ScheduleConfig(precondition_frequency=3, start_preconditioning_step=5),
     ),
+    # Eq. (20) without a graft (Google's NONE with beta1 > 0): the second buffer
+    # gathers the warm-up direction F~, the first the Shampoo direction, both from step 1.
+    "separate_buffers_no_graft": ss.ShampooConfig(
+        learning_rate=0.05,
+        epsilon=EPS,
+        grafting=ss.GraftingConfig(type="none"),
+        momentum=ss.MomentumConfig(momentum=0.5, nesterov=True, buffers="separate"),
+        schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=4),
+    ),
     "filter_sign_update_decay": ss.ShampooConfig(
         epsilon=EPS,
         gradient_filter=ss.GradientFilterConfig(beta1=0.9, beta3=0.5, bias_correction=True),

@@ -94,8 +94,6 @@ def test_every_field_rejects_bad_values_naming_the_field(cls: type, name: str) -
         (lambda: ss.ExponentConfig(override=4.0, overrides_by_order=(
             ss.OrderOverride(order=2, roots=(2.0,)),)), "override"),
         (lambda: ss.OrderOverride(order=2, roots=(2.0, 2.0, 2.0)), "roots"),
-        (lambda: ss.ShampooConfig(momentum=ss.MomentumConfig(momentum=0.9, buffers="separate")),
-         "buffers"),
         (lambda: ss.ShampooConfig(
             eigenvalue_correction=ss.EigenvalueCorrectionConfig(),
             root_inverse=ss.CoupledNewtonConfig()), "method"),

@@ -176,6 +176,12 @@ CASES: dict[str, ShampooConfig] = {
         schedule=sched(start_preconditioning_step=6, roots_before_start=True),
         weight_decay=WeightDecayConfig(value=0.01, type="direction"),
     ),
+    # Eq. (20) without a graft (Google's NONE with beta1 > 0): F~ before the start step.
+    "momentum_separate_no_graft": cfg(
+        momentum=MomentumConfig(momentum=0.5, nesterov=True, buffers="separate"),
+        grafting=GraftingConfig(type="none"),
+        schedule=sched(start_preconditioning_step=6, roots_before_start=True),
+    ),
     # weight decay, eqs. (2), (19), (21)
     "wd_l2": cfg(weight_decay=WeightDecayConfig(value=0.1, type="l2"), grafting=ADAGRAD),
     "wd_direction": cfg(weight_decay=WeightDecayConfig(value=0.1, type="direction"),

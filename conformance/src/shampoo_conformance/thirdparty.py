@@ -52,10 +52,12 @@ class Deviation:
 
     ``name``: its id in docs/third-party.md; ``config``: a config (the
     library's own arguments, imported) on which the library leaves the
-    reference's tolerance because of this cause alone: the suite's
+    reference's tolerance, or crashes, because of this cause alone, run on
+    ``shapes`` (the named cases' shapes when None): the suite's
     ``test_documented_deviation`` checks that it still does, so the
-    documentation cannot go stale; ``tests``: fnmatch patterns over the
-    suite's test ids without the backend
+    documentation cannot go stale (None: our importer refuses the library's
+    arguments for it, and the adapter's own tests demonstrate it); ``tests``:
+    fnmatch patterns over the suite's test ids without the backend
     (``"test_named_case_float64[meta_preset]"``) that fail because of it;
     ``cause``: what differs and why, with the pointer into the library's
     source; ``kind``: ``"design"`` (a documented choice of the library) or
@@ -65,10 +67,11 @@ class Deviation:
     """
 
     name: str
-    config: ShampooConfig
+    config: ShampooConfig | None
     tests: tuple[str, ...]
     cause: str
     kind: Literal["design", "defect"]
+    shapes: dict[str, tuple[int, ...]] | None = None
 
     def covers(self, test_id: str) -> bool:
         """Whether ``test_id`` (backend parameter removed) is one of :attr:`tests`."""

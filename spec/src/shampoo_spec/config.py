@@ -679,7 +679,9 @@ class MomentumConfig:
     ``M <- momentum * M + (1 - dampening) P``; the step uses M, or with
     Nesterov ``(1 - dampening) P + momentum * M``. ``buffers="separate"``
     keeps one buffer for the Shampoo direction and one for the graft
-    direction, both updated every step (Google). ``learning_rate_placement``:
+    direction, both updated every step (Google; without a graft the graft
+    direction is F~, the direction before the start step, as Google's SGD
+    warm-up with graft NONE). ``learning_rate_placement``:
     ``"after_momentum"`` multiplies the momentum output by lr (Meta; Google's
     decoupled_learning_rate) and ``"before_momentum"`` scales P by lr first.
 
@@ -1017,11 +1019,6 @@ class ShampooConfig:
             v.fail(o, "inverse_root_dtype", self.inverse_root_dtype,
                    "None with statistics.storage='int16_columnwise_diagonal' (the roots are "
                    "stored as int16 there, eq. 20c)")
-        if self.momentum.buffers == "separate" and self.grafting.type == "none":
-            v.fail(
-                "momentum", "buffers", "separate",
-                "'shared' when grafting.type is 'none' (the graft buffer needs a graft)",
-            )
         if self.eigenvalue_correction is not None and not isinstance(
             self.root_inverse, EighConfig
         ):

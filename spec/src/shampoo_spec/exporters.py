@@ -686,7 +686,7 @@ def _google_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 def _google_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``beta1``, ``moving_average_for_momentum``, ``nesterov``,
-    ``decoupled_learning_rate`` (eq. 20): two buffers whenever there is a graft;
+    ``decoupled_learning_rate`` (eq. 20): two buffers whenever beta1 > 0;
     ``best_effort_memory_usage_reduction`` with int8 storage (eq. 20b, scales in
     ``factor_dtype``, the dtype Google computes in); with int16 factor storage
     (eq. 20c, which needs int8 momentum storage) also ``batch_axis_name="batch"``:
@@ -694,9 +694,10 @@ def _google_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     m = c.momentum
     lacks.need(m.dampening in (0.0, m.momentum), "momentum.dampening", m.dampening,
                "Google's dampening is 0 or beta1 (moving_average_for_momentum)")
-    separate = c.grafting.type != "none" and m.momentum > 0
+    separate = m.momentum > 0
     lacks.same("momentum.buffers", m.buffers, "separate" if separate else "shared",
-               "Google keeps a Shampoo and a graft buffer whenever there is a graft")
+               "Google keeps a Shampoo and a graft buffer (the SGD warm-up's without a "
+               "graft) whenever beta1 > 0")
     if m.storage != "float":
         # Eq. (20b): Google quantizes in its buffers' dtype, the one x64 (factor_dtype) sets.
         lacks.same("momentum.scale_dtype", m.scale_dtype, c.factor_dtype,

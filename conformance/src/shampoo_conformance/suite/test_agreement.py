@@ -92,10 +92,17 @@ def test_documented_deviation(backend: Backend, deviation: str) -> None:
     """Each deviation docs/third-party.md documents still exists: its demonstration
     leaves the reference's tolerance (else the documentation is stale: update it)."""
     found = {d.name: d for d in backend.deviations}[deviation]  # type: ignore[attr-defined]
-    params, grads = make_problem(CASE_SHAPES, 10, 0)
+    if found.config is None:
+        pytest.skip(f"{deviation}: our importer refuses the library's arguments for it; "
+                    f"the adapter's own tests demonstrate it ({found.cause})")
+    params, grads = make_problem(found.shapes or CASE_SHAPES, 10, 0)
     bound, ref = bound_and_reference(found.config, params, grads, np.float64)
-    div = first_divergence(backend.run(found.config, params, grads, dtype=np.float64), ref,
-                           params, bound)
+    try:
+        ours = backend.run(found.config, params, grads, dtype=np.float64)
+    except Exception as err:  # noqa: BLE001  (a crash is the documented deviation)
+        print(f"{backend.name} {deviation}: raises {type(err).__name__}: {err}")
+        return
+    div = first_divergence(ours, ref, params, bound)
     assert div is not None, (
         f"documented deviation {deviation!r} of {backend.name!r} no longer reproduces: "
         "the library changed; update docs/third-party.md and the backend's DEVIATIONS"

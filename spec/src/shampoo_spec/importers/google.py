@@ -445,8 +445,9 @@ def _momentum(a: Args, graft_type: str, decoupled_lr: bool, x64: bool | None) ->
     ``best_effort_memory_usage_reduction`` (with ``decoupled_learning_rate``, ``x64``).
 
     Returns ``momentum`` (eq. 20): heavy ball (dampening beta1 with the
-    moving average), separate Shampoo and graft buffers when there is a graft
-    and beta1 > 0, lr after momentum unless ``decoupled_learning_rate=False``.
+    moving average), separate Shampoo and graft buffers when beta1 > 0 (with
+    graft NONE too: Google's second buffer then gathers its SGD warm-up
+    direction), lr after momentum unless ``decoupled_learning_rate=False``.
     ``best_effort_memory_usage_reduction=True`` quantizes the momentum buffers
     of parameters of rank >= 2 to int8 (``storage="int8_columnwise"``, eq.
     20b; with ``batch_axis_name`` also the statistics and roots to int16,
@@ -459,7 +460,7 @@ def _momentum(a: Args, graft_type: str, decoupled_lr: bool, x64: bool | None) ->
         momentum=beta1,
         dampening=beta1 if a.flag("moving_average_for_momentum", False) else 0.0,
         nesterov=a.flag("nesterov", True),
-        buffers="separate" if graft_type != "none" and beta1 > 0 else "shared",
+        buffers="separate" if beta1 > 0 else "shared",
         learning_rate_placement="after_momentum" if decoupled_lr else "before_momentum",
         storage="int8_columnwise" if quantized else "float",
         scale_dtype="float32" if x64 is False or not quantized else "float64",
