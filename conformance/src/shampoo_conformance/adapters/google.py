@@ -77,7 +77,9 @@ CASES: dict[str, ShampooConfig] = {}
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         name="float32_initial_statistics",
-        config=_config(matrix_epsilon=1e-4),
+        config=_config(matrix_epsilon=1e-4, beta2=0.9, eigh=True, learning_rate=0.01,
+                       block_size=2, merge_small_dims_block_size=1),
+        shapes={"w": (2,)},
         # No pattern: configs() draws matrix_epsilon exact in float32 (see there).
         tests=(),
         cause="under 64-bit JAX Google's init still builds the statistics "
