@@ -28,7 +28,8 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument(
         "--backends", nargs="+", metavar="NAME",
         help=f"backends (default: {' '.join(S.DEFAULT_BACKENDS)}; also torch-ddp, jax-sharded, "
-        "and the third-party libraries meta, google)",
+        "and the third-party libraries meta, google, pytorch-optimizer, "
+        "pytorch-optimizer-shampoo)",
     )
     parser.add_argument(
         "--out", default="shampoo-report", help="output folder (default: %(default)s)"
@@ -121,8 +122,9 @@ def _add_run(subparsers: Any) -> None:
     parser.add_argument(
         "--backend",
         default="reference",
-        help="built-in name (reference, torch, jax), 'mutant:NAME', or "
-        "'package.module:factory' (default: %(default)s)",
+        help="built-in name (reference, torch, torch-ddp, jax, jax-sharded), a third-party "
+        "library (meta, google, pytorch-optimizer, pytorch-optimizer-shampoo), "
+        "'mutant:NAME', or 'package.module:factory' (default: %(default)s)",
     )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
 
