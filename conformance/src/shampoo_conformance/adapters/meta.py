@@ -29,16 +29,14 @@ from distributed_shampoo import DistributedShampoo, shampoo_types
 from distributed_shampoo.preconditioner import matrix_functions_types
 from hypothesis import strategies as st
 
-from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
 from shampoo_conformance.adapters.torch import Stepper
+from shampoo_conformance.adapters.torch_library import make_stepper, run_optimizer
 from shampoo_conformance.anchor_cases import META_CASES
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig, from_meta, to_meta
 
 #: Parameter dtypes this backend runs (factors in the same precision).
 dtypes = (np.float64, np.float32)
-
-_TORCH = {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32}
 
 #: Where Meta's library lives, for the pointers below (commit f606606).
 _SRC = "distributed_shampoo/distributed_shampoo.py"
@@ -269,19 +267,7 @@ def run(
     dtype: Any = np.float64,
 ) -> list[dict[str, np.ndarray]]:
     """The parameters (as ``dtype`` arrays) after each step of ``grads``, Meta stepping."""
-    key = np.dtype(dtype)
-    check_run_inputs("meta", params, grads, key.name)
-    names = list(params)
-    tensors = {n: torch.nn.Parameter(torch.tensor(np.asarray(params[n]), dtype=_TORCH[key]))
-               for n in names}
-    opt = _optimizer(config, list(tensors.values()), key)
-    out = []
-    for step in grads:
-        for n in names:
-            tensors[n].grad = torch.tensor(np.asarray(step[n]), dtype=_TORCH[key])
-        opt.step()
-        out.append({n: tensors[n].detach().numpy().copy() for n in names})
-    return out
+    return run_optimizer("meta", _optimizer, config, params, grads, dtype)
 
 
 def stepper(
@@ -294,19 +280,7 @@ def stepper(
     dtype: Any = np.float64,
 ) -> Stepper:
     """A closed-loop :class:`~shampoo_conformance.adapters.torch.Stepper`: Meta's
-    ``DistributedShampoo`` from ``config`` with learning rate ``lr``, or
-    ``torch.optim.AdamW`` (as the torch backend's)."""
-    key = np.dtype(dtype)
-    check_run_inputs("meta", params, [], key.name)
-    check_stepper_arguments(optimizer, config, weight_decay)
-    tensors = {n: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=_TORCH[key]))
-               for n, v in params.items()}
-    opt: torch.optim.Optimizer
-    if optimizer == "shampoo":
-        config = dataclasses.replace(ShampooConfig() if config is None else config,
-                                     learning_rate=lr)
-        opt = _optimizer(config, list(tensors.values()), key)
-    else:
-        opt = torch.optim.AdamW(tensors.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
-                                weight_decay=weight_decay)
-    return Stepper(opt, tensors)
+    ``DistributedShampoo`` from ``config`` (default :func:`base_config`) with learning
+    rate ``lr``, or ``torch.optim.AdamW`` (as the torch backend's)."""
+    return make_stepper("meta", _optimizer, optimizer, params, lr, config, weight_decay,
+                        base_config(), dtype)

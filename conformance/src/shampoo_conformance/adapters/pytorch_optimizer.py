@@ -47,8 +47,8 @@ import torch
 from hypothesis import strategies as st
 from pytorch_optimizer import ScalableShampoo
 
-from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
 from shampoo_conformance.adapters.torch import Stepper
+from shampoo_conformance.adapters.torch_library import make_stepper, run_optimizer
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import (
     CoupledNewtonConfig,
@@ -69,7 +69,6 @@ from shampoo_spec.config import (
 #: Parameter dtypes this backend runs (statistics and roots follow them).
 dtypes = (np.float64, np.float32)
 
-TORCH = {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32}
 
 #: Where pytorch-optimizer 4.1.0 lives, for the pointers below.
 SRC = "pytorch_optimizer/optimizer"
@@ -527,38 +526,6 @@ def _optimizer(config: ShampooConfig, tensors: list[torch.nn.Parameter],
     return ScalableShampoo(tensors, **scalable_kwargs(in_dtype(config, dtype)))
 
 
-def run_optimizer(
-    backend: str,
-    make: Any,
-    config: ShampooConfig,
-    params: dict[str, np.ndarray],
-    grads: list[dict[str, np.ndarray]],
-    dtype: Any,
-) -> list[dict[str, np.ndarray]]:
-    """Parameters after each step of ``grads``, stepping ``make(config, tensors, dtype)``.
-
-    ScalableShampoo's power iteration starts from ``torch.randn`` of the global
-    generator (utils/matrix.py:102), so its ridge, and the trajectory, vary from run
-    to run (docs/third-party.md): runs here draw from a generator
-    seeded 0, forked so that the caller's stream is left as it was.
-    """
-    key = np.dtype(dtype)
-    check_run_inputs(backend, params, grads, key.name)
-    names = list(params)
-    tensors = {n: torch.nn.Parameter(torch.tensor(np.asarray(params[n]), dtype=TORCH[key]))
-               for n in names}
-    opt = make(config, list(tensors.values()), key)
-    out = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for step in grads:
-            for n in names:
-                tensors[n].grad = torch.tensor(np.asarray(step[n]), dtype=TORCH[key])
-            opt.step()
-            out.append({n: tensors[n].detach().numpy().copy() for n in names})
-    return out
-
-
 def run(
     config: ShampooConfig,
     params: dict[str, np.ndarray],
@@ -567,33 +534,6 @@ def run(
 ) -> list[dict[str, np.ndarray]]:
     """The parameters (as ``dtype`` arrays) after each step of ``grads``."""
     return run_optimizer("pytorch-optimizer", _optimizer, config, params, grads, dtype)
-
-
-def make_stepper(
-    backend: str,
-    make: Any,
-    optimizer: str,
-    params: dict[str, np.ndarray],
-    lr: float,
-    config: ShampooConfig | None,
-    weight_decay: float,
-    default: ShampooConfig,
-    dtype: Any,
-) -> Stepper:
-    """A closed-loop Stepper: ``make(config with lr, ...)``, or torch's AdamW."""
-    key = np.dtype(dtype)
-    check_run_inputs(backend, params, [], key.name)
-    check_stepper_arguments(optimizer, config, weight_decay)
-    tensors = {n: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=TORCH[key]))
-               for n, v in params.items()}
-    opt: torch.optim.Optimizer
-    if optimizer == "shampoo":
-        config = dataclasses.replace(default if config is None else config, learning_rate=lr)
-        opt = make(config, list(tensors.values()), key)
-    else:
-        opt = torch.optim.AdamW(tensors.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
-                                weight_decay=weight_decay)
-    return Stepper(opt, tensors)
 
 
 def stepper(
