@@ -259,6 +259,25 @@ ROOT_CASES = {
 }
 
 
+def _states_after(
+    config: ss.ShampooConfig, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]
+) -> tuple[ReferenceShampoo, Any, list[str]]:
+    """The reference stepped over ``grads``, and the JAX state after the same gradients
+    (its parameters held at ``params``), for the tests that compare stored state."""
+    ref = ReferenceShampoo(config, params)
+    for g in grads:
+        ref.step(g)
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config)
+        p = {k: jnp.asarray(params[k]) for k in names}
+        state = opt.init(p)
+        update = jax.jit(opt.update)
+        for g in grads:
+            _, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
+    return ref, state, names
+
+
 def _root_config(name: str, dtype: str) -> ss.ShampooConfig:
     return dataclasses.replace(ROOT_CASES[name], inverse_root_dtype=dtype)  # type: ignore[arg-type]
 
@@ -370,31 +389,21 @@ def test_stored_factors_and_roots_are_the_references_bit_for_bit(
     float32 power's error, of a boundary of s); a rounding left out moves far more."""
     config = _factor_storage_config("graft_momentum_bias_corrected", dtype, inverse)
     params, grads = stream(steps=4, seed=11)
-    ref = ReferenceShampoo(config, params)
-    for g in grads:
-        ref.step(g)
-    names = sorted(params)
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        opt = shampoo_jax.shampoo(config)
-        p = {k: jnp.asarray(params[k]) for k in names}
-        state = opt.init(p)
-        update = jax.jit(opt.update)
-        for g in grads:
-            _, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
-        layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
-        fractions = []
-        for grp, gs in zip(layout.groups, state.groups, strict=True):
-            for i, k in enumerate(grp.preconditioned_dims):
-                f = np.asarray(gs.factors[i])
-                assert f.dtype == np.dtype(getattr(jnp, dtype))
-                x = np.asarray(gs.inverse_roots[i])
-                assert x.dtype == np.dtype(getattr(jnp, inverse or "float64"))
-                for row, (leaf, block) in enumerate(grp.members):
-                    bs = ref.state[names[leaf]].blocks[block]
-                    for mine, theirs in ((f, bs.factors[k]), (x, bs.inverse_roots[k])):
-                        assert theirs is not None
-                        fractions.append(fraction_not_bitwise(mine[row].astype(np.float64),
-                                                              theirs, dtype))
+    ref, state, names = _states_after(config, params, grads)
+    layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
+    fractions = []
+    for grp, gs in zip(layout.groups, state.groups, strict=True):
+        for i, k in enumerate(grp.preconditioned_dims):
+            f = np.asarray(gs.factors[i])
+            assert f.dtype == np.dtype(getattr(jnp, dtype))
+            x = np.asarray(gs.inverse_roots[i])
+            assert x.dtype == np.dtype(getattr(jnp, inverse or "float64"))
+            for row, (leaf, block) in enumerate(grp.members):
+                bs = ref.state[names[leaf]].blocks[block]
+                for mine, theirs in ((f, bs.factors[k]), (x, bs.inverse_roots[k])):
+                    assert theirs is not None
+                    fractions.append(fraction_not_bitwise(mine[row].astype(np.float64),
+                                                          theirs, dtype))
     assert fractions and float(np.mean(fractions)) <= 0.01, fractions
 
 
@@ -635,17 +644,7 @@ def test_int8_momentum_state_is_the_references(scale_dtype: str) -> None:
     config = dataclasses.replace(
         _int8_momentum(CASES["never_start_separate_adam"], scale_dtype), factor_dtype="float64")
     params, grads = stream(steps=5, seed=3)
-    ref = ReferenceShampoo(config, params)
-    for g in grads:
-        ref.step(g)
-    names = sorted(params)
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        opt = shampoo_jax.shampoo(config)
-        p = {k: jnp.asarray(params[k]) for k in names}
-        state = opt.init(p)
-        update = jax.jit(opt.update)
-        for g in grads:
-            _, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
+    ref, state, names = _states_after(config, params, grads)
     for field, scales in (("momentum", state.momentum_scale),
                           ("graft_momentum", state.graft_momentum_scale)):
         buffers = getattr(state, field)
@@ -726,17 +725,7 @@ def test_int16_stored_factors_and_roots_are_the_references() -> None:
     from shampoo_reference.quantization import quantize_with_diagonal
     config = INT16_CASES["google_adagrad_ema_every_2nd_root"]
     params, grads = stream(steps=6, seed=3)
-    ref = ReferenceShampoo(config, params)
-    for g in grads:
-        ref.step(g)
-    names = sorted(params)
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        opt = shampoo_jax.shampoo(config)
-        p = {k: jnp.asarray(params[k]) for k in names}
-        state = opt.init(p)
-        update = jax.jit(opt.update)
-        for g in grads:
-            _, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
+    ref, state, names = _states_after(config, params, grads)
     layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
     compared = 0
     for li, k in enumerate(names):
@@ -804,41 +793,31 @@ def test_eigenbases_and_moment_are_the_references_bit_for_bit(q: str, s: str) ->
                                  schedule=ss.ScheduleConfig(precondition_frequency=2,
                                                             start_preconditioning_step=2))
     params, grads = stream(steps=5, seed=11)
-    ref = ReferenceShampoo(config, params)
-    for g in grads:
-        ref.step(g)
-    names = sorted(params)
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        opt = shampoo_jax.shampoo(config)
-        p = {k: jnp.asarray(params[k]) for k in names}
-        state = opt.init(p)
-        update = jax.jit(opt.update)
-        for g in grads:
-            _, state = update({k: jnp.asarray(g[k]) for k in names}, state, p)
-        layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
-        bases, moments, refreshed = [], [], []
-        for grp, gs in zip(layout.groups, state.groups, strict=True):
-            d = np.asarray(gs.corrected_moment)
-            assert d.dtype == np.dtype(getattr(jnp, s))
+    ref, state, names = _states_after(config, params, grads)
+    layout = make_layout(tuple(tuple(np.shape(params[k])) for k in names), config)
+    bases, moments, refreshed = [], [], []
+    for grp, gs in zip(layout.groups, state.groups, strict=True):
+        d = np.asarray(gs.corrected_moment)
+        assert d.dtype == np.dtype(getattr(jnp, s))
+        for row, (leaf, block) in enumerate(grp.members):
+            bs = ref.state[names[leaf]].blocks[block]
+            want = bs.corrected_second_moment
+            assert want is not None
+            if s == "float32":
+                np.testing.assert_allclose(d[row].astype(np.float64), want,
+                                           rtol=2 * (12 + 2) * 2.0**-24, atol=0)
+            else:
+                moments.append(fraction_not_bitwise(d[row].astype(np.float64), want, s))
+        for i, k in enumerate(grp.preconditioned_dims):
+            x = np.asarray(gs.inverse_roots[i])
+            assert x.dtype == np.dtype(getattr(jnp, q))
             for row, (leaf, block) in enumerate(grp.members):
-                bs = ref.state[names[leaf]].blocks[block]
-                want = bs.corrected_second_moment
-                assert want is not None
-                if s == "float32":
-                    np.testing.assert_allclose(d[row].astype(np.float64), want,
-                                               rtol=2 * (12 + 2) * 2.0**-24, atol=0)
-                else:
-                    moments.append(fraction_not_bitwise(d[row].astype(np.float64), want, s))
-            for i, k in enumerate(grp.preconditioned_dims):
-                x = np.asarray(gs.inverse_roots[i])
-                assert x.dtype == np.dtype(getattr(jnp, q))
-                for row, (leaf, block) in enumerate(grp.members):
-                    basis = ref.state[names[leaf]].blocks[block].inverse_roots[k]
-                    assert basis is not None
-                    y = x[row].astype(np.float64)
-                    y = y * np.where(np.sum(y * basis, axis=0) < 0, -1.0, 1.0)  # sign: eigh's
-                    bases.append(fraction_not_bitwise(y, basis, q))
-                    refreshed.append(not np.array_equal(basis, np.eye(len(basis))))
+                basis = ref.state[names[leaf]].blocks[block].inverse_roots[k]
+                assert basis is not None
+                y = x[row].astype(np.float64)
+                y = y * np.where(np.sum(y * basis, axis=0) < 0, -1.0, 1.0)  # sign: eigh's
+                bases.append(fraction_not_bitwise(y, basis, q))
+                refreshed.append(not np.array_equal(basis, np.eye(len(basis))))
     assert sum(refreshed) > len(refreshed) // 2 and float(np.mean(bases)) <= 0.02, bases
     assert s == "float32" or float(np.mean(moments)) <= 0.02, moments
 
