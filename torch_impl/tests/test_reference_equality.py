@@ -65,6 +65,23 @@ BASE = ShampooConfig(
 )
 
 
+def _stepped_both(
+    config: ShampooConfig, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]
+) -> tuple[ReferenceShampoo, Shampoo]:
+    """The reference and torch's optimizer, each stepped over ``grads`` (float64), for
+    the tests that compare stored state."""
+    ref = ReferenceShampoo(config, params)
+    for g in grads:
+        ref.step(g)
+    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    opt = Shampoo(list(tensors.items()), config)
+    for g in grads:
+        for k, t in tensors.items():
+            t.grad = torch.tensor(g[k])
+        opt.step()
+    return ref, opt
+
+
 def cfg(**changes: object) -> ShampooConfig:
     return dataclasses.replace(BASE, **changes)  # type: ignore[arg-type]
 
@@ -579,15 +596,7 @@ def test_stored_factors_and_roots_are_the_references_bit_for_bit(
     a rounding step left out or done in another precision moves far more."""
     config = _factor_storage_config("blocked", dtype, inverse)
     params, grads = stream(seed=11, steps=4)
-    ref = ReferenceShampoo(config, params)
-    for g in grads:
-        ref.step(g)
-    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
-    opt = Shampoo(list(tensors.items()), config)
-    for g in grads:
-        for k, t in tensors.items():
-            t.grad = torch.tensor(g[k])
-        opt.step()
+    ref, opt = _stepped_both(config, params, grads)
     fractions = []
     root_dtype = torch.float64 if inverse is None else ROOT_TORCH_DTYPES[inverse]
     for view in opt.blocks():
@@ -795,15 +804,7 @@ def test_eigenbases_and_moment_are_the_references_bit_for_bit(q: str, s: str) ->
     """
     config = _ec_config("eigenvalue_correction", q, s)
     params, grads = stream(seed=11, steps=14)
-    ref = ReferenceShampoo(config, params)
-    for g in grads:
-        ref.step(g)
-    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
-    opt = Shampoo(list(tensors.items()), config)
-    for g in grads:
-        for k, t in tensors.items():
-            t.grad = torch.tensor(g[k])
-        opt.step()
+    ref, opt = _stepped_both(config, params, grads)
     bases, moments = [], []
     for view in opt.blocks():
         bs = ref.state[view.name].blocks[view.block]

@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 from precondition import distributed_shampoo as ds
 
 from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
-from shampoo_conformance.adapters.jax import Stepper
+from shampoo_conformance.adapters.jax import Stepper, adamw
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig, from_google, to_google
 
@@ -406,10 +406,7 @@ def _adamw_or_shampoo(optimizer: str, config: ShampooConfig | None, dtype: np.dt
     if optimizer == "shampoo":
         assert config is not None
         return _transformation(config, dtype, learning_rate=lambda count: lr)
-    # As the jax backend's AdamW (adapters/jax.py).
-    return optax.adamw(
-        learning_rate=lambda count: lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay
-    )
+    return adamw(lr, weight_decay)  # the jax backend's
 
 
 def stepper(

@@ -183,6 +183,11 @@ def _transformation(
     if optimizer == "shampoo":
         assert config is not None
         return shampoo(config, learning_rate=lambda count: lr)
+    return adamw(lr, weight_decay)
+
+
+def adamw(lr: Any, weight_decay: Any) -> optax.GradientTransformation:
+    """The report's AdamW in optax: betas (0.9, 0.999), eps 1e-8 (as torch's)."""
     return optax.adamw(
         learning_rate=lambda count: lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay
     )
