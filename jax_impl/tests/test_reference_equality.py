@@ -22,6 +22,7 @@ import pytest
 import shampoo_jax
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
+from shampoo_conformance.basis_reuse import CountingReference
 from shampoo_conformance.eigh_failures import reference_eigh_failures
 from shampoo_conformance.tolerances import fraction_not_bitwise, trajectory_bound
 from shampoo_jax.blocks import make_layout
@@ -220,9 +221,7 @@ CASES: dict[str, ss.ShampooConfig] = {
 def test_float64_equals_reference(name: str) -> None:
     config = CASES[name]
     params, grads = stream()
-    want = reference_run(config, params, grads)
-    got = jax_run(config, params, grads, dtype=np.float64)
-    err, where = relative_error(got, want, params)
+    err, where = _float64_error(config, params, grads)
     assert err <= 1e-9, f"{name}: relative error {err:.3e} at {where}; config {config}"
 
 
@@ -257,6 +256,15 @@ ROOT_CASES = {
         ),
     ),
 }
+
+
+def _float64_error(
+    config: ss.ShampooConfig, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]
+) -> tuple[float, str]:
+    """JAX in float64 against the reference on ``grads``: the worst relative error and where."""
+    want = reference_run(config, params, grads)
+    got = jax_run(config, params, grads, dtype=np.float64)
+    return relative_error(got, want, params)
 
 
 def _states_after(
@@ -302,9 +310,7 @@ def test_inverse_root_dtype_within_derived_bound(name: str, dtype: str) -> None:
     params, grads = stream()
     # u = u_s here: the tolerance module takes the roots' storage dtype when coarser.
     rtol = min(1e-2, trajectory_bound(config, params, grads, np.float64).rtol)
-    want = reference_run(config, params, grads)
-    got = jax_run(config, params, grads, dtype=np.float64)
-    err, where = relative_error(got, want, params)
+    err, where = _float64_error(config, params, grads)
     assert err <= rtol, f"{name} {dtype}: relative error {err:.3e} at {where}"
 
 
@@ -374,9 +380,7 @@ def test_factor_storage_dtype_within_derived_bound(name: str, dtype: str) -> Non
     config = _factor_storage_config(name, dtype)
     params, grads = stream()
     rtol = min(1e-2, trajectory_bound(config, params, grads, np.float64).rtol)
-    want = reference_run(config, params, grads)
-    got = jax_run(config, params, grads, dtype=np.float64)
-    err, where = relative_error(got, want, params)
+    err, where = _float64_error(config, params, grads)
     assert err <= rtol, f"{name} {dtype}: relative error {err:.3e} at {where}"
 
 
@@ -627,9 +631,7 @@ def test_int8_momentum_float64_equals_reference(name: str) -> None:
     """
     config = INT8_CASES[name]
     params, grads = stream()
-    want = reference_run(config, params, grads)
-    got = jax_run(config, params, grads, dtype=np.float64)
-    err, where = relative_error(got, want, params)
+    err, where = _float64_error(config, params, grads)
     assert err <= 1e-9, f"{name}: relative error {err:.3e} at {where}"
 
 
@@ -774,9 +776,7 @@ def test_eigenvalue_correction_dtypes_within_derived_bound(
     config = _ec_config(name, q, s)
     params, grads = stream()
     rtol = min(1e-2, trajectory_bound(config, params, grads, np.float64).rtol)
-    want = reference_run(config, params, grads)
-    got = jax_run(config, params, grads, dtype=np.float64)
-    err, where = relative_error(got, want, params)
+    err, where = _float64_error(config, params, grads)
     print(f"{name} q={q} s={s}: {err:.2e} (bound {rtol:.1e})")
     assert err <= rtol, f"{name} q={q} s={s}: relative error {err:.3e} at {where}"
 
@@ -823,18 +823,6 @@ def test_eigenbases_and_moment_are_the_references_bit_for_bit(q: str, s: str) ->
 
 
 # ------------------------------------------------ eq. (17b): eigenbasis reuse
-class _CountingReference(ReferenceShampoo):
-    """The reference, counting eq. (17b)'s decisions (kept, recomputed)."""
-
-    decisions: list[bool]
-
-    def _basis_still_fits(self, basis, a):  # type: ignore[no-untyped-def]
-        fits = super()._basis_still_fits(basis, a)
-        if basis is not None:
-            self.decisions = [*getattr(self, "decisions", []), fits]
-        return fits
-
-
 @pytest.mark.parametrize("tolerance", [0.05, 0.3])
 @pytest.mark.parametrize("q", [None, "bfloat16"])
 def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
@@ -849,13 +837,11 @@ def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
         eigenvalue_correction=dataclasses.replace(ec, basis_reuse_tolerance=tolerance,
                                                   eigenvectors_dtype=q))  # type: ignore[arg-type]
     params, grads = stream()
-    counting = _CountingReference(config, params)
+    counting = CountingReference(config, params)
     for g in grads:
         counting.step(g)
     assert any(counting.decisions) and not all(counting.decisions), counting.decisions
-    want = reference_run(config, params, grads)
-    got = jax_run(config, params, grads, dtype=np.float64)
-    err, where = relative_error(got, want, params)
+    err, where = _float64_error(config, params, grads)
     assert err <= 1e-9, f"relative error {err:.3e} at {where}"
 
 

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from shampoo_conformance.adapters.torch import run as torch_run
+from shampoo_conformance.basis_reuse import CountingReference
 from shampoo_conformance.eigh_failures import reference_eigh_failures
 from shampoo_conformance.tolerances import STORAGE_UNIT_ROUNDOFF, fraction_not_bitwise
 from shampoo_reference import ReferenceShampoo
@@ -828,18 +829,6 @@ def test_eigenbases_and_moment_are_the_references_bit_for_bit(q: str, s: str) ->
 
 
 # ------------------------------------------------ eq. (17b): eigenbasis reuse
-class _CountingReference(ReferenceShampoo):
-    """The reference, counting eq. (17b)'s decisions (kept, recomputed)."""
-
-    decisions: list[bool]
-
-    def _basis_still_fits(self, basis, a):  # type: ignore[no-untyped-def]
-        fits = super()._basis_still_fits(basis, a)
-        if basis is not None:
-            self.decisions = [*getattr(self, "decisions", []), fits]
-        return fits
-
-
 @pytest.mark.parametrize("tolerance", [0.05, 0.3])
 @pytest.mark.parametrize("q", [None, "bfloat16"])
 def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
@@ -856,7 +845,7 @@ def test_basis_reuse_equals_reference(tolerance: float, q: str | None) -> None:
         eigenvalue_correction=dataclasses.replace(ec, basis_reuse_tolerance=tolerance,
                                                   eigenvectors_dtype=q))  # type: ignore[arg-type]
     params, grads = stream(seed=7)
-    counting = _CountingReference(config, params)
+    counting = CountingReference(config, params)
     for g in grads:
         counting.step(g)
     assert any(counting.decisions) and not all(counting.decisions), counting.decisions
