@@ -100,6 +100,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 import shampoo_jax  # noqa: E402
 import shampoo_spec as ss  # noqa: E402
 from shampoo_conformance.adapters.google import google_init, google_kwargs  # noqa: E402
+from shampoo_conformance.anchor_cases import GOOGLE_CASES  # noqa: E402
 from shampoo_spec import from_google  # noqa: E402
 
 STEPS = 50
@@ -115,59 +116,9 @@ Kwargs = dict[str, object]
 # a 1024-vector, 32 blocks of 32 with root 2.
 BASE: Kwargs = {"learning_rate": 0.01, "block_size": 32, "relative_matrix_epsilon": False}
 
-# The emulator test's CASES, same names and kwargs, except where a comment says.
-CASES: dict[str, Kwargs] = {
-    "defaults_sgd": {},
-    "adagrad": {"graft_type": "ADAGRAD"},
-    "rmsprop": {"graft_type": "RMSPROP", "beta2": 0.95},
-    "rmsprop_normalized": {"graft_type": "RMSPROP_NORMALIZED", "beta2": 0.95},
-    "adagrad_normalized": {"graft_type": "ADAGRAD_NORMALIZED"},
-    "sign": {"graft_type": "SQRT_N"},
-    # lr 0.001: with no graft the Shampoo direction is unscaled; at 0.01 the loss rises.
-    "no_graft": {"graft_type": "NONE", "start_preconditioning_step": 0, "learning_rate": 0.001},
-    "no_nesterov_moving_average": {
-        "graft_type": "ADAGRAD",
-        "nesterov": False,
-        "moving_average_for_momentum": True,
-    },
-    "frequency_delayed_start": {
-        "graft_type": "ADAGRAD",
-        "preconditioning_compute_steps": 3,
-        "statistics_compute_steps": 2,
-        "start_preconditioning_step": 4,
-    },
-    # matrix_epsilon 1e-4: BASE already makes every case absolute; this one varies the value.
-    "absolute_epsilon": {
-        "graft_type": "ADAGRAD",
-        "relative_matrix_epsilon": False,
-        "matrix_epsilon": 1e-4,
-    },
-    "eigh": {"graft_type": "ADAGRAD", "eigh": True},
-    "no_merge_blocked": {
-        "graft_type": "ADAGRAD",
-        "merge_small_dims_block_size": 1,
-        "block_size": 4,
-    },
-    # 16, not 6 (every dim of this model exceeds 6): skips the (64, 16) weight only.
-    "skip_large_dims": {"graft_type": "ADAGRAD", "skip_preconditioning_dim_size_gt": 16},
-    "exponent_override": {"graft_type": "ADAGRAD", "exponent_override": 4},
-    "output_side": {
-        "graft_type": "ADAGRAD",
-        "merge_small_dims_block_size": 1,
-        "preconditioner_type": "OUTPUT",
-    },
-    "coupled_weight_decay": {"graft_type": "ADAGRAD", "weight_decay": 0.05},
-    "decoupled_weight_decay": {
-        "graft_type": "ADAGRAD",
-        "weight_decay": 0.05,
-        "decoupled_weight_decay": True,
-    },
-    "coupled_learning_rate": {
-        "graft_type": "ADAGRAD",
-        "weight_decay": 0.05,
-        "decoupled_learning_rate": False,
-    },
-}
+# Google's argument sets (one list for the emulator test, this test and the google
+# conformance backend): shampoo_conformance.anchor_cases.GOOGLE_CASES.
+CASES: dict[str, Kwargs] = GOOGLE_CASES
 
 # Other "same numerics" rows of docs/migrating.md's inventory.
 INVENTORY: dict[str, Kwargs] = {

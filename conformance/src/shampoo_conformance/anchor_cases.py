@@ -1,10 +1,11 @@
-"""Meta ``DistributedShampoo`` argument sets (JSON form) that both checks of Meta's rules run.
+"""Meta's and Google's argument sets (JSON form) that both checks of each library's rules run.
 
-``reference/tests/anchors/test_reference_matches_meta.py`` runs each through
+``reference/tests/anchors/test_reference_matches_meta.py`` runs each Meta set through
 ``from_meta`` on the reference and through an independent float64 emulator
 of Meta's library; ``anchors/test_meta_library.py`` runs each on Meta's real
-library and on ``shampoo_torch``. One list, so the two checks cover the same
-rules.
+library and on ``shampoo_torch``; the ``meta`` conformance backend on the suite's
+named problem. The same for Google's sets (:data:`GOOGLE_CASES`). One list per
+library, so the checks cover the same rules.
 """
 
 from __future__ import annotations
@@ -127,4 +128,64 @@ META_CASES: dict[str, dict[str, Any]] = {
 }
 
 
-__all__ = ["ADAGRAD", "EIGEN64", "META_CASES"]
+#: Google ``distributed_shampoo`` argument sets (JSON form), over a base of the caller's
+#: (learning rate, block size, epsilon rule): ``anchors/test_google_library.py`` runs each
+#: on Google's real library and on ``shampoo_jax`` (digits MLP, 50 steps);
+#: ``reference/tests/anchors/test_reference_matches_google.py`` on the reference and the
+#: emulator (with its overrides, named there); the ``google`` conformance backend on the
+#: suite's named problem.
+GOOGLE_CASES: dict[str, dict[str, Any]] = {
+    "defaults_sgd": {},
+    "adagrad": {"graft_type": "ADAGRAD"},
+    "rmsprop": {"graft_type": "RMSPROP", "beta2": 0.95},
+    "rmsprop_normalized": {"graft_type": "RMSPROP_NORMALIZED", "beta2": 0.95},
+    "adagrad_normalized": {"graft_type": "ADAGRAD_NORMALIZED"},
+    "sign": {"graft_type": "SQRT_N"},
+    # lr 0.001: with no graft the Shampoo direction is unscaled; at 0.01 the loss rises.
+    "no_graft": {"graft_type": "NONE", "start_preconditioning_step": 0, "learning_rate": 0.001},
+    "no_nesterov_moving_average": {
+        "graft_type": "ADAGRAD",
+        "nesterov": False,
+        "moving_average_for_momentum": True,
+    },
+    "frequency_delayed_start": {
+        "graft_type": "ADAGRAD",
+        "preconditioning_compute_steps": 3,
+        "statistics_compute_steps": 2,
+        "start_preconditioning_step": 4,
+    },
+    # matrix_epsilon 1e-4: BASE already makes every case absolute; this one varies the value.
+    "absolute_epsilon": {
+        "graft_type": "ADAGRAD",
+        "relative_matrix_epsilon": False,
+        "matrix_epsilon": 1e-4,
+    },
+    "eigh": {"graft_type": "ADAGRAD", "eigh": True},
+    "no_merge_blocked": {
+        "graft_type": "ADAGRAD",
+        "merge_small_dims_block_size": 1,
+        "block_size": 4,
+    },
+    # 16, not 6 (every dim of this model exceeds 6): skips the (64, 16) weight only.
+    "skip_large_dims": {"graft_type": "ADAGRAD", "skip_preconditioning_dim_size_gt": 16},
+    "exponent_override": {"graft_type": "ADAGRAD", "exponent_override": 4},
+    "output_side": {
+        "graft_type": "ADAGRAD",
+        "merge_small_dims_block_size": 1,
+        "preconditioner_type": "OUTPUT",
+    },
+    "coupled_weight_decay": {"graft_type": "ADAGRAD", "weight_decay": 0.05},
+    "decoupled_weight_decay": {
+        "graft_type": "ADAGRAD",
+        "weight_decay": 0.05,
+        "decoupled_weight_decay": True,
+    },
+    "coupled_learning_rate": {
+        "graft_type": "ADAGRAD",
+        "weight_decay": 0.05,
+        "decoupled_learning_rate": False,
+    },
+}
+
+
+__all__ = ["ADAGRAD", "EIGEN64", "GOOGLE_CASES", "META_CASES"]
