@@ -13,7 +13,10 @@ with u the unit roundoff of the backend's dtype and C = 4 a safety factor
 for the handful of operations per step. The second term is the rounding of
 the parameters themselves. A coupled Newton root adds its stopping
 tolerance (relative error of X about tolerance / r; the higher-order one
-of eq. 11c too, with kappa of A + its own ridge). A pseudo-inverse root
+of eq. 11c too, with kappa of A + its own ridge) and its asymmetry
+||X - X^T|| / sigma_min(X), measured on the reference's roots (a Newton
+iterate is symmetric only in exact arithmetic; applying X, X^T or a
+mirrored triangle is equally valid, spec section 5). A pseudo-inverse root
 (eq. 10) inverts only the eigenvalues above its rank cutoff: kappa is over
 those (the cut ones are rounding noise; a backend agrees only while none
 is near the cutoff, which the cases ensure). Eigenvalue-corrected
@@ -181,6 +184,24 @@ def _factor_kappa(config: ShampooConfig, a: NDArray[np.float64]) -> float:
     return float(reg.max() / reg.min()) if reg.min() > 0 else float("inf")
 
 
+def _root_asymmetry(roots: list[NDArray[np.float64] | None]) -> float:
+    """Sum over a block's Newton roots of ||X - X^T||_2 / sigma_min(X) (spec section 5).
+
+    A Newton iterate is a polynomial in A, symmetric only in exact arithmetic;
+    X, X^T or either triangle mirrored (Meta's packed storage) are equally
+    valid, and differ in the direction by up to this much relative to it.
+    """
+    total = 0.0
+    for x in roots:
+        if x is None or x.ndim != 2 or x.shape[0] < 2:
+            continue
+        sigma = np.linalg.svd(x, compute_uv=False)
+        spread = float(np.linalg.norm(x - x.T, 2))
+        if spread > 0.0:
+            total += spread / float(sigma.min()) if sigma.min() > 0 else float("inf")
+    return total
+
+
 def trajectory_bound(
     config: ShampooConfig,
     params: dict[str, NDArray[np.float64]],
@@ -200,6 +221,11 @@ def bound_and_reference(
     """The bound and the reference trajectory it was measured on (one reference run)."""
     opt = ReferenceShampoo(config, params)
     kappa, max_dim = 1.0, 1
+    newton = isinstance(config.root_inverse, (CoupledNewtonConfig, HigherOrderNewtonConfig))
+    # Eq. (20c)'s read-back roots are non-symmetric by the rule (the reference emulates it).
+    free_symmetry = (newton and config.eigenvalue_correction is None
+                     and not config.statistics.quantized)
+    asymmetry = 0.0
     trajectory = []
     for t, g in enumerate(grads, start=1):
         trajectory.append(opt.step(g))
@@ -207,6 +233,8 @@ def bound_and_reference(
             continue
         for st in opt.state.values():
             for bs in st.blocks:
+                if free_symmetry:
+                    asymmetry = max(asymmetry, _root_asymmetry(bs.inverse_roots))
                 for lk in bs.factors:
                     if lk is None:
                         continue
@@ -222,8 +250,9 @@ def bound_and_reference(
     u = config_unit_roundoff(config, dtype)
     steps = len(grads)
     rtol = SAFETY * max_dim * u * kappa * steps
-    if isinstance(config.root_inverse, (CoupledNewtonConfig, HigherOrderNewtonConfig)):
-        rtol += SAFETY * config.root_inverse.tolerance * steps
+    if newton:
+        assert isinstance(config.root_inverse, (CoupledNewtonConfig, HigherOrderNewtonConfig))
+        rtol += SAFETY * (config.root_inverse.tolerance + asymmetry) * steps
     bound = Bound(
         rtol=rtol,
         atol_scale=SAFETY * steps * u,
