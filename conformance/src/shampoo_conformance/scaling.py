@@ -538,7 +538,9 @@ def markdown_table(rows: Sequence[dict[str, object]]) -> str:
             f"| {_num(r['root_imbalance']):.2f} | {_fixed(_num(r['root_lpt_imbalance']))} "
             f"| {_si(_num(r['step_max']), 'flop')} | {_num(r['step_imbalance']):.2f} "
             f"| {_bytes(_num(r['memory_max_bytes']))} | {_num(r['memory_imbalance']):.2f} "
-            f"| {_bytes(_num(r['comm_max_bytes']))} | {r['pieces_max']} | {r['cause']} |"
+            f"| {_bytes(_num(r['comm_max_bytes']))} "
+            f"| {r['pieces_max'] if str(r['mode']) not in ('ddp', 'local') else '-'} "
+            f"| {r['cause']} |"
         )
     return "\n".join(lines)
 
