@@ -249,6 +249,21 @@ def mutation(session: nox.Session) -> None:
 
 
 @nox.session
+def scaling(session: nox.Session) -> None:
+    """Block plan and owners on Llama-2 7B/70B shapes at 8-4096 ranks (docs/scaling.md).
+
+    Per-rank root work, step work, factor memory and optimizer bytes per step
+    of DDP, fully_shard lossless, local shard and HSDP; writes a CSV, a markdown
+    table and a plot to ``shampoo-scaling/`` (``--out DIR``). Pure shapes: no
+    device, about a minute. Args go to ``python -m shampoo_conformance scaling``.
+    """
+    # Shapes only: the spec and conformance's own dependencies, no torch or jax.
+    members = [arg for m in ("spec", "reference", "datasets", "conformance") for arg in ("-e", m)]
+    session.install(*CONSTRAINTS, *members, "matplotlib")
+    session.run("python", "-m", "shampoo_conformance", "scaling", *session.posargs)
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The backend report on its embedded default: table, Markdown and PNGs in shampoo-report/."""
     install_members(session, "scikit-learn", "matplotlib")

@@ -67,6 +67,58 @@ def test_lpt_within_graham_bound_of_the_optimum(costs: list[int], world: int) ->
     assert max(v[0] for v in a.loads) <= (4 / 3 - 1 / (3 * world)) * best + 1e-9
 
 
+def _assign_by_scan(costs: list[tuple[float, ...]], world: int) -> tuple[int, ...]:
+    """The module doc's rule read literally: every block scans every rank (O(blocks x ranks))."""
+    totals = [sum(c[k] for c in costs) for k in range(len(costs[0]))]
+    scale = [1.0 / t if t > 0.0 else 0.0 for t in totals]
+
+    def normalized(v: tuple[float, ...] | list[float]) -> list[float]:
+        return [x * s for x, s in zip(v, scale, strict=True)]
+
+    loads = [[0.0] * len(totals) for _ in range(world)]
+    owners = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda j: (-sum(normalized(costs[j])), j)):
+        def after(r: int, c: tuple[float, ...] = costs[i]) -> tuple[float, float, int]:
+            new = normalized([a + b for a, b in zip(loads[r], c, strict=True)])
+            return (max(new), sum(new), r)
+
+        rank = min(range(world), key=after)
+        owners[i] = rank
+        loads[rank] = [a + b for a, b in zip(loads[rank], costs[i], strict=True)]
+    return tuple(owners)
+
+
+repeated_vectors = st.lists(
+    st.sampled_from([(0.0, 0.0, 0.0), (1.0, 2.0, 3.0), (3.0, 2.0, 1.0), (2.0, 2.0, 2.0),
+                     (1e6, 1.0, 7e-3), (0.5, 0.0, 0.5)]),
+    min_size=1, max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    costs=repeated_vectors | st.lists(st.tuples(*[st.floats(0.0, 1e9, allow_nan=False)] * 3),
+                                      min_size=1, max_size=40),
+    world=st.integers(1, 9),
+)
+def test_heap_gives_the_owners_of_the_literal_scan(
+    costs: list[tuple[float, float, float]], world: int
+) -> None:
+    """assign_blocks's heap (runs of equal blocks) = scanning every rank for every block."""
+    assert assign_blocks(costs, world).owners == _assign_by_scan(costs, world)
+
+
+def test_heap_gives_the_owners_of_the_literal_scan_on_llama_shapes() -> None:
+    """Llama-2-7B-like blocks (one layer, embedding, norm; block size 1024) over 24 and 64 ranks."""
+    config = ShampooConfig()
+    shapes = [(32000, 4096)] + [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)] \
+        + [(4096,)] * 3
+    costs = [c.vector() for c in plan_block_costs([plan_parameter(s, config) for s in shapes],
+                                                  config)]
+    for world in (24, 64):
+        assert assign_blocks(costs, world).owners == _assign_by_scan(costs, world)
+
+
 def test_deterministic_tie_breaking_and_empty_ranks() -> None:
     a = assign_blocks([1.0, 1.0, 1.0], 2)
     assert a.owners == (0, 1, 0)  # equal costs: block order; equal loads: rank order

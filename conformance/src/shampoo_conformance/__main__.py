@@ -170,9 +170,55 @@ def _add_mutants(subparsers: Any) -> None:
     parser.set_defaults(handler=lambda args: runner.mutation_report())
 
 
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in _comma_list(text)]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid: allowed positive integers, comma or space separated")
+    return values
+
+
+def _add_scaling(subparsers: Any) -> None:
+    from . import scaling
+
+    parser = subparsers.add_parser(
+        "scaling",
+        help="block plan and owners on Llama-2 7B/70B shapes, 8 to 4096 ranks: work, memory, "
+        "communication per rank (no device needed)",
+        description=scaling.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", default="shampoo-scaling",
+                        help="output folder (default: %(default)s)")
+    parser.add_argument("--models", nargs="+", metavar="NAME",
+                        help=f"models (default: all of {', '.join(scaling.MODELS)})")
+    parser.add_argument("--block-sizes", type=_positive_ints,
+                        default=list(scaling.BLOCK_SIZES), metavar="B,B",
+                        help="blocking.max_preconditioner_dim values (default: %(default)s)")
+    parser.add_argument("--world-sizes", type=_positive_ints,
+                        default=list(scaling.WORLD_SIZES), metavar="N,N",
+                        help="world sizes (default: %(default)s)")
+    parser.add_argument("--shard-groups", type=_positive_ints,
+                        default=list(scaling.SHARD_GROUPS), metavar="S,S",
+                        help="HSDP shard-group sizes (default: %(default)s)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+
+    def handler(args: argparse.Namespace) -> int:
+        models = None if args.models is None else _flatten(args.models)
+        if models is not None:
+            _check(parser, "--models", models, list(scaling.MODELS))
+        return scaling.main(args.out, models, args.block_sizes, args.world_sizes,
+                            args.shard_groups, plot=not args.no_plot)
+
+    parser.set_defaults(handler=handler)
+
+
 #: The subcommands, in the order ``--help`` lists them.
 SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
-    _add_demo, _add_report, _add_run, _add_compare, _add_mutants,
+    _add_demo, _add_report, _add_run, _add_compare, _add_mutants, _add_scaling,
 )
 
 

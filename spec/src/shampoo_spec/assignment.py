@@ -38,6 +38,7 @@ one block. Ranks may own no block (fewer blocks than ranks).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,12 +148,26 @@ def assign_blocks(
 
     owners = [0] * len(vectors)
     order = sorted(range(len(vectors)), key=lambda j: (-sum(normalized(vectors[j])), j))
-    for i in order:
-        def after(r: int, c: tuple[float, ...] = vectors[i]) -> tuple[float, float, int]:
-            new = normalized([a + b for a, b in zip(loads[r], c, strict=True)])
-            return (max(new), sum(new), r)
 
-        rank = min(range(world_size), key=after)
+    def after(r: int, c: tuple[float, ...]) -> tuple[float, float, int]:
+        new = normalized([a + b for a, b in zip(loads[r], c, strict=True)])
+        return (max(new), sum(new), r)
+
+    # The rule is rank = min(range(world_size), key=after); the keys are unique
+    # (they end in r). While equal blocks follow each other (as sorted equal
+    # vectors do), only the rank that took the last one changes its key, so a
+    # heap of every rank's key gives the same minimum in O(log world_size)
+    # per block; a new cost vector rebuilds the heap.
+    heap: list[tuple[float, float, int]] = []
+    current: tuple[float, ...] | None = None
+    for i in order:
+        c = vectors[i]
+        if c != current:
+            current = c
+            heap = [after(r, c) for r in range(world_size)]
+            heapq.heapify(heap)
+        rank = heapq.heappop(heap)[2]
         owners[i] = rank
-        loads[rank] = [a + b for a, b in zip(loads[rank], vectors[i], strict=True)]
+        loads[rank] = [a + b for a, b in zip(loads[rank], c, strict=True)]
+        heapq.heappush(heap, after(rank, c))
     return Assignment(owners=tuple(owners), loads=tuple(tuple(v) for v in loads))
