@@ -59,7 +59,7 @@ from shampoo_spec import (
 
 from . import checkpoint, elementwise, grafting, preconditioner, refusal
 from .blocks import assemble, expand_blocks, gather, select_rows
-from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts
+from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts, write_back
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
 
@@ -89,7 +89,11 @@ class Shampoo(torch.optim.Optimizer):
             directions are all-gathered; the result equals one process. None:
             one process. Use it with the parameters of a DistributedDataParallel
             model (gradients already averaged); every rank passes the same
-            parameters, configs and DistributedConfig.
+            parameters, configs and DistributedConfig. The parameters of a
+            ``fully_shard`` (FSDP2) or HSDP model (DTensors) need it too:
+            ``DistributedConfig.shard_mode`` chooses between the lossless
+            whole-parameter plan and each rank's own piece
+            (:mod:`shampoo_torch.sharding`).
 
     Parameters may be float32/float64/bfloat16/float16 on any device. Factors
     and inverse roots are kept in ``config.factor_dtype`` (the roots in
@@ -117,6 +121,10 @@ class Shampoo(torch.optim.Optimizer):
                 "shampoo_torch.DistributedConfig or None."
             )
         self._dist = None if distributed is None else Distributor(distributed)
+        #: FSDP2 / HSDP (:mod:`shampoo_torch.sharding`): None in one process.
+        self._shard_mode = None if distributed is None else distributed.shard_mode
+        if self._shard_mode == "local":
+            self._dist = None  # each rank steps its own pieces: no optimizer communication
         self._lr_override = lr
         self._plans: list[ParamGroupPlan] = []
         self._counters: dict[torch.device, dict[str, torch.Tensor]] = {}
@@ -136,14 +144,14 @@ class Shampoo(torch.optim.Optimizer):
         first = self.param_groups[0]["params"]
         try:  # a refused group (e.g. integer parameters) is not left half added
             plan = build_param_group_plan(len(self.param_groups) - 1, param_group, self._dist,
-                                          first[0].device if first else None)
+                                          first[0].device if first else None, self._shard_mode)
         except BaseException:
             self.param_groups.pop()
             raise
         self._plans.append(plan)
         for p, lay, dt in zip(param_group["params"], plan.layouts, plan.dtypes, strict=True):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
-                                   tuple(p.shape))
+                                   lay.plan.shape)
 
     # ------------------------------------------------ metrics and views
     def _counter(self, device: torch.device) -> dict[str, torch.Tensor]:
@@ -474,8 +482,9 @@ class Shampoo(torch.optim.Optimizer):
             ok = c.elem_ok.get(i)
             u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i],
                                               c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
-            withheld = elementwise.apply_update(inp.params[i], inp.w[i], u, buffers, st, cfg,
-                                                inp.lr, ok)
+            withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
+                                                buffers, st, cfg, inp.lr, ok)
+            write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
             self._counter(withheld.device)["withheld_updates"].add_(withheld)
 
     def _device(self) -> torch.device:

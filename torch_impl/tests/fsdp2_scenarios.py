@@ -1,0 +1,202 @@
+"""Per-rank bodies of the FSDP2 / HSDP tests (test_fsdp2.py), run by ``processes.spawn``.
+
+A module of parameters of mixed shapes is wrapped by ``fully_shard`` on a
+1-D mesh (FSDP) or a 2-D mesh ``(replica, shard)`` (HSDP, world 4 as 2 x 2);
+a 0-d parameter (which ``fully_shard`` cannot shard) is a DTensor replicated
+on the same mesh. Gradients come from a real backward pass with different
+data on every rank (FSDP2 averages them); each rank records the gradients
+it saw so the test can replay them on one process or on the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from shampoo_spec import (
+    BlockingConfig,
+    EpsilonConfig,
+    GradientFilterConfig,
+    GraftingConfig,
+    MomentumConfig,
+    ScheduleConfig,
+    ShampooConfig,
+    StatisticsConfig,
+    WeightDecayConfig,
+)
+from shampoo_torch import DistributedConfig, Shampoo
+
+# 1-d to 4-d, dim 0 not divisible by 2 or 4, smaller than the world (empty pieces),
+# blocked (max_preconditioner_dim 4), and merged dims.
+SHAPES = {"a": (5,), "b": (1, 3), "c": (3, 2, 2, 2), "m": (7, 6), "e": (2, 9), "big": (10, 8)}
+SCALAR = "s"
+STEPS = 5
+CONFIGS = {
+    "parameter_graft": ShampooConfig(
+        learning_rate=0.02,
+        statistics=StatisticsConfig(beta2=0.95, bias_correction=True),
+        epsilon=EpsilonConfig(value=1e-5),
+        grafting=GraftingConfig(type="adam", beta2=0.99, bias_correction=True,
+                                norm_scope="parameter"),
+        gradient_filter=GradientFilterConfig(beta1=0.9, bias_correction=True),
+        momentum=MomentumConfig(momentum=0.5, nesterov=True, buffers="separate"),
+        weight_decay=WeightDecayConfig(value=0.01, type="direction"),
+        blocking=BlockingConfig(max_preconditioner_dim=4),
+        schedule=ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
+    ),
+    "block_graft_l2": ShampooConfig(
+        learning_rate=0.05,
+        factor_dtype="float64",
+        epsilon=EpsilonConfig(value=1e-6),
+        grafting=GraftingConfig(type="adagrad"),
+        weight_decay=WeightDecayConfig(value=0.01, type="l2"),
+        blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+    ),
+}
+#: case -> (config, parameter dtype)
+CASES = {
+    "parameter_graft_float32": ("parameter_graft", torch.float32),
+    "block_graft_l2_float64": ("block_graft_l2", torch.float64),
+}
+
+
+class Model(torch.nn.Module):
+    """``loss = sum_n <p_n, c_n>``: gradient c_n, different on every rank."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.ps = torch.nn.ParameterDict({
+            n: torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype))
+            for n, s in SHAPES.items()
+        })
+
+    def forward(self, cs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sum((p * cs[n]).sum() for n, p in self.ps.items())  # type: ignore[return-value]
+
+
+def _mesh(world: int, hsdp: bool) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if hsdp:
+        return init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replica", "shard"))
+    return init_device_mesh("cpu", (world,))
+
+
+def _sharded_model(mesh: Any, dtype: torch.dtype) -> tuple[Model, torch.nn.Parameter]:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    model = Model(dtype)
+    fully_shard(model, mesh=mesh)
+    scalar = torch.nn.Parameter(distribute_tensor(torch.tensor(0.7, dtype=dtype), mesh,
+                                                  [Replicate()] * mesh.ndim))
+    return model, scalar
+
+
+def _params(model: Model, scalar: torch.nn.Parameter) -> list[tuple[str, torch.nn.Parameter]]:
+    return [*model.ps.items(), (SCALAR, scalar)]
+
+
+def _as_numpy(ps: list[tuple[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    return {n: p.detach().numpy().copy() for n, p in ps}
+
+
+def _run_sharded(rank: int, world: int, mesh: Any, case: str, mode: str) -> dict[str, Any]:
+    """Steps a fully_shard model; returns whole and local values, gradients, bytes."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    config, dtype = CONFIGS[CASES[case][0]], CASES[case][1]
+    model, scalar = _sharded_model(mesh, dtype)
+    named = _params(model, scalar)
+    opt = Shampoo([{"params": [p for _, p in named], "param_names": [n for n, _ in named],
+                    "config": config}], distributed=DistributedConfig(shard_mode=mode))
+    start_local = _as_numpy([(n, p.to_local()) for n, p in named])
+    start_full = _as_numpy([(n, p.full_tensor()) for n, p in named])
+    gen = torch.Generator().manual_seed(100 + rank)
+    full_grads, local_grads = [], []
+    for t in range(STEPS):
+        opt.zero_grad()
+        cs = {n: torch.randn(s, generator=gen).to(dtype) for n, s in SHAPES.items()}
+        model(cs).backward()
+        g = torch.tensor(0.3 * (t + 1) - 0.5, dtype=dtype)  # the scalar's, alike on every rank
+        scalar.grad = distribute_tensor(g, mesh, [Replicate()] * mesh.ndim)
+        full_grads.append(_as_numpy([(n, p.grad.full_tensor()) for n, p in named]))
+        local_grads.append(_as_numpy([(n, p.grad.to_local()) for n, p in named]))
+        opt.step()
+    return {
+        "start_full": start_full, "start_local": start_local,
+        "full_grads": full_grads, "local_grads": local_grads,
+        "final_full": _as_numpy([(n, p.full_tensor()) for n, p in named]),
+        "final_local": _as_numpy([(n, p.to_local()) for n, p in named]),
+        "bytes": opt.block_state_bytes(),
+        "exchanged_bytes": opt.exchange_bytes,
+    }
+
+
+def _plain_run(case: str, start: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]],
+               ) -> tuple[dict[str, np.ndarray], int]:
+    """One process (no distribution) on plain tensors: final values, block bytes.
+
+    Empty tensors (empty pieces) are left out: they take no step.
+    """
+    config = CONFIGS[CASES[case][0]]
+    ps = {n: torch.nn.Parameter(torch.tensor(v)) for n, v in start.items() if v.size}
+    opt = Shampoo([{"params": list(ps.values()), "param_names": list(ps), "config": config}])
+    for step in grads:
+        for n, p in ps.items():
+            p.grad = torch.tensor(step[n])
+        opt.step()
+    out = {n: (ps[n].detach().numpy().copy() if n in ps else v) for n, v in start.items()}
+    return out, opt.block_state_bytes()
+
+
+def fsdp(rank: int, world: int) -> dict[str, Any]:
+    """Every case in both modes, FSDP (1-D mesh) and, at world 4, HSDP (2 x 2)."""
+    torch.manual_seed(0)
+    out: dict[str, Any] = {}
+    layouts = [("fsdp", False)] + ([("hsdp", True)] if world == 4 else [])
+    for layout, hsdp in layouts:
+        mesh = _mesh(world, hsdp)
+        for case in CASES:
+            for mode in ("lossless", "local"):
+                got = _run_sharded(rank, world, mesh, case, mode)
+                if mode == "lossless":
+                    got["single"], got["single_bytes"] = _plain_run(
+                        case, got["start_full"], got["full_grads"])
+                else:  # the same optimizer on this rank's pieces, as plain tensors
+                    got["single"], got["single_bytes"] = _plain_run(
+                        case, got["start_local"], got["local_grads"])
+                out[f"{layout}/{case}/{mode}"] = got
+    out["errors"] = errors(rank, world)
+    dist.barrier()
+    return out
+
+
+def errors(rank: int, world: int) -> dict[str, str]:
+    """Clear ValueErrors: no distributed config, a bad placement, a conflicting field."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    named = _params(model, scalar)
+    found: dict[str, str] = {}
+    attempts: dict[str, Any] = {
+        "no_config": lambda: Shampoo(named),
+        "shard_dim_1": lambda: Shampoo(
+            [("x", torch.nn.Parameter(distribute_tensor(torch.zeros(4, 4), mesh, [Shard(1)])))],
+            distributed=DistributedConfig()),
+        "trainers": lambda: Shampoo(named, distributed=DistributedConfig(trainers_per_group=1)),
+        "mixed": lambda: Shampoo([*named, ("plain", torch.nn.Parameter(torch.zeros(3)))],
+                                 distributed=DistributedConfig()),
+    }
+    for key, attempt in attempts.items():
+        try:
+            attempt()
+            found[key] = ""
+        except ValueError as err:
+            found[key] = str(err)
+    return found
