@@ -10,6 +10,7 @@ it saw so the test can replay them on one process or on the reference.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -172,6 +173,15 @@ def fsdp(rank: int, world: int) -> dict[str, Any]:
                         case, got["start_local"], got["local_grads"])
                 out[f"{layout}/{case}/{mode}"] = got
     out["errors"] = errors(rank, world)
+    # shard_mode="local": the pieces' state depends on the world size; refused.
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    local_opt = Shampoo(_params(model, scalar), distributed=DistributedConfig(shard_mode="local"))
+    try:
+        local_opt.distributed_state_dict()
+        out["local"] = ""
+    except ValueError as err:
+        out["local"] = str(err)
     dist.barrier()
     return out
 
@@ -200,3 +210,94 @@ def errors(rank: int, world: int) -> dict[str, str]:
         except ValueError as err:
             found[key] = str(err)
     return found
+
+
+# ---------------------------------------------------------- checkpoints
+HALF = 3
+CHECKPOINT_CASE = "parameter_graft"
+CASES_OF_CHECKPOINT = "parameter_graft_float32"  # its CASES entry (float32 parameters)
+
+
+def checkpoint_grads() -> list[dict[str, np.ndarray]]:
+    """Whole gradients per step, the same at any world size (and for one process)."""
+    shapes = {**SHAPES, SCALAR: ()}
+    out = []
+    for t in range(STEPS):
+        gen = torch.Generator().manual_seed(1000 + t)
+        out.append({n: torch.randn(s, generator=gen).numpy() for n, s in shapes.items()})
+    return out
+
+
+def _set_grads(named: list[tuple[str, torch.nn.Parameter]], mesh: Any, t: int) -> None:
+    """Step t's gradients of :func:`checkpoint_grads` as DTensors."""
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = checkpoint_grads()[t]
+    for n, p in named:
+        p.grad = distribute_tensor(torch.tensor(whole[n]).to(p.dtype), mesh, p.placements)
+
+
+def _checkpoint_optimizer(world: int, config: ShampooConfig = CONFIGS[CHECKPOINT_CASE],
+                          ) -> tuple[Any, list[tuple[str, torch.nn.Parameter]], Shampoo]:
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    named = _params(model, scalar)
+    opt = Shampoo([{"params": [p for _, p in named], "param_names": [n for n, _ in named],
+                    "config": config}], distributed=DistributedConfig())
+    return mesh, named, opt
+
+
+def checkpoint_save(rank: int, world: int, directory: str) -> dict[str, Any]:
+    """HALF steps, a torch.distributed.checkpoint save, then on uninterrupted."""
+    import torch.distributed.checkpoint as dcp
+
+    mesh, named, opt = _checkpoint_optimizer(world)
+    start = _as_numpy([(n, p.full_tensor()) for n, p in named])
+    for t in range(HALF):
+        _set_grads(named, mesh, t)
+        opt.step()
+    dcp.save({"model": dict(named), "optimizer": opt.distributed_state_dict()},
+             checkpoint_id=directory)
+    for t in range(HALF, STEPS):
+        _set_grads(named, mesh, t)
+        opt.step()
+    single, _ = _plain_run(CASES_OF_CHECKPOINT, start, checkpoint_grads())  # one thread here
+    return {"final": _as_numpy([(n, p.full_tensor()) for n, p in named]), "single": single}
+
+
+def checkpoint_load(rank: int, world: int, directories: list[str]) -> dict[str, Any]:
+    """Each checkpoint loaded into a fresh model and optimizer, continued to STEPS."""
+    import torch.distributed.checkpoint as dcp
+
+    out: dict[str, Any] = {}
+    for directory in directories:
+        mesh, named, opt = _checkpoint_optimizer(world)
+        sd = {"model": dict(named), "optimizer": opt.distributed_state_dict()}
+        dcp.load(sd, checkpoint_id=directory)
+        opt.load_distributed_state_dict(sd["optimizer"])
+        for t in range(HALF, STEPS):
+            _set_grads(named, mesh, t)
+            opt.step()
+        out[directory] = _as_numpy([(n, p.full_tensor()) for n, p in named])
+    # A state saved under another config is refused, naming the fields (the
+    # template's config is this optimizer's: the saved one replaces it).
+    other = dataclasses.replace(CONFIGS[CHECKPOINT_CASE], epsilon=EpsilonConfig(value=1e-4))
+    _, named, opt = _checkpoint_optimizer(world, other)
+    sd = {"model": dict(named), "optimizer": opt.distributed_state_dict()}
+    dcp.load(sd, checkpoint_id=directories[0])
+    try:
+        opt.load_distributed_state_dict(sd["optimizer"])
+        out["mismatch"] = ""
+    except ValueError as err:
+        out["mismatch"] = str(err)
+    # shard_mode="local": the pieces' state depends on the world size; refused.
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    local_opt = Shampoo(_params(model, scalar), distributed=DistributedConfig(shard_mode="local"))
+    try:
+        local_opt.distributed_state_dict()
+        out["local"] = ""
+    except ValueError as err:
+        out["local"] = str(err)
+    dist.barrier()
+    return out

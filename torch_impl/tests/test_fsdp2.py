@@ -144,6 +144,34 @@ def test_local_and_lossless_differ_where_the_shard_plan_does() -> None:
         assert np.array_equal(local, lossless) == same, name
 
 
+def test_lossless_checkpoint_resumes_and_reshards(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint of the model and the distributed state dict after 3
+    of 5 steps: resumed at 2 -> 2, 2 -> 4, 4 -> 2 ranks, bit for bit the uninterrupted
+    single-process run; another config is refused naming the field."""
+    target = f"{SCENARIOS}:checkpoint_"
+    saved = {}
+    for world in WORLDS:
+        got = spawn(target + "save", world, args=(str(tmp_path / f"w{world}"),),
+                    timeout_s=300.0, collective_timeout_s=120.0)
+        assert not any(isinstance(r, BaseException) for r in got), got
+        saved[world] = got
+    expected = saved[2][0]["single"]  # one process, 5 steps (computed in a worker: 1 thread)
+    for world in WORLDS:
+        for r in saved[world]:
+            _assert_identical(r["final"], expected, f"uninterrupted at {world}")
+    plans = {2: [str(tmp_path / "w2"), str(tmp_path / "w4")], 4: [str(tmp_path / "w2")]}
+    for world, dirs in plans.items():
+        got = spawn(target + "load", world, args=(dirs,), timeout_s=300.0,
+                    collective_timeout_s=120.0)
+        assert not any(isinstance(r, BaseException) for r in got), got
+        for rank, r in enumerate(got):
+            for d in dirs:
+                _assert_identical(r[d], expected, f"{d} -> {world}, rank {rank}")
+            assert "fields that differ" in r["mismatch"]
+            assert "epsilon.value: 1e-05 -> 0.0001" in r["mismatch"]
+            assert "shard_mode = 'local' is invalid" in r["local"]
+
+
 def test_hsdp_replica_groups_agree() -> None:
     ranks = outcome(4)
     for case in [k for k in ranks[0] if k.startswith("hsdp/")]:

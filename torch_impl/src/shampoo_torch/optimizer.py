@@ -516,8 +516,14 @@ class Shampoo(torch.optim.Optimizer):
 
         Gathered over the trainer group when distributed (a collective: call it
         on every rank; every rank gets the whole dict, save it on one). The
-        format is in :mod:`shampoo_torch.checkpoint`.
+        format is in :mod:`shampoo_torch.checkpoint`. With FSDP2 / HSDP
+        parameters in ``shard_mode="lossless"`` it holds whole parameters'
+        state, so it also travels through ``torch.distributed.checkpoint``
+        (``dcp.save`` / ``dcp.load`` into this dict of a fresh optimizer) and
+        loads at another world size; ``shard_mode="local"`` refuses it (use
+        :meth:`state_dict` per rank, at the same world size).
         """
+        self._refuse_local_pieces("distributed_state_dict")
         return checkpoint.distributed_state_dict(self)
 
     def load_distributed_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -527,7 +533,18 @@ class Shampoo(torch.optim.Optimizer):
         nothing) when names, configs, blocks or shapes differ or a state entry
         is not finite. Version 1 dicts (saved before ``param_shape``) load too.
         """
+        self._refuse_local_pieces("load_distributed_state_dict")
         checkpoint.load_distributed_state_dict(self, state_dict)
+
+    def _refuse_local_pieces(self, method: str) -> None:
+        if self._shard_mode == "local" and any(
+                info is not None for gp in self._plans for info in gp.shards):
+            raise ValueError(
+                f"Shampoo.{method}() with DistributedConfig.shard_mode = 'local' is invalid: "
+                "each rank's state belongs to its own pieces, whose plan depends on the world "
+                "size; allowed state_dict() / load_state_dict() per rank at the same world "
+                "size, or shard_mode='lossless' (portable across world sizes)."
+            )
 
     # The internal API of :mod:`shampoo_torch.checkpoint` (nothing else calls it).
     def _checkpoint_blocks(self) -> list[list[list[dict[str, Any] | None]]]:
