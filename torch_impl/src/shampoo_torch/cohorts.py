@@ -105,6 +105,7 @@ def read_gradients(
     w: dict[int, torch.Tensor] = {}
     g: dict[int, torch.Tensor] = {}
     targets: dict[int, torch.Tensor] = {}
+    wholes = _gathered(gp, params)
     for i, p in enumerate(params):
         if p.grad is None:
             continue
@@ -116,7 +117,7 @@ def read_gradients(
                 if target.numel() == 0:
                     continue
             else:
-                target, grad_in = sharding.full(p.detach()), sharding.full(p.grad)
+                target, grad_in = wholes[i]
         if p.grad.is_sparse or p.grad.layout != torch.strided:
             raise ValueError(
                 f"the gradient of parameter {gp.names[i]!r} is sparse ({p.grad.layout}): "
@@ -149,6 +150,27 @@ def write_back(inp: StepInput, i: int) -> None:
     info = inp.gp.shards[i] if inp.gp.shards else None
     if info is not None and not inp.gp.local_shards:
         sharding.local(inp.params[i]).copy_(sharding.local_piece(inp.targets[i], info))
+
+
+def _gathered(
+    gp: ParamGroupPlan, params: list[torch.Tensor]
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``"lossless"``: (whole parameter, whole gradient) of each DTensor parameter with a
+    gradient, by position (one all-gather per dtype, :class:`sharding.PieceGather`)."""
+    if gp.pieces is None:
+        return {}
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    positions, items = [], []
+    for i, (p, info) in enumerate(zip(params, gp.shards, strict=True)):
+        if info is None or p.grad is None:
+            continue
+        if p.grad.dtype != p.dtype:  # a gradient in another dtype: gathered on its own
+            out[i] = (sharding.full(p.detach()), sharding.full(p.grad))
+            continue
+        positions.append(i)
+        items.append((info, sharding.local(p.detach()), sharding.local(p.grad)))
+    out.update(zip(positions, gp.pieces.run(items), strict=True))
+    return out
 
 
 def split_cohorts(inp: StepInput) -> list[Cohort]:

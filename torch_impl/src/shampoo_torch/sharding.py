@@ -12,9 +12,9 @@ the same mesh (``[Replicate()]`` / ``[Replicate(), Replicate()]``).
 :class:`~shampoo_torch.Shampoo` treats them:
 
 ``"lossless"``: the plan is that of the whole parameter (eqs. 4-5), as in one
-process. Per step every rank all-gathers each parameter and its gradient
-over the shard group (:func:`full`, DTensor's ``full_tensor``: exact
-copies), the blocks are owned and exchanged exactly as for
+process. Per step every rank all-gathers the parameters and their gradients
+over the shard group (:class:`PieceGather`: one collective per param group
+and dtype; exact copies), the blocks are owned and exchanged exactly as for
 DistributedDataParallel (:mod:`shampoo_torch.distributed`, the shard group
 being the trainer group), the elementwise state is kept whole and updated
 alike on every rank, and each rank writes its own piece of the new
@@ -28,6 +28,7 @@ optimizer communication; empty pieces take no step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,3 +127,73 @@ def _rows(n: int, parts: int, index: int) -> tuple[int, int]:
     size = -(-n // parts)
     start = min(n, index * size)
     return start, min(size, n - start)
+
+
+class PieceGather:
+    """``"lossless"``: the whole parameters and gradients from the pieces, one collective.
+
+    Per param group and dtype, one all-gather over the shard group of every
+    sharded parameter's piece and its gradient's piece, packed into a flat
+    buffer (each rank's segment padded to the longest), the buffers allocated
+    once per layout and reused; the whole tensors are the pieces of every rank
+    concatenated along dim 0 (copies: exact). Replicated parameters need no
+    collective (their piece is the whole).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[object, tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+    def run(
+        self, items: list[tuple[ShardInfo, torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per ``(info, parameter piece, gradient piece)``: (whole parameter, whole gradient).
+
+        Every rank of the shard group must call it with the same parameters.
+        """
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(items)
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for j, (info, w, g) in enumerate(items):
+            if not info.sharded:
+                out[j] = (w, g)
+            else:
+                by_dtype.setdefault(w.dtype, []).append(j)
+        for dtype, js in by_dtype.items():
+            for j, wg in zip(js, self._gather([items[j] for j in js], dtype), strict=True):
+                out[j] = wg
+        return [x for x in out if x is not None]
+
+    def _gather(self, items: list[tuple[ShardInfo, torch.Tensor, torch.Tensor]],
+                dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        import torch.distributed as dist
+
+        info0 = items[0][0]
+        parts, mesh = info0.parts, info0.mesh
+        # Per rank r and item: the numel of r's piece (the same arithmetic on every rank).
+        sizes = [[_rows(i.global_shape[0], parts, r)[1] * math.prod(i.global_shape[1:])
+                  for i, _, _ in items] for r in range(parts)]
+        segment = max(max(2 * sum(s) for s in sizes), 1)
+        device = items[0][1].device
+        key = (tuple(i.global_shape for i, _, _ in items), dtype, device)
+        if key not in self._buffers:
+            send = torch.empty(segment, dtype=dtype, device=device)
+            recv = torch.empty(parts * segment, dtype=dtype, device=device)
+            self._buffers = {key: (send, recv, segment)}  # one layout kept: the current one
+        send, recv, segment = self._buffers[key]
+        offset = 0
+        for (_, w, g), n in zip(items, sizes[info0.index], strict=True):
+            send[offset:offset + n].copy_(w.reshape(-1))
+            send[offset + n:offset + 2 * n].copy_(g.reshape(-1))
+            offset += 2 * n
+        dist.all_gather_into_tensor(recv, send, group=mesh.get_group(mesh.ndim - 1))
+        wholes = []
+        starts = [r * segment for r in range(parts)]
+        for j, (info, _, _) in enumerate(items):
+            w_parts, g_parts = [], []
+            for r in range(parts):
+                n = sizes[r][j]
+                w_parts.append(recv[starts[r]:starts[r] + n])
+                g_parts.append(recv[starts[r] + n:starts[r] + 2 * n])
+                starts[r] += 2 * n
+            wholes.append((torch.cat(w_parts).view(info.global_shape),
+                           torch.cat(g_parts).view(info.global_shape)))
+        return wholes

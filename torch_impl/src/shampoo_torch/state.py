@@ -22,7 +22,7 @@ from shampoo_spec import ShampooConfig, large_block_warnings, plan_parameter
 
 from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_groups
 from .distributed import Distributor
-from .sharding import ShardInfo, shard_info
+from .sharding import PieceGather, ShardInfo, shard_info
 
 FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: ``config.root_dtype`` (``inverse_root_dtype`` or ``eigenvectors_dtype``, else
@@ -55,6 +55,8 @@ class ParamGroupPlan:
     shards: list[ShardInfo | None] = field(default_factory=list)
     #: ``shard_mode="local"``: DTensor parameters are planned and stepped on their pieces.
     local_shards: bool = False
+    #: ``"lossless"`` with DTensor parameters: gathers their pieces each step.
+    pieces: PieceGather | None = None
 
     @property
     def total_blocks(self) -> int:
@@ -164,7 +166,8 @@ def build_param_group_plan(
                          dtype=torch.float64)
     device = params[0].device if params else torch.device("cpu")
     return ParamGroupPlan(cfg, layouts, block_groups, dtypes, list(names), fdt, owners,
-                          grids, offsets[:-1], flat_rows, sizes.to(device), shards, local)
+                          grids, offsets[:-1], flat_rows, sizes.to(device), shards, local,
+                          PieceGather() if any(shards) and not local else None)
 
 
 @dataclass(frozen=True)
