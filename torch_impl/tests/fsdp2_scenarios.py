@@ -173,17 +173,37 @@ def fsdp(rank: int, world: int) -> dict[str, Any]:
                         case, got["start_local"], got["local_grads"])
                 out[f"{layout}/{case}/{mode}"] = got
     out["errors"] = errors(rank, world)
-    # shard_mode="local": the pieces' state depends on the world size; refused.
-    mesh = _mesh(world, False)
-    model, scalar = _sharded_model(mesh, torch.float32)
-    local_opt = Shampoo(_params(model, scalar), distributed=DistributedConfig(shard_mode="local"))
-    try:
-        local_opt.distributed_state_dict()
-        out["local"] = ""
-    except ValueError as err:
-        out["local"] = str(err)
+    out["nonfinite"] = {mode: nonfinite(rank, world, mode) for mode in ("lossless", "local")}
     dist.barrier()
     return out
+
+
+def nonfinite(rank: int, world: int, mode: str) -> dict[str, Any]:
+    """A NaN in the last row of "m" (the last rank's piece): every rank raises, nothing moves."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from shampoo_spec import NonFiniteGradientError
+
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    named = _params(model, scalar)
+    opt = Shampoo(named, CONFIGS["parameter_graft"], distributed=DistributedConfig(shard_mode=mode))
+    _set_grads(named, mesh, 0)
+    opt.step()
+    before = _as_numpy([(n, p.to_local()) for n, p in named])
+    _set_grads(named, mesh, 1)
+    m = dict(named)["m"]
+    bad = torch.tensor(checkpoint_grads()[1]["m"])
+    bad[-1, 0] = float("nan")
+    m.grad = distribute_tensor(bad, mesh, m.placements)
+    try:
+        opt.step()
+        message = ""
+    except NonFiniteGradientError as err:
+        message = str(err)
+    after = _as_numpy([(n, p.to_local()) for n, p in named])
+    return {"message": message,
+            "unchanged": all(np.array_equal(before[n], after[n]) for n in before)}
 
 
 def errors(rank: int, world: int) -> dict[str, str]:

@@ -190,6 +190,20 @@ def test_clear_errors() -> None:
         assert "either plain tensors only or DTensors of one device mesh" in e["mixed"]
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_nonfinite_gradient_makes_every_rank_raise(world: int) -> None:
+    """Eq. (3) "raise" with a NaN in the last rank's piece only: lossless agrees as for
+    DDP (the same error everywhere); local decides per rank, then one flag makes the
+    other ranks raise too (none would be left waiting); no parameter moved."""
+    ranks = [r["nonfinite"] for r in outcome(world)]
+    lossless = {r["lossless"]["message"] for r in ranks}
+    assert len(lossless) == 1 and "'m'" in lossless.pop()
+    local = [r["local"]["message"] for r in ranks]
+    assert "'m'" in local[-1]
+    assert all("another rank's pieces" in m for m in local[:-1])
+    assert all(r[mode]["unchanged"] for r in ranks for mode in ("lossless", "local"))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -270,6 +270,8 @@ class Shampoo(torch.optim.Optimizer):
             self._dist.agree_max(flat)
             codes = list(flat.split([len(c) for c in codes]))
         if any(raising):
+            if self._shard_mode == "local":
+                self._agree_local_raise([c for c, r in zip(codes, raising, strict=True) if r])
             self._raise_refused(
                 [(inp, code, mine) for inp, code, mine, r in zip(live, codes, local, raising,
                                                                   strict=True) if r]
@@ -278,6 +280,28 @@ class Shampoo(torch.optim.Optimizer):
             if not r:
                 inp.ok = code == refusal.OK
                 self._counter(code.device)["skipped_blocks"].add_((code != refusal.OK).sum())
+
+    def _agree_local_raise(self, codes: list[torch.Tensor]) -> None:
+        """``shard_mode="local"``, eq. (3) ``"raise"``: every rank raises, or none.
+
+        Each rank decides on its own pieces; one all-reduce (max) of one flag
+        over the world then makes the ranks whose pieces were fine raise too
+        (a rank raising alone would leave the others waiting in FSDP's next
+        collective). The only optimizer collective of the local mode, and
+        only under ``"raise"``.
+        """
+        import torch.distributed as tdist
+
+        mine = any(bool((c != refusal.OK).any()) for c in codes)
+        flag = torch.tensor([int(mine)], dtype=torch.int32, device=self._device())
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        if int(flag.item()) and not mine:
+            raise NonFiniteGradientError(
+                "a non-finite or too large gradient in another rank's pieces (shard_mode="
+                "'local': each rank decides on its own pieces; that rank's error names the "
+                "parameter); failure.nonfinite_gradient='raise' (no optimizer state or "
+                "parameter was changed by this step on any rank)."
+            )
 
     def _raise_refused(
         self, raising: list[tuple[StepInput, torch.Tensor, torch.Tensor]]

@@ -23,7 +23,10 @@ bit for bit (CPU, one thread per process).
 
 ``"local"``: each rank steps its own piece as if it were the whole parameter
 (the plan of the piece's shape; Meta's ``FullyShardDistributor``), with no
-optimizer communication; empty pieces take no step.
+optimizer communication but one: under ``failure.nonfinite_gradient="raise"``
+one all-reduce of one flag per step, so every rank raises when any rank's
+pieces hold a refused gradient (eq. 3 is decided per rank on its pieces);
+empty pieces take no step.
 """
 
 from __future__ import annotations
