@@ -174,6 +174,7 @@ def fsdp(rank: int, world: int) -> dict[str, Any]:
                 out[f"{layout}/{case}/{mode}"] = got
     out["errors"] = errors(rank, world)
     out["nonfinite"] = {mode: nonfinite(rank, world, mode) for mode in ("lossless", "local")}
+    out["local_agreement"] = local_agreement(rank, world)
     dist.barrier()
     return out
 
@@ -320,4 +321,36 @@ def checkpoint_load(rank: int, world: int, directories: list[str]) -> dict[str, 
     except ValueError as err:
         out["local"] = str(err)
     dist.barrier()
+    return out
+
+
+def local_agreement(rank: int, world: int) -> dict[str, str]:
+    """"local", one (2, 3) parameter: rank 1 holds row 1, ranks >= 2 nothing at all.
+
+    A NaN in row 1, then gradients of 2e18 in row 1 whose float32 roots fail
+    (eq. 13 limit 1): every rank raises each error, the empty ranks too.
+    """
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from shampoo_spec import FailureConfig, NonFiniteGradientError, RootFailureError
+
+    mesh = _mesh(world, False)
+    config = ShampooConfig(epsilon=EpsilonConfig(value=1e-3),
+                           statistics=StatisticsConfig(beta2=0.999, ema_weight="one",
+                                                       bias_correction=True),
+                           blocking=BlockingConfig(merge_dims_up_to=None),
+                           failure=FailureConfig(max_consecutive_root_failures=1))
+    out = {}
+    for what, value in (("nonfinite", float("nan")), ("root", 2e18)):
+        p = torch.nn.Parameter(distribute_tensor(torch.zeros(2, 3), mesh, [Shard(0)]))
+        opt = Shampoo([("p", p)], config, distributed=DistributedConfig(shard_mode="local"))
+        g = torch.ones(2, 3)
+        g[1] = value
+        try:
+            for _ in range(3):
+                p.grad = distribute_tensor(g, mesh, [Shard(0)])
+                opt.step()
+            out[what] = ""
+        except (NonFiniteGradientError, RootFailureError) as err:
+            out[what] = f"{type(err).__name__}: {err}"
     return out

@@ -204,6 +204,19 @@ def test_a_nonfinite_gradient_makes_every_rank_raise(world: int) -> None:
     assert all(r[mode]["unchanged"] for r in ranks for mode in ("lossless", "local"))
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_local_ranks_raise_together_even_with_nothing_to_step(world: int) -> None:
+    """"local": eq. (3) "raise" and the eq. (13) limit on rank 1's piece only; every
+    rank raises the same kind of error, those holding no piece at all included."""
+    got = [r["local_agreement"] for r in outcome(world)]
+    for rank, r in enumerate(got):
+        assert r["nonfinite"].startswith("NonFiniteGradientError"), (rank, r)
+        assert r["root"].startswith("RootFailureError"), (rank, r)
+        if rank != 1:
+            assert "another rank's pieces" in r["nonfinite"] and "another rank's" in r["root"]
+    assert "'p'" in got[1]["nonfinite"] and "'p'" in got[1]["root"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -258,10 +258,14 @@ class Shampoo(torch.optim.Optimizer):
         flags stay on the device (``inp.ok``) and the refused blocks are counted.
         """
         live = [inp for inp in inputs if inp is not None]
-        if not live:
-            return
         codes = [refusal.block_codes(inp, self.state) for inp in live]
         raising = [inp.gp.config.failure.nonfinite_gradient == "raise" for inp in live]
+        if self._shard_mode == "local" and any(
+                gp.config.failure.nonfinite_gradient == "raise" for gp in self._plans):
+            # Every step, on every rank (one whose pieces are all empty too).
+            self._agree_local_raise([c for c, r in zip(codes, raising, strict=True) if r])
+        if not live:
+            return
         local = codes
         if self._dist is not None:
             flat = torch.cat(codes)  # one device per rank
@@ -270,8 +274,6 @@ class Shampoo(torch.optim.Optimizer):
             self._dist.agree_max(flat)
             codes = list(flat.split([len(c) for c in codes]))
         if any(raising):
-            if self._shard_mode == "local":
-                self._agree_local_raise([c for c, r in zip(codes, raising, strict=True) if r])
             self._raise_refused(
                 [(inp, code, mine) for inp, code, mine, r in zip(live, codes, local, raising,
                                                                   strict=True) if r]
@@ -285,10 +287,11 @@ class Shampoo(torch.optim.Optimizer):
         """``shard_mode="local"``, eq. (3) ``"raise"``: every rank raises, or none.
 
         Each rank decides on its own pieces; one all-reduce (max) of one flag
-        over the world then makes the ranks whose pieces were fine raise too
-        (a rank raising alone would leave the others waiting in FSDP's next
-        collective). The only optimizer collective of the local mode, and
-        only under ``"raise"``.
+        over the world, every step of an optimizer with a ``"raise"`` group,
+        then makes the ranks whose pieces were fine raise too (a rank raising
+        alone would leave the others waiting in FSDP's next collective). With
+        :meth:`_agree_local_root_failure`, the only optimizer collectives of
+        the local mode.
         """
         import torch.distributed as tdist
 
@@ -301,6 +304,19 @@ class Shampoo(torch.optim.Optimizer):
                 "'local': each rank decides on its own pieces; that rank's error names the "
                 "parameter); failure.nonfinite_gradient='raise' (no optimizer state or "
                 "parameter was changed by this step on any rank)."
+            )
+
+    def _agree_local_root_failure(self, mine: bool) -> None:
+        """``shard_mode="local"``, eq. (13) limit: every rank raises, or none (one flag)."""
+        import torch.distributed as tdist
+
+        flag = torch.tensor([int(mine)], dtype=torch.int32, device=self._device())
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        if int(flag.item()) and not mine:
+            raise RootFailureError(
+                "inverse roots of a block of another rank's pieces failed too many root steps "
+                "in a row (failure.max_consecutive_root_failures; shard_mode='local': that "
+                "rank's error names the block). This step was completed before raising."
             )
 
     def _raise_refused(
@@ -434,6 +450,10 @@ class Shampoo(torch.optim.Optimizer):
             exceeded = None if agreed is None else agreed[1]
             if agreed is not None:
                 where = f" (owned by rank {agreed[0]}; every rank raises this error)"
+        if self._shard_mode == "local" and any(
+                gp.config.failure.max_consecutive_root_failures is not None
+                for gp in self._plans):  # every step, on every rank
+            self._agree_local_root_failure(exceeded is not None)
         if exceeded is None:
             return
         gi, pos, block, count, t = exceeded

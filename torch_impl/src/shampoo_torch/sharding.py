@@ -25,8 +25,9 @@ bit for bit (CPU, one thread per process).
 (the plan of the piece's shape; Meta's ``FullyShardDistributor``), with no
 optimizer communication but one: under ``failure.nonfinite_gradient="raise"``
 one all-reduce of one flag per step, so every rank raises when any rank's
-pieces hold a refused gradient (eq. 3 is decided per rank on its pieces);
-empty pieces take no step.
+pieces hold a refused gradient (eq. 3 is decided per rank on its pieces),
+and likewise on root steps with ``failure.max_consecutive_root_failures``
+(eq. 13); empty pieces take no step.
 """
 
 from __future__ import annotations
