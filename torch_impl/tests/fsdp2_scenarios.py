@@ -128,7 +128,13 @@ def _run_sharded(rank: int, world: int, mesh: Any, case: str, mode: str) -> dict
         full_grads.append(_as_numpy([(n, p.grad.full_tensor()) for n, p in named]))
         local_grads.append(_as_numpy([(n, p.grad.to_local()) for n, p in named]))
         opt.step()
+    # FSDP2's next forward all-gathers the parameters the optimizer wrote into the pieces.
+    direct = float(sum(p.detach().full_tensor().sum() for p in model.ps.values()))
+    loss = model({n: torch.ones(s, dtype=dtype) for n, s in SHAPES.items()})
+    forward = float(loss.detach())
+    loss.backward()  # FSDP2 reshards after the backward pass
     return {
+        "forward_sees_update": forward == direct,
         "start_full": start_full, "start_local": start_local,
         "full_grads": full_grads, "local_grads": local_grads,
         "final_full": _as_numpy([(n, p.full_tensor()) for n, p in named]),

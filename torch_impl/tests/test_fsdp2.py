@@ -73,6 +73,7 @@ def test_lossless_equals_one_process_bit_for_bit(world: int) -> None:
             moved = [n for n in got["start_full"]
                      if not np.array_equal(got["start_full"][n], got["final_full"][n])]
             assert set(moved) == set(got["start_full"]), case  # every parameter stepped
+            assert got["forward_sees_update"], case  # FSDP2's forward reads the new values
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -98,6 +99,7 @@ def test_local_equals_one_process_on_each_piece(world: int) -> None:
         for rank, r in enumerate(ranks):
             got = r[case]
             assert got["exchanged_bytes"] == 0, case  # no optimizer communication
+            assert got["forward_sees_update"], case
             _assert_identical(got["final_local"], got["single"], f"{case}, rank {rank}/{world}")
             for n, v in got["start_local"].items():
                 if v.size == 0:
