@@ -1,4 +1,4 @@
-"""The torch adapters (``shampoo_conformance.adapters.torch`` and ``.torch_ddp``) themselves.
+"""The torch adapters (``shampoo_conformance.adapters.torch``, ``.torch_ddp``, ``.torch_fsdp2``).
 
 Their numerics are checked against the reference by the suite and by
 torch_impl/tests; here: the contract's input errors name the backend and are
@@ -16,7 +16,7 @@ from shampoo_spec import GraftingConfig, ShampooConfig
 torch = pytest.importorskip("torch")
 
 from shampoo_conformance.adapters import torch as torch_adapter  # noqa: E402
-from shampoo_conformance.adapters import torch_ddp  # noqa: E402
+from shampoo_conformance.adapters import torch_ddp, torch_fsdp2  # noqa: E402
 
 CONFIG = ShampooConfig(learning_rate=0.1, grafting=GraftingConfig(type="adagrad"))
 
@@ -48,11 +48,29 @@ def test_run_is_shampoo_stepped_on_the_gradients(dtype: type) -> None:
             np.testing.assert_array_equal(p.detach().numpy(), want[k])
 
 
-@pytest.mark.parametrize("module", [torch_adapter, torch_ddp], ids=["torch", "torch-ddp"])
+@pytest.mark.parametrize("module", [torch_adapter, torch_ddp, torch_fsdp2],
+                         ids=["torch", "torch-ddp", "torch-fsdp2"])
 def test_input_errors_name_the_backend(module: object) -> None:
     params, grads = _problem(1)
-    name = "torch" if module is torch_adapter else "torch-ddp"
+    name = {torch_adapter: "torch", torch_ddp: "torch-ddp"}.get(module, "torch-fsdp2")
     pool = torch_ddp._POOL
     with pytest.raises(ValueError, match=rf"invalid for the {name} backend"):
         module.run(CONFIG, params, grads, dtype=np.float16)  # type: ignore[attr-defined]
     assert torch_ddp._POOL is pool  # rejected before any worker started
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fsdp2_equals_ddp_bit_for_bit(dtype: type) -> None:
+    """torch-fsdp2 (lossless) on the pool's two ranks equals torch-ddp, which equals one
+    process: whole parameters, 0-d (replicated) and with an empty piece on rank 1."""
+    rng = np.random.default_rng(1)
+    params = {"w": rng.standard_normal((3, 4)), "r": rng.standard_normal((1, 3)),
+              "s": np.asarray(rng.standard_normal())}
+    grads = [{k: rng.standard_normal(np.shape(v)) for k, v in params.items()} for _ in range(3)]
+    fsdp = torch_fsdp2.run(CONFIG, params, grads, dtype=dtype)
+    ddp = torch_ddp.run(CONFIG, params, grads, dtype=dtype)
+    for a, b in zip(fsdp, ddp, strict=True):
+        assert set(a) == set(b)
+        for k in a:
+            assert a[k].dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(a[k], b[k])

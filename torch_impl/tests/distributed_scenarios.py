@@ -392,12 +392,12 @@ def validation(rank: int, world: int) -> dict[str, str]:
 
 
 def dtensor_rejected(rank: int, world: int) -> str:
-    """FSDP2 (fully_shard) parameters are DTensors: not supported yet, a clear ValueError."""
+    """A DTensor placement other than fully_shard's / HSDP's: a clear ValueError."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, distribute_tensor
+    from torch.distributed.tensor import Shard, distribute_tensor
 
     mesh = init_device_mesh("cpu", (world,))
-    p = torch.nn.Parameter(distribute_tensor(torch.zeros(2, 2), mesh, [Replicate()]))
+    p = torch.nn.Parameter(distribute_tensor(torch.zeros(2, 2), mesh, [Shard(1)]))
     try:
         Shampoo([p], distributed=DistributedConfig())
     except ValueError as err:

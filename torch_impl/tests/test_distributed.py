@@ -163,9 +163,10 @@ def test_trainers_per_group_must_divide_the_world() -> None:
         assert "divisor of the world size 3" in r["validation"]["error"]
 
 
-def test_fsdp2_dtensor_parameters_are_rejected_clearly() -> None:
+def test_unsupported_dtensor_placements_are_rejected_clearly() -> None:
+    """FSDP2 / HSDP placements are supported (test_fsdp2.py); others are refused."""
     message = outcome(1)[0]["dtensor"]
-    assert "DTensor (FSDP2 fully_shard) parameters" in message and "not support" in message
+    assert "placements [Shard(dim=1)]" in message and "[Shard(dim=0)] (fully_shard)" in message
 
 
 @pytest.mark.parametrize(
@@ -175,6 +176,7 @@ def test_fsdp2_dtensor_parameters_are_rejected_clearly() -> None:
         ({"trainers_per_group": 0}, "trainers_per_group = 0"),
         ({"trainers_per_group": True}, "trainers_per_group = True"),
         ({"process_group": "world"}, "process_group = 'world'"),
+        ({"shard_mode": "replicated"}, "shard_mode = 'replicated'"),
     ],
 )
 def test_distributed_config_validation(kwargs: dict[str, Any], match: str) -> None:

@@ -27,8 +27,8 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
     )
     parser.add_argument(
         "--backends", nargs="+", metavar="NAME",
-        help=f"backends (default: {' '.join(S.DEFAULT_BACKENDS)}; also torch-ddp, jax-sharded, "
-        "and the third-party libraries meta, google, pytorch-optimizer, "
+        help=f"backends (default: {' '.join(S.DEFAULT_BACKENDS)}; also torch-ddp, torch-fsdp2, "
+        "jax-sharded, and the third-party libraries meta, google, pytorch-optimizer, "
         "pytorch-optimizer-shampoo)",
     )
     parser.add_argument(
@@ -122,8 +122,8 @@ def _add_run(subparsers: Any) -> None:
     parser.add_argument(
         "--backend",
         default="reference",
-        help="built-in name (reference, torch, torch-ddp, jax, jax-sharded), a third-party "
-        "library (meta, google, pytorch-optimizer, pytorch-optimizer-shampoo), "
+        help="built-in name (reference, torch, torch-ddp, torch-fsdp2, jax, jax-sharded), a "
+        "third-party library (meta, google, pytorch-optimizer, pytorch-optimizer-shampoo), "
         "'mutant:NAME', or 'package.module:factory' (default: %(default)s)",
     )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")

@@ -2,7 +2,7 @@
 
 A backend is any object with ``run(config, params, grads, dtype)`` returning
 the parameters after each step. Our backends are named (``"reference"``,
-``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"jax-sharded"``); the real
+``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"torch-fsdp2"``, ``"jax-sharded"``); the real
 third-party libraries too (``"meta"``, ``"google"``: see
 :mod:`shampoo_conformance.thirdparty`); any other backend is named
 ``"package.module:factory"``, where ``factory()`` returns such an object,
@@ -185,6 +185,10 @@ _BUILTIN: dict[str, Callable[[], Backend]] = {
     "jax": lambda: FrameworkBackend("jax", "shampoo_conformance.adapters.jax"),
     # Two gloo processes on CPU (DESIGN.md 4): rank 0's parameters.
     "torch-ddp": lambda: FrameworkBackend("torch-ddp", "shampoo_conformance.adapters.torch_ddp"),
+    # The same two processes, parameters as FSDP2 DTensors (shard_mode="lossless").
+    "torch-fsdp2": lambda: FrameworkBackend(
+        "torch-fsdp2", "shampoo_conformance.adapters.torch_fsdp2"
+    ),
     # Four host devices in a subprocess (the XLA flag must precede jax's start).
     "jax-sharded": lambda: FrameworkBackend(
         "jax-sharded", "shampoo_conformance.adapters.jax_sharded"

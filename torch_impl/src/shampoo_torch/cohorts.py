@@ -18,6 +18,7 @@ import torch
 
 from shampoo_spec import ShampooConfig, is_root_step, learning_rate_ratio, uses_preconditioner
 
+from . import sharding
 from .blocks import BlockGroup, Rows
 from .state import ParamGroupPlan
 
@@ -44,6 +45,10 @@ class StepInput:
     #: :class:`~shampoo_torch.state.ParamGroupPlan`), whether its step is taken;
     #: None: every block's is (the ``"raise"`` policy, after its check).
     ok: torch.Tensor | None = None
+    #: per parameter, the plain tensor its update is written into (eq. 21): the
+    #: parameter, or for a DTensor its piece (``"local"``) or its gathered whole
+    #: (``"lossless"``, whose piece :func:`write_back` then copies).
+    targets: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,29 +95,45 @@ def read_gradients(
 
     Only the parameters with a gradient take part (None when there are
     none); ``state`` (the optimizer's) gives each one's step counter.
-    Nothing is changed.
+    Nothing is changed. DTensor parameters (:mod:`shampoo_torch.sharding`):
+    ``"lossless"`` all-gathers each one and its gradient over the shard
+    group (exact copies; every rank of the group must call this), ``"local"``
+    reads this rank's pieces; an empty piece takes no step.
     """
     wd = gp.config.weight_decay
     params: list[torch.Tensor] = group["params"]
     w: dict[int, torch.Tensor] = {}
     g: dict[int, torch.Tensor] = {}
+    targets: dict[int, torch.Tensor] = {}
+    wholes = _gathered(gp, params)
     for i, p in enumerate(params):
         if p.grad is None:
             continue
+        info = gp.shards[i] if gp.shards else None
+        target, grad_in = p, p.grad
+        if info is not None:
+            if gp.local_shards:
+                target, grad_in = sharding.local(p), sharding.local(p.grad)
+                if target.numel() == 0:
+                    continue
+            else:
+                target, grad_in = wholes[i]
         if p.grad.is_sparse or p.grad.layout != torch.strided:
             raise ValueError(
                 f"the gradient of parameter {gp.names[i]!r} is sparse ({p.grad.layout}): "
                 "allowed a dense (strided) gradient; sparse gradients are not supported by "
                 "Shampoo (e.g. use nn.Embedding(sparse=False))."
             )
-        if tuple(p.grad.shape) != tuple(p.shape):
+        if tuple(grad_in.shape) != tuple(target.shape):
             raise ValueError(
-                f"the gradient of parameter {gp.names[i]!r} has shape {tuple(p.grad.shape)}, "
-                f"the parameter {tuple(p.shape)}: allowed a gradient of the parameter's shape."
+                f"the gradient of parameter {gp.names[i]!r} has shape {tuple(grad_in.shape)}, "
+                f"the parameter {tuple(target.shape)}: allowed a gradient of the parameter's "
+                "shape."
             )
         shape, dt = gp.layouts[i].merged_shape, gp.dtypes[i]
-        w[i] = p.detach().reshape(shape).to(dt)
-        grad = p.grad.detach().reshape(shape).to(dt)
+        targets[i] = target
+        w[i] = target.detach().reshape(shape).to(dt)
+        grad = grad_in.detach().reshape(shape).to(dt)
         if wd.applies("l2"):
             grad = grad + wd.value * w[i]  # eq. (2)
         g[i] = grad
@@ -121,7 +142,35 @@ def read_gradients(
     steps = {i: state[params[i]]["step"] + 1 for i in g}  # eq. (1)
     lr = float(group["lr"])
     ratio = learning_rate_ratio(lr, group.get(FIRST_LR, lr))  # eq. (8b)
-    return StepInput(gi, gp, params, list(g), w, g, steps, lr, ratio)
+    return StepInput(gi, gp, params, list(g), w, g, steps, lr, ratio, targets=targets)
+
+
+def write_back(inp: StepInput, i: int) -> None:
+    """``"lossless"``: copy this rank's piece of the updated whole parameter into it."""
+    info = inp.gp.shards[i] if inp.gp.shards else None
+    if info is not None and not inp.gp.local_shards:
+        sharding.local(inp.params[i]).copy_(sharding.local_piece(inp.targets[i], info))
+
+
+def _gathered(
+    gp: ParamGroupPlan, params: list[torch.Tensor]
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``"lossless"``: (whole parameter, whole gradient) of each DTensor parameter with a
+    gradient, by position (one all-gather per dtype, :class:`sharding.PieceGather`)."""
+    if gp.pieces is None:
+        return {}
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    positions, items = [], []
+    for i, (p, info) in enumerate(zip(params, gp.shards, strict=True)):
+        if info is None or p.grad is None:
+            continue
+        if p.grad.dtype != p.dtype:  # a gradient in another dtype: gathered on its own
+            out[i] = (sharding.full(p.detach()), sharding.full(p.grad))
+            continue
+        positions.append(i)
+        items.append((info, sharding.local(p.detach()), sharding.local(p.grad)))
+    out.update(zip(positions, gp.pieces.run(items), strict=True))
+    return out
 
 
 def split_cohorts(inp: StepInput) -> list[Cohort]:

@@ -46,8 +46,10 @@ optimizer computes inverse roots (eqs. 9-11) one block per call on CPU and uses
 
 Assumptions: every rank steps the same parameters (the same ``grad is
 None`` pattern, as under DistributedDataParallel, whose averaged gradients
-are identical on every rank). FSDP2 (``fully_shard``) parameters are not
-supported yet: they raise at construction.
+are identical on every rank). FSDP2 (``fully_shard``) and HSDP parameters
+(DTensors) are described in :mod:`shampoo_torch.sharding`: in the default
+``shard_mode="lossless"`` the trainer group is the mesh's shard group and
+the steps above run on the gathered whole parameters.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ import torch
 import torch.distributed as dist
 
 from shampoo_spec import ParameterPlan, ShampooConfig, assign_blocks, plan_block_costs
+
+from .sharding import SHARD_MODES
 
 _COMM_DTYPES = {
     "float32": torch.float32,
@@ -90,11 +94,19 @@ class DistributedConfig:
             dtype rounds every direction once (on every rank alike).
         trainers_per_group: ranks per group that shares the block work (a
             divisor of the world size); None is the whole process group.
+        shard_mode: for FSDP2 / HSDP (DTensor) parameters
+            (:mod:`shampoo_torch.sharding`): ``"lossless"`` (default) plans
+            the whole parameters and equals one process bit for bit; the
+            shard group of the parameters' mesh shares the block work (so
+            ``process_group`` and ``trainers_per_group`` must stay None).
+            ``"local"`` steps each rank's piece as a parameter of its own,
+            without optimizer communication (the other fields must stay None).
     """
 
     process_group: Any = None
     communication_dtype: str | None = None
     trainers_per_group: int | None = None
+    shard_mode: str = "lossless"
 
     def __post_init__(self) -> None:
         pg = self.process_group
@@ -107,6 +119,15 @@ class DistributedConfig:
         k = self.trainers_per_group
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
             _fail("trainers_per_group", k, "an integer >= 1, or None (the whole group)")
+        mode = self.shard_mode
+        if not isinstance(mode, str) or mode not in SHARD_MODES:
+            _fail("shard_mode", mode, " or ".join(repr(m) for m in SHARD_MODES))
+        if mode == "local":
+            for name in ("process_group", "communication_dtype", "trainers_per_group"):
+                value = getattr(self, name)
+                if value is not None:
+                    _fail(name, value, "None with shard_mode='local' (no optimizer "
+                          "communication: each rank steps its own pieces)")
 
 
 class Distributor:
@@ -141,6 +162,47 @@ class Distributor:
             None if config.communication_dtype is None
             else _COMM_DTYPES[config.communication_dtype]
         )
+        self.exchange = DirectionExchange(self)
+        #: "plain" once plain tensors were planned, else the adopted DTensor mesh.
+        self.kind: object = None
+
+    def adopt(self, mesh: Any | None, name: str) -> None:
+        """Take the trainer group from a DTensor parameter's mesh (None: a plain tensor).
+
+        Lossless FSDP2 / HSDP: the blocks are shared within the mesh's last
+        (shard) dim and replicated over its first (replica) dim; eq. (3) is
+        still agreed over the whole world. Every parameter of the optimizer
+        must be on that one mesh, or every one a plain tensor.
+        """
+        kind = "plain" if mesh is None else mesh
+        if self.kind is not None:
+            if self.kind is not kind and self.kind != kind:
+                raise ValueError(
+                    f"parameter {name!r} is on {'no mesh' if mesh is None else mesh}, the "
+                    f"earlier parameters on {self.kind}: allowed with distributed Shampoo "
+                    "either plain tensors only or DTensors of one device mesh only."
+                )
+            return
+        self.kind = kind
+        if mesh is None:
+            return
+        for field_name in ("process_group", "trainers_per_group"):
+            value = getattr(self.config, field_name)
+            if value is not None:
+                _fail(field_name, value, "None with FSDP2 / HSDP (DTensor) parameters: "
+                      "the mesh's shard group shares the block work")
+        world = dist.get_world_size()
+        if mesh.size() != world:
+            raise ValueError(
+                f"parameter {name!r} is on a mesh of {mesh.size()} ranks, the world has "
+                f"{world}: allowed a mesh over every rank."
+            )
+        dim = mesh.ndim - 1
+        self.group = cast(dist.ProcessGroup, dist.group.WORLD)
+        self.full_world, self.full_rank = world, dist.get_rank()
+        self.comm_group = mesh.get_group(dim)
+        self.world, self.rank = mesh.size(dim), mesh.get_local_rank(dim)
+        self.loads = [[0.0, 0.0, 0.0] for _ in range(self.world)]
         self.exchange = DirectionExchange(self)
 
     def _global_rank(self, group_rank: int) -> int:
@@ -334,12 +396,3 @@ def _all_gather_flat(recv: torch.Tensor, send: torch.Tensor, group: Any) -> None
         dist.all_gather_into_tensor(recv, send, group=group)
     except (RuntimeError, NotImplementedError):  # a backend without the flat collective
         dist.all_gather(list(recv.chunk(recv.numel() // send.numel())), send, group=group)
-
-
-def is_dtensor(p: torch.Tensor) -> bool:
-    """True for FSDP2 (``fully_shard``) / DTensor parameters (not supported yet)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch without DTensor
-        return False
-    return isinstance(p, DTensor)

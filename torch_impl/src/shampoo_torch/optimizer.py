@@ -59,7 +59,7 @@ from shampoo_spec import (
 
 from . import checkpoint, elementwise, grafting, preconditioner, refusal
 from .blocks import assemble, expand_blocks, gather, select_rows
-from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts
+from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts, write_back
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
 
@@ -89,7 +89,11 @@ class Shampoo(torch.optim.Optimizer):
             directions are all-gathered; the result equals one process. None:
             one process. Use it with the parameters of a DistributedDataParallel
             model (gradients already averaged); every rank passes the same
-            parameters, configs and DistributedConfig.
+            parameters, configs and DistributedConfig. The parameters of a
+            ``fully_shard`` (FSDP2) or HSDP model (DTensors) need it too:
+            ``DistributedConfig.shard_mode`` chooses between the lossless
+            whole-parameter plan and each rank's own piece
+            (:mod:`shampoo_torch.sharding`).
 
     Parameters may be float32/float64/bfloat16/float16 on any device. Factors
     and inverse roots are kept in ``config.factor_dtype`` (the roots in
@@ -117,6 +121,10 @@ class Shampoo(torch.optim.Optimizer):
                 "shampoo_torch.DistributedConfig or None."
             )
         self._dist = None if distributed is None else Distributor(distributed)
+        #: FSDP2 / HSDP (:mod:`shampoo_torch.sharding`): None in one process.
+        self._shard_mode = None if distributed is None else distributed.shard_mode
+        if self._shard_mode == "local":
+            self._dist = None  # each rank steps its own pieces: no optimizer communication
         self._lr_override = lr
         self._plans: list[ParamGroupPlan] = []
         self._counters: dict[torch.device, dict[str, torch.Tensor]] = {}
@@ -136,14 +144,14 @@ class Shampoo(torch.optim.Optimizer):
         first = self.param_groups[0]["params"]
         try:  # a refused group (e.g. integer parameters) is not left half added
             plan = build_param_group_plan(len(self.param_groups) - 1, param_group, self._dist,
-                                          first[0].device if first else None)
+                                          first[0].device if first else None, self._shard_mode)
         except BaseException:
             self.param_groups.pop()
             raise
         self._plans.append(plan)
         for p, lay, dt in zip(param_group["params"], plan.layouts, plan.dtypes, strict=True):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
-                                   tuple(p.shape))
+                                   lay.plan.shape)
 
     # ------------------------------------------------ metrics and views
     def _counter(self, device: torch.device) -> dict[str, torch.Tensor]:
@@ -250,10 +258,14 @@ class Shampoo(torch.optim.Optimizer):
         flags stay on the device (``inp.ok``) and the refused blocks are counted.
         """
         live = [inp for inp in inputs if inp is not None]
-        if not live:
-            return
         codes = [refusal.block_codes(inp, self.state) for inp in live]
         raising = [inp.gp.config.failure.nonfinite_gradient == "raise" for inp in live]
+        if self._shard_mode == "local" and any(
+                gp.config.failure.nonfinite_gradient == "raise" for gp in self._plans):
+            # Every step, on every rank (one whose pieces are all empty too).
+            self._agree_local_raise([c for c, r in zip(codes, raising, strict=True) if r])
+        if not live:
+            return
         local = codes
         if self._dist is not None:
             flat = torch.cat(codes)  # one device per rank
@@ -270,6 +282,42 @@ class Shampoo(torch.optim.Optimizer):
             if not r:
                 inp.ok = code == refusal.OK
                 self._counter(code.device)["skipped_blocks"].add_((code != refusal.OK).sum())
+
+    def _agree_local_raise(self, codes: list[torch.Tensor]) -> None:
+        """``shard_mode="local"``, eq. (3) ``"raise"``: every rank raises, or none.
+
+        Each rank decides on its own pieces; one all-reduce (max) of one flag
+        over the world, every step of an optimizer with a ``"raise"`` group,
+        then makes the ranks whose pieces were fine raise too (a rank raising
+        alone would leave the others waiting in FSDP's next collective). With
+        :meth:`_agree_local_root_failure`, the only optimizer collectives of
+        the local mode.
+        """
+        import torch.distributed as tdist
+
+        mine = any(bool((c != refusal.OK).any()) for c in codes)
+        flag = torch.tensor([int(mine)], dtype=torch.int32, device=self._device())
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        if int(flag.item()) and not mine:
+            raise NonFiniteGradientError(
+                "a non-finite or too large gradient in another rank's pieces (shard_mode="
+                "'local': each rank decides on its own pieces; that rank's error names the "
+                "parameter); failure.nonfinite_gradient='raise' (no optimizer state or "
+                "parameter was changed by this step on any rank)."
+            )
+
+    def _agree_local_root_failure(self, mine: bool) -> None:
+        """``shard_mode="local"``, eq. (13) limit: every rank raises, or none (one flag)."""
+        import torch.distributed as tdist
+
+        flag = torch.tensor([int(mine)], dtype=torch.int32, device=self._device())
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        if int(flag.item()) and not mine:
+            raise RootFailureError(
+                "inverse roots of a block of another rank's pieces failed too many root steps "
+                "in a row (failure.max_consecutive_root_failures; shard_mode='local': that "
+                "rank's error names the block). This step was completed before raising."
+            )
 
     def _raise_refused(
         self, raising: list[tuple[StepInput, torch.Tensor, torch.Tensor]]
@@ -402,6 +450,10 @@ class Shampoo(torch.optim.Optimizer):
             exceeded = None if agreed is None else agreed[1]
             if agreed is not None:
                 where = f" (owned by rank {agreed[0]}; every rank raises this error)"
+        if self._shard_mode == "local" and any(
+                gp.config.failure.max_consecutive_root_failures is not None
+                for gp in self._plans):  # every step, on every rank
+            self._agree_local_root_failure(exceeded is not None)
         if exceeded is None:
             return
         gi, pos, block, count, t = exceeded
@@ -474,8 +526,9 @@ class Shampoo(torch.optim.Optimizer):
             ok = c.elem_ok.get(i)
             u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i],
                                               c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
-            withheld = elementwise.apply_update(inp.params[i], inp.w[i], u, buffers, st, cfg,
-                                                inp.lr, ok)
+            withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
+                                                buffers, st, cfg, inp.lr, ok)
+            write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
             self._counter(withheld.device)["withheld_updates"].add_(withheld)
 
     def _device(self) -> torch.device:
@@ -507,8 +560,14 @@ class Shampoo(torch.optim.Optimizer):
 
         Gathered over the trainer group when distributed (a collective: call it
         on every rank; every rank gets the whole dict, save it on one). The
-        format is in :mod:`shampoo_torch.checkpoint`.
+        format is in :mod:`shampoo_torch.checkpoint`. With FSDP2 / HSDP
+        parameters in ``shard_mode="lossless"`` it holds whole parameters'
+        state, so it also travels through ``torch.distributed.checkpoint``
+        (``dcp.save`` / ``dcp.load`` into this dict of a fresh optimizer) and
+        loads at another world size; ``shard_mode="local"`` refuses it (use
+        :meth:`state_dict` per rank, at the same world size).
         """
+        self._refuse_local_pieces("distributed_state_dict")
         return checkpoint.distributed_state_dict(self)
 
     def load_distributed_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -518,7 +577,18 @@ class Shampoo(torch.optim.Optimizer):
         nothing) when names, configs, blocks or shapes differ or a state entry
         is not finite. Version 1 dicts (saved before ``param_shape``) load too.
         """
+        self._refuse_local_pieces("load_distributed_state_dict")
         checkpoint.load_distributed_state_dict(self, state_dict)
+
+    def _refuse_local_pieces(self, method: str) -> None:
+        if self._shard_mode == "local" and any(
+                info is not None for gp in self._plans for info in gp.shards):
+            raise ValueError(
+                f"Shampoo.{method}() with DistributedConfig.shard_mode = 'local' is invalid: "
+                "each rank's state belongs to its own pieces, whose plan depends on the world "
+                "size; allowed state_dict() / load_state_dict() per rank at the same world "
+                "size, or shard_mode='lossless' (portable across world sizes)."
+            )
 
     # The internal API of :mod:`shampoo_torch.checkpoint` (nothing else calls it).
     def _checkpoint_blocks(self) -> list[list[list[dict[str, Any] | None]]]:

@@ -21,7 +21,8 @@ import torch
 from shampoo_spec import ShampooConfig, large_block_warnings, plan_parameter
 
 from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_groups
-from .distributed import Distributor, is_dtensor
+from .distributed import Distributor
+from .sharding import PieceGather, ShardInfo, shard_info
 
 FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: ``config.root_dtype`` (``inverse_root_dtype`` or ``eigenvectors_dtype``, else
@@ -50,6 +51,12 @@ class ParamGroupPlan:
     flat_rows: list[torch.Tensor] = field(default_factory=list)
     #: |B| of every block in flat order (float64, on the first parameter's device).
     block_sizes: torch.Tensor | None = None
+    #: per parameter, its FSDP2 / HSDP placement (:mod:`shampoo_torch.sharding`); None: plain.
+    shards: list[ShardInfo | None] = field(default_factory=list)
+    #: ``shard_mode="local"``: DTensor parameters are planned and stepped on their pieces.
+    local_shards: bool = False
+    #: ``"lossless"`` with DTensor parameters: gathers their pieces each step.
+    pieces: PieceGather | None = None
 
     @property
     def total_blocks(self) -> int:
@@ -76,13 +83,16 @@ class ParamGroupPlan:
 
 
 def build_param_group_plan(
-    gi: int, group: dict[str, Any], dist: Distributor | None, first_device: torch.device | None
+    gi: int, group: dict[str, Any], dist: Distributor | None, first_device: torch.device | None,
+    shard_mode: str | None = None,
 ) -> ParamGroupPlan:
     """Plan param group ``gi`` (eqs. 4-5, 12) and allocate its block state (eqs. 6, 13).
 
     Distributed, the blocks are assigned to owners (continuing the balance
     of the earlier groups) and only this rank's get block-group rows; every
-    parameter must be on ``first_device`` (one device per rank).
+    parameter must be on ``first_device`` (one device per rank). DTensor
+    parameters need a ``shard_mode`` (:mod:`shampoo_torch.sharding`):
+    ``"lossless"`` plans their whole shape, ``"local"`` this rank's piece.
     """
     cfg: ShampooConfig = group["config"]
     params: list[torch.Tensor] = group["params"]
@@ -97,13 +107,21 @@ def build_param_group_plan(
                 f"parameter {name!r} has dtype {p.dtype}: allowed a floating-point parameter "
                 "(torch.float16, torch.bfloat16, torch.float32 or torch.float64)."
             )
-        if is_dtensor(p):
+    shards = [shard_info(p, name) for name, p in zip(names, params, strict=True)]
+    local = shard_mode == "local"
+    for name, info in zip(names, shards, strict=True):
+        if info is not None and shard_mode is None:
             raise ValueError(
-                f"parameter {name!r} is a DTensor: Shampoo does not support DTensor (FSDP2 "
-                "fully_shard) parameters yet; allowed a plain tensor (use "
-                "DistributedDataParallel with Shampoo(distributed=DistributedConfig()))."
+                f"parameter {name!r} is a DTensor (FSDP2 fully_shard / HSDP): allowed with "
+                "Shampoo(distributed=DistributedConfig(shard_mode='lossless' or 'local')), "
+                "or a plain tensor."
             )
-    plans = [plan_parameter(tuple(p.shape), cfg) for p in params]
+        if dist is not None:
+            dist.adopt(None if info is None else info.mesh, name)
+    plans = [
+        plan_parameter(info.local_shape if local and info is not None else tuple(p.shape), cfg)
+        for p, info in zip(params, shards, strict=True)
+    ]
     for name, plan in zip(names, plans, strict=True):
         for message in large_block_warnings(name, plan):  # before allocating the factors
             warnings.warn(message, stacklevel=4)
@@ -148,7 +166,8 @@ def build_param_group_plan(
                          dtype=torch.float64)
     device = params[0].device if params else torch.device("cpu")
     return ParamGroupPlan(cfg, layouts, block_groups, dtypes, list(names), fdt, owners,
-                          grids, offsets[:-1], flat_rows, sizes.to(device))
+                          grids, offsets[:-1], flat_rows, sizes.to(device), shards, local,
+                          PieceGather() if any(shards) and not local else None)
 
 
 @dataclass(frozen=True)

@@ -84,9 +84,15 @@ def _pool_worker(rank: int, port: int) -> None:
             break
         if job is None:
             break
-        job_id, config_dict, params, grads, dtype = job
+        job_id, config_dict, params, grads, dtype, kind = job
         try:
-            value: Any = run_rank(ShampooConfig.from_dict(config_dict), params, grads, dtype)
+            config = ShampooConfig.from_dict(config_dict)
+            if kind == "fsdp2":  # the torch-fsdp2 backend, on the same two processes
+                from shampoo_conformance.adapters.torch_fsdp2 import run_rank as run_fsdp2
+
+                value: Any = run_fsdp2(config, params, grads, dtype)
+            else:
+                value = run_rank(config, params, grads, dtype)
             ok = True
         except BaseException as err:  # noqa: BLE001 - reported to the parent
             value, ok = portable_exception(err), False
@@ -203,10 +209,23 @@ def run(
     dtype: Any = np.float64,
 ) -> list[dict[str, np.ndarray]]:
     """Rank 0's parameters (as ``dtype`` arrays) after each step of ``grads``, on 2 gloo ranks."""
-    global _POOL
     _check_inputs(params, grads, dtype)
+    return run_on_pool("torch-ddp", "ddp", config, params, grads, dtype)
+
+
+def run_on_pool(
+    name: str,
+    kind: str,
+    config: ShampooConfig,
+    params: dict[str, np.ndarray],
+    grads: list[dict[str, np.ndarray]],
+    dtype: Any,
+) -> list[dict[str, np.ndarray]]:
+    """A job of ``kind`` (``"ddp"``, or ``"fsdp2"`` for :mod:`.torch_fsdp2`) on both
+    ranks of the pool; rank 0's parameters after each step, rank 1's checked equal."""
     payload = (config.to_dict(), {k: np.asarray(v) for k, v in params.items()},
-               [{k: np.asarray(v) for k, v in g.items()} for g in grads], np.dtype(dtype).name)
+               [{k: np.asarray(v) for k, v in g.items()} for g in grads], np.dtype(dtype).name,
+               kind)
     pool = _pool()
     try:
         outcomes = pool.submit(payload)
@@ -223,7 +242,7 @@ def run(
         for n in a:
             if not np.array_equal(a[n], b[n], equal_nan=True):
                 raise AssertionError(
-                    f"torch-ddp: rank 1's parameter {n!r} differs from rank 0's after step "
+                    f"{name}: rank 1's parameter {n!r} differs from rank 0's after step "
                     f"{t + 1} (max |diff| {np.nanmax(np.abs(a[n] - b[n]))})."
                 )
     out: list[dict[str, np.ndarray]] = first

@@ -1,0 +1,362 @@
+"""Per-rank bodies of the FSDP2 / HSDP tests (test_fsdp2.py), run by ``processes.spawn``.
+
+A module of parameters of mixed shapes is wrapped by ``fully_shard`` on a
+1-D mesh (FSDP) or a 2-D mesh ``(replica, shard)`` (HSDP, world 4 as 2 x 2);
+a 0-d parameter (which ``fully_shard`` cannot shard) is a DTensor replicated
+on the same mesh. Gradients come from a real backward pass with different
+data on every rank (FSDP2 averages them); each rank records the gradients
+it saw so the test can replay them on one process or on the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from shampoo_spec import (
+    BlockingConfig,
+    EpsilonConfig,
+    GradientFilterConfig,
+    GraftingConfig,
+    MomentumConfig,
+    ScheduleConfig,
+    ShampooConfig,
+    StatisticsConfig,
+    WeightDecayConfig,
+)
+from shampoo_torch import DistributedConfig, Shampoo
+
+# 1-d to 4-d, dim 0 not divisible by 2 or 4, smaller than the world (empty pieces),
+# blocked (max_preconditioner_dim 4), and merged dims.
+SHAPES = {"a": (5,), "b": (1, 3), "c": (3, 2, 2, 2), "m": (7, 6), "e": (2, 9), "big": (10, 8)}
+SCALAR = "s"
+STEPS = 5
+CONFIGS = {
+    "parameter_graft": ShampooConfig(
+        learning_rate=0.02,
+        statistics=StatisticsConfig(beta2=0.95, bias_correction=True),
+        epsilon=EpsilonConfig(value=1e-5),
+        grafting=GraftingConfig(type="adam", beta2=0.99, bias_correction=True,
+                                norm_scope="parameter"),
+        gradient_filter=GradientFilterConfig(beta1=0.9, bias_correction=True),
+        momentum=MomentumConfig(momentum=0.5, nesterov=True, buffers="separate"),
+        weight_decay=WeightDecayConfig(value=0.01, type="direction"),
+        blocking=BlockingConfig(max_preconditioner_dim=4),
+        schedule=ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
+    ),
+    "block_graft_l2": ShampooConfig(
+        learning_rate=0.05,
+        factor_dtype="float64",
+        epsilon=EpsilonConfig(value=1e-6),
+        grafting=GraftingConfig(type="adagrad"),
+        weight_decay=WeightDecayConfig(value=0.01, type="l2"),
+        blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+    ),
+}
+#: case -> (config, parameter dtype)
+CASES = {
+    "parameter_graft_float32": ("parameter_graft", torch.float32),
+    "block_graft_l2_float64": ("block_graft_l2", torch.float64),
+}
+
+
+class Model(torch.nn.Module):
+    """``loss = sum_n <p_n, c_n>``: gradient c_n, different on every rank."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.ps = torch.nn.ParameterDict({
+            n: torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype))
+            for n, s in SHAPES.items()
+        })
+
+    def forward(self, cs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sum((p * cs[n]).sum() for n, p in self.ps.items())  # type: ignore[return-value]
+
+
+def _mesh(world: int, hsdp: bool) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if hsdp:
+        return init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replica", "shard"))
+    return init_device_mesh("cpu", (world,))
+
+
+def _sharded_model(mesh: Any, dtype: torch.dtype) -> tuple[Model, torch.nn.Parameter]:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    model = Model(dtype)
+    fully_shard(model, mesh=mesh)
+    scalar = torch.nn.Parameter(distribute_tensor(torch.tensor(0.7, dtype=dtype), mesh,
+                                                  [Replicate()] * mesh.ndim))
+    return model, scalar
+
+
+def _params(model: Model, scalar: torch.nn.Parameter) -> list[tuple[str, torch.nn.Parameter]]:
+    return [*model.ps.items(), (SCALAR, scalar)]
+
+
+def _as_numpy(ps: list[tuple[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    return {n: p.detach().numpy().copy() for n, p in ps}
+
+
+def _run_sharded(rank: int, world: int, mesh: Any, case: str, mode: str) -> dict[str, Any]:
+    """Steps a fully_shard model; returns whole and local values, gradients, bytes."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    config, dtype = CONFIGS[CASES[case][0]], CASES[case][1]
+    model, scalar = _sharded_model(mesh, dtype)
+    named = _params(model, scalar)
+    opt = Shampoo([{"params": [p for _, p in named], "param_names": [n for n, _ in named],
+                    "config": config}], distributed=DistributedConfig(shard_mode=mode))
+    start_local = _as_numpy([(n, p.to_local()) for n, p in named])
+    start_full = _as_numpy([(n, p.full_tensor()) for n, p in named])
+    gen = torch.Generator().manual_seed(100 + rank)
+    full_grads, local_grads = [], []
+    for t in range(STEPS):
+        opt.zero_grad()
+        cs = {n: torch.randn(s, generator=gen).to(dtype) for n, s in SHAPES.items()}
+        model(cs).backward()
+        g = torch.tensor(0.3 * (t + 1) - 0.5, dtype=dtype)  # the scalar's, alike on every rank
+        scalar.grad = distribute_tensor(g, mesh, [Replicate()] * mesh.ndim)
+        full_grads.append(_as_numpy([(n, p.grad.full_tensor()) for n, p in named]))
+        local_grads.append(_as_numpy([(n, p.grad.to_local()) for n, p in named]))
+        opt.step()
+    # FSDP2's next forward all-gathers the parameters the optimizer wrote into the pieces.
+    direct = float(sum(p.detach().full_tensor().sum() for p in model.ps.values()))
+    loss = model({n: torch.ones(s, dtype=dtype) for n, s in SHAPES.items()})
+    forward = float(loss.detach())
+    loss.backward()  # FSDP2 reshards after the backward pass
+    return {
+        "forward_sees_update": forward == direct,
+        "start_full": start_full, "start_local": start_local,
+        "full_grads": full_grads, "local_grads": local_grads,
+        "final_full": _as_numpy([(n, p.full_tensor()) for n, p in named]),
+        "final_local": _as_numpy([(n, p.to_local()) for n, p in named]),
+        "bytes": opt.block_state_bytes(),
+        "exchanged_bytes": opt.exchange_bytes,
+    }
+
+
+def _plain_run(case: str, start: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]],
+               ) -> tuple[dict[str, np.ndarray], int]:
+    """One process (no distribution) on plain tensors: final values, block bytes.
+
+    Empty tensors (empty pieces) are left out: they take no step.
+    """
+    config = CONFIGS[CASES[case][0]]
+    ps = {n: torch.nn.Parameter(torch.tensor(v)) for n, v in start.items() if v.size}
+    opt = Shampoo([{"params": list(ps.values()), "param_names": list(ps), "config": config}])
+    for step in grads:
+        for n, p in ps.items():
+            p.grad = torch.tensor(step[n])
+        opt.step()
+    out = {n: (ps[n].detach().numpy().copy() if n in ps else v) for n, v in start.items()}
+    return out, opt.block_state_bytes()
+
+
+def fsdp(rank: int, world: int) -> dict[str, Any]:
+    """Every case in both modes, FSDP (1-D mesh) and, at world 4, HSDP (2 x 2)."""
+    torch.manual_seed(0)
+    out: dict[str, Any] = {}
+    layouts = [("fsdp", False)] + ([("hsdp", True)] if world == 4 else [])
+    for layout, hsdp in layouts:
+        mesh = _mesh(world, hsdp)
+        for case in CASES:
+            for mode in ("lossless", "local"):
+                got = _run_sharded(rank, world, mesh, case, mode)
+                if mode == "lossless":
+                    got["single"], got["single_bytes"] = _plain_run(
+                        case, got["start_full"], got["full_grads"])
+                else:  # the same optimizer on this rank's pieces, as plain tensors
+                    got["single"], got["single_bytes"] = _plain_run(
+                        case, got["start_local"], got["local_grads"])
+                out[f"{layout}/{case}/{mode}"] = got
+    out["errors"] = errors(rank, world)
+    out["nonfinite"] = {mode: nonfinite(rank, world, mode) for mode in ("lossless", "local")}
+    out["local_agreement"] = local_agreement(rank, world)
+    dist.barrier()
+    return out
+
+
+def nonfinite(rank: int, world: int, mode: str) -> dict[str, Any]:
+    """A NaN in the last row of "m" (the last rank's piece): every rank raises, nothing moves."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from shampoo_spec import NonFiniteGradientError
+
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    named = _params(model, scalar)
+    opt = Shampoo(named, CONFIGS["parameter_graft"], distributed=DistributedConfig(shard_mode=mode))
+    _set_grads(named, mesh, 0)
+    opt.step()
+    before = _as_numpy([(n, p.to_local()) for n, p in named])
+    _set_grads(named, mesh, 1)
+    m = dict(named)["m"]
+    bad = torch.tensor(checkpoint_grads()[1]["m"])
+    bad[-1, 0] = float("nan")
+    m.grad = distribute_tensor(bad, mesh, m.placements)
+    try:
+        opt.step()
+        message = ""
+    except NonFiniteGradientError as err:
+        message = str(err)
+    after = _as_numpy([(n, p.to_local()) for n, p in named])
+    return {"message": message,
+            "unchanged": all(np.array_equal(before[n], after[n]) for n in before)}
+
+
+def errors(rank: int, world: int) -> dict[str, str]:
+    """Clear ValueErrors: no distributed config, a bad placement, a conflicting field."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    named = _params(model, scalar)
+    found: dict[str, str] = {}
+    attempts: dict[str, Any] = {
+        "no_config": lambda: Shampoo(named),
+        "shard_dim_1": lambda: Shampoo(
+            [("x", torch.nn.Parameter(distribute_tensor(torch.zeros(4, 4), mesh, [Shard(1)])))],
+            distributed=DistributedConfig()),
+        "trainers": lambda: Shampoo(named, distributed=DistributedConfig(trainers_per_group=1)),
+        "mixed": lambda: Shampoo([*named, ("plain", torch.nn.Parameter(torch.zeros(3)))],
+                                 distributed=DistributedConfig()),
+    }
+    for key, attempt in attempts.items():
+        try:
+            attempt()
+            found[key] = ""
+        except ValueError as err:
+            found[key] = str(err)
+    return found
+
+
+# ---------------------------------------------------------- checkpoints
+HALF = 3
+CHECKPOINT_CASE = "parameter_graft"
+CASES_OF_CHECKPOINT = "parameter_graft_float32"  # its CASES entry (float32 parameters)
+
+
+def checkpoint_grads() -> list[dict[str, np.ndarray]]:
+    """Whole gradients per step, the same at any world size (and for one process)."""
+    shapes = {**SHAPES, SCALAR: ()}
+    out = []
+    for t in range(STEPS):
+        gen = torch.Generator().manual_seed(1000 + t)
+        out.append({n: torch.randn(s, generator=gen).numpy() for n, s in shapes.items()})
+    return out
+
+
+def _set_grads(named: list[tuple[str, torch.nn.Parameter]], mesh: Any, t: int) -> None:
+    """Step t's gradients of :func:`checkpoint_grads` as DTensors."""
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = checkpoint_grads()[t]
+    for n, p in named:
+        p.grad = distribute_tensor(torch.tensor(whole[n]).to(p.dtype), mesh, p.placements)
+
+
+def _checkpoint_optimizer(world: int, config: ShampooConfig = CONFIGS[CHECKPOINT_CASE],
+                          ) -> tuple[Any, list[tuple[str, torch.nn.Parameter]], Shampoo]:
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    named = _params(model, scalar)
+    opt = Shampoo([{"params": [p for _, p in named], "param_names": [n for n, _ in named],
+                    "config": config}], distributed=DistributedConfig())
+    return mesh, named, opt
+
+
+def checkpoint_save(rank: int, world: int, directory: str) -> dict[str, Any]:
+    """HALF steps, a torch.distributed.checkpoint save, then on uninterrupted."""
+    import torch.distributed.checkpoint as dcp
+
+    mesh, named, opt = _checkpoint_optimizer(world)
+    start = _as_numpy([(n, p.full_tensor()) for n, p in named])
+    for t in range(HALF):
+        _set_grads(named, mesh, t)
+        opt.step()
+    dcp.save({"model": dict(named), "optimizer": opt.distributed_state_dict()},
+             checkpoint_id=directory)
+    for t in range(HALF, STEPS):
+        _set_grads(named, mesh, t)
+        opt.step()
+    single, _ = _plain_run(CASES_OF_CHECKPOINT, start, checkpoint_grads())  # one thread here
+    return {"final": _as_numpy([(n, p.full_tensor()) for n, p in named]), "single": single}
+
+
+def checkpoint_load(rank: int, world: int, directories: list[str]) -> dict[str, Any]:
+    """Each checkpoint loaded into a fresh model and optimizer, continued to STEPS."""
+    import torch.distributed.checkpoint as dcp
+
+    out: dict[str, Any] = {}
+    for directory in directories:
+        mesh, named, opt = _checkpoint_optimizer(world)
+        sd = {"model": dict(named), "optimizer": opt.distributed_state_dict()}
+        dcp.load(sd, checkpoint_id=directory)
+        opt.load_distributed_state_dict(sd["optimizer"])
+        for t in range(HALF, STEPS):
+            _set_grads(named, mesh, t)
+            opt.step()
+        out[directory] = _as_numpy([(n, p.full_tensor()) for n, p in named])
+    # A state saved under another config is refused, naming the fields (the
+    # template's config is this optimizer's: the saved one replaces it).
+    other = dataclasses.replace(CONFIGS[CHECKPOINT_CASE], epsilon=EpsilonConfig(value=1e-4))
+    _, named, opt = _checkpoint_optimizer(world, other)
+    sd = {"model": dict(named), "optimizer": opt.distributed_state_dict()}
+    dcp.load(sd, checkpoint_id=directories[0])
+    try:
+        opt.load_distributed_state_dict(sd["optimizer"])
+        out["mismatch"] = ""
+    except ValueError as err:
+        out["mismatch"] = str(err)
+    # shard_mode="local": the pieces' state depends on the world size; refused.
+    mesh = _mesh(world, False)
+    model, scalar = _sharded_model(mesh, torch.float32)
+    local_opt = Shampoo(_params(model, scalar), distributed=DistributedConfig(shard_mode="local"))
+    try:
+        local_opt.distributed_state_dict()
+        out["local"] = ""
+    except ValueError as err:
+        out["local"] = str(err)
+    dist.barrier()
+    return out
+
+
+def local_agreement(rank: int, world: int) -> dict[str, str]:
+    """"local", one (2, 3) parameter: rank 1 holds row 1, ranks >= 2 nothing at all.
+
+    A NaN in row 1, then gradients of 2e18 in row 1 whose float32 roots fail
+    (eq. 13 limit 1): every rank raises each error, the empty ranks too.
+    """
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from shampoo_spec import FailureConfig, NonFiniteGradientError, RootFailureError
+
+    mesh = _mesh(world, False)
+    config = ShampooConfig(epsilon=EpsilonConfig(value=1e-3),
+                           statistics=StatisticsConfig(beta2=0.999, ema_weight="one",
+                                                       bias_correction=True),
+                           blocking=BlockingConfig(merge_dims_up_to=None),
+                           failure=FailureConfig(max_consecutive_root_failures=1))
+    out = {}
+    for what, value in (("nonfinite", float("nan")), ("root", 2e18)):
+        p = torch.nn.Parameter(distribute_tensor(torch.zeros(2, 3), mesh, [Shard(0)]))
+        opt = Shampoo([("p", p)], config, distributed=DistributedConfig(shard_mode="local"))
+        g = torch.ones(2, 3)
+        g[1] = value
+        try:
+            for _ in range(3):
+                p.grad = distribute_tensor(g, mesh, [Shard(0)])
+                opt.step()
+            out[what] = ""
+        except (NonFiniteGradientError, RootFailureError) as err:
+            out[what] = f"{type(err).__name__}: {err}"
+    return out

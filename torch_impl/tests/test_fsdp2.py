@@ -1,0 +1,234 @@
+"""Shampoo on FSDP2 (``fully_shard``) and HSDP parameters, on gloo (CPU).
+
+One process start per world size (2, 4) runs every scenario of
+``fsdp2_scenarios.py`` (FSDP on a 1-D mesh; at world 4 also HSDP on a
+2 x 2 mesh), both shard modes, parameters 0-d to 4-d with dim 0 not
+divisible by the world size and smaller than it (empty pieces):
+
+- ``"lossless"`` equals the single-process optimizer on the whole
+  parameters and gradients bit for bit (one thread per process), with the
+  factor state split over the shard group;
+- ``"local"`` equals the single-process optimizer run on each rank's pieces
+  bit for bit, and the float64 reference on those pieces (the shard-induced
+  plan) within test_reference_equality's float64 bound.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shampoo_reference import ReferenceShampoo
+from shampoo_torch import DistributedConfig
+from shampoo_torch.processes import spawn
+
+SCENARIOS = str(Path(__file__).with_name("fsdp2_scenarios.py"))
+WORLDS = (2, 4)
+
+
+@cache
+def outcome(world: int) -> list[dict[str, Any]]:
+    results = spawn(f"{SCENARIOS}:fsdp", world, timeout_s=400.0, collective_timeout_s=120.0)
+    for rank, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise AssertionError(f"rank {rank} of {world} raised: {r!r}") from r
+    return results
+
+
+def _scenarios() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fsdp2_scenarios", SCENARIOS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cases(world: int, mode: str) -> list[str]:
+    return [k for k in outcome(world)[0] if k.endswith("/" + mode)]
+
+
+def _assert_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str) -> None:
+    assert set(a) == set(b), what
+    for n in a:
+        assert a[n].dtype == b[n].dtype and a[n].shape == b[n].shape, (what, n)
+        if not np.array_equal(a[n], b[n]):
+            diff = float(np.max(np.abs(a[n].astype(np.float64) - b[n])))
+            raise AssertionError(f"{what}: parameter {n!r} differs (max |diff| {diff:.3g})")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_lossless_equals_one_process_bit_for_bit(world: int) -> None:
+    ranks = outcome(world)
+    for case in _cases(world, "lossless"):
+        for rank, r in enumerate(ranks):
+            got = r[case]
+            _assert_identical(got["final_full"], got["single"], f"{case}, rank {rank}/{world}")
+            _assert_identical(got["final_full"], ranks[0][case]["final_full"], case)
+            moved = [n for n in got["start_full"]
+                     if not np.array_equal(got["start_full"][n], got["final_full"][n])]
+            assert set(moved) == set(got["start_full"]), case  # every parameter stepped
+            assert got["forward_sees_update"], case  # FSDP2's forward reads the new values
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_lossless_splits_the_factor_state_over_the_shard_group(world: int) -> None:
+    ranks = outcome(world)
+    for case in _cases(world, "lossless"):
+        per_rank = [r[case]["bytes"] for r in ranks]
+        whole = ranks[0][case]["single_bytes"]
+        group = world // 2 if case.startswith("hsdp") else world
+        for start in range(0, world, group):  # each replica group holds every block once
+            assert sum(per_rank[start:start + group]) == whole, case
+        if group < world:  # the replica groups hold the same blocks
+            assert per_rank[:group] == per_rank[group:], case
+        assert max(per_rank) < whole, case
+        assert all(r[case]["exchanged_bytes"] > 0 for r in ranks), case
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_local_equals_one_process_on_each_piece(world: int) -> None:
+    ranks = outcome(world)
+    for case in _cases(world, "local"):
+        empty = 0
+        for rank, r in enumerate(ranks):
+            got = r[case]
+            assert got["exchanged_bytes"] == 0, case  # no optimizer communication
+            assert got["forward_sees_update"], case
+            _assert_identical(got["final_local"], got["single"], f"{case}, rank {rank}/{world}")
+            for n, v in got["start_local"].items():
+                if v.size == 0:
+                    empty += 1
+                    assert got["final_local"][n].size == 0
+        assert empty > 0, case  # some ranks had empty pieces
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_local_equals_the_reference_on_the_shard_plan(world: int) -> None:
+    """Float64: ``||dW_torch - dW_ref|| <= 1e-9 ||dW_ref||`` per piece (the bound of
+    test_reference_equality for float64, over fewer steps)."""
+    scenarios = _scenarios()
+    ranks = outcome(world)
+    for case in _cases(world, "local"):
+        name = case.split("/")[1]
+        if not name.endswith("float64"):
+            continue
+        config = scenarios.CONFIGS[scenarios.CASES[name][0]]
+        for rank, r in enumerate(ranks):
+            got = r[case]
+            live = [n for n, v in got["start_local"].items() if v.size]
+            ref = ReferenceShampoo(config, {n: got["start_local"][n] for n in live})
+            for step in got["local_grads"]:
+                ref.step({n: step[n] for n in live})
+            for n in live:
+                d_ref = ref.params[n] - got["start_local"][n]
+                d_torch = got["final_local"][n] - got["start_local"][n]
+                err = float(np.linalg.norm(d_torch - d_ref))
+                assert err <= 1e-9 * float(np.linalg.norm(d_ref)), (case, rank, n, err)
+
+
+def test_local_and_lossless_differ_where_the_shard_plan_does() -> None:
+    """The shard-induced plan is another algorithm: rank 0's piece of "e" (2 x 9) is
+    1 x 9, a 9-vector cut in blocks of 4, 4, 1 with one factor each, where the whole
+    parameter has 2 x 4, 2 x 4, 2 x 1 blocks with two factors each. ("m", 7 x 6,
+    split 4 + 3 along the 4-row block boundary, has the same blocks in both.)"""
+    r0 = outcome(2)[0]
+    case = "fsdp/block_graft_l2_float64"
+    for name, rows, same in (("e", 1, False), ("m", 4, True)):
+        lossless = r0[case + "/lossless"]["final_full"][name][:rows]
+        local = r0[case + "/local"]["final_local"][name]
+        assert local.shape == lossless.shape
+        assert np.array_equal(local, lossless) == same, name
+
+
+def test_lossless_checkpoint_resumes_and_reshards(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint of the model and the distributed state dict after 3
+    of 5 steps: resumed at 2 -> 2, 2 -> 4, 4 -> 2 ranks, bit for bit the uninterrupted
+    single-process run; another config is refused naming the field."""
+    target = f"{SCENARIOS}:checkpoint_"
+    saved = {}
+    for world in WORLDS:
+        got = spawn(target + "save", world, args=(str(tmp_path / f"w{world}"),),
+                    timeout_s=300.0, collective_timeout_s=120.0)
+        assert not any(isinstance(r, BaseException) for r in got), got
+        saved[world] = got
+    expected = saved[2][0]["single"]  # one process, 5 steps (computed in a worker: 1 thread)
+    for world in WORLDS:
+        for r in saved[world]:
+            _assert_identical(r["final"], expected, f"uninterrupted at {world}")
+    plans = {2: [str(tmp_path / "w2"), str(tmp_path / "w4")], 4: [str(tmp_path / "w2")]}
+    for world, dirs in plans.items():
+        got = spawn(target + "load", world, args=(dirs,), timeout_s=300.0,
+                    collective_timeout_s=120.0)
+        assert not any(isinstance(r, BaseException) for r in got), got
+        for rank, r in enumerate(got):
+            for d in dirs:
+                _assert_identical(r[d], expected, f"{d} -> {world}, rank {rank}")
+            assert "fields that differ" in r["mismatch"]
+            assert "epsilon.value: 1e-05 -> 0.0001" in r["mismatch"]
+            assert "shard_mode = 'local' is invalid" in r["local"]
+
+
+def test_hsdp_replica_groups_agree() -> None:
+    ranks = outcome(4)
+    for case in [k for k in ranks[0] if k.startswith("hsdp/")]:
+        for rank in (0, 1):
+            _assert_identical(ranks[rank][case]["final_local"],
+                              ranks[rank + 2][case]["final_local"], f"{case}, replica {rank}")
+
+
+def test_clear_errors() -> None:
+    for r in outcome(2):
+        e = r["errors"]
+        assert "is a DTensor (FSDP2 fully_shard / HSDP)" in e["no_config"]
+        assert "shard_mode" in e["no_config"]
+        assert "placements [Shard(dim=1)]" in e["shard_dim_1"]
+        assert "DistributedConfig.trainers_per_group = 1" in e["trainers"]
+        assert "either plain tensors only or DTensors of one device mesh" in e["mixed"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_nonfinite_gradient_makes_every_rank_raise(world: int) -> None:
+    """Eq. (3) "raise" with a NaN in the last rank's piece only: lossless agrees as for
+    DDP (the same error everywhere); local decides per rank, then one flag makes the
+    other ranks raise too (none would be left waiting); no parameter moved."""
+    ranks = [r["nonfinite"] for r in outcome(world)]
+    lossless = {r["lossless"]["message"] for r in ranks}
+    assert len(lossless) == 1 and "'m'" in lossless.pop()
+    local = [r["local"]["message"] for r in ranks]
+    assert "'m'" in local[-1]
+    assert all("another rank's pieces" in m for m in local[:-1])
+    assert all(r[mode]["unchanged"] for r in ranks for mode in ("lossless", "local"))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_local_ranks_raise_together_even_with_nothing_to_step(world: int) -> None:
+    """"local": eq. (3) "raise" and the eq. (13) limit on rank 1's piece only; every
+    rank raises the same kind of error, those holding no piece at all included."""
+    got = [r["local_agreement"] for r in outcome(world)]
+    for rank, r in enumerate(got):
+        assert r["nonfinite"].startswith("NonFiniteGradientError"), (rank, r)
+        assert r["root"].startswith("RootFailureError"), (rank, r)
+        if rank != 1:
+            assert "another rank's pieces" in r["nonfinite"] and "another rank's" in r["root"]
+    assert "'p'" in got[1]["nonfinite"] and "'p'" in got[1]["root"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"shard_mode": "sharded"}, "shard_mode = 'sharded'.*'lossless' or 'local'"),
+        ({"shard_mode": None}, "shard_mode = None"),
+        ({"shard_mode": "local", "communication_dtype": "float32"},
+         "communication_dtype = 'float32'.*shard_mode='local'"),
+        ({"shard_mode": "local", "trainers_per_group": 2}, "trainers_per_group = 2"),
+    ],
+)
+def test_shard_mode_validation(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DistributedConfig(**kwargs)
