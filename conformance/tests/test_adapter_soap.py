@@ -134,7 +134,9 @@ def model(
         if t == 1:
             return True
         if library == "heavyball":
-            return int(accumulated) > int(before) if lib["precondition_schedule_rounding"] else t % frequency == 0
+            if lib["precondition_schedule_rounding"]:
+                return int(accumulated) > int(before)
+            return t % frequency == 0
         return (t - 1) % frequency == 0
 
     def new_bases(t: int) -> None:
@@ -324,7 +326,6 @@ def test_arguments_no_config_says_are_refused(adapter: ModuleType) -> None:
     if _library(adapter) == "heavyball":
         with pytest.raises(ss.Inexpressible, match="mars"):
             adapter.from_kwargs({"mars": True})
-        assert "float64 only" in str(adapter.expressible(adapter.base_config(), np.float32))
     else:
         with pytest.raises(ss.Inexpressible, match="normalize_gradient"):
             adapter.from_kwargs({"normalize_gradient": True})

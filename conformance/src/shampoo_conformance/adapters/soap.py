@@ -45,7 +45,7 @@ the reference with all of them off, and measures each alone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from shampoo_spec import EighConfig, Inexpressible, ShampooConfig, config_differences
 from shampoo_spec.config import (
@@ -95,7 +95,7 @@ def soap_config(
     frequency: int,
     precondition_1d: bool,
     correct_bias: bool,
-    period_anchor: str,
+    period_anchor: Literal["end", "start"],
     epsilon: EpsilonConfig,
     statistics_bias_correction: bool,
 ) -> ShampooConfig:
