@@ -109,14 +109,16 @@ def soap_config(
     beta1, beta2 = betas
     bad = []
     if not 0.0 <= beta2 < 1.0:
-        bad.append(f"betas[1] = {beta2!r} (the spec's beta2 = 1 sums D; SOAP keeps it at 0)")
+        bad.append(f"betas[1] = eigenvalue_correction.beta2 = {beta2!r} (the spec's beta2 = 1 "
+                   "sums D; SOAP's lerp with weight 0 keeps it at 0)")
     if not 0.0 <= shampoo_beta < 1.0:
-        bad.append(f"shampoo_beta = {shampoo_beta!r} (the spec's beta2 = 1 sums the "
-                   "statistics; SOAP keeps them at 0)")
+        bad.append(f"shampoo_beta = statistics.beta2 = {shampoo_beta!r} (the spec's beta2 = 1 "
+                   "sums the statistics; SOAP's lerp with weight 0 keeps them at 0)")
     if not 0.0 <= beta1 < 1.0:
-        bad.append(f"betas[0] = {beta1!r} (a filter beta1 in [0, 1))")
+        bad.append(f"betas[0] = gradient_filter.beta1 = {beta1!r} (in [0, 1))")
     if not eps > 0.0:
-        bad.append(f"eps = {eps!r} (eq. 17 needs epsilon > 0: D is 0 for a zero gradient)")
+        bad.append(f"eps = eigenvalue_correction.epsilon = {eps!r} (eq. 17 needs epsilon > 0: "
+                   "D is 0 for a zero gradient)")
     if bad:
         raise Inexpressible("SOAP cannot express: " + "; ".join(bad))
     return ShampooConfig(
