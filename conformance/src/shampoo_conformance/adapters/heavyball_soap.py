@@ -52,6 +52,7 @@ from typing import Any
 import heavyball
 import numpy as np
 import torch
+from hypothesis import currently_in_test_context, reject
 from hypothesis import strategies as st
 
 from shampoo_conformance.adapters.pytorch_optimizer import in_dtype
@@ -265,11 +266,51 @@ DEVIATIONS: tuple[Deviation, ...] = (
         tests=(),
         cause=(f"a refresh step is one where the running float sum of 1 / f passes an "
                f"integer ({_UTILS}:3558-3565): for f = 3, 5, 6, 7, 9, 10, ... rounding moves "
-               "some refreshes a step late (f = 10: steps 11, 51, ... instead of 10, 50); "
+               "some refreshes a step late (f = 10: steps 11, 20, 30, 40, 51, not 10, 20, "
+               "30, 40, 50); "
                "eq. (8) is t % f == 0"),
         kind="defect",
     ),
+    Deviation(
+        name="single_element_matrix_crash",
+        config=from_kwargs({"lr": 0.1, "precondition_frequency": 1}),
+        shapes={"w": (1, 1)},
+        # No pattern: the random properties discard such examples (see run).
+        tests=(),
+        cause=(f"with merge_dims=False (its default merge makes such a shape a vector), a "
+               f"parameter of rank >= 2 with one element ((1, 1), (1, 1, 1)) gets one "
+               f"factor slot, not one per dim ({_UTILS}:1416-1431: the numel() > 1 test), and "
+               f"the first refresh step raises ValueError ('ref dim ... does not match Q "
+               f"length', {_UTILS}:876-877). The suite's random properties discard such "
+               "examples (hypothesis.reject, predicted by known_crash); "
+               "test_adapter_soap.py::test_heavyball_crashes_on_a_single_element_matrix "
+               "demonstrates it"),
+        kind="defect",
+    ),
 )
+
+
+def refresh_steps(frequency: int, steps: int) -> list[int]:
+    """The steps >= 2 on which heavyball refreshes the bases (its running sum of 1 / f,
+    utils.psgd_should_update)."""
+    out, total = [], 0.0
+    for t in range(1, steps + 1):
+        before = total
+        total += 1 / frequency
+        if t >= 2 and int(total) > int(before):
+            out.append(t)
+    return out
+
+
+def known_crash(config: ShampooConfig, params: dict[str, np.ndarray], steps: int) -> str | None:
+    """Why ``heavyball.SOAP`` crashes within ``steps`` steps on ``params``, or None
+    (DEVIATIONS["single_element_matrix_crash"])."""
+    ones = [name for name, value in params.items()
+            if np.ndim(value) >= 2 and np.size(value) == 1]
+    if ones and refresh_steps(config.schedule.precondition_frequency, steps):
+        return (f"parameter {ones[0]!r} of shape {np.shape(params[ones[0]])}: one element, "
+                "rank >= 2 (ValueError at its first refresh step, utils.py:877)")
+    return None
 
 
 def _optimizer(config: ShampooConfig, tensors: list[torch.nn.Parameter],
@@ -288,6 +329,10 @@ def run(
     dtype: Any = np.float64,
 ) -> list[dict[str, np.ndarray]]:
     """The parameters (as ``dtype`` arrays) after each step of ``grads``."""
+    if known_crash(config, params, len(grads)) and currently_in_test_context():
+        # heavyball crashes on this input (DEVIATIONS): a property drawing it skips the
+        # example; anywhere else heavyball runs, and crashes, as its users see it.
+        reject()
     return run_optimizer(BACKEND, _optimizer, config, params, grads, dtype)
 
 
