@@ -149,20 +149,31 @@ ANCHOR_LIBRARIES = {
 }
 
 
-#: Third-party Shampoos on the package registry (pinned in constraints.txt; their
-#: only dependencies, torch and numpy, come with our members).
-REGISTRY_LIBRARIES = {"pytorch-optimizer": "pytorch-optimizer"}
+#: Third-party Shampoos on the package registry, with the dependencies our members do
+#: not bring (pinned in constraints.txt; torch and numpy come with our members).
+REGISTRY_LIBRARIES = {"pytorch-optimizer": ("pytorch-optimizer",),
+                      "heavyball": ("heavyball", "opt-einsum")}
 #: Every library a third-party conformance backend runs.
 LIBRARIES = (*ANCHOR_LIBRARIES, *REGISTRY_LIBRARIES)
 #: The conformance backends of each library (shampoo_conformance/thirdparty.py).
-LIBRARY_BACKENDS = {"pytorch-optimizer": ("pytorch-optimizer", "pytorch-optimizer-shampoo")}
+LIBRARY_BACKENDS = {
+    "pytorch-optimizer": ("pytorch-optimizer", "pytorch-optimizer-shampoo",
+                          "pytorch-optimizer-soap"),
+    "heavyball": ("heavyball-soap",),
+}
+#: The adapter tests of each library (default: conformance/tests/test_adapter_<library>.py).
+ADAPTER_TESTS = {
+    "pytorch-optimizer": ("conformance/tests/test_adapter_pytorch_optimizer.py",
+                          "conformance/tests/test_adapter_soap.py"),
+    "heavyball": ("conformance/tests/test_adapter_soap.py",),
+}
 
 
 def install_snapshot(session: nox.Session, library: str) -> bool:
     """Install ``library``: from the registry, or from its snapshot in
     ../shared/thirdparty (False where that is absent)."""
     if library in REGISTRY_LIBRARIES:
-        session.install(*CONSTRAINTS, "--no-deps", REGISTRY_LIBRARIES[library])
+        session.install(*CONSTRAINTS, "--no-deps", *REGISTRY_LIBRARIES[library])
         return True
     tarball, flags, extra = ANCHOR_LIBRARIES[library]
     path = os.path.normpath(os.path.join(THIRDPARTY, tarball))
@@ -215,9 +226,10 @@ def thirdparty(session: nox.Session, library: str) -> None:
     env = hypothesis_env("deep")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
     # The backend's own contract first (it skips without the library), then the suite.
-    adapter_tests = f"conformance/tests/test_adapter_{library.replace('-', '_')}.py"
+    adapter_tests = ADAPTER_TESTS.get(
+        library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",))
     backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
-    session.run("pytest", *PYTEST_OPTIONS, adapter_tests, SUITE, *backends, "-rxX",
+    session.run("pytest", *PYTEST_OPTIONS, *adapter_tests, SUITE, *backends, "-rxX",
                 *session.posargs, env=env)
 
 
@@ -227,7 +239,7 @@ def compare(session: nox.Session) -> None:
 
     Installs Meta's and Google's libraries from ../shared/thirdparty (those
     absent are reported as not installed, with their install command) and
-    pytorch-optimizer from the registry, and
+    pytorch-optimizer and heavyball from the registry, and
     writes shampoo-compare/ (table, Markdown, plots). Args go to
     ``python -m shampoo_conformance report`` (e.g. ``--quick``, ``--problems``).
     """

@@ -56,7 +56,8 @@ class Deviation:
     ``shapes`` (the named cases' shapes when None): the suite's
     ``test_documented_deviation`` checks that it still does, so the
     documentation cannot go stale (None: our importer refuses the library's
-    arguments for it, and the adapter's own tests demonstrate it); ``tests``:
+    arguments for it, or no config the library runs shows it apart from another
+    deviation, and the adapter's own tests demonstrate it); ``tests``:
     fnmatch patterns over the suite's test ids without the backend
     (``"test_named_case_float64[meta_preset]"``) that fail because of it;
     ``cause``: what differs and why, with the pointer into the library's
@@ -110,6 +111,17 @@ THIRD_PARTY: dict[str, ThirdParty] = {
         "pytorch-optimizer-shampoo", "shampoo_conformance.adapters.pytorch_optimizer_shampoo",
         "pytorch-optimizer 4.1.0 (kozistr/pytorch_optimizer, its plain Shampoo)",
         "pip install pytorch-optimizer==4.1.0",
+    ),
+    "pytorch-optimizer-soap": ThirdParty(
+        "pytorch-optimizer-soap", "shampoo_conformance.adapters.pytorch_optimizer_soap",
+        "pytorch-optimizer 4.1.0 (kozistr/pytorch_optimizer, its SOAP)",
+        "pip install pytorch-optimizer==4.1.0",
+    ),
+    "heavyball-soap": ThirdParty(
+        "heavyball-soap", "shampoo_conformance.adapters.heavyball_soap",
+        "heavyball 3.2.1 (HomebrewML/HeavyBall, its SOAP)",
+        "pip install heavyball==3.2.1 (its dependencies: torch, numpy, opt-einsum; "
+        "nox -s \"thirdparty(library='heavyball')\" installs it)",
     ),
 }
 

@@ -208,10 +208,12 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
 
 
 def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
-    """1-d Shampoo: W <- W - lr (sum g g^T + eps I)^(-1/2) g, computed directly."""
+    """1-d Shampoo: W <- W - lr (sum g g^T + eps I)^(-1/2) g, computed directly (eq. 16:
+    a library whose defaults are eigenvalue-corrected, SOAP, runs it without)."""
     n, eps, lr = 6, 1e-3, 0.125
     config = replace(S.base_config_for(backend), learning_rate=lr,
-                     epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig())
+                     epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig(),
+                     eigenvalue_correction=None)
     rng = np.random.default_rng(0)
     grads = [{"w": rng.standard_normal(n)} for _ in range(8)]
     w0 = {"w": rng.standard_normal(n)}
