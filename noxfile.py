@@ -92,7 +92,7 @@ def tests(session: nox.Session) -> None:
 
 
 #: The backends of the property suite, one ``conformance`` session each.
-SUITE_BACKENDS = ("reference", "torch", "torch-ddp", "jax", "jax-sharded")
+SUITE_BACKENDS = ("reference", "torch", "torch-ddp", "torch-fsdp2", "jax", "jax-sharded")
 
 
 @nox.session
@@ -305,6 +305,24 @@ def bench(session: nox.Session) -> None:
     if "jax_impl" in MEMBERS:
         session.run("python", "-m", "shampoo_jax.bench", *session.posargs)
         session.run("python", "-m", "shampoo_jax.bench_sharded", *session.posargs)
+
+
+@nox.session
+def bench_anchors(session: nox.Session) -> None:
+    """Ours, Meta's / Google's library and AdamW side by side, one process per framework.
+
+    Installs Meta's and Google's libraries from ../shared/thirdparty (a side
+    runs without the one that is absent, naming its install command) and
+    prints step time, p99, optimizer time, efficiency, memory and compile
+    ratios (docs/results.md). Args go to ``python -m shampoo_conformance.bench_anchors``.
+    """
+    install_members(session)
+    for library in ANCHOR_LIBRARIES:
+        if not install_snapshot(session, library):
+            session.log(f"{ANCHOR_LIBRARIES[library][0]} not found in {THIRDPARTY}: "
+                        f"the benchmark runs without {library}")
+    session.run("python", "-m", "shampoo_conformance.bench_anchors", *session.posargs,
+                env=blas_env())
 
 
 @nox.session

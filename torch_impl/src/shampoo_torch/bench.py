@@ -98,14 +98,15 @@ class Trainer(Generic[Opt]):
     """One model + optimizer; times whole training steps and opt.step() alone."""
 
     def __init__(
-        self, name: str, make_opt: Callable[[Iterator[torch.nn.Parameter]], Opt], seed: int = 0
+        self, name: str, make_opt: Callable[[Iterator[torch.nn.Parameter]], Opt], seed: int = 0,
+        batch: int = BATCH,
     ) -> None:
         self.name = name
         self.model = make_model(seed)
         self.opt = make_opt(self.model.parameters())
         gen = torch.Generator().manual_seed(seed + 1)
-        self.x = torch.randn(BATCH, SIZES[0], generator=gen)
-        self.y = torch.randint(0, SIZES[-1], (BATCH,), generator=gen)
+        self.x = torch.randn(batch, SIZES[0], generator=gen)
+        self.y = torch.randint(0, SIZES[-1], (batch,), generator=gen)
         self.t = 0
         self.step_times: list[float] = []
         self.opt_times: list[tuple[int, float]] = []
