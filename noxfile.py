@@ -314,7 +314,9 @@ def bench_anchors(session: nox.Session) -> None:
     Installs Meta's and Google's libraries from ../shared/thirdparty (a side
     runs without the one that is absent, naming its install command) and
     prints step time, p99, optimizer time, efficiency, memory and compile
-    ratios (docs/results.md). Args go to ``python -m shampoo_conformance.bench_anchors``.
+    ratios; then per-rank FSDP2 state and step time at 1, 2 and 4 gloo ranks,
+    ours and Meta's fully_shard distributors (docs/results.md). Args go to
+    ``python -m shampoo_conformance.bench_anchors`` (and skip the FSDP2 part).
     """
     install_members(session)
     for library in ANCHOR_LIBRARIES:
@@ -323,6 +325,8 @@ def bench_anchors(session: nox.Session) -> None:
                         f"the benchmark runs without {library}")
     session.run("python", "-m", "shampoo_conformance.bench_anchors", *session.posargs,
                 env=blas_env())
+    if not session.posargs:  # FSDP2 per rank at 1, 2, 4 gloo ranks, ours and Meta's
+        session.run("python", "-m", "shampoo_conformance.bench_fsdp2", env=blas_env())
 
 
 @nox.session

@@ -72,10 +72,14 @@ MEMORY_STEPS = 110
 def _state_bytes(opt: Any, model: Any) -> int:
     """Bytes of the distinct tensor storages an optimizer holds anywhere (its ``state``
     and its own attributes), other than the parameters' and gradients' storages (views
-    of those, such as blocked parameters, count nothing)."""
+    of those, such as blocked parameters, count nothing); a DTensor counts the local
+    piece this rank holds."""
     import torch
 
-    own = {t.untyped_storage().data_ptr() for p in model.parameters()
+    def storage(t: Any) -> Any:  # a DTensor's is its local piece's (what this rank holds)
+        return (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
+
+    own = {storage(t).data_ptr() for p in model.parameters()
            for t in (p, p.grad) if t is not None}
     storages: dict[int, int] = {}
     seen: set[int] = set()
@@ -85,9 +89,9 @@ def _state_bytes(opt: Any, model: Any) -> int:
             return
         seen.add(id(tree))
         if isinstance(tree, torch.Tensor):
-            storage = tree.untyped_storage()
-            if storage.data_ptr() not in own:
-                storages[storage.data_ptr()] = storage.nbytes()
+            held = storage(tree)
+            if held.data_ptr() not in own:
+                storages[held.data_ptr()] = held.nbytes()
         elif isinstance(tree, Mapping):
             for v in tree.values():
                 walk(v)
