@@ -55,7 +55,6 @@ import torch
 from hypothesis import currently_in_test_context, reject
 from hypothesis import strategies as st
 
-from shampoo_conformance.adapters.pytorch_optimizer import in_dtype
 from shampoo_conformance.adapters.soap import (
     FULL_RANK_SHAPES,
     NO_DIM_LIMIT,
@@ -64,7 +63,7 @@ from shampoo_conformance.adapters.soap import (
     soap_config,
 )
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.adapters.torch_library import make_stepper, run_optimizer
+from shampoo_conformance.adapters.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig
 from shampoo_spec.config import EpsilonConfig

@@ -18,7 +18,6 @@ Runs float64 and float32 parameters on one CPU process (its DDP
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -30,7 +29,7 @@ from distributed_shampoo.preconditioner import matrix_functions_types
 from hypothesis import strategies as st
 
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.adapters.torch_library import make_stepper, run_optimizer
+from shampoo_conformance.adapters.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_conformance.anchor_cases import META_CASES
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig, from_meta, to_meta
@@ -152,17 +151,10 @@ def meta_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- capabilities
-def _in_dtype(config: ShampooConfig, dtype: Any) -> ShampooConfig:
-    """``config`` with its factors in the run's precision (as the torch backend runs it)."""
-    if np.dtype(dtype) == np.float64:
-        return dataclasses.replace(config, factor_dtype="float64")
-    return dataclasses.replace(config, factor_dtype="float32")
-
-
 def expressible(config: ShampooConfig, dtype: Any = np.float64) -> str | None:
     """Why Meta cannot run ``config`` with ``dtype`` parameters here, or None if it can."""
     try:
-        kwargs = to_meta(_in_dtype(config, dtype))
+        kwargs = to_meta(in_dtype(config, dtype))
     except Inexpressible as err:
         return str(err)
     kind = kwargs.get("distributed_config", {}).get("type")
@@ -257,7 +249,7 @@ def _optimizer(config: ShampooConfig, tensors: list[torch.nn.Parameter],
     reason = expressible(config, dtype)
     if reason is not None:
         raise Inexpressible(f"backend 'meta': {reason}")
-    return DistributedShampoo(tensors, **meta_kwargs(to_meta(_in_dtype(config, dtype))))
+    return DistributedShampoo(tensors, **meta_kwargs(to_meta(in_dtype(config, dtype))))
 
 
 def run(

@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 from pytorch_optimizer import ScalableShampoo
 
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.adapters.torch_library import make_stepper, run_optimizer
+from shampoo_conformance.adapters.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import (
     CoupledNewtonConfig,
@@ -105,12 +105,6 @@ def refuse(backend: str, fields: list[str]) -> None:
     """Raise :class:`Inexpressible` naming every field ``backend``'s arguments cannot say."""
     if fields:
         raise Inexpressible(f"{backend} cannot express: " + "; ".join(fields))
-
-
-def in_dtype(config: ShampooConfig, dtype: Any) -> ShampooConfig:
-    """``config`` with its factors in the run's precision (the library keeps them there)."""
-    return dataclasses.replace(
-        config, factor_dtype="float64" if np.dtype(dtype) == np.float64 else "float32")
 
 
 def common_refusals(config: ShampooConfig) -> list[str]:

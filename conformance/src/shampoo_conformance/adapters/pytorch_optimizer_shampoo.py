@@ -38,11 +38,10 @@ from pytorch_optimizer import Shampoo
 from shampoo_conformance.adapters.pytorch_optimizer import (
     SRC,
     common_refusals,
-    in_dtype,
     refuse,
 )
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.adapters.torch_library import make_stepper, run_optimizer
+from shampoo_conformance.adapters.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import EighConfig, Inexpressible, ShampooConfig
 from shampoo_spec.config import (

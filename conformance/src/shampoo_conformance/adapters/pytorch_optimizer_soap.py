@@ -40,7 +40,7 @@ import torch
 from hypothesis import strategies as st
 from pytorch_optimizer import SOAP
 
-from shampoo_conformance.adapters.pytorch_optimizer import SRC, in_dtype
+from shampoo_conformance.adapters.pytorch_optimizer import SRC
 from shampoo_conformance.adapters.soap import (
     FULL_RANK_SHAPES,
     NO_DIM_LIMIT,
@@ -49,7 +49,7 @@ from shampoo_conformance.adapters.soap import (
     soap_config,
 )
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.adapters.torch_library import make_stepper, run_optimizer
+from shampoo_conformance.adapters.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig
 from shampoo_spec.config import EpsilonConfig

@@ -80,3 +80,10 @@ def make_stepper(
         opt = torch.optim.AdamW(tensors.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=weight_decay)
     return Stepper(opt, tensors)
+
+
+def in_dtype(config: ShampooConfig, dtype: Any) -> ShampooConfig:
+    """``config`` with its factors in the run's precision (as the torch backend runs it;
+    the torch libraries keep their statistics in the parameters' dtype)."""
+    return dataclasses.replace(
+        config, factor_dtype="float64" if np.dtype(dtype) == np.float64 else "float32")
