@@ -40,6 +40,7 @@ from .blocks import (
     BlockGroup,
     Rows,
     contraction_operands,
+    gram_update_,
     mode_product,
     mode_product_in,
     put,
@@ -64,7 +65,8 @@ def update_statistics(
     bg: BlockGroup, gb: torch.Tensor, rows: Rows, ok: torch.Tensor | None,
     stats: StatisticsConfig,
 ) -> None:
-    """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as one batched GEMM per dim.
+    """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as batched GEMMs per dim
+    (one triangle of a large factor, :func:`~shampoo_torch.blocks.gram_update_`).
 
     ``gb`` is the rows' gradient blocks ``[len(rows), *bg.shape]``; ``n`` of
     eq. (7) counts the update. A 1-d block contracts over nothing (``G G^T``
@@ -89,11 +91,11 @@ def update_statistics(
             old = take(bg.factors[k], rows)
             new = outer + (beta2 * old if stats.decays else old)
         elif in_place:
-            bg.factors[k].baddbmm_(a, b, beta=beta2, alpha=weight)
+            gram_update_(bg.factors[k], a, b, beta2, weight)
             continue
         else:
             old = take(bg.factors[k], rows)
-            new = torch.baddbmm(old, a, b, beta=beta2, alpha=weight)
+            new = gram_update_(old.clone(), a, b, beta2, weight)
         if stats.quantized:  # eq. (20c): stored, read back from here on
             new = stored_with_diagonal(new, _SCALE_DTYPES[stats.scale_dtype])
         if ok is not None:
