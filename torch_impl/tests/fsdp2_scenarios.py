@@ -57,10 +57,12 @@ CONFIGS = {
         blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
     ),
 }
-#: case -> (config, parameter dtype)
+#: case -> (config, parameter dtype). bfloat16 parameters keep float32 state (the
+#: config's factor_dtype; elementwise state in the wider of the two), as in one process.
 CASES = {
     "parameter_graft_float32": ("parameter_graft", torch.float32),
     "block_graft_l2_float64": ("block_graft_l2", torch.float64),
+    "parameter_graft_bfloat16": ("parameter_graft", torch.bfloat16),
 }
 
 
@@ -103,7 +105,20 @@ def _params(model: Model, scalar: torch.nn.Parameter) -> list[tuple[str, torch.n
 
 
 def _as_numpy(ps: list[tuple[str, torch.Tensor]]) -> dict[str, np.ndarray]:
-    return {n: p.detach().numpy().copy() for n, p in ps}
+    """bfloat16 (which numpy lacks) as float32: exact, and :func:`_tensor` restores it."""
+    return {n: _numpy(p) for n, p in ps}
+
+
+def _numpy(p: torch.Tensor) -> np.ndarray:
+    p = p.detach()
+    return (p.float() if p.dtype == torch.bfloat16 else p).numpy().copy()
+
+
+def _tensor(v: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`_numpy` for a tensor of ``dtype`` (exact)."""
+    t = torch.tensor(v)
+    assert t.dtype == dtype or (dtype == torch.bfloat16 and t.dtype == torch.float32)
+    return t.to(dtype)
 
 
 def _run_sharded(rank: int, world: int, mesh: Any, case: str, mode: str) -> dict[str, Any]:
@@ -141,7 +156,18 @@ def _run_sharded(rank: int, world: int, mesh: Any, case: str, mode: str) -> dict
         "final_local": _as_numpy([(n, p.to_local()) for n, p in named]),
         "bytes": opt.block_state_bytes(),
         "exchanged_bytes": opt.exchange_bytes,
+        "state_dtypes": _state_dtypes(opt),
     }
+
+
+def _state_dtypes(opt: Shampoo) -> dict[str, list[str]]:
+    """The dtypes of the state held here: factors and roots, and the elementwise state."""
+    held = [t for b in opt.blocks() for ts in (b.factors, b.inverse_roots) if ts
+            for t in ts if t is not None]
+    elementwise = [v for st in opt.state.values() for v in st.values()
+                   if isinstance(v, torch.Tensor) and v.dtype.is_floating_point]
+    return {"blocks": sorted({str(t.dtype) for t in held}),
+            "elementwise": sorted({str(t.dtype) for t in elementwise})}
 
 
 def _plain_run(case: str, start: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]],
@@ -150,14 +176,14 @@ def _plain_run(case: str, start: dict[str, np.ndarray], grads: list[dict[str, np
 
     Empty tensors (empty pieces) are left out: they take no step.
     """
-    config = CONFIGS[CASES[case][0]]
-    ps = {n: torch.nn.Parameter(torch.tensor(v)) for n, v in start.items() if v.size}
+    config, dtype = CONFIGS[CASES[case][0]], CASES[case][1]
+    ps = {n: torch.nn.Parameter(_tensor(v, dtype)) for n, v in start.items() if v.size}
     opt = Shampoo([{"params": list(ps.values()), "param_names": list(ps), "config": config}])
     for step in grads:
         for n, p in ps.items():
-            p.grad = torch.tensor(step[n])
+            p.grad = _tensor(step[n], dtype)
         opt.step()
-    out = {n: (ps[n].detach().numpy().copy() if n in ps else v) for n, v in start.items()}
+    out = {n: (_numpy(ps[n]) if n in ps else v) for n, v in start.items()}
     return out, opt.block_state_bytes()
 
 
@@ -178,11 +204,44 @@ def fsdp(rank: int, world: int) -> dict[str, Any]:
                     got["single"], got["single_bytes"] = _plain_run(
                         case, got["start_local"], got["local_grads"])
                 out[f"{layout}/{case}/{mode}"] = got
+    out["mixed_dtypes"] = mixed_dtypes(rank, world)
     out["errors"] = errors(rank, world)
     out["nonfinite"] = {mode: nonfinite(rank, world, mode) for mode in ("lossless", "local")}
     out["local_agreement"] = local_agreement(rank, world)
     dist.barrier()
     return out
+
+
+MIXED = {"m": torch.float32, "big": torch.bfloat16, "c": torch.float32, "e": torch.bfloat16}
+
+
+def mixed_dtypes(rank: int, world: int) -> dict[str, Any]:
+    """"lossless", one param group of float32 and bfloat16 DTensors (Shard(0), as
+    fully_shard places them): one gather per dtype, each buffer kept between steps."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = _mesh(world, False)
+    gen = torch.Generator().manual_seed(3)
+    start = {n: torch.randn(SHAPES[n], generator=gen).to(dt) for n, dt in MIXED.items()}
+    named = [(n, torch.nn.Parameter(distribute_tensor(v, mesh, [Shard(0)])))
+             for n, v in start.items()]
+    opt = Shampoo(named, CONFIGS["parameter_graft"], distributed=DistributedConfig())
+    pieces = opt._plans[0].pieces
+    buffers = []
+    for t in range(STEPS):
+        _set_grads(named, mesh, t)
+        opt.step()
+        buffers.append(sorted((str(k[1]), v[0].data_ptr(), v[1].data_ptr())
+                              for k, v in pieces._buffers.items()))
+    plain = {n: torch.nn.Parameter(v.clone()) for n, v in start.items()}
+    plain_opt = Shampoo(list(plain.items()), CONFIGS["parameter_graft"])
+    for t in range(STEPS):
+        for n, q in plain.items():
+            q.grad = torch.tensor(checkpoint_grads()[t][n]).to(q.dtype)
+        plain_opt.step()
+    return {"final": _as_numpy([(n, p.full_tensor()) for n, p in named]),
+            "single": _as_numpy(list(plain.items())), "buffers": buffers,
+            "dtypes": {n: str(p.dtype) for n, p in named}}
 
 
 def nonfinite(rank: int, world: int, mode: str) -> dict[str, Any]:
@@ -360,3 +419,132 @@ def local_agreement(rank: int, world: int) -> dict[str, str]:
         except (NonFiniteGradientError, RootFailureError) as err:
             out[what] = f"{type(err).__name__}: {err}"
     return out
+
+
+# ------------------------------------------------- checkpoints across modes
+#: The distributed state dict is one format for every mode: FSDP2 "lossless" (2
+#: ranks) -> DDP (2 ranks) -> one process, and one process -> FSDP2.
+MODE_CASES = ("parameter_graft_float32", "parameter_graft_bfloat16")
+FSDP_END, DDP_END = 2, 4  # FSDP2 steps 0-1, DDP 2-3, one process 4; back: one process 0-1
+
+
+def _plain_params(case: str, values: dict[str, torch.Tensor] | None = None,
+                  ) -> list[tuple[str, torch.nn.Parameter]]:
+    """Plain parameters: the model's initial values, or ``values`` (a checkpoint's)."""
+    dtype = CASES[case][1]
+    model = Model(dtype)  # its order (ParameterDict sorts the names) is the sharded one's
+    if values is None:
+        values = {**{n: p.detach() for n, p in model.ps.items()},
+                  SCALAR: torch.tensor(0.7, dtype=dtype)}
+    return [(n, torch.nn.Parameter(values[n].clone())) for n in [*model.ps, SCALAR]]
+
+
+def _optimizer(case: str, named: list[tuple[str, torch.nn.Parameter]],
+               distributed: DistributedConfig | None) -> Shampoo:
+    return Shampoo([{"params": [p for _, p in named], "param_names": [n for n, _ in named],
+                     "config": CONFIGS[CASES[case][0]]}], distributed=distributed)
+
+
+def _plain_steps(named: list[tuple[str, torch.nn.Parameter]], opt: Shampoo, steps: range,
+                 ) -> None:
+    for t in steps:
+        whole = checkpoint_grads()[t]
+        for n, p in named:
+            p.grad = torch.tensor(whole[n]).to(p.dtype)
+        opt.step()
+
+
+def _sharded_steps(named: list[tuple[str, torch.nn.Parameter]], mesh: Any, opt: Shampoo,
+                   steps: range) -> None:
+    for t in steps:
+        _set_grads(named, mesh, t)
+        opt.step()
+
+
+def _fsdp_optimizer(case: str, world: int,
+                    ) -> tuple[Any, list[tuple[str, torch.nn.Parameter]], Shampoo]:
+    mesh = _mesh(world, False)
+    named = _params(*_sharded_model(mesh, CASES[case][1]))
+    return mesh, named, _optimizer(case, named, DistributedConfig(shard_mode="lossless"))
+
+
+def modes_start(rank: int, world: int, directory: str) -> dict[str, Any]:
+    """FSDP2 steps 0-1 saved by DCP (then on to STEPS, uninterrupted), converted to a
+    torch.save file; one process (rank 0, no distribution) steps 0-1 saved by torch.save;
+    the uninterrupted one-process run."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    out: dict[str, Any] = {}
+    for case in MODE_CASES:
+        mesh, named, opt = _fsdp_optimizer(case, world)
+        start = _as_numpy([(n, p.full_tensor()) for n, p in named])
+        _sharded_steps(named, mesh, opt, range(FSDP_END))
+        dcp.save({"model": dict(named), "optimizer": opt.distributed_state_dict()},
+                 checkpoint_id=f"{directory}/{case}/fsdp")
+        _sharded_steps(named, mesh, opt, range(FSDP_END, STEPS))
+        out[case] = {"fsdp": _as_numpy([(n, p.full_tensor()) for n, p in named])}
+        if rank == 0:
+            out[case]["single"], _ = _plain_run(case, start, checkpoint_grads())
+            plain = _plain_params(case)
+            plain_opt = _optimizer(case, plain, None)
+            _plain_steps(plain, plain_opt, range(FSDP_END))
+            torch.save({"model": {n: p.detach() for n, p in plain},
+                        "optimizer": plain_opt.distributed_state_dict()},
+                       f"{directory}/{case}/single.pt")
+            torch_save_to_dcp(f"{directory}/{case}/single.pt", f"{directory}/{case}/single")
+        dist.barrier()  # the DCP checkpoint is complete
+        if rank == 0:
+            dcp_to_torch_save(f"{directory}/{case}/fsdp", f"{directory}/{case}/fsdp.pt")
+    dist.barrier()
+    return out
+
+
+def modes_middle(rank: int, world: int, directory: str) -> dict[str, Any]:
+    """DDP (plain tensors, DistributedConfig()) from the FSDP2 file, steps 2-3, saved by
+    rank 0; FSDP2 from the one-process checkpoint (torch.load on every rank, and through
+    DCP), steps 2-4; then on rank 0 a plain Shampoo (one process, no distribution) from
+    the DDP file, step 4."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import distribute_tensor
+
+    out: dict[str, Any] = {}
+    for case in MODE_CASES:
+        saved = torch.load(f"{directory}/{case}/fsdp.pt", weights_only=True)
+        named = _plain_params(case, saved["model"])
+        opt = _optimizer(case, named, DistributedConfig())
+        opt.load_distributed_state_dict(saved["optimizer"])
+        _plain_steps(named, opt, range(FSDP_END, DDP_END))
+        sd = opt.distributed_state_dict()  # a collective: every rank
+        if rank == 0:
+            torch.save({"model": {n: p.detach() for n, p in named}, "optimizer": sd},
+                       f"{directory}/{case}/ddp.pt")
+        out[case] = {}
+        # One process -> FSDP2, (a) every rank reads the torch.save file itself.
+        mesh, named, opt = _fsdp_optimizer(case, world)
+        saved = torch.load(f"{directory}/{case}/single.pt", weights_only=True)
+        with torch.no_grad():
+            for n, p in named:
+                p.copy_(distribute_tensor(saved["model"][n], mesh, p.placements))
+        opt.load_distributed_state_dict(saved["optimizer"])
+        _sharded_steps(named, mesh, opt, range(FSDP_END, STEPS))
+        out[case]["single_to_fsdp"] = _as_numpy([(n, p.full_tensor()) for n, p in named])
+        # (b) through DCP (torch_save_to_dcp of the same file), as an FSDP2 run loads.
+        mesh, named, opt = _fsdp_optimizer(case, world)
+        loaded = {"model": dict(named), "optimizer": opt.distributed_state_dict()}
+        dcp.load(loaded, checkpoint_id=f"{directory}/{case}/single")
+        opt.load_distributed_state_dict(loaded["optimizer"])
+        _sharded_steps(named, mesh, opt, range(FSDP_END, STEPS))
+        out[case]["single_to_fsdp_dcp"] = _as_numpy([(n, p.full_tensor()) for n, p in named])
+    dist.barrier()  # ddp.pt is written
+    if rank == 0:  # one process (no distribution) from the DDP file: the last step
+        for case in MODE_CASES:
+            saved = torch.load(f"{directory}/{case}/ddp.pt", weights_only=True)
+            named = _plain_params(case, saved["model"])
+            opt = _optimizer(case, named, None)
+            opt.load_distributed_state_dict(saved["optimizer"])
+            _plain_steps(named, opt, range(DDP_END, STEPS))
+            out[case]["ddp_to_single"] = _as_numpy(named)
+    return out
+
+

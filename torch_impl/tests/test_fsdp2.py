@@ -11,6 +11,10 @@ divisible by the world size and smaller than it (empty pieces):
 - ``"local"`` equals the single-process optimizer run on each rank's pieces
   bit for bit, and the float64 reference on those pieces (the shard-induced
   plan) within test_reference_equality's float64 bound.
+
+Parameters are float32, float64 and bfloat16 (float32 state), and, lossless,
+a param group of both bfloat16 and float32. Checkpoints resume across world
+sizes and across modes (fully_shard -> DDP -> one process -> fully_shard).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from shampoo_reference import ReferenceShampoo
 from shampoo_torch import DistributedConfig
@@ -232,3 +237,107 @@ def test_local_ranks_raise_together_even_with_nothing_to_step(world: int) -> Non
 def test_shard_mode_validation(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DistributedConfig(**kwargs)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_bfloat16_parameters_keep_float32_state(world: int) -> None:
+    """bfloat16 parameters under ``fully_shard`` with the default float32 factor state:
+    factors, roots and the elementwise state are float32, as in one process (the
+    bit-for-bit equalities of both modes run over this case too), and the
+    parameters stay bfloat16 (FSDP2 gathers and reduces them in bfloat16)."""
+    ranks = outcome(world)
+    cases = [k for k in ranks[0] if "/parameter_graft_bfloat16/" in k]
+    assert len(cases) == (4 if world == 4 else 2), cases  # FSDP (and HSDP), both modes
+    for case in cases:
+        for r in ranks:
+            got = r[case]
+            assert got["state_dtypes"]["elementwise"] == ["torch.float32"], case
+            if got["bytes"]:  # a rank holding blocks (local: a rank with pieces)
+                assert got["state_dtypes"]["blocks"] == ["torch.float32"], case
+            for n, v in got["final_full"].items():  # bfloat16 values, held as float32
+                assert v.dtype == np.float32, (case, n)
+                as_bf16 = torch.tensor(v).to(torch.bfloat16).float().numpy()
+                assert np.array_equal(as_bf16, v), (case, n)
+
+
+def test_checkpoints_across_modes(tmp_path: Path) -> None:
+    """One distributed state dict for every mode, float32 and bfloat16 parameters:
+    fully_shard "lossless" at 2 ranks (DCP, converted by ``dcp_to_torch_save``) ->
+    DDP at 2 ranks (torch.save) -> one process, and one process -> fully_shard (the
+    torch.save file read by every rank, or through ``torch_save_to_dcp``), each
+    resumed bit for bit the uninterrupted one-process run."""
+    target = f"{SCENARIOS}:modes_"
+    legs = []
+    for leg in ("start", "middle"):
+        got = spawn(target + leg, 2, args=(str(tmp_path),), timeout_s=300.0,
+                    collective_timeout_s=120.0)
+        assert not any(isinstance(r, BaseException) for r in got), got
+        legs.append(got)
+    start, middle = legs
+    for case in _scenarios().MODE_CASES:
+        expected = start[0][case]["single"]
+        for rank in range(2):
+            _assert_identical(start[rank][case]["fsdp"], expected, f"{case}: fsdp, rank {rank}")
+            for path in ("single_to_fsdp", "single_to_fsdp_dcp"):
+                _assert_identical(middle[rank][case][path], expected,
+                                  f"{case}: {path}, rank {rank}")
+        _assert_identical(middle[0][case]["ddp_to_single"], expected,
+                          f"{case}: fsdp -> ddp -> one process")
+
+
+def _stringified(sd: dict[str, Any], key: str = "{}") -> dict[str, Any]:
+    """``sd`` with its block and block-dim keys as strings (as DCP's flattening writes them)."""
+    def block(b: dict[str, Any]) -> dict[str, Any]:
+        return {k: ({key.format(d): t for d, t in v.items()}
+                    if k in ("factors", "inverse_roots") else v) for k, v in b.items()}
+    state = {n: {**e, "blocks": {key.format(i): block(b) for i, b in e["blocks"].items()}}
+             for n, e in sd["state"].items()}
+    return {**sd, "state": state}
+
+
+def test_string_keys_of_a_dcp_file_load_and_others_are_refused() -> None:
+    """In one process: block indices and block dims as decimal strings load as the ints
+    (bit for bit the same continuation; the dict itself unchanged); "01" is refused."""
+    from shampoo_spec import ShampooConfig
+    from shampoo_torch import Shampoo
+
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(6, 5, generator=gen) for _ in range(4)]
+
+    def run(load: dict[str, Any] | None) -> tuple[Shampoo, torch.nn.Parameter]:
+        p = torch.nn.Parameter(torch.ones(6, 5))
+        opt = Shampoo([("w", p)], ShampooConfig(learning_rate=0.1))
+        steps = grads[:2] if load is None else grads[2:]
+        if load is not None:
+            with torch.no_grad():
+                p.copy_(load["w"])
+            opt.load_distributed_state_dict(load["optimizer"])
+        for g in steps:
+            p.grad = g.clone()
+            opt.step()
+        return opt, p
+
+    opt, p = run(None)
+    sd = opt.distributed_state_dict()
+    blocks = sd["state"]["w"]["blocks"]
+    assert blocks and all(isinstance(b, int) for b in blocks)
+    as_strings = _stringified(sd)
+    _, expected = run({"w": p.detach(), "optimizer": sd})
+    _, got = run({"w": p.detach(), "optimizer": as_strings})
+    assert torch.equal(got, expected)
+    assert all(isinstance(b, str) for b in as_strings["state"]["w"]["blocks"])  # unchanged
+    with pytest.raises(ValueError, match=r"block indices \['00'\] do not match the plan's \[0\]"):
+        run({"w": p.detach(), "optimizer": _stringified(sd, "0{}")})
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_lossless_mixed_dtypes_in_one_group(world: int) -> None:
+    """float32 and bfloat16 DTensors in one param group: equal to one process bit for bit,
+    one gather buffer per dtype, allocated on the first step and kept after it."""
+    for rank, r in enumerate(outcome(world)):
+        got = r["mixed_dtypes"]
+        assert set(got["dtypes"].values()) == {"torch.float32", "torch.bfloat16"}
+        _assert_identical(got["final"], got["single"], f"mixed dtypes, rank {rank}/{world}")
+        first = got["buffers"][0]
+        assert [d for d, _, _ in first] == ["torch.bfloat16", "torch.float32"], first
+        assert all(b == first for b in got["buffers"]), got["buffers"]

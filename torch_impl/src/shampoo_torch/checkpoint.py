@@ -61,6 +61,12 @@ block; tensors are on the CPU, elementwise state in the parameter's merged
 shape. Nothing depends on the world size, so a dict saved from W ranks loads
 at W' ranks, W' = 1 (plain ``Shampoo``) included, and the run continues bit
 for bit; every rank loads the same dict and keeps its own blocks.
+The same dict serves every mode: a plain ``Shampoo``, one under
+DistributedDataParallel and FSDP2 / HSDP ``shard_mode="lossless"`` save and
+load it alike (the state of whole parameters). ``block_index`` and ``k`` may
+also be decimal strings (``"0"``): ``torch.distributed.checkpoint`` writes
+them so, and ``format_utils.dcp_to_torch_save`` turns a DCP checkpoint into a
+``torch.save`` file holding them; loading reads them as the ints.
 ``root_failures`` is summed over the ranks of a trainer group; after loading
 it is held by the group's rank 0 (the per-rank :attr:`metrics` add up to it).
 ``param_shape`` is the parameter's own shape (version 2): a state saved
@@ -97,6 +103,7 @@ loads alone.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
@@ -488,6 +495,43 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
     _apply(opt, pairs, groups, metrics)
 
 
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+_INT_KEYED = ("factors", "inverse_roots")  # a block's dicts keyed by block dim k
+
+
+def _ints(tree: Any) -> Any:
+    """A dict whose keys are all decimal strings ("0", "12") keyed by those ints."""
+    if isinstance(tree, dict) and tree and all(
+            isinstance(k, str) and _DECIMAL.fullmatch(k) for k in tree):
+        return {int(k): v for k, v in tree.items()}
+    return tree
+
+
+def _int_keys(sd: dict[str, Any]) -> dict[str, Any]:
+    """``sd`` with the int keys that ``torch.distributed.checkpoint`` turned into strings
+    back to ints (a new dict; ``sd`` is not changed).
+
+    DCP flattens a state dict into paths of strings, so a file written by
+    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` (or
+    ``dcp.load`` without a template) holds ``"blocks": {"0": ...}`` and a block's
+    ``"factors": {"0": ...}``. Only those dicts, and only when every key is a
+    decimal string (no sign, no leading zero), are converted: anything else is
+    left for validation to refuse.
+    """
+    state = sd["state"]
+    if not isinstance(state, dict):
+        return sd
+    out = {}
+    for name, entry in state.items():
+        if isinstance(entry, dict) and isinstance(entry.get("blocks"), dict):
+            blocks = {b: ({k: _ints(v) if k in _INT_KEYED else v for k, v in block.items()}
+                          if isinstance(block, dict) else block)
+                      for b, block in _ints(entry["blocks"]).items()}
+            entry = {**entry, "blocks": blocks}
+        out[name] = entry
+    return {**sd, "state": out}
+
+
 def _validate_distributed(
     opt: Shampoo, sd: dict[str, Any]
 ) -> tuple[list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]], list[dict[str, Any]],
@@ -499,6 +543,7 @@ def _validate_distributed(
     version = _version(sd, absent=None)
     if "state" not in sd or "param_groups" not in sd:
         _fail("top level", "expected 'state' and 'param_groups'")
+    sd = _int_keys(sd)
     groups = _groups(sd, opt)
     names = _names(opt)
     held = _held_blocks(opt)

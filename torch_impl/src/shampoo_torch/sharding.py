@@ -139,13 +139,15 @@ class PieceGather:
     Per param group and dtype, one all-gather over the shard group of every
     sharded parameter's piece and its gradient's piece, packed into a flat
     buffer (each rank's segment padded to the longest), the buffers allocated
-    once per layout and reused; the whole tensors are the pieces of every rank
-    concatenated along dim 0 (copies: exact). Replicated parameters need no
-    collective (their piece is the whole).
+    once per layout and reused (one layout per dtype); the whole tensors are
+    the pieces of every rank concatenated along dim 0 (copies: exact).
+    Replicated parameters need no collective (their piece is the whole).
     """
 
     def __init__(self) -> None:
-        self._buffers: dict[object, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        #: (shapes, dtype, device) -> (send, receive, segment): one layout per dtype.
+        self._buffers: dict[tuple[object, torch.dtype, torch.device],
+                            tuple[torch.Tensor, torch.Tensor, int]] = {}
 
     def run(
         self, items: list[tuple[ShardInfo, torch.Tensor, torch.Tensor]]
@@ -181,7 +183,10 @@ class PieceGather:
         if key not in self._buffers:
             send = torch.empty(segment, dtype=dtype, device=device)
             recv = torch.empty(parts * segment, dtype=dtype, device=device)
-            self._buffers = {key: (send, recv, segment)}  # one layout kept: the current one
+            # One layout kept per dtype and device: the current one (a group of bfloat16
+            # and float32 parameters keeps both buffers between steps).
+            self._buffers = {k: v for k, v in self._buffers.items() if k[1:] != key[1:]}
+            self._buffers[key] = (send, recv, segment)
         send, recv, segment = self._buffers[key]
         offset = 0
         for (_, w, g), n in zip(items, sizes[info0.index], strict=True):
