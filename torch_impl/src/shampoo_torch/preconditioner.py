@@ -49,6 +49,14 @@ from .blocks import (
 from .elementwise import _SCALE_DTYPES, stored_with_diagonal
 from .invariance import rowwise
 
+#: Bytes of factor rows one chunk of a root refresh reads at once off CPU, where a
+#: batched decomposition of the chunk runs. A chunk's temporaries (its
+#: bias-corrected copy, the new roots, the accepted ones) are a few times its size,
+#: not the whole group's. On CPU every row is decomposed alone anyway
+#: (:func:`~shampoo_torch.invariance.rowwise`), so a chunk is one row there and the
+#: chunking does not change a bit.
+ROOT_WORKSPACE_BYTES = 256 * 2**20
+
 
 def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``x`` of shape [B] viewed to broadcast against a stack ``like`` [B, ...]."""
@@ -126,7 +134,10 @@ def refresh_inverse_roots(
     eigendecomposition whose error e reaches ``EighConfig.failure_threshold``
     tau, ``fl32(e) >= fl32(tau)``. Computed one block per call on
     CPU (:func:`~shampoo_torch.invariance.rowwise`) and stored row-major, so
-    later matmuls pick the same kernel for a block whatever its batch.
+    later matmuls pick the same kernel for a block whatever its batch; the
+    rows of a factor go in chunks (one row on CPU, :data:`ROOT_WORKSPACE_BYTES`
+    off it), each accepted into the state before the next is read, so the
+    step's temporaries do not grow with the group.
 
     Returns ``(consecutive failures of each row after this root step,
     the number of factors that failed)``, both device tensors; the limit of
@@ -144,94 +155,126 @@ def refresh_inverse_roots(
     method = cfg.root_inverse
     # Eq. (10b): fl32(tau) for eigh roots and eigenbases (None: no error computed).
     tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
+    count = n.shape[0]
     for k in bg.dims:
-        a = take(bg.factors[k], rows)
-        if bg.storage_dtype is not None:  # eq. (11b): the root in s
-            if bc is not None:  # float32 division, rounded to s (Meta's 0-d divisor)
-                a = (a.float() / bc.float()[:, None, None]).to(bg.storage_dtype)
-            new, good = rowwise(
-                partial(roots.root_inverse_eigh_stored, root=bg.roots[k], eps=cfg.epsilon,
-                        work_dtype=bg.dtype),
-                a,
-            )
-            new = new.contiguous().to(bg.root_dtype)  # eq. (11a) when set; exact otherwise
-            good = good & roots.finite_rows(new)
-            failed = ~good if ok is None else (~good & ok)
-            keep_new = good if ok is None else (good & ok)
-            old = take(bg.inverse_roots[k], rows)
-            bg.inverse_roots[k] = put(
-                bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
+        # The rows in chunks, each accepted into the state before the next is read
+        # (bounded temporaries): one row on CPU, ROOT_WORKSPACE_BYTES of factor off it.
+        size = bg.factors[k].shape[-1]
+        itemsize = max(bg.factors[k].element_size(), torch.finfo(bg.dtype).bits // 8)
+        chunk = (1 if bg.device.type == "cpu"
+                 else max(1, ROOT_WORKSPACE_BYTES // (size * size * itemsize)))
+        for j0 in range(0, count, chunk):
+            j1 = min(count, j0 + chunk)
+            part = slice(j0, j1)
+            failed = _refresh_rows(
+                bg, k, _sub_rows(rows, j0, j1, count, bg.device),
+                None if ok is None else ok[part], None if bc is None else bc[part], cfg, tau,
             )
             failures = failures + failed.sum()
-            failed_any |= failed
-            continue
-        if bc is not None:
-            a = a / bc[:, None, None]
-        if stats.trace_scaling_exponent > 0:  # eq. (7b), per row
-            trace = torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
-            # pow one row per call: batch invariance
-            scale = rowwise(partial(_trace_scale, eps=cfg.epsilon.value,
-                                    tau=stats.trace_scaling_exponent), trace)
-            a = a * scale[:, None, None]
-        ec = cfg.eigenvalue_correction
-        if ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
-            prev = take(bg.inverse_roots[k], rows)
-            new, good = rowwise(
-                partial(roots.qr_eigenbasis, eps=cfg.epsilon,
-                        max_iterations=ec.qr_max_iterations,
-                        tolerance=ec.basis_reuse_tolerance),
-                torch.stack([prev.to(a.dtype), a], dim=1),
-            )
-        elif ec is not None:
-            new, good = rowwise(partial(roots.eigenbasis, failure_threshold=tau), a)
-        elif isinstance(method, HigherOrderNewtonConfig):
-            new, good = rowwise(
-                partial(roots.root_inverse_higher_order, root=bg.roots[k], config=method), a
-            )
-        elif isinstance(method, CoupledNewtonConfig):
-            new, good = rowwise(
-                partial(roots.root_inverse_coupled_newton, root=int(bg.roots[k]),
-                        eps=cfg.epsilon, config=method,
-                        symmetric=not stats.quantized),  # eq. (20c): as read back
-                a,
-            )
-        else:
-            new, good = rowwise(
-                partial(roots.root_inverse_eigh, root=bg.roots[k], eps=cfg.epsilon,
-                        failure_threshold=tau),
-                a,
-            )
-        # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
-        new = new.contiguous()
-        if bg.rounds_roots:
-            new = new.to(bg.root_dtype)  # eq. (11a); elementwise, so batch invariant
-            good = good & roots.finite_rows(new)
-        if ec is not None and ec.basis_reuse_tolerance > 0 and ec.eigenbasis_method == "eigh":
-            # Eq. (17b): a row whose stored eigenbasis still fits keeps it (no failure).
-            prev = take(bg.inverse_roots[k], rows)
-            fits = rowwise(
-                partial(roots.basis_still_fits, eps=cfg.epsilon,
-                        tolerance=ec.basis_reuse_tolerance),
-                torch.stack([prev.to(a.dtype), a], dim=1),
-            ) & roots.finite_rows(a)
-            new = torch.where(fits[:, None, None], prev, new.to(prev.dtype))
-            good = good | fits
-        if stats.quantized:  # eq. (20c): the accepted root is stored
-            new = stored_with_diagonal(new, _SCALE_DTYPES[stats.scale_dtype])
-        failed = ~good if ok is None else (~good & ok)
-        keep_new = good if ok is None else (good & ok)
-        old = take(bg.inverse_roots[k], rows)
-        bg.inverse_roots[k] = put(
-            bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
-        )
-        failures = failures + failed.sum()
-        failed_any |= failed
+            failed_any[part] |= failed
     consecutive = take(bg.consecutive_failures, rows)
     updated = torch.where(failed_any, consecutive + 1, torch.zeros_like(consecutive))
     if ok is not None:
         updated = torch.where(ok, updated, consecutive)
     bg.consecutive_failures = put(bg.consecutive_failures, rows, updated)
     return updated, failures
+
+
+def _sub_rows(rows: Rows, j0: int, j1: int, count: int, device: torch.device) -> Rows:
+    """Rows ``j0:j1`` of ``rows`` (of ``count``); ``rows`` itself when that is all of them."""
+    if j0 == 0 and j1 == count:
+        return rows
+    if rows is None:
+        return torch.arange(j0, j1, dtype=torch.int64, device=device)
+    return rows[j0:j1]
+
+
+def _refresh_rows(
+    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, bc: torch.Tensor | None,
+    cfg: ShampooConfig, tau: float | None,
+) -> torch.Tensor:
+    """The new inverse root (or eigenbasis) of factor k of ``rows``, accepted in place
+    where it passed and ``ok``; returns the rows that failed (eq. 13)."""
+    stats = cfg.statistics
+    method = cfg.root_inverse
+    a = take(bg.factors[k], rows)
+    if bg.storage_dtype is not None:  # eq. (11b): the root in s
+        if bc is not None:  # float32 division, rounded to s (Meta's 0-d divisor)
+            a = (a.float() / bc.float()[:, None, None]).to(bg.storage_dtype)
+        new, good = rowwise(
+            partial(roots.root_inverse_eigh_stored, root=bg.roots[k], eps=cfg.epsilon,
+                    work_dtype=bg.dtype),
+            a,
+        )
+        new = new.contiguous().to(bg.root_dtype)  # eq. (11a) when set; exact otherwise
+        good = good & roots.finite_rows(new)
+        failed = ~good if ok is None else (~good & ok)
+        keep_new = good if ok is None else (good & ok)
+        old = take(bg.inverse_roots[k], rows)
+        bg.inverse_roots[k] = put(
+            bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
+        )
+        return failed
+    if bc is not None:
+        a = a / bc[:, None, None]
+    if stats.trace_scaling_exponent > 0:  # eq. (7b), per row
+        trace = torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
+        # pow one row per call: batch invariance
+        scale = rowwise(partial(_trace_scale, eps=cfg.epsilon.value,
+                                tau=stats.trace_scaling_exponent), trace)
+        a = a * scale[:, None, None]
+    ec = cfg.eigenvalue_correction
+    if ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
+        prev = take(bg.inverse_roots[k], rows)
+        new, good = rowwise(
+            partial(roots.qr_eigenbasis, eps=cfg.epsilon,
+                    max_iterations=ec.qr_max_iterations,
+                    tolerance=ec.basis_reuse_tolerance),
+            torch.stack([prev.to(a.dtype), a], dim=1),
+        )
+    elif ec is not None:
+        new, good = rowwise(partial(roots.eigenbasis, failure_threshold=tau), a)
+    elif isinstance(method, HigherOrderNewtonConfig):
+        new, good = rowwise(
+            partial(roots.root_inverse_higher_order, root=bg.roots[k], config=method), a
+        )
+    elif isinstance(method, CoupledNewtonConfig):
+        new, good = rowwise(
+            partial(roots.root_inverse_coupled_newton, root=int(bg.roots[k]),
+                    eps=cfg.epsilon, config=method,
+                    symmetric=not stats.quantized),  # eq. (20c): as read back
+            a,
+        )
+    else:
+        new, good = rowwise(
+            partial(roots.root_inverse_eigh, root=bg.roots[k], eps=cfg.epsilon,
+                    failure_threshold=tau),
+            a,
+        )
+    # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
+    new = new.contiguous()
+    if bg.rounds_roots:
+        new = new.to(bg.root_dtype)  # eq. (11a); elementwise, so batch invariant
+        good = good & roots.finite_rows(new)
+    if ec is not None and ec.basis_reuse_tolerance > 0 and ec.eigenbasis_method == "eigh":
+        # Eq. (17b): a row whose stored eigenbasis still fits keeps it (no failure).
+        prev = take(bg.inverse_roots[k], rows)
+        fits = rowwise(
+            partial(roots.basis_still_fits, eps=cfg.epsilon,
+                    tolerance=ec.basis_reuse_tolerance),
+            torch.stack([prev.to(a.dtype), a], dim=1),
+        ) & roots.finite_rows(a)
+        new = torch.where(fits[:, None, None], prev, new.to(prev.dtype))
+        good = good | fits
+    if stats.quantized:  # eq. (20c): the accepted root is stored
+        new = stored_with_diagonal(new, _SCALE_DTYPES[stats.scale_dtype])
+    failed = ~good if ok is None else (~good & ok)
+    keep_new = good if ok is None else (good & ok)
+    old = take(bg.inverse_roots[k], rows)
+    bg.inverse_roots[k] = put(
+        bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
+    )
+    return failed
 
 
 def rotate(bg: BlockGroup, x: torch.Tensor, rows: Rows, transpose: bool) -> torch.Tensor:
