@@ -330,6 +330,23 @@ def bench_anchors(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_scale(session: nox.Session) -> None:
+    """Shampoo's cost against AdamW at block sizes 256-2048 and widths 512-4096 (torch).
+
+    A fresh process per (width, block, optimizer): amortized step time, root
+    step, state and peak RSS, and a plot (docs/results.md); about 10 minutes on
+    2 cores. Args go to ``python -m shampoo_conformance.bench_scale`` (e.g.
+    ``-- --optimizers ours meta adamw`` adds Meta's, installed from
+    ../shared/thirdparty).
+    """
+    install_members(session, "matplotlib")
+    if "meta" in session.posargs and not install_snapshot(session, "meta"):
+        session.error(f"{ANCHOR_LIBRARIES['meta'][0]} not found in {THIRDPARTY}")
+    args = session.posargs or ["--plot", os.path.join("docs", "img", "scale_torch.png")]
+    session.run("python", "-m", "shampoo_conformance.bench_scale", *args, env=blas_env())
+
+
+@nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site with mkdocs, strict (broken links fail). Args go to mkdocs.
 
