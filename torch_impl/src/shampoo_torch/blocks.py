@@ -17,7 +17,7 @@ and :func:`assemble` puts per-block results back into per-parameter tensors.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -330,6 +330,24 @@ def assemble(
     for sl, blk in zip(layout.block_slices, blocks, strict=True):
         out[sl] = blk
     return out
+
+
+def row_chunks(
+    rows: Rows, count: int, row_bytes: int, budget: int, device: torch.device
+) -> Iterator[tuple[slice, Rows]]:
+    """The ``count`` rows ``rows`` (None: all of the group) in consecutive chunks of
+    at most ``budget`` bytes of ``row_bytes`` each (one row at least): each chunk's
+    positions among them and its :data:`Rows` (``rows`` itself for a single chunk)."""
+    step = max(1, budget // max(1, row_bytes))
+    for j0 in range(0, count, step):
+        j1 = min(count, j0 + step)
+        if j0 == 0 and j1 == count:
+            part: Rows = rows
+        elif rows is None:
+            part = torch.arange(j0, j1, dtype=torch.int64, device=device)
+        else:
+            part = rows[j0:j1]
+        yield slice(j0, j1), part
 
 
 def take(x: torch.Tensor, rows: Rows) -> torch.Tensor:

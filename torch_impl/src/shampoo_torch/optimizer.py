@@ -58,10 +58,16 @@ from shampoo_spec import (
 )
 
 from . import checkpoint, elementwise, grafting, preconditioner, refusal
-from .blocks import assemble, expand_blocks, gather, select_rows
+from .blocks import assemble, expand_blocks, gather, row_chunks, select_rows
 from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts, write_back
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
+
+#: Bytes of stacked blocks one chunk of a block group's directions (eqs. 16-18)
+#: holds at once; its mode products in flight are about twice that. Set by the
+#: benchmark: a whole group of 32 blocks of 1024 x 1024 (the 4096-wide MLP's)
+#: in flight at once took 3 x 128 MiB.
+DIRECTION_WORKSPACE_BYTES = 16 * 2**20
 
 
 class Shampoo(torch.optim.Optimizer):
@@ -485,17 +491,24 @@ class Shampoo(torch.optim.Optimizer):
         c.owned = {}
         for index, (members, rows, _) in c.selected.items():
             bg = gp.block_groups[index]
-            # Eq. (16) with inverse_root_dtype: the filtered gradient is rounded
-            # to the roots' dtype straight from its own (as Meta's grad.to(...)),
-            # not through the factor dtype (two roundings could differ).
-            fb = gather(bg, gp.layouts, c.filtered, members,
-                        bg.root_dtype if bg.rounds_roots and bg.dims else None)
-            pb = preconditioner.shampoo_direction(bg, fb, rows, cfg)
-            if graft.rescale_scope == "block":
-                gd = gather(bg, gp.layouts, c.graft_dir, members)
-                pb = preconditioner.rescale_blocks_to_graft(pb, gd, graft.norm_epsilon)
-            for j, r in enumerate(members):
-                c.owned[bg.members[r]] = pb[j]
+            # In chunks of rows, so the stacked blocks and the mode products in
+            # flight are DIRECTION_WORKSPACE_BYTES, not the group (every row is its
+            # own problem, batch invariance: the chunking does not change a bit).
+            row_bytes = math.prod(bg.shape) * torch.finfo(bg.dtype).bits // 8
+            for part, part_rows in row_chunks(rows, len(members), row_bytes,
+                                              DIRECTION_WORKSPACE_BYTES, bg.device):
+                chunk = members[part]
+                # Eq. (16) with inverse_root_dtype: the filtered gradient is rounded
+                # to the roots' dtype straight from its own (as Meta's grad.to(...)),
+                # not through the factor dtype (two roundings could differ).
+                fb = gather(bg, gp.layouts, c.filtered, chunk,
+                            bg.root_dtype if bg.rounds_roots and bg.dims else None)
+                pb = preconditioner.shampoo_direction(bg, fb, part_rows, cfg)
+                if graft.rescale_scope == "block":
+                    gd = gather(bg, gp.layouts, c.graft_dir, chunk)
+                    pb = preconditioner.rescale_blocks_to_graft(pb, gd, graft.norm_epsilon)
+                for j, r in enumerate(chunk):
+                    c.owned[bg.members[r]] = pb[j]
 
     def _exchange(self, cohorts: list[Cohort]) -> dict[BlockKey, torch.Tensor]:
         """Every block's direction, keyed (group, position, block).

@@ -44,6 +44,7 @@ from .blocks import (
     mode_product,
     mode_product_in,
     put,
+    row_chunks,
     take,
 )
 from .elementwise import _SCALE_DTYPES, stored_with_diagonal
@@ -161,14 +162,12 @@ def refresh_inverse_roots(
         # (bounded temporaries): one row on CPU, ROOT_WORKSPACE_BYTES of factor off it.
         size = bg.factors[k].shape[-1]
         itemsize = max(bg.factors[k].element_size(), torch.finfo(bg.dtype).bits // 8)
-        chunk = (1 if bg.device.type == "cpu"
-                 else max(1, ROOT_WORKSPACE_BYTES // (size * size * itemsize)))
-        for j0 in range(0, count, chunk):
-            j1 = min(count, j0 + chunk)
-            part = slice(j0, j1)
+        row_bytes = size * size * itemsize
+        budget = row_bytes if bg.device.type == "cpu" else ROOT_WORKSPACE_BYTES
+        for part, part_rows in row_chunks(rows, count, row_bytes, budget, bg.device):
             failed = _refresh_rows(
-                bg, k, _sub_rows(rows, j0, j1, count, bg.device),
-                None if ok is None else ok[part], None if bc is None else bc[part], cfg, tau,
+                bg, k, part_rows, None if ok is None else ok[part],
+                None if bc is None else bc[part], cfg, tau,
             )
             failures = failures + failed.sum()
             failed_any[part] |= failed
@@ -178,15 +177,6 @@ def refresh_inverse_roots(
         updated = torch.where(ok, updated, consecutive)
     bg.consecutive_failures = put(bg.consecutive_failures, rows, updated)
     return updated, failures
-
-
-def _sub_rows(rows: Rows, j0: int, j1: int, count: int, device: torch.device) -> Rows:
-    """Rows ``j0:j1`` of ``rows`` (of ``count``); ``rows`` itself when that is all of them."""
-    if j0 == 0 and j1 == count:
-        return rows
-    if rows is None:
-        return torch.arange(j0, j1, dtype=torch.int64, device=device)
-    return rows[j0:j1]
 
 
 def _refresh_rows(
