@@ -10,6 +10,7 @@ value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -203,6 +204,16 @@ def momentum(
     return out, buffers
 
 
+def all_finite_on_host(tensors: Sequence[torch.Tensor]) -> bool:
+    """True only if every entry of ``tensors`` is finite, read on the host from one sum
+    each; False off CPU (a read would sync the device) and wherever a sum is not
+    finite: an inf or NaN entry makes it so, and so may an overflow of finite
+    entries, for which the caller's exact per-entry test then runs.
+    """
+    return all(t.device.type == "cpu" and t.is_floating_point() and bool(torch.isfinite(t.sum()))
+               for t in tensors)
+
+
 def apply_update(
     p: torch.Tensor,
     w: torch.Tensor,
@@ -238,6 +249,14 @@ def apply_update(
             delta = delta - lr * wd.value * w
         new_w = w + delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype)  # eq. (21a)
     new_w = new_w.to(p.dtype)
+    quantized = any(st.get(key + SCALE_SUFFIX) is not None for key in buffers)
+    if not quantized and all_finite_on_host([new_w, *buffers.values()]):
+        # Every entry finite (checked on CPU, where reading it syncs no device):
+        # eq. (22) keeps all of them, so skip its per-entry test and selects.
+        for key, b in buffers.items():
+            write_momentum(st, key, b, tuple(p.shape))
+        p.copy_((new_w if ok is None else torch.where(ok, new_w, w)).view(p.shape))
+        return torch.zeros((), dtype=torch.bool, device=p.device)
     keep = torch.isfinite(new_w)
     for key, b in buffers.items():
         keep &= torch.isfinite(b)

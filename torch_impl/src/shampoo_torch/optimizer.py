@@ -33,7 +33,11 @@ exceptions: with ``failure.nonfinite_gradient = "raise"`` the eq. (3) flags
 are read on the host once per step (per device) to raise before any state
 changes (use ``"skip_block"`` for a sync-free step), and root steps (amortized) sync
 inside ``torch.linalg.eigh`` on CUDA, in the coupled Newton stopping test, and
-for ``failure.max_consecutive_root_failures``. Counters (:attr:`metrics`)
+for ``failure.max_consecutive_root_failures``. On CPU, where there is no device
+to wait for, two shortcuts read a flag on the host: eq. (22)'s guard skips its
+per-entry test when a sum of the new values is finite, and eq. (18)'s norm its
+overflow-safe form when the plain norm is finite (each gives the same bits).
+Counters (:attr:`metrics`)
 are device tensors read lazily. Distributed, the eq. (3) flags are one
 all-reduce (max) over the process group every step (so every rank raises
 together, or skips the same blocks), the root-failure limit an all-reduce
