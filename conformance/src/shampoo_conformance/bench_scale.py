@@ -57,16 +57,9 @@ def sizes(width: int) -> tuple[int, ...]:
 
 
 def make_model(width: int, seed: int = 0) -> Any:
-    import torch
+    from shampoo_torch.bench import make_model as mlp
 
-    torch.manual_seed(seed)
-    dims = sizes(width)
-    layers: list[torch.nn.Module] = []
-    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(dims) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
+    return mlp(seed, sizes(width))
 
 
 def meta_kwargs(block: int) -> dict[str, Any]:

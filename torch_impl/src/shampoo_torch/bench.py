@@ -40,12 +40,13 @@ BATCH = 512
 Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
 
 
-def make_model(seed: int = 0) -> torch.nn.Sequential:
+def make_model(seed: int = 0, sizes: tuple[int, ...] = SIZES) -> torch.nn.Sequential:
+    """An MLP of Linear layers ``sizes[0] -> sizes[1] -> ...`` with ReLU between them."""
     torch.manual_seed(seed)
     layers: list[torch.nn.Module] = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:], strict=True)):
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         layers.append(torch.nn.Linear(a, b))
-        if i < len(SIZES) - 2:
+        if i < len(sizes) - 2:
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
 

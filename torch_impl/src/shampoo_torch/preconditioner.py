@@ -197,14 +197,7 @@ def _refresh_rows(
             a,
         )
         new = new.contiguous().to(bg.root_dtype)  # eq. (11a) when set; exact otherwise
-        good = good & roots.finite_rows(new)
-        failed = ~good if ok is None else (~good & ok)
-        keep_new = good if ok is None else (good & ok)
-        old = take(bg.inverse_roots[k], rows)
-        bg.inverse_roots[k] = put(
-            bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
-        )
-        return failed
+        return _accept(bg, k, rows, new, good & roots.finite_rows(new), ok)
     if bc is not None:
         a = a / bc[:, None, None]
     if stats.trace_scaling_exponent > 0:  # eq. (7b), per row
@@ -258,13 +251,19 @@ def _refresh_rows(
         good = good | fits
     if stats.quantized:  # eq. (20c): the accepted root is stored
         new = stored_with_diagonal(new, _SCALE_DTYPES[stats.scale_dtype])
-    failed = ~good if ok is None else (~good & ok)
+    return _accept(bg, k, rows, new, good, ok)
+
+
+def _accept(bg: BlockGroup, k: int, rows: Rows, new: torch.Tensor, good: torch.Tensor,
+            ok: torch.Tensor | None) -> torch.Tensor:
+    """Eq. (13): store the new root of factor k of ``rows`` where it is good and the row
+    steps (``ok``), keep the previous one elsewhere; returns the rows that failed."""
     keep_new = good if ok is None else (good & ok)
     old = take(bg.inverse_roots[k], rows)
     bg.inverse_roots[k] = put(
         bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
     )
-    return failed
+    return ~good if ok is None else (~good & ok)
 
 
 def rotate(bg: BlockGroup, x: torch.Tensor, rows: Rows, transpose: bool) -> torch.Tensor:
