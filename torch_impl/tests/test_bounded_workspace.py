@@ -17,7 +17,7 @@ from shampoo_spec import (
     ScheduleConfig,
     ShampooConfig,
 )
-from shampoo_torch import optimizer
+from shampoo_torch import blocks
 from shampoo_torch.blocks import row_chunks
 
 
@@ -28,9 +28,11 @@ from shampoo_torch.blocks import row_chunks
     (100, 10_000, [5]),  # one chunk: the rows themselves
 ])
 def test_row_chunks_cover_the_rows_in_order(
-    rows: torch.Tensor | None, row_bytes: int, budget: int, sizes: list[int]
+    rows: torch.Tensor | None, row_bytes: int, budget: int, sizes: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    chunks = list(row_chunks(rows, 5, row_bytes, budget, torch.device("cpu")))
+    monkeypatch.setattr(blocks, "WORKSPACE_BYTES", budget)
+    chunks = list(row_chunks(rows, 5, row_bytes, torch.device("cpu")))
     assert [c.stop - c.start for c, _ in chunks] == sizes
     assert [c.start for c, _ in chunks] == [sum(sizes[:i]) for i in range(len(sizes))]
     every = torch.arange(5) if rows is None else rows
@@ -69,7 +71,7 @@ def test_directions_one_row_at_a_time_equal_one_whole_group(
     params = {"w": rng.standard_normal((12, 10)), "b": rng.standard_normal(12)}
     grads = [{k: rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(6)]
     whole = torch_run(CONFIGS[name], params, grads, dtype=np.float32)
-    monkeypatch.setattr(optimizer, "DIRECTION_WORKSPACE_BYTES", 1)  # one row per chunk
+    monkeypatch.setattr(blocks, "WORKSPACE_BYTES", 1)  # one row per chunk
     chunked = torch_run(CONFIGS[name], params, grads, dtype=np.float32)
     moved = False
     for a, b in zip(whole, chunked, strict=True):

@@ -332,13 +332,20 @@ def assemble(
     return out
 
 
+#: Bytes of stacked block rows that a chunked phase (inverse roots, directions)
+#: holds at once: its temporaries are a few times this, not the block group's size.
+#: Every row is its own problem (batch invariance), so no chunking changes a bit.
+WORKSPACE_BYTES = 16 * 2**20
+
+
 def row_chunks(
-    rows: Rows, count: int, row_bytes: int, budget: int, device: torch.device
+    rows: Rows, count: int, row_bytes: int, device: torch.device
 ) -> Iterator[tuple[slice, Rows]]:
     """The ``count`` rows ``rows`` (None: all of the group) in consecutive chunks of
-    at most ``budget`` bytes of ``row_bytes`` each (one row at least): each chunk's
-    positions among them and its :data:`Rows` (``rows`` itself for a single chunk)."""
-    step = max(1, budget // max(1, row_bytes))
+    at most :data:`WORKSPACE_BYTES` of ``row_bytes`` each (one row at least): each
+    chunk's positions among them and its :data:`Rows` (``rows`` itself for a single
+    chunk)."""
+    step = max(1, WORKSPACE_BYTES // max(1, row_bytes))
     for j0 in range(0, count, step):
         j1 = min(count, j0 + step)
         if j0 == 0 and j1 == count:

@@ -67,12 +67,6 @@ from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts,
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
 
-#: Bytes of stacked blocks one chunk of a block group's directions (eqs. 16-18)
-#: holds at once; its mode products in flight are about twice that. Set by the
-#: benchmark: a whole group of 32 blocks of 1024 x 1024 (the 4096-wide MLP's)
-#: in flight at once took 3 x 128 MiB.
-DIRECTION_WORKSPACE_BYTES = 16 * 2**20
-
 
 class Shampoo(torch.optim.Optimizer):
     """Shampoo with every option of :class:`shampoo_spec.ShampooConfig`.
@@ -495,12 +489,10 @@ class Shampoo(torch.optim.Optimizer):
         c.owned = {}
         for index, (members, rows, _) in c.selected.items():
             bg = gp.block_groups[index]
-            # In chunks of rows, so the stacked blocks and the mode products in
-            # flight are DIRECTION_WORKSPACE_BYTES, not the group (every row is its
-            # own problem, batch invariance: the chunking does not change a bit).
+            # In chunks of rows (blocks.WORKSPACE_BYTES), so the stacked blocks and
+            # the mode products in flight do not grow with the group.
             row_bytes = math.prod(bg.shape) * torch.finfo(bg.dtype).bits // 8
-            for part, part_rows in row_chunks(rows, len(members), row_bytes,
-                                              DIRECTION_WORKSPACE_BYTES, bg.device):
+            for part, part_rows in row_chunks(rows, len(members), row_bytes, bg.device):
                 chunk = members[part]
                 # Eq. (16) with inverse_root_dtype: the filtered gradient is rounded
                 # to the roots' dtype straight from its own (as Meta's grad.to(...)),

@@ -50,14 +50,6 @@ from .blocks import (
 from .elementwise import _SCALE_DTYPES, stored_with_diagonal
 from .invariance import rowwise
 
-#: Bytes of factor rows one chunk of a root refresh reads at once off CPU, where a
-#: batched decomposition of the chunk runs. A chunk's temporaries (its
-#: bias-corrected copy, the new roots, the accepted ones) are a few times its size,
-#: not the whole group's. On CPU every row is decomposed alone anyway
-#: (:func:`~shampoo_torch.invariance.rowwise`), so a chunk is one row there and the
-#: chunking does not change a bit.
-ROOT_WORKSPACE_BYTES = 256 * 2**20
-
 
 def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``x`` of shape [B] viewed to broadcast against a stack ``like`` [B, ...]."""
@@ -136,9 +128,9 @@ def refresh_inverse_roots(
     tau, ``fl32(e) >= fl32(tau)``. Computed one block per call on
     CPU (:func:`~shampoo_torch.invariance.rowwise`) and stored row-major, so
     later matmuls pick the same kernel for a block whatever its batch; the
-    rows of a factor go in chunks (one row on CPU, :data:`ROOT_WORKSPACE_BYTES`
-    off it), each accepted into the state before the next is read, so the
-    step's temporaries do not grow with the group.
+    rows of a factor go in chunks (:func:`~shampoo_torch.blocks.row_chunks`),
+    each accepted into the state before the next is read, so the step's
+    temporaries do not grow with the group.
 
     Returns ``(consecutive failures of each row after this root step,
     the number of factors that failed)``, both device tensors; the limit of
@@ -158,13 +150,11 @@ def refresh_inverse_roots(
     tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
     count = n.shape[0]
     for k in bg.dims:
-        # The rows in chunks, each accepted into the state before the next is read
-        # (bounded temporaries): one row on CPU, ROOT_WORKSPACE_BYTES of factor off it.
-        size = bg.factors[k].shape[-1]
-        itemsize = max(bg.factors[k].element_size(), torch.finfo(bg.dtype).bits // 8)
-        row_bytes = size * size * itemsize
-        budget = row_bytes if bg.device.type == "cpu" else ROOT_WORKSPACE_BYTES
-        for part, part_rows in row_chunks(rows, count, row_bytes, budget, bg.device):
+        # The rows in chunks (blocks.WORKSPACE_BYTES), each accepted into the state
+        # before the next is read: bounded temporaries (the factors are computed on
+        # in bg.dtype, at least as wide as their storage).
+        row_bytes = bg.factors[k].shape[-1] ** 2 * torch.finfo(bg.dtype).bits // 8
+        for part, part_rows in row_chunks(rows, count, row_bytes, bg.device):
             failed = _refresh_rows(
                 bg, k, part_rows, None if ok is None else ok[part],
                 None if bc is None else bc[part], cfg, tau,
