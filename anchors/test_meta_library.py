@@ -411,6 +411,37 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "corrected_eigenvalues_dtype": "float16",
         },
     },
+    # Eq. (16b): Meta's first-order classes as preconditioner_config (no factors).
+    # Without a graft each is that first-order method from step 1.
+    "diagonal_adagrad": {"preconditioner_config": {"type": "AdaGradPreconditionerConfig",
+                                                   "epsilon": 1e-8}, "lr": 0.01},
+    "diagonal_rmsprop": {"preconditioner_config": {"type": "RMSpropPreconditionerConfig",
+                                                   "beta2": 0.9, "epsilon": 1e-8},
+                         "lr": 0.001},
+    # Adam: betas[0] the filter, bias-corrected with use_bias_correction (torch's Adam).
+    "diagonal_adam": {"preconditioner_config": {"type": "AdamPreconditionerConfig",
+                                                "beta2": 0.99, "epsilon": 1e-8},
+                      "betas": [0.9, 0.99], "lr": 0.001, "weight_decay": 0.01},
+    "diagonal_adam_drop_weight": {
+        "preconditioner_config": {"type": "AdamPreconditionerConfig", "beta2": 0.99,
+                                  "drop_weighting_factor_on_gsquare": True},
+        "lr": 0.001},
+    "diagonal_sgd_momentum": {
+        "preconditioner_config": {"type": "SGDPreconditionerConfig"},
+        "iterate_averaging_config": {"type": "ClassicMomentumConfig", "momentum": 0.9,
+                                     "dampening": 0.0, "use_nesterov": True}},
+    # With a graft: the graft alone before the start step, then the diagonal
+    # direction rescaled to the graft's norm per block (eq. 18).
+    "diagonal_adagrad_adam_graft": {
+        "preconditioner_config": {"type": "AdaGradPreconditionerConfig"},
+        "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": 0.99, "epsilon": 1e-8},
+        "precondition_frequency": 5, "lr": 0.01, "max_preconditioner_dim": 8},
+    "sign_descent": {"preconditioner_config": {"type": "SignDescentPreconditionerConfig"},
+                     "lr": 0.001},
+    "sign_descent_rmsprop_graft": {
+        "preconditioner_config": {"type": "SignDescentPreconditionerConfig"},
+        "grafting_config": {"type": "RMSpropPreconditionerConfig", "beta2": 0.9},
+        "start_preconditioning_step": 3, "lr": 0.001, "max_preconditioner_dim": 8},
 }
 
 #: Cases whose Kronecker products (eq. 16) or eigenbasis rotations (eq. 17a) are
@@ -514,12 +545,18 @@ def _float64_kwargs(case: Mapping[str, Any], *, float32_lr: bool) -> dict[str, A
     """
     kwargs = {**copy.deepcopy(BASE_KWARGS), **copy.deepcopy(dict(case))}
     pc = kwargs.setdefault("preconditioner_config", copy.deepcopy(EIGEN64))
+    if pc["type"] not in STORAGE_DTYPES:  # a diagonal preconditioner (eq. 16b): no factors
+        return _float32_lr(kwargs) if float32_lr else kwargs
     if pc.get("factor_matrix_dtype") not in ("bfloat16", "float16"):
         pc["factor_matrix_dtype"] = "float64"  # a case that sets one tests it (eq. 11b)
     for key in STORAGE_DTYPES[pc["type"]]:
         pc.setdefault(key, "float64")  # a case that sets one tests it (inverse_root_dtype)
-    if float32_lr:
-        kwargs["lr"] = float(np.float32(kwargs["lr"]))
+    return _float32_lr(kwargs) if float32_lr else kwargs
+
+
+def _float32_lr(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The learning rate rounded to the nearest float32 (Meta's lr tensor: then exact)."""
+    kwargs["lr"] = float(np.float32(kwargs["lr"]))
     return kwargs
 
 

@@ -241,6 +241,54 @@ def test_never_starting_equals_the_grafting_optimizer(kind: str) -> None:
         np.testing.assert_allclose(got["w"], want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "rmsprop", "adam", "sgd_nesterov"])
+def test_diagonal_preconditioner_is_its_method_from_step_one(kind: str) -> None:
+    """Eq. (16b) without a graft: the same methods, from step 1, in any blocking."""
+    diagonal = {
+        "sgd": ss.DiagonalPreconditionerConfig(type="sgd"),
+        "sgd_nesterov": ss.DiagonalPreconditionerConfig(type="sgd"),
+        "adagrad": ss.DiagonalPreconditionerConfig(type="adagrad", epsilon=1e-10),
+        "rmsprop": ss.DiagonalPreconditionerConfig(type="rmsprop", beta2=0.99, epsilon=1e-8),
+        "adam": ss.DiagonalPreconditionerConfig(type="adam", beta2=0.999, epsilon=1e-8,
+                                                bias_correction=True),
+    }[kind]
+    filt = ss.GradientFilterConfig(beta1=0.9, bias_correction=True) if kind == "adam" else (
+        ss.GradientFilterConfig()
+    )
+    mom = ss.MomentumConfig(momentum=0.9, nesterov=True) if kind == "sgd_nesterov" else (
+        ss.MomentumConfig()
+    )
+    cfg = base(diagonal=diagonal, gradient_filter=filt, momentum=mom,
+               blocking=ss.BlockingConfig(max_preconditioner_dim=2))
+    gs = stream((3, 5), 10, seed=4)
+    w0 = np.random.default_rng(5).standard_normal((3, 5))
+    out = run(cfg, {"w": w0}, [{"w": g} for g in gs])
+    for got, want in zip(out, _first_order(kind, gs, w0, 0.1), strict=True):
+        np.testing.assert_allclose(got["w"], want, rtol=1e-12)
+
+
+def test_diagonal_preconditioner_rescaled_per_block_to_the_graft() -> None:
+    """Eq. (16b) with an SGD graft (eq. 18 per block): AdaGrad's direction on each
+    block, with the norm of that block's gradient; the graft alone before the start."""
+    gs = stream((2, 4), 5, seed=6)
+    cfg = base(diagonal=ss.DiagonalPreconditionerConfig(type="adagrad"),
+               grafting=ss.GraftingConfig(type="sgd"),
+               blocking=ss.BlockingConfig(max_preconditioner_dim=2, merge_dims_up_to=None),
+               schedule=ss.ScheduleConfig(start_preconditioning_step=3))
+    out = run(cfg, {"w": np.zeros((2, 4))}, [{"w": g} for g in gs])
+    w, v = np.zeros((2, 4)), np.zeros((2, 4))
+    for t, g in enumerate(gs, start=1):
+        v = v + g * g
+        d = g / (np.sqrt(v) + 1e-10)
+        p = g.copy()
+        if t >= 3:
+            for cols in (slice(0, 2), slice(2, 4)):
+                p[:, cols] = d[:, cols] * np.linalg.norm(g[:, cols]) / (
+                    np.linalg.norm(d[:, cols]) + 1e-16)
+        w = w - 0.1 * p
+        np.testing.assert_allclose(out[t - 1]["w"], w, rtol=1e-13)
+
+
 def test_decoupled_weight_decay_and_l2_closed_form() -> None:
     """SGD graft, never start: 'direction' decay is w <- w - lr (g + wd w); 'l2' the same."""
     gs = stream((4,), 5, seed=6)

@@ -151,6 +151,16 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                 if low.endswith("float16") and not low.endswith("bfloat16"):
                     kwargs["epsilon"] = max(kwargs["epsilon"], 1e-6)
     kwargs["preconditioner_config"] = pc
+    diagonal = draw(st.sampled_from([None, None, None, "SGD", "AdaGrad", "RMSprop", "Adam",
+                                     "SignDescent"]))
+    if diagonal is not None:  # eq. (16b): a first-order method in place of Shampoo
+        kwargs["preconditioner_config"] = dpc = {"type": f"{diagonal}PreconditionerConfig"}
+        if diagonal not in ("SGD", "SignDescent"):
+            dpc["epsilon"] = draw(small)
+        if diagonal in ("RMSprop", "Adam"):
+            dpc["beta2"] = draw(st.floats(0.5, 0.999))
+            dpc["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
+        return kwargs
     if corrected and graft is None:
         # Without a graft Meta applies the correction from step 1 (refused for a later start).
         kwargs["precondition_frequency"] = kwargs["start_preconditioning_step"] = 1

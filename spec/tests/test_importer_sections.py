@@ -391,6 +391,62 @@ def test_meta_grafting() -> None:
         meta._grafting({"type": "AdamPreconditionerConfig", "drop_weighting_factor_on_gsquare": 1})
 
 
+def test_meta_diagonal_preconditioners() -> None:
+    """Eq. (16b): Meta's first-order classes as ``preconditioner_config``."""
+    for kind, want in (
+        ("SGDPreconditionerConfig", ss.DiagonalPreconditionerConfig(type="sgd")),
+        ("AdaGradPreconditionerConfig", ss.DiagonalPreconditionerConfig(type="adagrad")),
+        ("RMSpropPreconditionerConfig",
+         ss.DiagonalPreconditionerConfig(type="rmsprop", beta2=0.99)),
+        ("AdamPreconditionerConfig",
+         ss.DiagonalPreconditionerConfig(type="adam", beta2=0.999, bias_correction=True)),
+        ("SignDescentPreconditionerConfig", ss.DiagonalPreconditionerConfig(type="sign")),
+    ):
+        c = ss.from_meta({"preconditioner_config": {"type": kind}, "precondition_frequency": 7})
+        assert c.diagonal == want
+        # No graft: Meta applies the diagonal from step 1 (use_grafting_method False);
+        # no roots, so the period has no effect.
+        assert (c.schedule.start_preconditioning_step, c.schedule.precondition_frequency) == (1, 1)
+        assert all(r == 0 for b in ss.plan_parameter((4, 6), c).blocks for r in b.roots)
+        grafted = ss.from_meta({"preconditioner_config": {"type": kind},
+                                "grafting_config": {"type": "AdaGradPreconditionerConfig"},
+                                "precondition_frequency": 7})
+        # With a graft: the graft before Meta's start (-1: the frequency, which sign
+        # descent sets to 1 first).
+        assert grafted.schedule.start_preconditioning_step == (
+            1 if kind == "SignDescentPreconditionerConfig" else 7)
+    dropped = ss.from_meta({"preconditioner_config": {
+        "type": "AdamPreconditionerConfig", "beta2": 0.9, "epsilon": 1e-8,
+        "drop_weighting_factor_on_gsquare": True}})
+    assert dropped.diagonal == ss.DiagonalPreconditionerConfig(
+        type="adam", beta2=0.9, epsilon=1e-8, ema_weight="one", bias_correction=False)
+    with pytest.raises(NotImplementedError, match=r"preconditioner_config\.scale_fn"):
+        ss.from_meta({"preconditioner_config": {
+            "type": "SignDescentPreconditionerConfig", "scale_fn": "l1"}})
+    with pytest.raises(ValueError, match=r"preconditioner_config has unknown key\(s\) \['beta1'\]"):
+        ss.from_meta({"preconditioner_config": {"type": "AdamPreconditionerConfig",
+                                                "beta1": 0.9}})
+
+
+def test_diagonal_refuses_kronecker_options() -> None:
+    """Eq. (16b) keeps no factors: options of theirs are refused, naming the field."""
+    d = ss.DiagonalPreconditionerConfig()
+    with pytest.raises(ValueError, match=r"ShampooConfig\.inverse_root_dtype = 'float32'"):
+        ss.ShampooConfig(diagonal=d, inverse_root_dtype="float32")
+    with pytest.raises(ValueError, match=r"ShampooConfig\.eigenvalue_correction"):
+        ss.ShampooConfig(diagonal=d, eigenvalue_correction=ss.EigenvalueCorrectionConfig())
+    with pytest.raises(ValueError, match=r"statistics\.storage"):
+        ss.ShampooConfig(diagonal=d, root_inverse=ss.CoupledNewtonConfig(),
+                         statistics=ss.StatisticsConfig(storage="int16_columnwise_diagonal"))
+    with pytest.raises(ValueError, match=r"diagonal\.beta2 = 0\.9 is invalid: allowed 1\.0 "
+                                         r"for diagonal type 'adagrad'"):
+        ss.DiagonalPreconditionerConfig(type="adagrad", beta2=0.9)
+    with pytest.raises(ValueError, match=r"diagonal\.type = 'lion'"):
+        ss.DiagonalPreconditionerConfig(type="lion")  # type: ignore[arg-type]
+    c = ss.ShampooConfig(diagonal=ss.DiagonalPreconditionerConfig(type="rmsprop", beta2=0.9))
+    assert ss.ShampooConfig.from_dict(c.to_dict()) == c
+
+
 def test_meta_gradient_filter() -> None:
     assert meta._gradient_filter(SHARED) == ss.GradientFilterConfig(
         beta1=0.9, beta3=None, bias_correction=True

@@ -21,6 +21,10 @@ differently):
   gives the same result here because there is no momentum after it, but
   "update" is the decoupled rule whatever the momentum.)
 
+The same methods as a diagonal preconditioner (eq. 16b: Meta's SGD, AdaGrad,
+RMSprop and Adam ``preconditioner_config``) without a graft, from step 1,
+equal them too, in blocks and with ``factor_dtype`` float32 (no effect there).
+
 Tolerance: float64, 30 steps; only the order of floating-point operations
 differs, so agreement to 1e-12 relative.
 """
@@ -28,11 +32,14 @@ differs, so agreement to 1e-12 relative.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
 
 from shampoo_spec import (
+    BlockingConfig,
+    DiagonalPreconditionerConfig,
     GradientFilterConfig,
     GraftingConfig,
     MomentumConfig,
@@ -49,6 +56,12 @@ SHAPES = [(7, 10), (7,), (3, 4, 5), ()]
 
 def config(**kw: object) -> ShampooConfig:
     return ShampooConfig(learning_rate=LR, schedule=NEVER, factor_dtype="float64", **kw)  # type: ignore[arg-type]
+
+
+def diagonal(**kw: object) -> ShampooConfig:
+    """Eq. (16b) from step 1 without a graft: blocks of 4, float32 factor_dtype (no effect)."""
+    return ShampooConfig(learning_rate=LR, diagonal=DiagonalPreconditionerConfig(**kw),  # type: ignore[arg-type]
+                         blocking=BlockingConfig(max_preconditioner_dim=4))
 
 
 CASES: dict[str, tuple[ShampooConfig, Callable[[list[torch.Tensor]], torch.optim.Optimizer]]] = {
@@ -76,6 +89,19 @@ CASES: dict[str, tuple[ShampooConfig, Callable[[list[torch.Tensor]], torch.optim
                      weight_decay=WeightDecayConfig(value=0.1, type="update")),
               lambda p: torch.optim.AdamW(p, lr=LR, betas=(0.8, 0.99), eps=1e-8,
                                           weight_decay=0.1)),
+    # Meta's first-order classes as preconditioner_config (eq. 16b).
+    "diagonal_sgd_momentum": (
+        replace(diagonal(type="sgd"), momentum=MomentumConfig(momentum=0.9, nesterov=True)),
+        lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9, nesterov=True)),
+    "diagonal_adagrad": (diagonal(type="adagrad", epsilon=1e-10),
+                         lambda p: torch.optim.Adagrad(p, lr=LR, eps=1e-10)),
+    "diagonal_rmsprop": (diagonal(type="rmsprop", beta2=0.9, epsilon=1e-8),
+                         lambda p: torch.optim.RMSprop(p, lr=LR, alpha=0.9, eps=1e-8)),
+    "diagonal_adamw": (
+        replace(diagonal(type="adam", beta2=0.99, epsilon=1e-8, bias_correction=True),
+                gradient_filter=GradientFilterConfig(beta1=0.8, bias_correction=True),
+                weight_decay=WeightDecayConfig(value=0.1, type="update")),
+        lambda p: torch.optim.AdamW(p, lr=LR, betas=(0.8, 0.99), eps=1e-8, weight_decay=0.1)),
 }
 
 

@@ -19,6 +19,7 @@ from shampoo_reference import run as reference_run
 from shampoo_spec import (
     BlockingConfig,
     CoupledNewtonConfig,
+    DiagonalPreconditionerConfig,
     EigenvalueCorrectionConfig,
     EpsilonConfig,
     FailureConfig,
@@ -88,6 +89,13 @@ RESUME_CASES = {
     "int8_momentum_skip_block": (
         dataclasses.replace(RICH, momentum=dataclasses.replace(
             RICH.momentum, storage="int8_columnwise"),
+            failure=FailureConfig(nonfinite_gradient="skip_block")),
+        torch.float32,
+    ),
+    # Eq. (16b): an Adam diagonal preconditioner (its V_D saved), blocks skipped too.
+    "diagonal_adam_skip_block": (
+        dataclasses.replace(RICH, diagonal=DiagonalPreconditionerConfig(
+            type="adam", beta2=0.99, bias_correction=True),
             failure=FailureConfig(nonfinite_gradient="skip_block")),
         torch.float32,
     ),

@@ -1,8 +1,9 @@
 """First-order optimizers written out directly, for the never-start law and the report.
 
 With the start step never reached, Shampoo is its grafting method (eq. 14)
-with the gradient filter (eq. 15) and momentum (eq. 20); these are those
-methods computed from their textbook formulas, not from the reference.
+with the gradient filter (eq. 15) and momentum (eq. 20), and without a graft
+a diagonal preconditioner (eq. 16b) is its method from step 1; these are
+those methods computed from their textbook formulas, not from the reference.
 
 :class:`AdamW` is the baseline of the backend report
 (``shampoo_conformance.report``): the NumPy twin of ``torch.optim.AdamW``
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 import shampoo_spec as ss
+from shampoo_spec.config import DiagonalType
 
 Array = NDArray[np.float64]
 
@@ -29,6 +32,14 @@ GRAFTS: dict[str, ss.GraftingConfig] = {
     "adagrad": ss.GraftingConfig(type="adagrad", epsilon=1e-8),
     "rmsprop": ss.GraftingConfig(type="rmsprop", beta2=0.9, epsilon=1e-8),
     "adam": ss.GraftingConfig(type="adam", beta2=0.99, epsilon=1e-8, bias_correction=True),
+}
+
+#: The same methods as diagonal preconditioners (eq. 16b), for the diagonal law.
+DIAGONALS: dict[str, ss.DiagonalPreconditionerConfig] = {
+    name: ss.DiagonalPreconditionerConfig(
+        type=cast(DiagonalType, g.type), beta2=g.beta2, epsilon=g.epsilon,
+        bias_correction=g.bias_correction)
+    for name, g in GRAFTS.items()
 }
 
 

@@ -207,6 +207,20 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
                 and statistics.initial_value == "zero")
     factor_storage = (draw(st.sampled_from([None, None, None, "bfloat16", "float16"]))
                       if storable else None)
+    # Eq. (16b): a diagonal preconditioner in place of the Kronecker one in a sixth of
+    # the draws (no factors: none of their storage rules).
+    diagonal = draw(st.sampled_from([None] * 5 + ["diagonal"])) if not int16 else None
+    if diagonal is not None:
+        dtype_ = draw(st.sampled_from(["sgd", "sign", "adagrad", "rmsprop", "adam"]))
+        decays = dtype_ in ("rmsprop", "adam")
+        diagonal = ss.DiagonalPreconditionerConfig(
+            type=dtype_, beta2=draw(st.sampled_from([0.9, 0.999])) if decays else 1.0,
+            ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"])) if decays
+            else "one_minus_beta2",
+            epsilon=draw(st.sampled_from([1e-10, 1e-3])),
+            bias_correction=dtype_ == "adam" and draw(st.booleans()),
+        )
+        factor_storage = None
     return ss.ShampooConfig(
         learning_rate=draw(st.sampled_from([0.01, 0.1])),
         statistics=statistics,
@@ -224,8 +238,9 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         # need configs drawn for it (tiny relative epsilons give roots near it);
         # the backends' own tests cover it.
         # (eq. 20c stores the roots as int16 instead).
-        inverse_root_dtype=None if int16 else draw(
+        inverse_root_dtype=None if int16 or diagonal is not None else draw(
             st.sampled_from([None, None, "float32", "bfloat16"])),
+        diagonal=diagonal,
         # The update rounded before it is added (eq. 21a, Meta's DDP communication_dtype).
         update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
         factor_storage_dtype=factor_storage,

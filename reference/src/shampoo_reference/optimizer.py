@@ -100,6 +100,8 @@ class ParameterState:
     stored: dict[str, tuple[NDArray[np.integer], NDArray[np.floating]]] = field(
         default_factory=dict
     )
+    #: Eq. (16b): the diagonal preconditioner's state V_D (adagrad, rmsprop, adam).
+    diagonal: Array | None = None
 
 
 @dataclass
@@ -217,7 +219,10 @@ class ReferenceShampoo:
         filtered = np.zeros(size_shape) if cfg.gradient_filter.enabled else None
         momentum = np.zeros(size_shape) if cfg.momentum.enabled else None
         graft_momentum = np.zeros(size_shape) if cfg.momentum.separate_buffers else None
-        return ParameterState(plan, blocks, graft, filtered, momentum, graft_momentum)
+        diagonal = (np.zeros(size_shape)
+                    if cfg.diagonal is not None and cfg.diagonal.has_state else None)
+        return ParameterState(plan, blocks, graft, filtered, momentum, graft_momentum,
+                              diagonal=diagonal)
 
     # ----------------------------------------------------------------- step
     def step(
@@ -326,10 +331,12 @@ class ReferenceShampoo:
 
     @staticmethod
     def _state_max_abs(st: ParameterState, slices: tuple[slice, ...], bs: BlockState) -> float:
-        """m of eq. (3): max |entry| of the block's factors, graft state V, moment D (0 if none)."""
+        """m of eq. (3): max |entry| of the block's factors, graft state V, moment D,
+        diagonal state V_D (0 if none)."""
         parts = [_max_abs(f) for f in bs.factors if f is not None]
-        if st.graft is not None:
-            parts.append(_max_abs(st.graft[slices]))
+        for elementwise in (st.graft, st.diagonal):
+            if elementwise is not None:
+                parts.append(_max_abs(elementwise[slices]))
         if bs.corrected_second_moment is not None:
             parts.append(_max_abs(bs.corrected_second_moment))
         return max(parts, default=0.0)
@@ -345,6 +352,11 @@ class ReferenceShampoo:
         # Eq. (14b): graft state; eq. (15): gradient filter. Elementwise.
         if st.graft is not None:
             st.graft = np.where(finite, grafting.update_state(st.graft, g, cfg.grafting), st.graft)
+        diagonal = None if cfg.diagonal is None else cfg.diagonal.as_graft()
+        if st.diagonal is not None:  # eq. (16b): V_D as eq. (14b), every step
+            assert diagonal is not None
+            st.diagonal = np.where(finite, grafting.update_state(st.diagonal, g, diagonal),
+                                   st.diagonal)
         filtered = self._filter(st, g, finite)
 
         # Eqs. (6)-(13): statistics and roots, block by block.
@@ -360,7 +372,11 @@ class ReferenceShampoo:
         # Eqs. (16)-(18): Shampoo direction, rescaled to the graft norm.
         use_shampoo = uses_preconditioner(t, cfg.schedule)
         need_shampoo = use_shampoo or st.graft_momentum is not None
-        shampoo_dir = self._shampoo_direction(st, filtered, graft_dir) if need_shampoo else None
+        # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with V_D);
+        # every block root is 0, so eq. (16) passes them through unchanged.
+        source = filtered if diagonal is None else grafting.direction(
+            filtered, st.diagonal, t, diagonal)
+        shampoo_dir = self._shampoo_direction(st, source, graft_dir) if need_shampoo else None
         if lagged:
             # Eq. (8), roots_take_effect="next_step": this step's direction used the
             # roots held before it; the roots refreshed now take effect from t + 1.

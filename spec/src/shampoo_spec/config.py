@@ -634,6 +634,60 @@ class GraftingConfig:
         return None if self.type == "none" else self.norm_scope
 
 
+#: The elementwise methods a diagonal preconditioner may be (eq. 16b).
+DiagonalType = Literal["sgd", "adagrad", "rmsprop", "adam", "sign"]
+DIAGONAL_TYPES: tuple[str, ...] = ("sgd", "adagrad", "rmsprop", "adam", "sign")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagonalPreconditionerConfig:
+    """A diagonal preconditioner in place of the Kronecker one, eq. (16b).
+
+    Meta's ``SGDPreconditionerConfig``, ``AdaGradPreconditionerConfig``,
+    ``RMSpropPreconditionerConfig``, ``AdamPreconditionerConfig`` and
+    ``SignDescentPreconditionerConfig`` (its default scale 1) given as
+    ``preconditioner_config``. The block direction is eq. (14c)'s elementwise
+    method applied to the filtered gradient with a state of its own,
+    ``V_D <- beta2 V_D + w G^2`` (eq. 14b, every step):
+
+    ``D(X) = X`` (sgd), ``sign(X)`` (sign), ``X / (sqrt(V_D / bc) + epsilon)``
+    (adagrad: beta2 = w = 1; rmsprop, adam: w = 1 - beta2, or 1 with
+    ``ema_weight="one"``; adam bias-corrects with ``bc = 1 - beta2^t``).
+
+    Grafting (eq. 18), momentum and weight decay apply to it as to eq. (16)'s
+    direction, so with ``grafting.type="none"`` and no filter or momentum the
+    step is the first-order method itself (``torch.optim.Adagrad``,
+    ``RMSprop``, ``Adam`` with the filter as its beta1, ``SGD``).
+    """
+
+    type: DiagonalType = "adagrad"
+    beta2: float = 1.0
+    ema_weight: Literal["one_minus_beta2", "one"] = "one_minus_beta2"
+    epsilon: float = 1e-10
+    bias_correction: bool = False
+
+    def __post_init__(self) -> None:
+        o = "diagonal"
+        v.choice(o, "type", self.type, DIAGONAL_TYPES)
+        # The same rules as the graft of the same type (eq. 14), checked there.
+        try:
+            self.as_graft()
+        except ValueError as err:
+            raise ValueError(str(err).replace("grafting", "diagonal")) from None
+
+    def as_graft(self) -> GraftingConfig:
+        """Eq. (14)'s method of the same type and values: the one rule both use."""
+        return GraftingConfig(
+            type=self.type, beta2=self.beta2, ema_weight=self.ema_weight,
+            epsilon=self.epsilon, bias_correction=self.bias_correction,
+        )
+
+    @property
+    def has_state(self) -> bool:
+        """Whether the diagonal keeps a state V_D (eq. 14b): adagrad, rmsprop, adam."""
+        return self.type in GRAFTING_TYPES_WITH_STATE
+
+
 @dataclass(frozen=True, kw_only=True)
 class GradientFilterConfig:
     """Exponential filtering of the gradient (Meta's betas[0], beta3), eq. (15).
@@ -964,6 +1018,7 @@ class ShampooConfig:
     root_inverse: RootInverseConfig = field(default_factory=EighConfig)
     exponents: ExponentConfig = field(default_factory=ExponentConfig)
     eigenvalue_correction: EigenvalueCorrectionConfig | None = None
+    diagonal: DiagonalPreconditionerConfig | None = None
     grafting: GraftingConfig = field(default_factory=GraftingConfig)
     gradient_filter: GradientFilterConfig = field(default_factory=GradientFilterConfig)
     momentum: MomentumConfig = field(default_factory=MomentumConfig)
@@ -989,6 +1044,8 @@ class ShampooConfig:
                 o, "eigenvalue_correction", self.eigenvalue_correction,
                 (EigenvalueCorrectionConfig,),
             )
+        if self.diagonal is not None:
+            v.instance(o, "diagonal", self.diagonal, (DiagonalPreconditionerConfig,))
         v.instance(o, "grafting", self.grafting, (GraftingConfig,))
         v.instance(o, "gradient_filter", self.gradient_filter, (GradientFilterConfig,))
         v.instance(o, "momentum", self.momentum, (MomentumConfig,))
@@ -1054,6 +1111,8 @@ class ShampooConfig:
                 "another placement with a Newton root_inverse.method or with "
                 "eigenvalue_correction (the pseudo-inverse is an eigh inverse root, eq. 10)",
             )
+        if self.diagonal is not None:
+            self._check_diagonal()
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
             v.fail(o, "learning_rate", self.learning_rate,
                    "a number > 0 with weight_decay.scale_by_lr_ratio (it divides by it)")
@@ -1077,6 +1136,24 @@ class ShampooConfig:
                         "exponents.overrides_by_order[]", "roots", item.roots,
                         "integer roots with root_inverse.method='coupled_newton'",
                     )
+
+    def _check_diagonal(self) -> None:
+        """Eq. (16b) replaces the Kronecker factors: their storage rules may not be set.
+
+        ``statistics``, ``epsilon``, ``root_inverse``, ``exponents``,
+        ``factor_dtype`` and the root schedule then have no effect (a section
+        always holds some value); eigenvalue correction (another direction) and
+        the rules that store factors or roots rounded (which do not exist) are
+        refused.
+        """
+        why = "with diagonal (eq. 16b keeps no Kronecker factors or roots)"
+        if self.eigenvalue_correction is not None:
+            v.fail("ShampooConfig", "eigenvalue_correction", "set", f"None {why}")
+        for name in ("inverse_root_dtype", "factor_storage_dtype"):
+            if getattr(self, name) is not None:
+                v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
+        if self.statistics.quantized:
+            v.fail("statistics", "storage", self.statistics.storage, f"'float' {why}")
 
     def _check_factor_storage(self) -> None:
         """Eq. (6a): the rest of the config must be what Meta's root computes in s."""

@@ -32,7 +32,9 @@ from typing import Any
 from ._validate import MAX_INTEGER
 from .config import (
     CoupledNewtonConfig,
+    DiagonalPreconditionerConfig,
     EighConfig,
+    GraftingConfig,
     HigherOrderNewtonConfig,
     OrderOverride,
     ShampooConfig,
@@ -253,6 +255,10 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     if c.statistics.trace_scaling_exponent > 0:  # eq. (7b)
         out["use_trace_scaling"] = True
         out["trace_scaling_exponent"] = c.statistics.trace_scaling_exponent
+    if c.diagonal is not None:
+        # Eq. (16b): the Kronecker sections (checked above as for Shampoo) have no
+        # effect; the round trip checks they hold what from_meta gives them.
+        return _meta_diagonal(c.diagonal, lacks)
     return out
 
 
@@ -504,6 +510,17 @@ _META_GRAFTS = {
 }
 
 
+def _meta_diagonal(d: DiagonalPreconditionerConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes a diagonal ``preconditioner_config`` (eq. 16b): Meta's first-order
+    class of the same type (:func:`_meta_first_order`), or sign descent with its
+    default scale."""
+    if d.type == "sign":
+        return {"type": "SignDescentPreconditionerConfig"}
+    out = _meta_first_order(d.as_graft(), "diagonal", lacks)
+    assert out is not None
+    return out
+
+
 def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     """Writes ``grafting_config`` (eqs. 14, 18): per-block norms with 1e-16."""
     g = c.grafting
@@ -513,14 +530,20 @@ def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     lacks.same("grafting.norm_epsilon", g.norm_epsilon, 1e-16, "Meta's graft norm epsilon")
     lacks.same("grafting.normalize_epsilon", g.normalize_epsilon, 1e-16,
                "Meta has no normalized grafts")
-    lacks.same("grafting.bias_correction", g.bias_correction,
-               g.type == "adam" and g.ema_weight == "one_minus_beta2",
-               "Meta bias-corrects the Adam graft only, and not with "
-               "drop_weighting_factor_on_gsquare (grafting.ema_weight 'one')")
     lacks.same("grafting.clip_rms", g.clip_rms, None, "Meta does not clip its graft")
+    return _meta_first_order(g, "grafting", lacks)
+
+
+def _meta_first_order(g: GraftingConfig, path: str, lacks: _Lacks) -> dict[str, Any] | None:
+    """Meta's SGD/AdaGrad/RMSprop/Adam config for eq. (14)'s method ``g`` (None for
+    none), as ``grafting_config`` or a diagonal ``preconditioner_config``."""
+    lacks.same(f"{path}.bias_correction", g.bias_correction,
+               g.type == "adam" and g.ema_weight == "one_minus_beta2",
+               "Meta bias-corrects Adam only, and not with drop_weighting_factor_on_gsquare "
+               "(ema_weight 'one')")
     if g.type in ("none", "sgd"):
-        lacks.same("grafting.epsilon", g.epsilon, 1e-10, f"unused by a {g.type!r} graft")
-        lacks.same("grafting.beta2", g.beta2, 1.0, f"unused by a {g.type!r} graft")
+        lacks.same(f"{path}.epsilon", g.epsilon, 1e-10, f"unused by {g.type!r}")
+        lacks.same(f"{path}.beta2", g.beta2, 1.0, f"unused by {g.type!r}")
     if g.type not in _META_GRAFTS:
         return None
     out: dict[str, Any] = {"type": _META_GRAFTS[g.type]}
@@ -607,6 +630,8 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google's power iteration stops at a change <= 1e-6")
     lacks.same("eigenvalue_correction", c.eigenvalue_correction, None,
                "Google has no eigenvalue-corrected Shampoo")
+    lacks.same("diagonal", c.diagonal, None,
+               "Google has no diagonal preconditioner in place of Shampoo's (eq. 16b)")
     lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
                "Google keeps its preconditioners in the computation dtype (eq. 11a)")
     lacks.same("factor_storage_dtype", c.factor_storage_dtype, None,

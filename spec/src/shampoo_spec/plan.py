@@ -13,7 +13,9 @@ construction.
 3. Block: split each merged dim into chunks of ``max_preconditioner_dim``,
    the remainder last; blocks are listed in row-major order of chunk index.
 4. Roots: each block dim gets the root r of eq. (12), 0 meaning "not
-   preconditioned" (identity factor).
+   preconditioned" (identity factor). With a diagonal preconditioner
+   (eq. 16b) every root is 0: the blocks exist (eq. 18 rescales per block)
+   but hold no factor.
 """
 
 from __future__ import annotations
@@ -161,6 +163,10 @@ def plan_parameter(shape: Sequence[int], config: ShampooConfig) -> ParameterPlan
     for combo in itertools.product(*chunks):
         offsets = tuple(start for start, _ in combo)
         bshape = tuple(length for _, length in combo)
-        roots = (0.0,) if no_dims else block_roots(len(bshape), mask, config.exponents)
+        if no_dims or config.diagonal is not None:
+            # Eq. (16b): a diagonal preconditioner has no factor on any dim.
+            roots = (0.0,) * len(bshape)
+        else:
+            roots = block_roots(len(bshape), mask, config.exponents)
         blocks.append(BlockPlan(offsets=offsets, shape=bshape, roots=roots))
     return ParameterPlan(shape, merged, True, tuple(blocks))

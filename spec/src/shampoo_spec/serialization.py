@@ -13,6 +13,7 @@ from typing import Any
 from .config import (
     BlockingConfig,
     CoupledNewtonConfig,
+    DiagonalPreconditionerConfig,
     EigenvalueCorrectionConfig,
     EighConfig,
     EpsilonConfig,
@@ -34,6 +35,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "epsilon": EpsilonConfig,
     "exponents": ExponentConfig,
     "eigenvalue_correction": EigenvalueCorrectionConfig,
+    "diagonal": DiagonalPreconditionerConfig,
     "grafting": GraftingConfig,
     "gradient_filter": GradientFilterConfig,
     "momentum": MomentumConfig,

@@ -30,7 +30,7 @@ def init_state(
 ) -> None:
     """A new parameter's ``step`` (0) and the zero elementwise state its config keeps.
 
-    ``graft`` (eq. 14b), ``filtered`` (eq. 15), ``momentum`` and with
+    ``graft`` (eq. 14b), ``diagonal`` (V_D, eq. 16b), ``filtered`` (eq. 15), ``momentum`` and with
     separate buffers ``graft_momentum`` (eq. 20), in the merged ``shape``;
     with ``momentum.storage="int8_columnwise"`` and a parameter of rank >= 2
     (``param_shape``), each buffer is int8 in ``param_shape`` and its scales
@@ -39,6 +39,7 @@ def init_state(
     st["step"] = 0
     wanted = {
         "graft": cfg.grafting.has_state,
+        "diagonal": cfg.diagonal is not None and cfg.diagonal.has_state,
         "filtered": cfg.gradient_filter.enabled,
         "momentum": cfg.momentum.enabled,
         "graft_momentum": cfg.momentum.separate_buffers,

@@ -388,6 +388,12 @@ class Shampoo(torch.optim.Optimizer):
                 st["graft"] = elementwise.masked(
                     grafting.update_state(st["graft"], c.g[i], cfg.grafting), st["graft"], ok
                 )
+            if "diagonal" in st:  # eq. (16b): V_D as eq. (14b), every step
+                assert cfg.diagonal is not None
+                st["diagonal"] = elementwise.masked(
+                    grafting.update_state(st["diagonal"], c.g[i], cfg.diagonal.as_graft()),
+                    st["diagonal"], ok,
+                )
             c.filtered[i] = elementwise.filter_gradient(st, c.g[i], c.t, cfg.gradient_filter, ok)
 
     def _block_state(self, c: Cohort) -> None:
@@ -486,6 +492,16 @@ class Shampoo(torch.optim.Optimizer):
         }
         if not (c.use_shampoo or cfg.momentum.separate_buffers):
             return
+        # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with its
+        # own V_D); every root is 0, so eq. (16) passes them through unchanged.
+        source = c.filtered
+        if cfg.diagonal is not None:
+            diagonal = cfg.diagonal.as_graft()
+            source = {
+                i: grafting.direction(c.filtered[i], self.state[params[i]].get("diagonal"),
+                                      c.t, diagonal)
+                for i in c.positions
+            }
         c.owned = {}
         for index, (members, rows, _) in c.selected.items():
             bg = gp.block_groups[index]
@@ -497,7 +513,7 @@ class Shampoo(torch.optim.Optimizer):
                 # Eq. (16) with inverse_root_dtype: the filtered gradient is rounded
                 # to the roots' dtype straight from its own (as Meta's grad.to(...)),
                 # not through the factor dtype (two roundings could differ).
-                fb = gather(bg, gp.layouts, c.filtered, chunk,
+                fb = gather(bg, gp.layouts, source, chunk,
                             bg.root_dtype if bg.rounds_roots and bg.dims else None)
                 pb = preconditioner.shampoo_direction(bg, fb, part_rows, cfg)
                 if graft.rescale_scope == "block":

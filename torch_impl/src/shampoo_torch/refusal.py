@@ -84,9 +84,10 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
         g_parts.append(block_max_abs(grid, inp.g[pos]).to(device, dt))
         m = held[lo:hi]
         f_parts.append(m)  # the factors alone (no corrected moment with stored factors)
-        graft = state[inp.params[pos]].get("graft")
-        if graft is not None:
-            m = torch.maximum(m, block_max_abs(grid, graft).to(device, dt))
+        for key in ("graft", "diagonal"):  # V of eq. (14b), V_D of eq. (16b)
+            elementwise = state[inp.params[pos]].get(key)
+            if elementwise is not None:
+                m = torch.maximum(m, block_max_abs(grid, elementwise).to(device, dt))
         m_parts.append(m)
     gmax, m = torch.cat(g_parts), torch.cat(m_parts)
     assert gp.block_sizes is not None

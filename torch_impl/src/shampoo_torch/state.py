@@ -10,6 +10,7 @@ s holding the Kronecker state, names, dtypes, owners when distributed).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -97,6 +98,10 @@ def build_param_group_plan(
     cfg: ShampooConfig = group["config"]
     params: list[torch.Tensor] = group["params"]
     fdt = FACTOR_DTYPES[cfg.factor_dtype]
+    if cfg.diagonal is not None:
+        # Eq. (16b) has no factors: its block directions stay in the parameters'
+        # precision (factor_dtype has no effect; float32 at least, as the state).
+        fdt = functools.reduce(torch.promote_types, (p.dtype for p in params), torch.float32)
     names = group.get("param_names") or [
         f"param_groups[{gi}]['params'][{i}] (shape {tuple(p.shape)})"
         for i, p in enumerate(params)

@@ -67,7 +67,12 @@ DEVIATIONS: tuple[Deviation, ...] = (
         config=_config(betas=[0.9, 0.999], use_bias_correction=True,
                        grafting_config={"type": "AdamPreconditionerConfig", "beta2": 0.999}),
         tests=("test_named_case_float64[meta_preset]",
-               "test_library_case_float64[adam_graft_ema]"),
+               "test_library_case_float64[adam_graft_ema]",
+               # Eq. (16b)'s law: the filter's correction (beta1 0.9; sign descent
+               # does not see a scale) and Adam's 1 - beta2^t.
+               *(f"test_diagonal_preconditioner_is_its_first_order_method[*-0.9-{m}]"
+                 for m in ("sgd", "adagrad", "rmsprop")),
+               "test_diagonal_preconditioner_is_its_first_order_method[*-adam]"),
         cause=("the bias corrections 1 - beta2^t of the factors and of the Adam/RMSprop "
                "grafts are built from torch.tensor(1.0) and the int64 step, so they take "
                f"torch's default dtype (float32) even for float64 parameters "
@@ -222,6 +227,15 @@ def _kwargs(draw: Any) -> dict[str, Any]:
         if draw(st.booleans()):
             pc["inverse_exponent_override"] = {2: draw(st.sampled_from([0.25, 0.5, 1.0]))}
     kwargs["preconditioner_config"] = pc
+    diagonal = draw(st.sampled_from([None, None, None, "SGD", "AdaGrad", "RMSprop", "Adam",
+                                     "SignDescent"]))
+    if diagonal is not None:  # eq. (16b): a first-order class as the preconditioner
+        kwargs["preconditioner_config"] = {"type": f"{diagonal}PreconditionerConfig"}
+        if diagonal == "RMSprop":
+            kwargs["preconditioner_config"]["beta2"] = draw(st.sampled_from([0.9, 0.999]))
+        if diagonal == "Adam":  # without drop_weighting_factor_on_gsquare its 1 - beta2^t
+            # is float32 (DEVIATIONS)
+            kwargs["preconditioner_config"]["drop_weighting_factor_on_gsquare"] = True
     return kwargs
 
 

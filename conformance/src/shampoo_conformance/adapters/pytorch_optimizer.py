@@ -117,6 +117,8 @@ def common_refusals(config: ShampooConfig) -> list[str]:
         out.append(f"update_dtype = {config.update_dtype!r} (no update dtype argument)")
     if config.eigenvalue_correction is not None:
         out.append("eigenvalue_correction (no eigenvalue-corrected Shampoo)")
+    if config.diagonal is not None:
+        out.append("diagonal (no diagonal preconditioner in place of Shampoo's, eq. 16b)")
     if config.gradient_filter.beta1 != 0.0:
         out.append(f"gradient_filter.beta1 = {config.gradient_filter.beta1!r} (no gradient "
                    "filter before preconditioning)")

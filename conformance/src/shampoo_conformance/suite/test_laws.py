@@ -93,6 +93,7 @@ def test_rotation_equivariance(
         root_inverse=root,
         eigenvalue_correction=correction,
         schedule=schedule,
+        diagonal=None,  # eq. (16b) is elementwise: not rotation covariant
         grafting=ss.GraftingConfig(type=("sgd" if seed % 2 else "none")),
         # One block per dim, nothing merged (3 * 4 and 5 * 2 exceed 5).
         blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=5),
@@ -157,6 +158,7 @@ def test_gradient_scale_invariance(
         momentum=replace(config.momentum, buffers="shared", storage="float",
                          scale_dtype="float32"),
         eigenvalue_correction=None,
+        diagonal=None,  # eq. (16b)'s SGD and epsilons are not scale invariant
         # Eq. (11b)'s rounding to s commutes with a power of 2 only (and eps = 0 there
         # leaves a rounded rank-deficient factor an infinite root).
         factor_storage_dtype=None,
@@ -250,6 +252,38 @@ def test_never_start_is_the_grafting_optimizer(
     ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
     bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
     _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"never-start = {graft}")
+
+
+@pytest.mark.parametrize("method", sorted(first_order.DIAGONALS))
+@pytest.mark.parametrize("beta1", [0.0, 0.9])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_diagonal_preconditioner_is_its_first_order_method(
+    backend: Backend, method: str, beta1: float, momentum: float
+) -> None:
+    """Eq. (16b) without a graft: SGD, sign descent, AdaGrad, RMSprop, Adam from step 1
+    (Meta's first-order preconditioner_config classes; torch.optim's methods)."""
+    config = replace(
+        _unrounded(S.base_config_for(backend)),
+        learning_rate=0.0625,
+        diagonal=first_order.DIAGONALS[method],
+        eigenvalue_correction=None,  # the diagonal replaces the preconditioner
+        factor_storage_dtype=None,
+        grafting=ss.GraftingConfig(),
+        gradient_filter=ss.GradientFilterConfig(beta1=beta1, bias_correction=True),
+        statistics=ss.StatisticsConfig(bias_correction=True),  # no effect; Meta's one flag
+        momentum=ss.MomentumConfig(momentum=momentum),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=1),
+    )
+    merged = config.blocking.merge_dims_up_to
+    config = replace(config, blocking=replace(  # blocks change nothing here
+        config.blocking, max_preconditioner_dim=2, merge_dims_up_to=None if merged is None else 2))
+    rng = np.random.default_rng(2)
+    grads = [rng.standard_normal((3, 5)) for _ in range(8)]
+    w0 = rng.standard_normal((3, 5))
+    want = first_order.trajectory(method, w0, grads, 0.0625, beta1, momentum)
+    ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
+    bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
+    _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"diagonal = {method}")
 
 
 @pytest.mark.random_configs

@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, cast
 
 from ..config import (
     MAX_NEWTON_ITERATIONS,
     BlockingConfig,
     CoupledNewtonConfig,
+    DiagonalPreconditionerConfig,
+    DiagonalType,
     EigenvalueCorrectionConfig,
     EighConfig,
     EpsilonConfig,
@@ -119,12 +121,16 @@ AMORTIZED_KEYS = {
 UNSUPPORTED_PRECONDITIONERS = {
     "EigendecomposedShampooPreconditionerConfig": "eigendecomposed Shampoo",
     "KLShampooPreconditionerConfig": "KL-Shampoo",
-    "SignDescentPreconditionerConfig": "sign descent",
     "SpectralDescentPreconditionerConfig": "spectral descent",
-    "SGDPreconditionerConfig": "SGD as the preconditioner",
-    "AdaGradPreconditionerConfig": "AdaGrad as the preconditioner",
-    "RMSpropPreconditionerConfig": "RMSprop as the preconditioner",
-    "AdamPreconditionerConfig": "Adam as the preconditioner",
+}
+
+#: Preconditioner config classes that are a diagonal preconditioner (eq. 16b).
+DIAGONAL_PRECONDITIONERS = {
+    "SGDPreconditionerConfig",
+    "AdaGradPreconditionerConfig",
+    "RMSpropPreconditionerConfig",
+    "AdamPreconditionerConfig",
+    "SignDescentPreconditionerConfig",
 }
 
 Placement = Literal["ridge", "shift_after", "pseudo_inverse"]
@@ -163,6 +169,7 @@ class Preconditioner(NamedTuple):
     root_inverse: RootInverseConfig
     exponents: ExponentConfig
     eigenvalue_correction: EigenvalueCorrectionConfig | None
+    diagonal: DiagonalPreconditionerConfig | None
     factor_dtype: FactorDtype
     inverse_root_dtype: InverseRootDtype | None
     factor_storage_dtype: FactorStorageDtype | None
@@ -196,6 +203,8 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
         blocking = _blocking(a, target_rank)
     with a.section():
         grafting = _grafting(a.get("grafting_config", None))
+    if pre.diagonal is not None:
+        schedule = _diagonal_schedule(a, schedule, pre.diagonal, grafting)
     start = schedule.start_preconditioning_step
     if pre.eigenvalue_correction is not None and grafting.type == "none" and start != 1:
         # Meta's use_grafting_method is False without a graft: it preconditions from
@@ -216,6 +225,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
             root_inverse=pre.root_inverse,
             exponents=pre.exponents,
             eigenvalue_correction=pre.eigenvalue_correction,
+            diagonal=pre.diagonal,
             grafting=grafting,
             gradient_filter=_gradient_filter(shared),
             momentum=momentum,
@@ -401,6 +411,13 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     """
     pc = a.get("preconditioner_config", None)
     kind = type_of("preconditioner_config", pc) or "RootInvShampooPreconditionerConfig"
+    diagonal = None
+    if kind in DIAGONAL_PRECONDITIONERS:
+        # Eq. (16b): no Kronecker factors; the shared values (betas[1], epsilon,
+        # use_bias_correction) are read as for the default RootInv config, where
+        # they have no effect, so the export writes them back unchanged.
+        diagonal = _diagonal(kind, pc)
+        pc, kind = None, "RootInvShampooPreconditionerConfig"
     if kind in UNSUPPORTED_PRECONDITIONERS:
         raise NotImplementedError(
             f"preconditioner_config.type = {kind!r} is not supported yet "
@@ -498,6 +515,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         root_inverse=root_inverse,
         exponents=exponents,
         eigenvalue_correction=correction,
+        diagonal=diagonal,
         factor_dtype=_FACTOR_DTYPES[factor_dtype],
         inverse_root_dtype=inverse_root_dtype,
         factor_storage_dtype=storage,
@@ -847,7 +865,54 @@ def _blocking(a: Args, target_rank: int | None) -> BlockingConfig:
     )
 
 
-def _grafting(cfg: Any) -> GraftingConfig:
+def _diagonal(kind: str, cfg: Any) -> DiagonalPreconditionerConfig:
+    """Reads a diagonal ``preconditioner_config`` (eq. 16b).
+
+    SGD, AdaGrad, RMSprop and Adam read as the graft of that class
+    (:func:`_grafting`: the same class, keys, defaults and rules);
+    ``SignDescentPreconditionerConfig`` with its default ``scale_fn``
+    (1: the direction is sign(F~)). A ``scale_fn`` is a Python function, not
+    JSON: any value of it is refused.
+    """
+    if kind == "SignDescentPreconditionerConfig":
+        args = Args("preconditioner_config", cfg, {"scale_fn"})
+        if "scale_fn" in args:
+            raise NotImplementedError(
+                f"preconditioner_config.scale_fn = {args.data['scale_fn']!r} is not supported "
+                "(a function; only SignDescentPreconditionerConfig's default scale 1 is, "
+                "eq. 16b)."
+            )
+        return DiagonalPreconditionerConfig(type="sign")
+    g = _grafting(cfg, "preconditioner_config")
+    return DiagonalPreconditionerConfig(
+        type=cast(DiagonalType, g.type), beta2=g.beta2, ema_weight=g.ema_weight,
+        epsilon=g.epsilon, bias_correction=g.bias_correction,
+    )
+
+
+def _diagonal_schedule(
+    a: Args, schedule: ScheduleConfig, diagonal: DiagonalPreconditionerConfig,
+    grafting: GraftingConfig,
+) -> ScheduleConfig:
+    """Eq. (8) for a diagonal preconditioner (eq. 16b), as Meta runs it.
+
+    Without a graft Meta applies the diagonal from step 1 (its
+    ``use_grafting_method`` is False): start 1. With one, the graft direction
+    before the start step, as for Shampoo. Sign descent: Meta sets
+    ``precondition_frequency`` to 1 before it reads a start of -1, so the
+    default start is 1 too. ``precondition_frequency`` is imported as 1: it
+    times only root steps (eq. 8), and a diagonal has no roots.
+    """
+    start = schedule.start_preconditioning_step
+    if grafting.type == "none" or (
+            diagonal.type == "sign" and a.get("start_preconditioning_step", -1) == -1):
+        start = 1
+    # No roots: the period has no effect (1, so that any start >= 1 is Meta's).
+    return dataclasses.replace(schedule, precondition_frequency=1,
+                               start_preconditioning_step=start)
+
+
+def _grafting(cfg: Any, owner: str = "grafting_config") -> GraftingConfig:
     """Reads ``grafting_config`` (null or a Meta preconditioner config).
 
     Returns ``grafting`` (eqs. 14, 18; per-block norms with 1e-16): SGD;
@@ -857,10 +922,10 @@ def _grafting(cfg: Any) -> GraftingConfig:
     ``grafting.ema_weight="one"``), never bias-corrected (Meta then drops
     Adam's correction too).
     """
-    kind = type_of("grafting_config", cfg)
+    kind = type_of(owner, cfg)
     if kind is None:
         return GraftingConfig(type="none")
-    args = Args("grafting_config", cfg, {"epsilon", "beta2", "drop_weighting_factor_on_gsquare"})
+    args = Args(owner, cfg, {"epsilon", "beta2", "drop_weighting_factor_on_gsquare"})
     if kind == "SGDPreconditionerConfig":
         return GraftingConfig(type="sgd")
     if kind == "AdaGradPreconditionerConfig":
@@ -875,7 +940,7 @@ def _grafting(cfg: Any) -> GraftingConfig:
             epsilon=args.number("epsilon", 1e-10),
             bias_correction=adam and not drop_weight,
         )
-    raise NotImplementedError(f"grafting_config.type = {kind!r} is not supported yet.")
+    raise NotImplementedError(f"{owner}.type = {kind!r} is not supported yet.")
 
 
 def _gradient_filter(shared: Shared) -> GradientFilterConfig:
