@@ -131,6 +131,21 @@ CONFIGS = {
         BASE, grafting=ss.GraftingConfig(type="adam", beta2=0.9, ema_weight="one"),
         update_dtype="bfloat16",
     ),
+    # Eq. (16b): a diagonal preconditioner (rmsprop, with its state V_D) in
+    # place of the factors: block groups without factors, rescaled per block
+    # to the adagrad graft.
+    "diagonal": dataclasses.replace(
+        BASE, diagonal=ss.DiagonalPreconditionerConfig(type="rmsprop", beta2=0.99)),
+    # Eq. (16b) as Adam: bias-corrected V_D, the filtered gradient, L2 decay
+    # into V_D, the parameter-scope rescale, separate momentum buffers.
+    "diagonal_adam": dataclasses.replace(
+        BASE,
+        diagonal=ss.DiagonalPreconditionerConfig(type="adam", beta2=0.99, bias_correction=True),
+        grafting=ss.GraftingConfig(type="adagrad", norm_scope="parameter"),
+        gradient_filter=ss.GradientFilterConfig(beta1=0.9, bias_correction=True),
+        momentum=ss.MomentumConfig(momentum=0.9, buffers="separate"),
+        weight_decay=ss.WeightDecayConfig(value=0.01, type="l2"),
+    ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.
@@ -227,7 +242,8 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.count) == STEPS
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
-    if name in ("eigh", "bf16_roots", "int8_momentum", "graft_weight_one_update_bf16"):
+    if name in ("eigh", "bf16_roots", "int8_momentum", "graft_weight_one_update_bf16",
+                "diagonal"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)
@@ -296,7 +312,7 @@ def test_padded_blocks_are_not_failures_nor_skipped() -> None:
 
 @pytest.mark.parametrize(("before", "after", "name"),
                          [(2, 3, "eigh"), (4, 1, "eigh"), (None, 4, "eigh"),
-                          (3, 2, "int8_momentum")])
+                          (3, 2, "int8_momentum"), (2, 3, "diagonal")])
 def test_checkpoint_restores_onto_another_device_count(before, after, name, data) -> None:  # noqa: ANN001
     config = CONFIGS[name]
     params, grads = data

@@ -211,6 +211,28 @@ def test_checkpoint_keeps_the_eigenvalue_correction_dtypes(tmp_path, q: str, d: 
         shampoo_jax.state_from_arrays(wrong, like=opt.init(p))
 
 
+def test_checkpoint_keeps_the_diagonal_state(tmp_path) -> None:  # noqa: ANN001
+    """Eq. (16b): the diagonal state V_D is saved (the last arrays, after every other
+    field), loads bit for bit through numpy.savez and resumes exactly; zeroing it
+    changes the next steps (it is not recomputed); a state saved without a diagonal
+    is refused naming the field."""
+    diagonal = ss.DiagonalPreconditionerConfig(type="adam", beta2=0.99, bias_correction=True)
+    config = dataclasses.replace(CONFIG, diagonal=diagonal)
+    opt, step, p, s, rest = _four_steps(config)
+    vd = jax.tree.leaves(s.diagonal)
+    assert [x.shape for x in vd] == [(5,), (6, 5)]  # b, w
+    assert all(float(np.min(np.asarray(x))) > 0 for x in vd)
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
+    for a, b in zip(arrays[-2 - len(vd):-2], vd, strict=True):  # before format and config
+        assert np.array_equal(a, np.asarray(b))
+    lost = s._replace(diagonal=jax.tree.map(jnp.zeros_like, s.diagonal))
+    assert not np.array_equal(np.asarray(step(p, lost, _jnp(rest[0]))[0]["w"]),
+                              np.asarray(step(p, s, _jnp(rest[0]))[0]["w"]))
+    plain = shampoo_jax.state_to_arrays(shampoo_jax.shampoo(CONFIG).init(p))
+    with pytest.raises(ValueError, match="diagonal"):
+        shampoo_jax.state_from_arrays(plain, like=opt.init(p))
+
+
 class _GroupBeforeRename(NamedTuple):
     """``BlockGroupState`` as it was before ``roots`` became ``inverse_roots``."""
 

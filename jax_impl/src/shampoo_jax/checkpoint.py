@@ -62,6 +62,10 @@ fields (``ShampooState.momentum_scale``, ``graft_momentum_scale``, in
 ``momentum.scale_dtype``): saved as they are, loaded only in exactly those
 dtypes (the config check, first, names a differing ``momentum.storage``).
 
+A diagonal preconditioner's state V_D (eq. 16b, ``ShampooState.diagonal``,
+the last field) is saved and restored as the graft state V is: its arrays
+follow the other fields', so a state without it keeps today's layout.
+
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built
 (a finite state stays finite, so such a file is damaged).

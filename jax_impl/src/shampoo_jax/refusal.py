@@ -3,7 +3,8 @@
 A block is refused when its gradient has a non-finite entry or when its
 state could leave float32's range: ``m + |B| g^2 > STATE_LIMIT``
 (``shampoo_spec.block_overflows``, computed here on traced arrays in float32
-or wider, a NaN refusing). Refused blocks are zeroed in the gradients and
+or wider, a NaN refusing; m includes the graft state V and a diagonal
+preconditioner's V_D, eq. 16b). Refused blocks are zeroed in the gradients and
 masked out of every state update by the phases of :mod:`shampoo_jax.transform`.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -91,7 +93,7 @@ def passes(x: Array, held: Array | None, factors: Array | None = None,
 def refuse_blocks(
     g: list[Array],
     state: ShampooState,
-    v: list[Array] | None,
+    elementwise: Sequence[list[Array]],
     layout: B.Layout,
     fdt: Any,
     sharding: ShardingConfig | None,
@@ -102,16 +104,18 @@ def refuse_blocks(
     A block is refused when its gradient has a non-finite entry or when the
     overflow bound ``m + |B| g^2 > STATE_LIMIT`` holds
     (``shampoo_spec.block_overflows``): g = max |G_B|, m = the largest
-    |entry| of the block's factors, graft state V (on its slice) and
-    corrected moment D. With ``limit`` (float16 factors, ``shampoo_spec.factor_limit``,
-    eq. 11b) also ``m_f + |B| g^2 > limit``, m_f of the factors alone. A parameter
-    that is not preconditioned is one block (no factors: no factor limit).
-    ``v``: the graft state in merged shapes (None: no graft state).
+    |entry| of the block's factors, graft state V and diagonal state V_D
+    (eq. 16b; both on its slice) and corrected moment D. With ``limit``
+    (float16 factors, ``shampoo_spec.factor_limit``, eq. 11b) also
+    ``m_f + |B| g^2 > limit``, m_f of the factors alone. A parameter that is
+    not preconditioned is one block (no factors: no factor limit).
+    ``elementwise``: the elementwise states that count in m, each a list of
+    merged-shape leaves (V, V_D where the config keeps them; empty: none).
     """
     g_blocks = B.gather(g, layout)
     held = held_max(state.groups, layout, sharding)
     factors_held = list(held)  # the factors alone (no D with stored factors): ``limit``'s m
-    if v is not None and layout.groups:
+    for v in elementwise if layout.groups else ():
         for gi, vb in enumerate(B.gather(v, layout)):
             m = max_abs(vb, tuple(range(1, vb.ndim)))
             h = held[gi]
@@ -130,7 +134,10 @@ def refuse_blocks(
         if leaf.refs:
             finite.append(B.block_flags_to_leaf(block_ok, leaf))
         else:
-            vi = None if v is None else max_abs(v[i], tuple(range(v[i].ndim)))[None]
+            vi: Array | None = None
+            for v in elementwise:
+                m = max_abs(v[i], tuple(range(v[i].ndim)))[None]
+                vi = m if vi is None else jnp.maximum(vi, m)
             ok = passes(g[i][None], vi)[0]
             finite.append(jnp.broadcast_to(ok, g[i].shape))
             per_parameter = per_parameter.at[i].add((~ok).astype(jnp.int32))

@@ -236,6 +236,7 @@ def shard_state(
         filtered=elementwise(state.filtered),
         momentum=elementwise(state.momentum),
         graft_momentum=elementwise(state.graft_momentum),
+        diagonal=elementwise(state.diagonal),  # eq. (16b)'s V_D: elementwise, as V
         root_failures=place(state.root_failures, rep),
         skipped_blocks=place(state.skipped_blocks, rep),
         skipped_per_parameter=(None if state.skipped_per_parameter is None

@@ -1,4 +1,4 @@
-"""The optimizer state pytree and its initialisation (docs/spec.md eqs. 6, 13-15, 17, 20).
+"""The optimizer state pytree and its initialisation (docs/spec.md eqs. 6, 13-15, 16b, 17, 20).
 
 :class:`ShampooState` is what ``shampoo(config).init(params)`` returns: a
 NamedTuple of arrays (checkpoint it as is). Per-block state lives in one
@@ -78,7 +78,7 @@ class ShampooState(NamedTuple):
     """The whole optimizer state: a pytree of arrays (checkpoint it as is).
 
     Elementwise states (``graft``, ``filtered``, ``momentum``,
-    ``graft_momentum``) have the structure and shapes of the parameters, or
+    ``graft_momentum``, ``diagonal``) have the structure and shapes of the parameters, or
     are None when the config does not use them. ``root_failures`` counts
     failed inverse roots (eq. 13), ``skipped_blocks`` blocks whose gradient
     was non-finite or would overflow the state (eq. 3), and
@@ -90,7 +90,11 @@ class ShampooState(NamedTuple):
     (eq. 20b) the momentum leaves of parameters of rank >= 2 are int8, and
     ``momentum_scale`` / ``graft_momentum_scale`` hold their scales, a tuple
     with one entry per parameter leaf (flattening order; None for a buffer
-    kept in float); both are None without int8 storage.
+    kept in float); both are None without int8 storage. ``diagonal`` is the
+    state V_D of a diagonal preconditioner (eq. 16b, ``config.diagonal``
+    with a state: adagrad, rmsprop, adam), elementwise like ``graft``; None
+    otherwise. It is the last field, so the arrays of every state without it
+    keep their positions (:mod:`shampoo_jax.checkpoint`).
     """
 
     # The field shadows tuple.count; the name is optax's convention (and public).
@@ -107,6 +111,7 @@ class ShampooState(NamedTuple):
     withheld_updates: Any = None
     momentum_scale: Any = None
     graft_momentum_scale: Any = None
+    diagonal: Any = None
 
 
 def _x64_enabled() -> bool:
@@ -282,6 +287,8 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
         withheld_updates=jnp.zeros((), jnp.int32),
         momentum_scale=init_scales(shapes, config) if mom.enabled else None,
         graft_momentum_scale=init_scales(shapes, config) if mom.separate_buffers else None,
+        # Eq. (16b): V_D starts at zero, as the graft state V (eq. 14b).
+        diagonal=zeros() if config.diagonal is not None and config.diagonal.has_state else None,
     )
 
 

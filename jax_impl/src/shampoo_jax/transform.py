@@ -9,8 +9,11 @@ after another:
    could overflow their state (``shampoo_spec.block_overflows``), are masked
    out of every state update (eq. 3);
 3. elementwise: :func:`_update_graft_state` (eq. 14b),
+   :func:`_update_diagonal_state` (eq. 16b's V_D, by eq. 14b's rule),
    :func:`_filter_gradient` (eq. 15), :func:`_graft_directions` (eq. 14c);
-4. :func:`_shampoo_directions`: per block group, statistics (eq. 6),
+4. :func:`_shampoo_directions`: with a diagonal preconditioner (eq. 16b)
+   the blocks are eq. (14c)'s ``D(F~)`` with V_D and hold no factors; per
+   block group, statistics (eq. 6),
    inverse roots under ``lax.cond`` (eqs. 7, 9-13), the eigenvalue-corrected
    moment (eq. 17) and the preconditioned blocks (eqs. 16-18), all in
    :func:`shampoo_jax.preconditioner.block_step` (on one device, or on each
@@ -188,18 +191,20 @@ def shampoo(
         if isinstance(lr_t, (int, np.integer)):
             lr_t = float(lr_t)  # a Python int such as 2**62 overflows JAX's int32 arguments
         g, w = _merged_inputs(g_leaves, params, tree, config)
-        v = tree.merged(state.graft) if state.graft is not None else None
-        masked = refuse_blocks(g, state, v, layout, fdt, sharding,
+        # Eq. (3)'s m: the graft state V and the diagonal state V_D (eq. 16b) count.
+        held = [tree.merged(x) for x in (state.graft, state.diagonal) if x is not None]
+        masked = refuse_blocks(g, state, held, layout, fdt, sharding,
                                factor_limit(config.factor_storage_dtype))
         graft_state = _update_graft_state(state.graft, masked, tree, config.grafting)
+        diagonal_state = _update_diagonal_state(state.diagonal, masked, tree, config)
         used, new_filtered = _filter_gradient(
             state.filtered, masked, t, tree, config.gradient_filter
         )
         graft_dir = _graft_directions(used, graft_state, t, config.grafting)
         use_shampoo = schedule.uses_preconditioner(t, config.schedule)
         groups, failures, shampoo_dir = _shampoo_directions(
-            state, masked, used, graft_dir, use_shampoo, t, layout, fdt, config, sharding,
-            _lr_ratio(lr, lr_t, config),
+            state, masked, used, diagonal_state, graft_dir, use_shampoo, t, layout, fdt,
+            config, sharding, _lr_ratio(lr, lr_t, config),
         )
         # Eq. (20b): int8 buffers are read back as floats, updated, then quantized.
         floats = _read_momentum(state, tree, g_leaves)
@@ -227,6 +232,7 @@ def shampoo(
                               else state.withheld_updates + withheld),
             momentum_scale=mom_scale,
             graft_momentum_scale=gmom_scale,
+            diagonal=tree.unmerged(diagonal_state, state.diagonal),
         )
         return jax.tree.unflatten(treedef, out), new_state
 
@@ -282,6 +288,22 @@ def _update_graft_state(
     ]
 
 
+def _update_diagonal_state(
+    diagonal_state: Any, masked: Refused, tree: _Tree, config: ShampooConfig
+) -> list[Array] | None:
+    """Eq. (16b): the diagonal preconditioner's state V_D, by eq. (14b)'s rule.
+
+    Updated every step (not only on statistics steps: it is an elementwise
+    method's second moment, as the graft state V) with ``diagonal.as_graft()``,
+    from the same gradient as V and with the same mask. None without a state
+    (no ``config.diagonal``, or its sgd and sign types).
+    """
+    if diagonal_state is None:
+        return None
+    assert config.diagonal is not None  # the state exists only with a diagonal
+    return _update_graft_state(diagonal_state, masked, tree, config.diagonal.as_graft())
+
+
 def _filter_gradient(
     filtered: Any, masked: Refused, t: Array, tree: _Tree, filt: GradientFilterConfig
 ) -> tuple[list[Array], list[Array] | None]:
@@ -323,6 +345,7 @@ def _shampoo_directions(
     state: ShampooState,
     masked: Refused,
     used: list[Array],
+    diagonal_state: list[Array] | None,
     graft_dir: list[Array],
     use_shampoo: schedule.Flag,
     t: Array,
@@ -339,10 +362,17 @@ def _shampoo_directions(
     direction is used this step or feeds the separate Shampoo momentum
     buffer; the directions are None otherwise. On one device or on the
     devices that own the blocks (:mod:`shampoo_jax.sharded`).
+
+    With a diagonal preconditioner (eq. 16b) the blocks fed to eq. (16) are
+    ``D(F~)``, eq. (14c)'s direction of ``config.diagonal`` with its state
+    V_D (``diagonal_state``, merged leaves); every root is then 0, so eq. (16)
+    passes them through and eq. (18) rescales them as any Shampoo block.
     """
     need_shampoo = use_shampoo is not False or state.graft_momentum is not None
     f_blocks = gd_blocks = None
     if need_shampoo:
+        if config.diagonal is not None:
+            used = _graft_directions(used, diagonal_state, t, config.diagonal.as_graft())
         # With inverse_root_dtype (or eigenvectors_dtype) the blocks keep the
         # filtered gradient's dtype here: precondition_blocks rounds them to the
         # roots' dtype straight from it (eqs. 16, 17a), never through the factor
