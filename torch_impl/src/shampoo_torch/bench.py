@@ -11,6 +11,11 @@ periods alternate in one run (Shampoo, AdamW, Shampoo, AdamW, ...), each
 period containing exactly one root step, so the per-step times compare like
 for like on the same machine state.
 
+A third optimizer runs alongside, Shampoo with Meta's
+``AdamPreconditionerConfig`` as its preconditioner (eq. 16b, the diagonal
+that makes it Adam): what the spec's machinery costs over ``torch.optim.AdamW``
+for the same numbers.
+
 It also reports the optimizer step alone (``opt.step()``, non-root steps):
 its FLOPs from the shape plan (statistics ``2 n_k |B|`` and preconditioning
 ``2 n_k |B|`` per block B and preconditioned dim k) divided by its time,
@@ -65,6 +70,34 @@ def shampoo_config(period: int = 100) -> ShampooConfig:
     schedule = dataclasses.replace(config.schedule, precondition_frequency=period,
                                    start_preconditioning_step=period)
     return dataclasses.replace(config, schedule=schedule)
+
+
+def diagonal_config() -> ShampooConfig:
+    """Eq. (16b): Meta's Adam as ``preconditioner_config``, no graft; the step is Adam's."""
+    return from_meta({
+        "lr": 1e-3, "betas": [0.9, 0.999], "max_preconditioner_dim": 1024,
+        "preconditioner_config": {"type": "AdamPreconditionerConfig", "beta2": 0.999,
+                                  "epsilon": 1e-8},
+    })
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in ``opt.state_dict()`` (optimizer state only)."""
+    total = 0
+
+    def visit(x: object) -> None:
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size()
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    visit(opt.state_dict()["state"])
+    return total
 
 
 def step_flops(
@@ -149,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     config = shampoo_config(args.period)
     shampoo = Trainer("Shampoo", lambda p: Shampoo(p, config))
     adamw = Trainer("AdamW", lambda p: torch.optim.AdamW(p, lr=1e-3))
+    diagonal = Trainer("diagonal Adam", lambda p: Shampoo(p, diagonal_config()))
     n_params = sum(p.numel() for p in shampoo.model.parameters())
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"MLP {SIZES} ({n_params / 1e6:.2f}M params), batch {BATCH}, float32")
@@ -157,9 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     # Warm up past the start step (Shampoo's direction is used from t = period on).
     shampoo.run(args.period, record=False)
     adamw.run(10, record=False)
+    diagonal.run(10, record=False)
     for _ in range(args.periods):
         shampoo.run(args.period)
         adamw.run(args.period)
+        diagonal.run(args.period)
     rate = max(rate_before, matmul_rate())
     print(f"float32 1024x1024 matmul (best of 5, before/after): "
           f"{rate_before / 1e9:.0f} / {rate / 1e9:.0f} GFLOP/s")
@@ -189,6 +225,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Shampoo non-root step: {flops / 1e9:.2f} GFLOP (statistics + preconditioning) in "
           f"{med(plain):.1f} ms (median) -> {achieved / 1e9:.0f} GFLOP/s = "
           f"{100 * achieved / rate:.0f}% of the matmul rate")
+    d_ms, d_opt = ms(diagonal.step_times), [dt for _, dt in diagonal.opt_times]
+    print(f"diagonal Adam (eq. 16b, Shampoo with Meta's AdamPreconditionerConfig): whole step "
+          f"mean {d_ms:.1f} ms = {d_ms / a_ms:.2f}x AdamW, {d_ms / s_ms:.2f}x Shampoo; optimizer "
+          f"step median {med(d_opt):.1f} ms ({med(d_opt) / med(adam_opt):.2f}x AdamW's); state "
+          f"{state_bytes(diagonal.opt) / 2**20:.1f} MiB (AdamW "
+          f"{state_bytes(adamw.opt) / 2**20:.1f}, Shampoo {state_bytes(shampoo.opt) / 2**20:.1f})")
     print(f"final loss: Shampoo {shampoo.loss:.4f}, AdamW {adamw.loss:.4f} (random data); "
           f"Shampoo metrics {shampoo.opt.metrics}")
 
