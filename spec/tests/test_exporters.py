@@ -151,6 +151,17 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                 if low.endswith("float16") and not low.endswith("bfloat16"):
                     kwargs["epsilon"] = max(kwargs["epsilon"], 1e-6)
     kwargs["preconditioner_config"] = pc
+    if draw(st.sampled_from([False] * 7 + [True])):  # eq. (16c): spectral descent
+        oc = draw(st.sampled_from([
+            None, {"type": "SVDOrthogonalizationConfig"},
+            {"type": "SVDOrthogonalizationConfig", "scale_by_nuclear_norm": True},
+            {"type": "NewtonSchulzOrthogonalizationConfig",
+             "num_iterations": draw(st.integers(0, 20)),
+             "coefficients": [3.0, -3.2, 1.2]}]))
+        kwargs["preconditioner_config"] = {"type": "SpectralDescentPreconditionerConfig"}
+        if oc is not None:
+            kwargs["preconditioner_config"]["orthogonalization_config"] = oc
+        return kwargs
     diagonal = draw(st.sampled_from([None, None, None, "SGD", "AdaGrad", "RMSprop", "Adam",
                                      "SignDescent"]))
     if diagonal is not None:  # eq. (16b): a first-order method in place of Shampoo

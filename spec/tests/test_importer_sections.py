@@ -428,6 +428,47 @@ def test_meta_diagonal_preconditioners() -> None:
                                                 "beta1": 0.9}})
 
 
+def test_meta_spectral_descent() -> None:
+    """Eq. (16c): Meta's SpectralDescentPreconditionerConfig and its orthogonalizations."""
+    spectral = {"type": "SpectralDescentPreconditionerConfig"}
+    c = ss.from_meta({"preconditioner_config": spectral, "precondition_frequency": 7,
+                      "distributed_config": {"type": "SingleDeviceDistributedConfig",
+                                             "target_parameter_dimensionality": "inf"}})
+    assert c.spectral == ss.SpectralDescentConfig()  # Newton-Schulz, Muon's coefficients
+    # Meta sets target_parameter_dimensionality 2 and precondition_frequency 1.
+    assert c.blocking.merge_target_rank == 2 and c.blocking.squeeze
+    assert (c.schedule.start_preconditioning_step, c.schedule.precondition_frequency) == (1, 1)
+    assert ss.plan_parameter((2, 3, 4), c).merged_shape == (2, 12)
+    with pytest.raises(ValueError, match=r"parameter shape \(5,\) gives blocks of shape "
+                                         r"\(5,\) with spectral descent"):
+        ss.plan_parameter((5,), c)
+    svd = ss.from_meta({"preconditioner_config": {**spectral, "orthogonalization_config": {
+        "type": "SVDOrthogonalizationConfig", "scale_by_nuclear_norm": True}}})
+    assert svd.spectral == ss.SpectralDescentConfig(method="svd", scale_by_nuclear_norm=True)
+    ns = ss.from_meta({"preconditioner_config": {**spectral, "orthogonalization_config": {
+        "type": "NewtonSchulzOrthogonalizationConfig", "num_iterations": 9,
+        "coefficients": [3, -3.2, 1.2]}}})
+    assert ns.spectral == ss.SpectralDescentConfig(num_iterations=9,
+                                                   coefficients=(3.0, -3.2, 1.2))
+    with pytest.raises(NotImplementedError, match=r"orthogonalization_config\.scale_by_dims_fn"):
+        ss.from_meta({"preconditioner_config": {**spectral, "orthogonalization_config": {
+            "type": "SVDOrthogonalizationConfig", "scale_by_dims_fn": "sqrt"}}})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['num_iterations'\]"):
+        ss.from_meta({"preconditioner_config": {**spectral, "orthogonalization_config": {
+            "type": "SVDOrthogonalizationConfig", "num_iterations": 3}}})
+    with pytest.raises(ValueError, match=r"spectral\.scale_by_nuclear_norm = True"):
+        ss.SpectralDescentConfig(scale_by_nuclear_norm=True)
+    with pytest.raises(ValueError, match=r"spectral\.coefficients"):
+        ss.SpectralDescentConfig(coefficients=(1.0, 2.0))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"blocking\.merge_target_rank = 1"):
+        ss.ShampooConfig(spectral=ss.SpectralDescentConfig())
+    with pytest.raises(ValueError, match=r"ShampooConfig\.spectral"):
+        ss.ShampooConfig(spectral=ss.SpectralDescentConfig(),
+                         diagonal=ss.DiagonalPreconditionerConfig(),
+                         blocking=ss.BlockingConfig(merge_target_rank=2))
+    assert ss.ShampooConfig.from_dict(ns.to_dict()) == ns  # coefficients back to a tuple
+
+
 def test_diagonal_refuses_kronecker_options() -> None:
     """Eq. (16b) keeps no factors: options of theirs are refused, naming the field."""
     d = ss.DiagonalPreconditionerConfig()

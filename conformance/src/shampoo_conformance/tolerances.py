@@ -25,6 +25,11 @@ eigenvalue gap), and divides by sqrt(D + eps), which amplifies rounding noise
 along barely excited directions by up to sqrt(||A|| / eps): kappa there is
 the larger of the two.
 
+Spectral descent by Newton-Schulz (eq. 16c) adds, per step, k n u (|a| + 3|b|
++ 5|c|): each of its k iterations rounds n-term products and passes the error
+on through the polynomial's derivative, at most |a| + 3|b| + 5|c| on the
+singular values in [0, 1] the iteration starts from.
+
 Inverse roots stored in ``inverse_root_dtype`` s (eqs. 11a, 16): the
 reference emulates those roundings, so a backend differs from it only where
 its unrounded root or product lies across a rounding boundary of s from the
@@ -253,6 +258,14 @@ def bound_and_reference(
     if newton:
         assert isinstance(config.root_inverse, (CoupledNewtonConfig, HigherOrderNewtonConfig))
         rtol += SAFETY * (config.root_inverse.tolerance + asymmetry) * steps
+    sd = config.spectral
+    if sd is not None and sd.method == "newton_schulz":
+        # Eq. (16c): each of k iterations rounds its n-term products (n u) and passes
+        # the error on through p'(s) = a + 3 b s^2 + 5 c s^4, |p'| <= |a| + 3|b| + 5|c|
+        # on the singular values in [0, 1] it starts from.
+        n = max((max(p.shape) for p in params.values() if p.ndim), default=1)
+        a, b, c = (abs(x) for x in sd.coefficients)
+        rtol += SAFETY * sd.num_iterations * n * u * (a + 3 * b + 5 * c) * steps
     bound = Bound(
         rtol=rtol,
         atol_scale=SAFETY * steps * u,

@@ -18,6 +18,7 @@ from shampoo_spec import (
     CoupledNewtonConfig,
     EpsilonConfig,
     HigherOrderNewtonConfig,
+    SpectralDescentConfig,
     power_iteration_start,
 )
 
@@ -447,3 +448,42 @@ def root_inverse_higher_order(
         if q > 1:
             x = np.linalg.matrix_power(x, q)
     return x if bool(np.all(np.isfinite(x))) else None
+
+
+def orthogonalize(block: Array, spectral: SpectralDescentConfig) -> Array:
+    """Eq. (16c): the matrix ``block`` orthogonalized, ``orth(F~_B)``.
+
+    ``"svd"``: ``U_r V_r^T`` over the singular pairs of the reduced SVD
+    ``block = U S V^T`` above the rank tolerance ``max(m, n) eps s_max``
+    (:func:`svd_rank_tolerance`; times ``sum(S)`` with
+    ``scale_by_nuclear_norm``): the polar factor on the block's range, unique
+    whatever its rank. ``"newton_schulz"``: ``X = block / max(||block||_F, 1e-8)``,
+    transposed when it has fewer rows than columns, then ``num_iterations``
+    times ``A = X^T X, X = a X + X (b A + c A A)``, transposed back: for X with
+    singular values s in (0, 1] each step maps s to ``a s + b s^3 + c s^5``.
+    """
+    if spectral.method == "svd":
+        u, s, vt = np.linalg.svd(block, full_matrices=False)
+        kept = s > svd_rank_tolerance(block.shape, s, np.finfo(np.float64).eps)
+        out: Array = (u * kept) @ vt
+        return out * np.sum(s) if spectral.scale_by_nuclear_norm else out
+    x = block / max(float(np.linalg.norm(block)), 1e-8)
+    transpose = x.shape[0] < x.shape[1]
+    if transpose:
+        x = x.T
+    a, b, c = spectral.coefficients
+    for _ in range(spectral.num_iterations):
+        gram = x.T @ x
+        x = a * x + x @ (b * gram + c * (gram @ gram))
+    return x.T if transpose else x
+
+
+def svd_rank_tolerance(shape: tuple[int, ...], s: Array, eps: float) -> float:
+    """Eq. (16c)'s rank tolerance ``max(m, n) * eps * s_max`` (NumPy's ``matrix_rank``).
+
+    A singular value at or below it is a rounding error of a zero one: its
+    singular vectors are arbitrary (any basis of the null space), so ``U V^T``
+    over them is not a function of the block. The gradient of a softmax
+    output layer, whose rows of residuals sum to zero, is always such a block.
+    """
+    return float(max(shape) * eps * (np.max(s) if s.size else 0.0))

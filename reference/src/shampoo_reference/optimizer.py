@@ -52,6 +52,7 @@ from .linalg import (
     eigh_fails,
     factor_contraction,
     mode_product,
+    orthogonalize,
     qr_eigenbasis,
     root_inverse_coupled_newton,
     root_inverse_eigh,
@@ -689,7 +690,9 @@ class ReferenceShampoo:
         scope_block = cfg.grafting.rescale_scope == "block"
         for b, bs in zip(plan.blocks, st.blocks, strict=True):
             fb = filtered[b.slices]
-            if cfg.eigenvalue_correction is not None:
+            if cfg.spectral is not None:
+                pb = orthogonalize(fb, cfg.spectral)  # eq. (16c)
+            elif cfg.eigenvalue_correction is not None:
                 pb = self._corrected_direction(bs, fb)
             else:
                 pb = self._kronecker_direction(bs, fb)

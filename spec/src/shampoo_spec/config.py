@@ -688,6 +688,64 @@ class DiagonalPreconditionerConfig:
         return self.type in GRAFTING_TYPES_WITH_STATE
 
 
+#: Meta's default quintic Newton-Schulz coefficients (Muon's), eq. (16c).
+MUON_COEFFICIENTS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+#: Upper bound of ``SpectralDescentConfig.num_iterations``.
+MAX_NEWTON_SCHULZ_ITERATIONS = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpectralDescentConfig:
+    """Spectral descent in place of the Kronecker preconditioner, eq. (16c).
+
+    Meta's ``SpectralDescentPreconditionerConfig``: every block is a matrix
+    (2-D after eqs. 4-5; a parameter whose blocks are not is refused when it is
+    planned) and its direction is the filtered gradient block orthogonalized,
+    ``P_B = orth(F~_B)``:
+
+    - ``method="svd"``: ``U_r V_r^T`` of the reduced SVD ``F~_B = U S V^T``
+      over the singular values above ``max(m, n) eps s_max`` (eps of the
+      working precision: the rank of F~_B; times ``sum(S)`` with
+      ``scale_by_nuclear_norm``). Meta takes every pair, the arbitrary null
+      vectors of a rank-deficient block included;
+    - ``method="newton_schulz"``: ``X = F~_B / max(||F~_B||_F, 1e-8)``
+      (transposed when it has fewer rows than columns), then
+      ``num_iterations`` times ``A = X^T X; X = a X + X (b A + c A A)`` with
+      ``(a, b, c) = coefficients`` (Meta's default: Muon's), transposed back.
+
+    No state, no roots. Grafting (eq. 18), momentum and weight decay apply to
+    it as to eq. (16)'s direction.
+    """
+
+    method: Literal["newton_schulz", "svd"] = "newton_schulz"
+    num_iterations: int = 5
+    coefficients: tuple[float, float, float] = MUON_COEFFICIENTS
+    scale_by_nuclear_norm: bool = False
+
+    def __post_init__(self) -> None:
+        o = "spectral"
+        v.choice(o, "method", self.method, ("newton_schulz", "svd"))
+        v.integer(o, "num_iterations", self.num_iterations, low=0,
+                  high=MAX_NEWTON_SCHULZ_ITERATIONS)
+        if (not isinstance(self.coefficients, tuple) or len(self.coefficients) != 3
+                or not all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                           and math.isfinite(c) for c in self.coefficients)):
+            v.fail(o, "coefficients", self.coefficients, "a tuple of three finite numbers "
+                   "(a, b, c) of X <- a X + b X X^T X + c (X X^T)^2 X")
+        v.boolean(o, "scale_by_nuclear_norm", self.scale_by_nuclear_norm)
+        if self.method == "svd":
+            # Unused by the SVD: a value other than the default would be silently ignored.
+            if self.num_iterations != 5:
+                v.fail(o, "num_iterations", self.num_iterations,
+                       "5 (the default; unused) with method='svd'")
+            if self.coefficients != MUON_COEFFICIENTS:
+                v.fail(o, "coefficients", self.coefficients,
+                       "the default (unused) with method='svd'")
+        elif self.scale_by_nuclear_norm:
+            v.fail(o, "scale_by_nuclear_norm", True,
+                   "False with method='newton_schulz' (only the SVD scales by sum(S))")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GradientFilterConfig:
     """Exponential filtering of the gradient (Meta's betas[0], beta3), eq. (15).
@@ -1019,6 +1077,7 @@ class ShampooConfig:
     exponents: ExponentConfig = field(default_factory=ExponentConfig)
     eigenvalue_correction: EigenvalueCorrectionConfig | None = None
     diagonal: DiagonalPreconditionerConfig | None = None
+    spectral: SpectralDescentConfig | None = None
     grafting: GraftingConfig = field(default_factory=GraftingConfig)
     gradient_filter: GradientFilterConfig = field(default_factory=GradientFilterConfig)
     momentum: MomentumConfig = field(default_factory=MomentumConfig)
@@ -1046,6 +1105,8 @@ class ShampooConfig:
             )
         if self.diagonal is not None:
             v.instance(o, "diagonal", self.diagonal, (DiagonalPreconditionerConfig,))
+        if self.spectral is not None:
+            v.instance(o, "spectral", self.spectral, (SpectralDescentConfig,))
         v.instance(o, "grafting", self.grafting, (GraftingConfig,))
         v.instance(o, "gradient_filter", self.gradient_filter, (GradientFilterConfig,))
         v.instance(o, "momentum", self.momentum, (MomentumConfig,))
@@ -1111,7 +1172,7 @@ class ShampooConfig:
                 "another placement with a Newton root_inverse.method or with "
                 "eigenvalue_correction (the pseudo-inverse is an eigh inverse root, eq. 10)",
             )
-        if self.diagonal is not None:
+        if self.diagonal is not None or self.spectral is not None:
             self._check_diagonal()
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
             v.fail(o, "learning_rate", self.learning_rate,
@@ -1138,7 +1199,7 @@ class ShampooConfig:
                     )
 
     def _check_diagonal(self) -> None:
-        """Eq. (16b) replaces the Kronecker factors: their storage rules may not be set.
+        """Eqs. (16b), (16c) replace the Kronecker factors: their storage rules may not be set.
 
         ``statistics``, ``epsilon``, ``root_inverse``, ``exponents``,
         ``factor_dtype`` and the root schedule then have no effect (a section
@@ -1146,7 +1207,20 @@ class ShampooConfig:
         the rules that store factors or roots rounded (which do not exist) are
         refused.
         """
-        why = "with diagonal (eq. 16b keeps no Kronecker factors or roots)"
+        why = ("with diagonal (eq. 16b keeps no Kronecker factors or roots)"
+               if self.spectral is None else
+               "with spectral (eq. 16c keeps no Kronecker factors or roots)")
+        b = self.blocking
+        if self.spectral is not None and b.merge_dims_up_to is not None and (
+                b.merge_target_rank != 2):
+            # Merging down to fewer dims would leave vectors, which eq. (16c) cannot
+            # orthogonalize (Meta sets target_parameter_dimensionality to 2).
+            v.fail("blocking", "merge_target_rank", b.merge_target_rank,
+                   "2 with spectral (eq. 16c orthogonalizes matrices), or "
+                   "merge_dims_up_to=None")
+        if self.diagonal is not None and self.spectral is not None:
+            v.fail("ShampooConfig", "spectral", "set",
+                   "None with diagonal (one preconditioner replaces the Kronecker one)")
         if self.eigenvalue_correction is not None:
             v.fail("ShampooConfig", "eigenvalue_correction", "set", f"None {why}")
         for name in ("inverse_root_dtype", "factor_storage_dtype"):

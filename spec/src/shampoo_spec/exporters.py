@@ -38,6 +38,7 @@ from .config import (
     HigherOrderNewtonConfig,
     OrderOverride,
     ShampooConfig,
+    SpectralDescentConfig,
 )
 from .errors import Inexpressible
 from .importers import from_google, from_meta
@@ -259,7 +260,21 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         # Eq. (16b): the Kronecker sections (checked above as for Shampoo) have no
         # effect; the round trip checks they hold what from_meta gives them.
         return _meta_diagonal(c.diagonal, lacks)
+    if c.spectral is not None:  # eq. (16c), likewise
+        return _meta_spectral(c.spectral)
     return out
+
+
+def _meta_spectral(sd: SpectralDescentConfig) -> dict[str, Any]:
+    """Writes ``SpectralDescentPreconditionerConfig`` (eq. 16c) with its
+    orthogonalization config (the default scale_by_dims_fn, 1)."""
+    if sd.method == "svd":
+        oc: dict[str, Any] = {"type": "SVDOrthogonalizationConfig",
+                              "scale_by_nuclear_norm": sd.scale_by_nuclear_norm}
+    else:
+        oc = {"type": "NewtonSchulzOrthogonalizationConfig",
+              "num_iterations": sd.num_iterations, "coefficients": list(sd.coefficients)}
+    return {"type": "SpectralDescentPreconditionerConfig", "orthogonalization_config": oc}
 
 
 def _meta_factor_dtype(c: ShampooConfig, lacks: _Lacks) -> str:
@@ -632,6 +647,7 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google has no eigenvalue-corrected Shampoo")
     lacks.same("diagonal", c.diagonal, None,
                "Google has no diagonal preconditioner in place of Shampoo's (eq. 16b)")
+    lacks.same("spectral", c.spectral, None, "Google has no spectral descent (eq. 16c)")
     lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
                "Google keeps its preconditioners in the computation dtype (eq. 11a)")
     lacks.same("factor_storage_dtype", c.factor_storage_dtype, None,

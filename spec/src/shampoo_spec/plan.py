@@ -163,8 +163,16 @@ def plan_parameter(shape: Sequence[int], config: ShampooConfig) -> ParameterPlan
     for combo in itertools.product(*chunks):
         offsets = tuple(start for start, _ in combo)
         bshape = tuple(length for _, length in combo)
-        if no_dims or config.diagonal is not None:
-            # Eq. (16b): a diagonal preconditioner has no factor on any dim.
+        if config.spectral is not None and len(bshape) != 2:
+            raise ValueError(
+                f"parameter shape {shape} gives blocks of shape {bshape} with spectral "
+                "descent: allowed 2-D blocks only (eq. 16c orthogonalizes matrices; "
+                "blocking.merge_target_rank=2 merges larger parameters to 2-D; "
+                "blocking.skip_rank_lt=2 leaves 0-d and 1-d ones to the graft, or put "
+                "them in a param group of their own)."
+            )
+        if no_dims or config.diagonal is not None or config.spectral is not None:
+            # Eqs. (16b), (16c): no factor on any dim.
             roots = (0.0,) * len(bshape)
         else:
             roots = block_roots(len(bshape), mask, config.exponents)

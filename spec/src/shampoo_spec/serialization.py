@@ -26,6 +26,7 @@ from .config import (
     OrderOverride,
     ScheduleConfig,
     ShampooConfig,
+    SpectralDescentConfig,
     StatisticsConfig,
     WeightDecayConfig,
 )
@@ -36,6 +37,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "exponents": ExponentConfig,
     "eigenvalue_correction": EigenvalueCorrectionConfig,
     "diagonal": DiagonalPreconditionerConfig,
+    "spectral": SpectralDescentConfig,
     "grafting": GraftingConfig,
     "gradient_filter": GradientFilterConfig,
     "momentum": MomentumConfig,
@@ -102,6 +104,8 @@ def _section(name: str, cls: type[Any], data: Any) -> Any:
                 fields["roots"] = tuple(roots)
             overrides.append(OrderOverride(**fields))
         kwargs["overrides_by_order"] = tuple(overrides)
+    if cls is SpectralDescentConfig and isinstance(kwargs.get("coefficients"), list):
+        kwargs["coefficients"] = tuple(kwargs["coefficients"])  # JSON has no tuples
     if cls is EigenvalueCorrectionConfig and isinstance(kwargs.get("roots_by_order"), list):
         # JSON has no tuples: [[order, root], ...] back to pairs.
         kwargs["roots_by_order"] = tuple(

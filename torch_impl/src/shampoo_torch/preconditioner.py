@@ -32,6 +32,7 @@ from shampoo_spec import (
     EighConfig,
     HigherOrderNewtonConfig,
     ShampooConfig,
+    SpectralDescentConfig,
     StatisticsConfig,
 )
 
@@ -355,6 +356,8 @@ def shampoo_direction(
     goes back to the factor dtype for eqs. (18)-(21), as Meta casts it back
     to the gradient's dtype.
     """
+    if cfg.spectral is not None:
+        return orthogonalize(fb, cfg.spectral)
     if cfg.eigenvalue_correction is not None:
         return corrected_direction(bg, fb, rows, cfg.eigenvalue_correction)
     pb = fb
@@ -368,6 +371,35 @@ def shampoo_direction(
         pb = mode_product(pb, take(bg.inverse_roots[k], rows), k,
                           transpose=cfg.statistics.quantized)
     return pb
+
+
+def orthogonalize(fb: torch.Tensor, spectral: SpectralDescentConfig) -> torch.Tensor:
+    """Eq. (16c) for a stack of matrices ``fb`` ``[B, m, n]``: each orthogonalized.
+
+    ``"svd"``: ``U_r V_r^T`` of each reduced SVD over the singular values above
+    ``max(m, n) eps s_max`` (times ``sum(S)`` with ``scale_by_nuclear_norm``).
+    ``"newton_schulz"``: each divided by ``max(||.||_F, 1e-8)``, transposed when
+    m < n so the Gram matrix ``X^T X`` is the smaller one, then
+    ``X <- a X + X (b A + c A A)``, ``A = X^T X``, in batched matrix products.
+    """
+    if spectral.method == "svd":
+        u, sv, vt = torch.linalg.svd(fb, full_matrices=False)
+        # The pairs above the rank tolerance max(m, n) eps s_max only: the others'
+        # vectors are arbitrary (shampoo_reference.linalg.svd_rank_tolerance).
+        tol = max(fb.shape[1:]) * torch.finfo(fb.dtype).eps * sv.amax(dim=-1, keepdim=True)
+        out: torch.Tensor = (u * (sv > tol).to(u.dtype)[:, None, :]) @ vt
+        if spectral.scale_by_nuclear_norm:
+            out = out * sv.sum(dim=-1)[:, None, None]
+        return out
+    x = fb / torch.clamp(torch.linalg.matrix_norm(fb), min=1e-8)[:, None, None]
+    transpose = fb.shape[1] < fb.shape[2]
+    if transpose:
+        x = x.transpose(1, 2)
+    a, b, c = spectral.coefficients
+    for _ in range(spectral.num_iterations):
+        gram = x.transpose(1, 2) @ x
+        x = torch.baddbmm(x, x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), beta=a)
+    return x.transpose(1, 2) if transpose else x
 
 
 def rescale_blocks_to_graft(

@@ -98,9 +98,9 @@ def build_param_group_plan(
     cfg: ShampooConfig = group["config"]
     params: list[torch.Tensor] = group["params"]
     fdt = FACTOR_DTYPES[cfg.factor_dtype]
-    if cfg.diagonal is not None:
-        # Eq. (16b) has no factors: its block directions stay in the parameters'
-        # precision (factor_dtype has no effect; float32 at least, as the state).
+    if cfg.diagonal is not None or cfg.spectral is not None:
+        # Eqs. (16b), (16c) have no factors: their block directions stay in the
+        # parameters' precision (factor_dtype has no effect; float32 at least).
         fdt = functools.reduce(torch.promote_types, (p.dtype for p in params), torch.float32)
     names = group.get("param_names") or [
         f"param_groups[{gi}]['params'][{i}] (shape {tuple(p.shape)})"

@@ -82,6 +82,20 @@ DEVIATIONS: tuple[Deviation, ...] = (
         kind="defect",
     ),
     Deviation(
+        name="svd_null_vectors",
+        # Shown on a rank-deficient gradient, which the drawn streams never are: by the
+        # law below and anchors/test_meta_library.py[svd_output_layer].
+        config=None,
+        tests=("test_spectral_descent_steps_along_the_orthogonalized_gradient[*method='svd'*]",),
+        cause=("SVDOrthogonalizationConfig takes U V^T over every singular pair "
+               f"({_PRECOND}/matrix_functions.py:947-948); for a rank-deficient block the "
+               "pairs of its zero singular values (about 1e-16 s_max after rounding) have "
+               "arbitrary singular vectors, which LAPACK picks from rounding, and each adds "
+               "a unit-size term to the direction; eq. (16c) keeps the pairs above "
+               "max(m, n) eps s_max (the polar factor on the block's range)"),
+        kind="defect",
+    ),
+    Deviation(
         name="inplace_filter_aliasing",
         # Before preconditioning starts the direction is the SGD graft's: the state.
         config=_config(betas=[0.9, 1.0], beta3=-1.0, use_bias_correction=False,

@@ -119,6 +119,8 @@ def common_refusals(config: ShampooConfig) -> list[str]:
         out.append("eigenvalue_correction (no eigenvalue-corrected Shampoo)")
     if config.diagonal is not None:
         out.append("diagonal (no diagonal preconditioner in place of Shampoo's, eq. 16b)")
+    if config.spectral is not None:
+        out.append("spectral (no spectral descent, eq. 16c)")
     if config.gradient_filter.beta1 != 0.0:
         out.append(f"gradient_filter.beta1 = {config.gradient_filter.beta1!r} (no gradient "
                    "filter before preconditioning)")

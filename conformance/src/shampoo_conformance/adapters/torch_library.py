@@ -85,8 +85,9 @@ def make_stepper(
 def in_dtype(config: ShampooConfig, dtype: Any) -> ShampooConfig:
     """``config`` with its factors in the run's precision (as the torch backend runs it;
     the torch libraries keep their statistics in the parameters' dtype). A diagonal
-    preconditioner (eq. 16b) has no factors: its config is returned as it is."""
-    if config.diagonal is not None:
+    preconditioner or spectral descent (eqs. 16b, 16c) has no factors: its config is
+    returned as it is."""
+    if config.diagonal is not None or config.spectral is not None:
         return config
     return dataclasses.replace(
         config, factor_dtype="float64" if np.dtype(dtype) == np.float64 else "float32")

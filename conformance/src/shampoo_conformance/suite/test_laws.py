@@ -286,6 +286,57 @@ def test_diagonal_preconditioner_is_its_first_order_method(
     _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"diagonal = {method}")
 
 
+def _orthogonalized(g: np.ndarray, spectral: ss.SpectralDescentConfig) -> np.ndarray:
+    """Eq. (16c) written out: U_r V_r^T, or Newton-Schulz from the Frobenius-normalised g."""
+    if spectral.method == "svd":
+        u, s, vt = np.linalg.svd(g, full_matrices=False)
+        r = int(np.sum(s > max(g.shape) * np.finfo(F64).eps * s[0]))
+        out: np.ndarray = (u[:, :r] @ vt[:r]) * (
+            s.sum() if spectral.scale_by_nuclear_norm else 1.0)
+        return out
+    x = (g / np.linalg.norm(g)).T if g.shape[0] < g.shape[1] else g / np.linalg.norm(g)
+    a, b, c = spectral.coefficients
+    for _ in range(spectral.num_iterations):  # a X + b X A + c X A^2, A = X^T X, as specified
+        gram = x.T @ x
+        x = a * x + x @ (b * gram + c * gram @ gram)
+    result: np.ndarray = x.T if g.shape[0] < g.shape[1] else x
+    return result
+
+
+@pytest.mark.parametrize("spectral", [
+    ss.SpectralDescentConfig(),
+    ss.SpectralDescentConfig(num_iterations=8, coefficients=(3.0, -3.2, 1.2)),
+    ss.SpectralDescentConfig(method="svd"),
+    ss.SpectralDescentConfig(method="svd", scale_by_nuclear_norm=True),
+], ids=["newton_schulz", "newton_schulz_modula", "svd", "svd_nuclear_norm"])
+@pytest.mark.parametrize("shape", [(3, 5), (6, 2)])
+def test_spectral_descent_steps_along_the_orthogonalized_gradient(
+    backend: Backend, spectral: ss.SpectralDescentConfig, shape: tuple[int, int]
+) -> None:
+    """Eq. (16c) without a graft, filter or momentum: W <- W - lr orth(G) every step
+    (a rank-deficient gradient on the last step: the SVD's rank rule)."""
+    base = _unrounded(S.base_config_for(backend))
+    config = replace(
+        base, learning_rate=0.0625, spectral=spectral, eigenvalue_correction=None,
+        factor_storage_dtype=None, grafting=ss.GraftingConfig(),
+        gradient_filter=ss.GradientFilterConfig(), momentum=ss.MomentumConfig(),
+        statistics=ss.StatisticsConfig(), weight_decay=ss.WeightDecayConfig(),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=1),
+        blocking=replace(base.blocking, merge_target_rank=2),  # Meta's rule too
+    )
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(shape) for _ in range(4)]
+    grads.append(np.outer(rng.standard_normal(shape[0]), rng.standard_normal(shape[1])))
+    w0 = rng.standard_normal(shape)
+    want, w = [], w0
+    for g in grads:
+        w = w - 0.0625 * _orthogonalized(g, spectral)
+        want.append({"w": w})
+    ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
+    bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
+    _check(ours, want, {"w": w0}, bound, f"spectral descent {spectral.method}")
+
+
 @pytest.mark.random_configs
 @settings(suppress_health_check=HEALTH)
 @given(data=st.data(), shapes=S.named_shapes(3), seed=st.integers(0, 2**16))

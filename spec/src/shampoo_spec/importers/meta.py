@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple, cast
 
 from ..config import (
     MAX_NEWTON_ITERATIONS,
+    MUON_COEFFICIENTS,
     BlockingConfig,
     CoupledNewtonConfig,
     DiagonalPreconditionerConfig,
@@ -43,6 +44,7 @@ from ..config import (
     RootInverseConfig,
     ScheduleConfig,
     ShampooConfig,
+    SpectralDescentConfig,
     StatisticsConfig,
     UpdateDtype,
     WeightDecayConfig,
@@ -121,7 +123,6 @@ AMORTIZED_KEYS = {
 UNSUPPORTED_PRECONDITIONERS = {
     "EigendecomposedShampooPreconditionerConfig": "eigendecomposed Shampoo",
     "KLShampooPreconditionerConfig": "KL-Shampoo",
-    "SpectralDescentPreconditionerConfig": "spectral descent",
 }
 
 #: Preconditioner config classes that are a diagonal preconditioner (eq. 16b).
@@ -170,6 +171,7 @@ class Preconditioner(NamedTuple):
     exponents: ExponentConfig
     eigenvalue_correction: EigenvalueCorrectionConfig | None
     diagonal: DiagonalPreconditionerConfig | None
+    spectral: SpectralDescentConfig | None
     factor_dtype: FactorDtype
     inverse_root_dtype: InverseRootDtype | None
     factor_storage_dtype: FactorStorageDtype | None
@@ -200,11 +202,12 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
     with a.section():
         schedule = _schedule(a)
     with a.section():
-        blocking = _blocking(a, target_rank)
+        # Spectral descent: Meta sets target_parameter_dimensionality to 2 (eq. 16c).
+        blocking = _blocking(a, 2 if pre.spectral is not None else target_rank)
     with a.section():
         grafting = _grafting(a.get("grafting_config", None))
-    if pre.diagonal is not None:
-        schedule = _diagonal_schedule(a, schedule, pre.diagonal, grafting)
+    if pre.diagonal is not None or pre.spectral is not None:
+        schedule = _diagonal_schedule(a, schedule, pre, grafting)
     start = schedule.start_preconditioning_step
     if pre.eigenvalue_correction is not None and grafting.type == "none" and start != 1:
         # Meta's use_grafting_method is False without a graft: it preconditions from
@@ -226,6 +229,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
             exponents=pre.exponents,
             eigenvalue_correction=pre.eigenvalue_correction,
             diagonal=pre.diagonal,
+            spectral=pre.spectral,
             grafting=grafting,
             gradient_filter=_gradient_filter(shared),
             momentum=momentum,
@@ -411,12 +415,15 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     """
     pc = a.get("preconditioner_config", None)
     kind = type_of("preconditioner_config", pc) or "RootInvShampooPreconditionerConfig"
-    diagonal = None
-    if kind in DIAGONAL_PRECONDITIONERS:
-        # Eq. (16b): no Kronecker factors; the shared values (betas[1], epsilon,
-        # use_bias_correction) are read as for the default RootInv config, where
-        # they have no effect, so the export writes them back unchanged.
-        diagonal = _diagonal(kind, pc)
+    diagonal = spectral = None
+    if kind in DIAGONAL_PRECONDITIONERS or kind == "SpectralDescentPreconditionerConfig":
+        # Eqs. (16b), (16c): no Kronecker factors; the shared values (betas[1],
+        # epsilon, use_bias_correction) are read as for the default RootInv config,
+        # where they have no effect, so the export writes them back unchanged.
+        if kind == "SpectralDescentPreconditionerConfig":
+            spectral = _spectral(pc)
+        else:
+            diagonal = _diagonal(kind, pc)
         pc, kind = None, "RootInvShampooPreconditionerConfig"
     if kind in UNSUPPORTED_PRECONDITIONERS:
         raise NotImplementedError(
@@ -516,6 +523,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         exponents=exponents,
         eigenvalue_correction=correction,
         diagonal=diagonal,
+        spectral=spectral,
         factor_dtype=_FACTOR_DTYPES[factor_dtype],
         inverse_root_dtype=inverse_root_dtype,
         factor_storage_dtype=storage,
@@ -891,25 +899,69 @@ def _diagonal(kind: str, cfg: Any) -> DiagonalPreconditionerConfig:
 
 
 def _diagonal_schedule(
-    a: Args, schedule: ScheduleConfig, diagonal: DiagonalPreconditionerConfig,
-    grafting: GraftingConfig,
+    a: Args, schedule: ScheduleConfig, pre: Preconditioner, grafting: GraftingConfig,
 ) -> ScheduleConfig:
-    """Eq. (8) for a diagonal preconditioner (eq. 16b), as Meta runs it.
+    """Eq. (8) for a diagonal preconditioner or spectral descent (eqs. 16b, 16c),
+    as Meta runs them.
 
-    Without a graft Meta applies the diagonal from step 1 (its
-    ``use_grafting_method`` is False): start 1. With one, the graft direction
-    before the start step, as for Shampoo. Sign descent: Meta sets
+    Without a graft Meta applies them from step 1 (its ``use_grafting_method``
+    is False): start 1. With one, the graft direction before the start step,
+    as for Shampoo. Sign and spectral descent: Meta sets
     ``precondition_frequency`` to 1 before it reads a start of -1, so the
     default start is 1 too. ``precondition_frequency`` is imported as 1: it
-    times only root steps (eq. 8), and a diagonal has no roots.
+    times only root steps (eq. 8), and neither has roots.
     """
     start = schedule.start_preconditioning_step
-    if grafting.type == "none" or (
-            diagonal.type == "sign" and a.get("start_preconditioning_step", -1) == -1):
+    resets = pre.spectral is not None or (pre.diagonal is not None
+                                          and pre.diagonal.type == "sign")
+    if grafting.type == "none" or (resets and a.get("start_preconditioning_step", -1) == -1):
         start = 1
     # No roots: the period has no effect (1, so that any start >= 1 is Meta's).
     return dataclasses.replace(schedule, precondition_frequency=1,
                                start_preconditioning_step=start)
+
+
+#: The keys of each of Meta's orthogonalization configs (eq. 16c).
+_ORTHOGONALIZATION_KEYS = {
+    "NewtonSchulzOrthogonalizationConfig": {"num_iterations", "coefficients",
+                                            "scale_by_dims_fn"},
+    "SVDOrthogonalizationConfig": {"scale_by_nuclear_norm", "scale_by_dims_fn"},
+}
+
+
+def _spectral(cfg: Any) -> SpectralDescentConfig:
+    """Reads ``SpectralDescentPreconditionerConfig`` (eq. 16c).
+
+    Its ``orthogonalization_config``: ``NewtonSchulzOrthogonalizationConfig``
+    (the default: 5 iterations, Muon's coefficients) or
+    ``SVDOrthogonalizationConfig`` (``scale_by_nuclear_norm``). A
+    ``scale_by_dims_fn`` is a Python function, not JSON: any value of it is
+    refused (the default scale is 1).
+    """
+    args = Args("preconditioner_config", cfg, {"orthogonalization_config"})
+    owner = "preconditioner_config.orthogonalization_config"
+    oc = args.get("orthogonalization_config", None)
+    kind = type_of(owner, oc) or "NewtonSchulzOrthogonalizationConfig"
+    if kind not in _ORTHOGONALIZATION_KEYS:
+        raise NotImplementedError(f"{owner}.type = {kind!r} is not supported yet "
+                                  f"(allowed {sorted(_ORTHOGONALIZATION_KEYS)}).")
+    o = Args(owner, oc or {}, _ORTHOGONALIZATION_KEYS[kind])
+    if "scale_by_dims_fn" in o:
+        raise NotImplementedError(
+            f"{owner}.scale_by_dims_fn = {o.data['scale_by_dims_fn']!r} is not supported (a "
+            "function; only the default scale 1 is, eq. 16c)."
+        )
+    if kind == "SVDOrthogonalizationConfig":
+        return SpectralDescentConfig(
+            method="svd", scale_by_nuclear_norm=o.flag("scale_by_nuclear_norm", False))
+    coefficients = o.get("coefficients", list(MUON_COEFFICIENTS))
+    if not isinstance(coefficients, (list, tuple)) or len(coefficients) != 3:
+        raise ValueError(f"{owner}.coefficients = {coefficients!r} is invalid: allowed three "
+                         "numbers [a, b, c].")
+    a, b, c = (number(f"{owner}.coefficients[{i}]", x) for i, x in enumerate(coefficients))
+    return SpectralDescentConfig(
+        method="newton_schulz", num_iterations=o.integer("num_iterations", 5, low=0),
+        coefficients=(a, b, c))
 
 
 def _grafting(cfg: Any, owner: str = "grafting_config") -> GraftingConfig:
