@@ -115,6 +115,10 @@ STORAGE_DTYPES = {
         "factor_matrix_eigenvectors_dtype",
         "corrected_eigenvalues_dtype",
     ),
+    "EigendecomposedShampooPreconditionerConfig": (
+        "factor_matrix_eigenvectors_dtype",
+        "factor_matrix_eigenvalues_dtype",
+    ),
 }
 
 # --------------------------------------------------------------------------- cases
@@ -411,6 +415,27 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "corrected_eigenvalues_dtype": "float16",
         },
     },
+    # EigendecomposedShampooPreconditionerConfig: the eigendecomposition of each
+    # factor is stored on root steps and its root Q f(lambda) Q^T formed every step:
+    # eq. (10)'s eigh root, with each rank-deficient-stability rule and an override.
+    "eigendecomposed": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "precondition_frequency": 3,
+        "preconditioner_config": {"type": "EigendecomposedShampooPreconditionerConfig"}},
+    "eigendecomposed_perturb_after_override": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "precondition_frequency": 3,
+        "preconditioner_config": {
+            "type": "EigendecomposedShampooPreconditionerConfig",
+            "inverse_exponent_override": {2: 0.25},
+            "amortized_computation_config": {
+                "type": "EighEigendecompositionConfig", "rank_deficient_stability_config": {
+                    "type": "PerturbationConfig", "perturb_before_computation": False}}}},
+    "eigendecomposed_pseudo_inverse": {
+        "grafting_config": ADAGRAD, "epsilon": 0.0,
+        "preconditioner_config": {
+            "type": "EigendecomposedShampooPreconditionerConfig",
+            "amortized_computation_config": {
+                "type": "EighEigendecompositionConfig", "rank_deficient_stability_config": {
+                    "type": "PseudoInverseConfig", "rank_rtol": 1e-8}}}},
     # Eq. (16b): Meta's first-order classes as preconditioner_config (no factors).
     # Without a graft each is that first-order method from step 1.
     "diagonal_adagrad": {"preconditioner_config": {"type": "AdaGradPreconditionerConfig",

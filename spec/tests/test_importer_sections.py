@@ -469,6 +469,35 @@ def test_meta_spectral_descent() -> None:
     assert ss.ShampooConfig.from_dict(ns.to_dict()) == ns  # coefficients back to a tuple
 
 
+def test_meta_eigendecomposed_shampoo_is_the_eigh_root() -> None:
+    """EigendecomposedShampooPreconditionerConfig: eq. (10)'s root from a stored
+    eigendecomposition, read as RootInv's eigh root; its QR refresh and narrower
+    eigendecomposition dtypes are refused, naming the key."""
+    kind = "EigendecomposedShampooPreconditionerConfig"
+    stab = {"type": "PerturbationConfig", "perturb_before_computation": False}
+    for extra in ({}, {"inverse_exponent_override": {2: 0.25}},
+                  {"amortized_computation_config": {"type": "EighEigendecompositionConfig",
+                                                    "rank_deficient_stability_config": stab}}):
+        root_inv = {**extra, "type": "RootInvShampooPreconditionerConfig"}
+        if "amortized_computation_config" in extra:
+            root_inv["amortized_computation_config"] = {
+                "type": "EigenConfig", "rank_deficient_stability_config": stab}
+        assert (ss.from_meta({"preconditioner_config": {**extra, "type": kind}})
+                == ss.from_meta({"preconditioner_config": root_inv}))
+    with pytest.raises(NotImplementedError, match="QREigendecompositionConfig"):
+        ss.from_meta({"preconditioner_config": {
+            "type": kind, "amortized_computation_config": {"type": "QREigendecompositionConfig"}}})
+    with pytest.raises(NotImplementedError, match=r"factor_matrix_eigenvectors_dtype = 'float32'"):
+        ss.from_meta({"preconditioner_config": {"type": kind, "factor_matrix_dtype": "float64"}})
+    with pytest.raises(ValueError, match=r"factor_matrix_eigenvalues_dtype = 'float64' is invalid"):
+        ss.from_meta({"preconditioner_config": {
+            "type": "RootInvShampooPreconditionerConfig",
+            "factor_matrix_eigenvalues_dtype": "float64"}})
+    with pytest.raises(ValueError, match=r"inv_factor_matrix_dtype = 'float64' is invalid"):
+        ss.from_meta({"preconditioner_config": {"type": kind,
+                                                "inv_factor_matrix_dtype": "float64"}})
+
+
 def test_diagonal_refuses_kronecker_options() -> None:
     """Eq. (16b) keeps no factors: options of theirs are refused, naming the field."""
     d = ss.DiagonalPreconditionerConfig()

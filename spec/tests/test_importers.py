@@ -87,8 +87,8 @@ def test_google_defaults() -> None:
                         {"type": "GeneralizedPrimalAveragingConfig"}}, "GeneralizedPrimal"),
         (ss.from_meta, {"preconditioner_config": {"type": "KLShampooPreconditionerConfig"}}, "KL"),
         (ss.from_meta, {"preconditioner_config":
-                        {"type": "EigendecomposedShampooPreconditionerConfig"}},
-         "Eigendecomposed"),
+                        {"type": "EigendecomposedKLShampooPreconditionerConfig"}},
+         "EigendecomposedKL"),
         (ss.from_meta, {"distributed_config": {"type": "FSDPDistributedConfig"}}, "FSDP"),
         (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b",
                           "eigh": True}, "from_google.eigh = True"),

@@ -96,6 +96,7 @@ PRECONDITIONER_KEYS = {
     "inv_factor_matrix_dtype",
     "corrected_eigenvalues_dtype",
     "factor_matrix_eigenvectors_dtype",
+    "factor_matrix_eigenvalues_dtype",
     "inverse_exponent_override",
     "ignored_basis_change_dims",
     "use_symmetric_packing",
@@ -121,7 +122,6 @@ AMORTIZED_KEYS = {
 
 #: Preconditioner config classes we refuse, with what they are.
 UNSUPPORTED_PRECONDITIONERS = {
-    "EigendecomposedShampooPreconditionerConfig": "eigendecomposed Shampoo",
     "KLShampooPreconditionerConfig": "KL-Shampoo",
 }
 
@@ -439,9 +439,12 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "number in (0, 1] with use_trace_scaling = True."
         )
     drop_weight = p.flag("drop_weighting_factor_on_gsquare", False)
+    amortized = p.get("amortized_computation_config", None)
+    eigendecomposed = kind == "EigendecomposedShampooPreconditionerConfig"
+    if eigendecomposed:
+        amortized = _eigendecomposition(amortized)
     root_inverse, rule, basis = _root_inverse(
-        p.get("amortized_computation_config", None),
-        corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
+        amortized, corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
     )
     placement = rule["placement"]
     if (placement == "pseudo_inverse") != (shared.epsilon == 0):
@@ -452,7 +455,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
                "a number > 0 (0 only with PseudoInverseConfig).")
         )
     correction = None
-    if kind == "RootInvShampooPreconditionerConfig":
+    if kind == "RootInvShampooPreconditionerConfig" or eigendecomposed:
         p.unsupported("ignored_basis_change_dims", {}, "only for eigenvalue-corrected Shampoo")
         exponents = _exponents(p.get("inverse_exponent_override", {}))
     elif kind == "EigenvalueCorrectedShampooPreconditionerConfig":
@@ -469,7 +472,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     storage = _FACTOR_STORAGE_DTYPES.get(factor_dtype)
     if storage is not None:
         # Eq. (11b): factors stored in s, the rest in float64 (Meta's eigh retry).
-        if correction is not None:
+        if correction is not None or eigendecomposed:
             raise NotImplementedError(
                 f"preconditioner_config.factor_matrix_dtype = {factor_dtype!r} with "
                 f"{kind} is not supported yet (factors in bfloat16 or float16 are "
@@ -505,9 +508,18 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             corrected_eigenvalues_dtype=_storage_dtype(p, kind, "corrected_eigenvalues_dtype",
                                                        factor_dtype),
         )
+    elif eigendecomposed:
+        _storage_dtype(p, kind, "corrected_eigenvalues_dtype", factor_dtype)
+        _eigendecomposition_dtypes(p, factor_dtype)
     else:
         for key in ("factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"):
             _storage_dtype(p, kind, key, factor_dtype)
+    if "factor_matrix_eigenvalues_dtype" in p and not eigendecomposed:
+        raise ValueError(
+            f"preconditioner_config.factor_matrix_eigenvalues_dtype = "
+            f"{p.data['factor_matrix_eigenvalues_dtype']!r} is invalid: allowed only with "
+            f"EigendecomposedShampooPreconditionerConfig ({kind} has no such field)."
+        )
     tolerated = p.integer("num_tolerated_failed_amortized_computations", 3, low=0)
     return Preconditioner(
         statistics=StatisticsConfig(
@@ -547,6 +559,51 @@ _DTYPE_FIELDS: dict[str, tuple[str, str]] = {
     "factor_matrix_eigenvectors_dtype": ("EigenvalueCorrectedShampooPreconditionerConfig", ""),
     "corrected_eigenvalues_dtype": ("EigenvalueCorrectedShampooPreconditionerConfig", ""),
 }
+
+
+def _eigendecomposition(cfg: Any) -> dict[str, Any]:
+    """``EigendecomposedShampooPreconditionerConfig``'s ``amortized_computation_config``.
+
+    Eq. (10) from a stored eigendecomposition ``A + eps I = Q diag(lambda) Q^T``:
+    Meta applies ``Q diag(f(lambda)) Q^T`` each step, computed from the stored
+    Q and lambda, which is the root eq. (10) computes on the root step, so
+    ``EighEigendecompositionConfig`` (its default) reads as RootInv's eigh
+    root (:func:`_root_inverse`, ``tolerance`` 0). Its QR refresh from the
+    previous eigenbasis is refused (not specified for inverse roots).
+    """
+    owner = "preconditioner_config.amortized_computation_config"
+    kind = type_of(owner, cfg) or "EighEigendecompositionConfig"
+    if kind == "QREigendecompositionConfig":
+        raise NotImplementedError(
+            f"{owner}.type = 'QREigendecompositionConfig' with "
+            "EigendecomposedShampooPreconditionerConfig is not supported yet (a QR refresh "
+            "of the inverse root's eigenbasis; eq. 17c specifies it for eigenvalue "
+            "correction)."
+        )
+    if kind != "EighEigendecompositionConfig":
+        raise ValueError(
+            f"{owner}.type = {kind!r} is invalid: allowed 'EighEigendecompositionConfig' or "
+            "'QREigendecompositionConfig' with EigendecomposedShampooPreconditionerConfig (an "
+            "EigendecompositionConfig)."
+        )
+    return {"type": kind, **dict(cfg or {})}
+
+
+def _eigendecomposition_dtypes(p: Args, factor_dtype: str) -> None:
+    """Eigendecomposed Shampoo's ``factor_matrix_eigenvectors_dtype`` and
+    ``factor_matrix_eigenvalues_dtype`` (default float32): equal to the factor
+    dtype, Q and lambda are kept as computed (eq. 10 unrounded); another dtype
+    rounds them before the root is formed, which is refused (not specified)."""
+    for key in ("factor_matrix_eigenvectors_dtype", "factor_matrix_eigenvalues_dtype"):
+        value = dtype(f"preconditioner_config.{key}", p.get(key, "float32"), TORCH)
+        if value != factor_dtype:
+            raise NotImplementedError(
+                f"preconditioner_config.{key} = {p.data.get(key, 'float32')!r} with "
+                f"factor_matrix_dtype {factor_dtype!r} is not supported yet (the "
+                "eigendecomposition stored in another dtype than the factors; set both "
+                "factor_matrix_eigenvectors_dtype and factor_matrix_eigenvalues_dtype to "
+                "factor_matrix_dtype)."
+            )
 
 
 def _storage_dtype(p: Args, kind: str, key: str, factor_dtype: str) -> InverseRootDtype | None:
