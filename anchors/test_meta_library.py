@@ -984,3 +984,109 @@ def test_meta_spectral_descent_matches_shampoo_torch(
           f"loss gap {loss_gap:.1e}")
     assert worst <= TOLERANCE, f"{name}: relative deviation {worst:.2e} at {where}"
     assert loss_gap <= TOLERANCE, f"{name}: final losses {their_loss!r} vs {our_loss!r}"
+
+
+# -------------------------------------------------- iterate averaging (eq. 20c)
+#: GPA and Schedule-Free on Shampoo with an AdaGrad graft and decoupled decay (which
+#: shrinks Z under averaging). Meta holds the lr and the interpolation coefficients in
+#: float32 tensors (distributed_shampoo.py:826-840, lr_sum :924), so Z's decay factor
+#: 1 - lr wd (:1282), Schedule-Free's mu_x = 1 - lr^p / sum lr^p (:1327) and eval()'s
+#: 1 - 1 / mu_y (:1789) are rounded to float32 whatever the parameters' dtype; no
+#: choice of values makes them all exact. Meta runs with those tensors widened to
+#: float64 (``_float64_scalars``), and the as-shipped gap is printed
+#: (docs/third-party.md, float32_averaging_scalars).
+AVERAGING_CASES: dict[str, dict[str, Any]] = {
+    "gpa": {"iterate_averaging_config": {"type": "GeneralizedPrimalAveragingConfig",
+                                         "eval_interp_coeff": 0.875,
+                                         "train_interp_coeff": 0.75}},
+    "gpa_heavy_ball_sgd": {
+        "iterate_averaging_config": {"type": "GeneralizedPrimalAveragingConfig",
+                                     "eval_interp_coeff": 0.875, "train_interp_coeff": 1.0},
+        "preconditioner_config": {"type": "SGDPreconditionerConfig"}, "lr": 0.5},
+    "schedule_free": {"iterate_averaging_config": {"type": "ScheduleFreeConfig",
+                                                   "train_interp_coeff": 0.75}},
+    "schedule_free_power_1": {"iterate_averaging_config": {
+        "type": "ScheduleFreeConfig", "train_interp_coeff": 0.5, "eval_coeff_lr_power": 1}},
+}
+AVERAGING_BASE = {"grafting_config": ADAGRAD, "epsilon": 1e-6, "precondition_frequency": 5,
+                  "weight_decay": 0.01, "lr": 0.0625}
+
+
+def _float64_scalars(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Meta's per-group lr, lr_sum and interpolation tensors as float64 (in place)."""
+    from distributed_shampoo.shampoo_types import (
+        EVAL_INTERP_COEFF,
+        LR_CPU_PINNED,
+        LR_SUM,
+        LR_TENSOR,
+        TRAIN_INTERP_COEFF,
+    )
+
+    for state_lists, group in zip(opt._per_group_state_lists, opt.param_groups, strict=True):
+        for key in (LR_TENSOR, LR_CPU_PINNED, TRAIN_INTERP_COEFF, EVAL_INTERP_COEFF, LR_SUM):
+            if key in state_lists:
+                state_lists[key] = state_lists[key].to(torch.float64)
+        for p in group["params"]:
+            if LR_SUM in opt.state[p]:
+                opt.state[p][LR_SUM] = state_lists[LR_SUM]  # Meta's alias, kept
+    return opt
+
+
+@pytest.mark.parametrize("name", sorted(AVERAGING_CASES))
+def test_meta_iterate_averaging_matches_shampoo_torch(
+    name: str, problem: tuple[Batches, Data]
+) -> None:
+    kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES[name]}, float32_lr=True)
+    batches, data = problem
+    widen = True
+
+    def meta(p: Iterable[torch.nn.Parameter], widened: bool = widen) -> torch.optim.Optimizer:
+        opt = distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))
+        return _float64_scalars(opt) if widened else opt
+
+    with _float64_default_dtype():
+        theirs, their_loss = _train(meta, batches, data)
+    ours, our_loss = _train(lambda p: Shampoo(p, from_meta(kwargs)), batches, data)
+    worst, where = _worst_deviation(theirs, ours)
+    loss_gap = abs(their_loss - our_loss) / abs(their_loss)
+    print(f"averaging {name}{' (Meta with float64 scalars)' if widen else ''}: worst "
+          f"relative deviation {worst:.2e} at {where}; loss gap {loss_gap:.1e}")
+    assert worst <= TOLERANCE, f"{name}: relative deviation {worst:.2e} at {where}"
+    assert loss_gap <= TOLERANCE, f"{name}: final losses {their_loss!r} vs {our_loss!r}"
+    if widen:
+        with _float64_default_dtype():
+            shipped, _ = _train(lambda p: meta(p, widened=False), batches, data)
+        print(f"  Meta as shipped (float32 scalars): {_worst_deviation(shipped, ours)[0]:.2e}")
+
+
+def test_meta_train_and_eval_switch_like_shampoo_torch(problem: tuple[Batches, Data]) -> None:
+    """eval() puts x = (W - (1 - mu_y) Z) / mu_y in the parameters, train() puts W back,
+    and step() in eval mode is refused, in both libraries."""
+    kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES["gpa"]}, float32_lr=True)
+    batches, data = problem
+    models, optimizers = [], []
+    for make in (lambda p: _float64_scalars(
+                     distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))),
+                 lambda p: Shampoo(p, from_meta(kwargs))):
+        with _float64_default_dtype():
+            model = _model()
+            opt = make(model.parameters())
+            for inputs, labels in batches[:10]:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+                opt.step()
+        models.append(model)
+        optimizers.append(opt)
+    for switch in ("eval", "train", "eval"):
+        for opt in optimizers:
+            getattr(opt, switch)()
+        got = [[p.detach().numpy().copy() for p in m.parameters()] for m in models]
+        worst, where = _worst_deviation([got[0]], [got[1]])
+        print(f"after {switch}(): worst relative deviation {worst:.2e} at {where}")
+        assert worst <= TOLERANCE, f"{switch}: {worst:.2e} at {where}"
+    # Both refuse a step in eval mode. (Meta raises late, after it has decayed Z and
+    # updated its statistics, so it is compared no further: docs/third-party.md,
+    # eval_mode_step_mutates_state.)
+    for opt in optimizers:
+        with pytest.raises(RuntimeError, match="train"):
+            opt.step()

@@ -56,8 +56,17 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         kwargs["distributed_config"] = {**kwargs.get("distributed_config", {}),
                                         "type": "DDPDistributedConfig",
                                         "communication_dtype": comm}
-    mu = draw(st.sampled_from([None, 0.5, 0.9]))
-    if mu is not None:
+    mu = draw(st.sampled_from([None, 0.5, 0.9, "gpa", "schedule_free"]))
+    if mu == "gpa":  # eq. (20c)
+        kwargs["iterate_averaging_config"] = {
+            "type": "GeneralizedPrimalAveragingConfig",
+            "eval_interp_coeff": draw(st.sampled_from([0.0, 0.9])),
+            "train_interp_coeff": draw(st.sampled_from([0.5, 1.0]))}
+    elif mu == "schedule_free":
+        kwargs["iterate_averaging_config"] = {
+            "type": "ScheduleFreeConfig", "train_interp_coeff": draw(st.floats(0.1, 1.0)),
+            "eval_coeff_lr_power": draw(st.integers(0, 4))}
+    elif mu is not None:
         kwargs["iterate_averaging_config"] = {
             "type": "ClassicMomentumConfig", "momentum": mu,
             "dampening": draw(st.sampled_from([0.0, 0.1])), "use_nesterov": draw(st.booleans()),

@@ -133,8 +133,37 @@ def test_meta_momentum() -> None:
         meta._momentum(m(iterate_averaging_config={**classic, "momentum": 1.0}))
     with pytest.raises(ValueError, match=r"iterate_averaging_config has unknown key\(s\) \['mu'\]"):
         meta._momentum(m(iterate_averaging_config={**classic, "mu": 0.9}))
-    with pytest.raises(NotImplementedError, match=r"iterate_averaging_config\.type = 'Schedule"):
-        meta._momentum(m(iterate_averaging_config={"type": "ScheduleFreeConfig"}))
+    with pytest.raises(NotImplementedError, match=r"iterate_averaging_config\.type = 'Polyak"):
+        meta._momentum(m(iterate_averaging_config={"type": "PolyakAveragingConfig"}))
+
+
+def test_meta_iterate_averaging() -> None:
+    """Eq. (20c): GPA and Schedule-Free in place of momentum, with Meta's defaults."""
+    gpa = {"type": "GeneralizedPrimalAveragingConfig"}
+    c = ss.from_meta({"iterate_averaging_config": gpa})
+    assert c.averaging == ss.IterateAveragingConfig(type="gpa", train_interp=0.8,
+                                                    eval_interp=0.9)
+    assert not c.momentum.enabled
+    sf = ss.from_meta({"iterate_averaging_config": {
+        "type": "ScheduleFreeConfig", "train_interp_coeff": 0.5, "eval_coeff_lr_power": 0}})
+    assert sf.averaging == ss.IterateAveragingConfig(type="schedule_free", train_interp=0.5,
+                                                     eval_lr_power=0)
+    with pytest.raises(ValueError, match=r"averaging\.eval_interp = 1\.0"):
+        ss.from_meta({"iterate_averaging_config": {**gpa, "eval_interp_coeff": 1.0}})
+    with pytest.raises(ValueError, match=r"averaging\.train_interp = 0\.0"):
+        ss.from_meta({"iterate_averaging_config": {**gpa, "train_interp_coeff": 0.0}})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['eval_interp_coeff'\]"):
+        ss.from_meta({"iterate_averaging_config": {"type": "ScheduleFreeConfig",
+                                                   "eval_interp_coeff": 0.5}})
+    with pytest.raises(ValueError, match=r"momentum\.momentum = 0\.9 is invalid: allowed 0 "
+                                         r"with averaging"):
+        ss.ShampooConfig(averaging=ss.IterateAveragingConfig(),
+                         momentum=ss.MomentumConfig(momentum=0.9))
+    with pytest.raises(ValueError, match=r"weight_decay\.type = 'update'"):
+        ss.ShampooConfig(averaging=ss.IterateAveragingConfig(),
+                         weight_decay=ss.WeightDecayConfig(value=0.1, type="update"))
+    for config in (c, sf):
+        assert ss.from_meta(ss.to_meta(config)) == config
 
 
 def test_meta_distribution() -> None:

@@ -82,9 +82,7 @@ def test_google_defaults() -> None:
 @pytest.mark.parametrize(
     ("importer", "kwargs", "key"),
     [
-        (ss.from_meta, {"iterate_averaging_config": {"type": "ScheduleFreeConfig"}}, "Schedule"),
-        (ss.from_meta, {"iterate_averaging_config":
-                        {"type": "GeneralizedPrimalAveragingConfig"}}, "GeneralizedPrimal"),
+        (ss.from_meta, {"iterate_averaging_config": {"type": "PolyakAveragingConfig"}}, "Polyak"),
         (ss.from_meta, {"preconditioner_config": {"type": "KLShampooPreconditionerConfig"}}, "KL"),
         (ss.from_meta, {"preconditioner_config":
                         {"type": "EigendecomposedKLShampooPreconditionerConfig"}},

@@ -25,10 +25,12 @@ from shampoo_spec import (
     FailureConfig,
     GradientFilterConfig,
     GraftingConfig,
+    IterateAveragingConfig,
     MomentumConfig,
     ScheduleConfig,
     ShampooConfig,
     StatisticsConfig,
+    WeightDecayConfig,
 )
 from shampoo_torch import NonFiniteGradientError, RootFailureError, Shampoo
 
@@ -91,6 +93,13 @@ RESUME_CASES = {
             RICH.momentum, storage="int8_columnwise"),
             failure=FailureConfig(nonfinite_gradient="skip_block")),
         torch.float32,
+    ),
+    # Eq. (20c): Schedule-Free averaging (Z and the sum of lr^p saved), decoupled decay.
+    "schedule_free_float64": (
+        dataclasses.replace(RICH, momentum=MomentumConfig(), factor_dtype="float64",
+                            weight_decay=WeightDecayConfig(value=0.01),
+                            averaging=IterateAveragingConfig(type="schedule_free")),
+        torch.float64,
     ),
     # Eq. (16b): an Adam diagonal preconditioner (its V_D saved), blocks skipped too.
     "diagonal_adam_skip_block": (
@@ -210,6 +219,38 @@ def test_resume_keeps_the_first_learning_rate_of_a_growing_root_period() -> None
     bad["param_groups"][0]["first_step_lr"] = float("nan")
     with pytest.raises(ValueError, match="first_step_lr"):
         Shampoo(make_params(torch.float64), config).load_state_dict(bad)
+
+
+def test_averaging_train_eval_and_checkpoint_of_the_mode() -> None:
+    """Eq. (20c): eval() and train() are inverse maps, step() is refused in eval mode
+    (changing nothing), and a checkpoint taken in eval mode loads in eval mode."""
+    config = dataclasses.replace(RICH, momentum=MomentumConfig(),
+                                 averaging=IterateAveragingConfig(train_interp=0.75))
+    params = make_params(torch.float64)
+    opt = Shampoo(params, config)
+    run_steps(opt, params, make_grads(5))
+    trained = [p.detach().clone() for p in params]
+    opt.eval()
+    averaged = [p.detach().clone() for p in params]
+    assert any(not torch.equal(a, b) for a, b in zip(trained, averaged, strict=True))
+    before = roundtrip(opt.state_dict())
+    with pytest.raises(RuntimeError, match="eval mode"):
+        run_steps(opt, params, make_grads(1, seed=9))
+    assert_trees_equal(before, opt.state_dict())  # the refused step changed nothing
+    opt.eval()  # already in eval mode: no-op
+    assert all(torch.equal(p.detach(), a) for p, a in zip(params, averaged, strict=True))
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt2 = Shampoo(resumed, config)
+    opt2.load_state_dict(before)
+    assert opt2.param_groups[0]["averaging_mode"] == "eval"
+    for o, ps in ((opt, params), (opt2, resumed)):
+        o.train()
+        for p, w in zip(ps, trained, strict=True):
+            torch.testing.assert_close(p.detach(), w, rtol=1e-14, atol=1e-14)
+    bad = roundtrip(opt.state_dict())
+    bad["param_groups"][0]["averaging_mode"] = "test"
+    with pytest.raises(ValueError, match="averaging_mode = 'test'"):
+        opt2.load_state_dict(bad)
 
 
 def test_state_dict_is_a_snapshot_and_plain() -> None:

@@ -103,6 +103,8 @@ class ParameterState:
     )
     #: Eq. (16b): the diagonal preconditioner's state V_D (adagrad, rmsprop, adam).
     diagonal: Array | None = None
+    #: Eq. (20c): the base sequence Z of iterate averaging (merged shape), from W.
+    averaged: Array | None = None
 
 
 @dataclass
@@ -187,6 +189,13 @@ class ReferenceShampoo:
             for message in large_block_warnings(str(name), plan_parameter(p.shape, config)):
                 warnings.warn(message, stacklevel=2)  # eq. (5): before allocating the factors
         self.state = {k: self._init_parameter(p.shape) for k, p in self.params.items()}
+        #: Eq. (20c): which sequence the parameters hold ("train": y, "eval": x), and
+        #: Schedule-Free's sum of lr_i^p over the steps so far.
+        self.mode = "train"
+        self.lr_power_sum = 0.0
+        if config.averaging is not None:
+            for name, st in self.state.items():
+                st.averaged = _as_merged(self.params[name], st.plan).copy()  # Z_0 = W_0
 
     # ----------------------------------------------------------------- init
     def _init_parameter(self, shape: tuple[int, ...]) -> ParameterState:
@@ -244,6 +253,11 @@ class ReferenceShampoo:
         """
         if not isinstance(grads, Mapping):
             raise ValueError(f"grads = {_shown(grads)} is invalid: allowed a dict name -> array.")
+        if self.mode != "train":
+            raise RuntimeError(
+                "step() in eval mode: the parameters hold the averaged sequence x "
+                "(eq. 20c); call train() before step()."
+            )
         if set(grads) != set(self.params):
             raise ValueError(
                 f"grads keys {sorted(grads)} do not match parameter names {sorted(self.params)}."
@@ -265,6 +279,9 @@ class ReferenceShampoo:
         if self.first_learning_rate is None:
             self.first_learning_rate = self.learning_rate
         self._root_failures = []
+        av = self.config.averaging
+        if av is not None and av.type == "schedule_free":
+            self.lr_power_sum += self.learning_rate**av.eval_lr_power  # eq. (20c)
         for name, adm in admitted.items():
             self.metrics.skipped_blocks += adm.refused
             self.params[name] = self._step_parameter(name, self.params[name], adm)
@@ -389,7 +406,10 @@ class ReferenceShampoo:
         lr = 1.0 if cfg.momentum.lr_before_momentum else self.learning_rate
         with np.errstate(over="ignore", invalid="ignore"):  # eq. (22) handles overflow
             step = self._momentum(st, shampoo_dir, graft_dir, w, use_shampoo, finite)
-            if cfg.update_dtype is None:
+            new_z = None
+            if cfg.averaging is not None:
+                new_w, new_z = self._average(st, -(lr * step), w)
+            elif cfg.update_dtype is None:
                 new_w = w - lr * step
                 if cfg.weight_decay.applies("update"):
                     new_w = new_w - self.learning_rate * cfg.weight_decay.value * w  # eq. (21)
@@ -402,6 +422,10 @@ class ReferenceShampoo:
         # Eq. (22): an entry whose new value or new momentum is non-finite keeps
         # its old ones (the state before eq. 20 is finite by eq. 3).
         keep = np.isfinite(new_w)
+        if new_z is not None:
+            assert st.averaged is not None
+            keep &= np.isfinite(new_z)
+            st.averaged = np.where(finite & keep, new_z, st.averaged)
         quantized = cfg.momentum.quantizes(len(plan.shape))
         for new in (st.momentum, st.graft_momentum):
             if new is not None:
@@ -760,6 +784,48 @@ class ReferenceShampoo:
                 scaled = rotated / denominator
         return self._rotate(bs, scaled, transpose=False)
 
+    # ------------------------------------------------ eq. (20c) averaging
+    def _average(self, st: ParameterState, d: Array, w: Array) -> tuple[Array, Array]:
+        """Eq. (20c): the new W and Z from ``d = -lr P``; Z decayed first (eq. 19's
+        direction decay becomes ``Z <- Z (1 - lr_t alpha_t)``)."""
+        cfg, av = self.config, self.config.averaging
+        assert av is not None and st.averaged is not None
+        z = st.averaged
+        if cfg.weight_decay.applies("direction"):
+            alpha = cfg.weight_decay.direction_value(self.learning_rate, cfg.learning_rate)
+            z = z * (1.0 - self.learning_rate * alpha)
+        mu_y = av.train_interp
+        mu_x = av.eval_coefficient(self.learning_rate, self.lr_power_sum)
+        delta = (1.0 - mu_x * mu_y) * d + (1.0 - mu_x) * (z - w)
+        if cfg.update_dtype is not None:
+            delta = round_to(delta, cfg.update_dtype)  # eq. (21a)
+        return w + delta, z + d
+
+    def eval(self) -> None:
+        """Eq. (20c): put the averaged sequence ``x = (W - (1 - mu_y) Z) / mu_y`` in the
+        parameters (``W <- W + (1 - 1 / mu_y) (Z - W)``); no-op without averaging or
+        in eval mode already."""
+        av = self.config.averaging
+        if av is None or self.mode == "eval":
+            return
+        self._switch(1.0 - 1.0 / av.train_interp)
+        self.mode = "eval"
+
+    def train(self) -> None:
+        """Eq. (20c): back to the training sequence ``y = mu_y x + (1 - mu_y) Z``
+        (``W <- W + (1 - mu_y) (Z - W)``); no-op without averaging or in train mode."""
+        av = self.config.averaging
+        if av is None or self.mode == "train":
+            return
+        self._switch(1.0 - av.train_interp)
+        self.mode = "train"
+
+    def _switch(self, c: float) -> None:
+        for name, st in self.state.items():
+            assert st.averaged is not None
+            w = _as_merged(self.params[name], st.plan)
+            self.params[name] = (w + c * (st.averaged - w)).reshape(st.plan.shape)
+
     # ------------------------------------------------ eqs. (19)-(20) momentum
     def _momentum(
         self,
@@ -777,7 +843,7 @@ class ReferenceShampoo:
         def prepare(p: Array) -> Array:
             if mom.lr_before_momentum:
                 p = self.learning_rate * p
-            if wd.applies("direction"):
+            if wd.applies("direction") and cfg.averaging is None:  # eq. (20c) decays Z
                 p = p + wd.direction_value(self.learning_rate, cfg.learning_rate) * w  # eq. (19)
             return p
 

@@ -861,6 +861,55 @@ class MomentumConfig:
         return self.learning_rate_placement == "before_momentum"
 
 
+#: The largest ``IterateAveragingConfig.eval_lr_power``.
+MAX_EVAL_LR_POWER = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class IterateAveragingConfig:
+    """Primal averaging of the iterates, eq. (20c), in place of momentum.
+
+    Meta's ``GeneralizedPrimalAveragingConfig`` (``type="gpa"``; Defazio et
+    al., arXiv 2512.17131) and ``ScheduleFreeConfig`` (``"schedule_free"``;
+    Defazio et al. 2024, "The Road Less Scheduled"). The parameters W are the
+    training sequence y, where gradients are taken; the optimizer keeps the
+    base sequence Z (starting at W) and each step, with ``d = -lr_t P``:
+
+        Delta = (1 - mu_x mu_y) d + (1 - mu_x) (Z - W),   Z <- Z + d,   W <- W + Delta
+
+    ``mu_y = train_interp``; ``mu_x = eval_interp`` (gpa), or
+    ``1 - lr_t^p / sum_{i<=t} lr_i^p`` with ``p = eval_lr_power``
+    (schedule_free). The evaluation sequence ``x = (W - (1 - mu_y) Z) / mu_y``
+    is what the backends' ``eval()`` puts in the parameters (``train()`` back).
+    """
+
+    type: Literal["gpa", "schedule_free"] = "gpa"
+    train_interp: float = 0.8
+    eval_interp: float = 0.9
+    eval_lr_power: int = 2
+
+    def __post_init__(self) -> None:
+        o = "averaging"
+        v.choice(o, "type", self.type, ("gpa", "schedule_free"))
+        v.real(o, "train_interp", self.train_interp, low=0.0, high=1.0, low_open=True)
+        v.real(o, "eval_interp", self.eval_interp, low=0.0, high=1.0, high_open=True)
+        v.integer(o, "eval_lr_power", self.eval_lr_power, low=0, high=MAX_EVAL_LR_POWER)
+        # The other type's coefficient is unused: only its default, so that a config
+        # says what runs (and round-trips through Meta's two classes).
+        if self.type == "gpa" and self.eval_lr_power != 2:
+            v.fail(o, "eval_lr_power", self.eval_lr_power, "2 (the default; unused) with "
+                   "type='gpa'")
+        if self.type == "schedule_free" and self.eval_interp != 0.9:
+            v.fail(o, "eval_interp", self.eval_interp, "0.9 (the default; unused) with "
+                   "type='schedule_free' (mu_x follows the learning rates)")
+
+    def eval_coefficient(self, lr_t: float, lr_power_sum: float) -> float:
+        """``mu_x`` of eq. (20c) at a step whose ``sum_{i<=t} lr_i^p`` is ``lr_power_sum``."""
+        if self.type == "gpa":
+            return self.eval_interp
+        return 1.0 - lr_t**self.eval_lr_power / lr_power_sum
+
+
 @dataclass(frozen=True, kw_only=True)
 class WeightDecayConfig:
     """Weight decay, eqs. (2) and (19).
@@ -1081,6 +1130,7 @@ class ShampooConfig:
     grafting: GraftingConfig = field(default_factory=GraftingConfig)
     gradient_filter: GradientFilterConfig = field(default_factory=GradientFilterConfig)
     momentum: MomentumConfig = field(default_factory=MomentumConfig)
+    averaging: IterateAveragingConfig | None = None
     weight_decay: WeightDecayConfig = field(default_factory=WeightDecayConfig)
     blocking: BlockingConfig = field(default_factory=BlockingConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -1110,6 +1160,9 @@ class ShampooConfig:
         v.instance(o, "grafting", self.grafting, (GraftingConfig,))
         v.instance(o, "gradient_filter", self.gradient_filter, (GradientFilterConfig,))
         v.instance(o, "momentum", self.momentum, (MomentumConfig,))
+        if self.averaging is not None:
+            v.instance(o, "averaging", self.averaging, (IterateAveragingConfig,))
+            self._check_averaging()
         v.instance(o, "weight_decay", self.weight_decay, (WeightDecayConfig,))
         v.instance(o, "blocking", self.blocking, (BlockingConfig,))
         v.instance(o, "schedule", self.schedule, (ScheduleConfig,))
@@ -1197,6 +1250,17 @@ class ShampooConfig:
                         "exponents.overrides_by_order[]", "roots", item.roots,
                         "integer roots with root_inverse.method='coupled_newton'",
                     )
+
+    def _check_averaging(self) -> None:
+        """Eq. (20c) takes the place of momentum and of the update's own decay."""
+        why = "with averaging (eq. 20c replaces eqs. 20-21's momentum and update)"
+        if self.momentum.enabled:
+            v.fail("momentum", "momentum", self.momentum.momentum, f"0 {why}")
+        if self.momentum.storage != "float":
+            v.fail("momentum", "storage", self.momentum.storage, f"'float' {why}")
+        if self.weight_decay.applies("update"):
+            v.fail("weight_decay", "type", "update",
+                   f"'l2' or 'direction' {why}: direction decay shrinks Z there")
 
     def _check_diagonal(self) -> None:
         """Eqs. (16b), (16c) replace the Kronecker factors: their storage rules may not be set.

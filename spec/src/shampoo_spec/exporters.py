@@ -195,7 +195,8 @@ def _meta_weight_decay(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 
 def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
-    """Writes ``iterate_averaging_config``: ClassicMomentumConfig, or null without momentum."""
+    """Writes ``iterate_averaging_config``: ClassicMomentumConfig, GPA or Schedule-Free
+    (``averaging``, eq. 20c), or null without either."""
     m = c.momentum
     lacks.same("momentum.buffers", m.buffers, "shared", "Meta keeps one momentum buffer")
     lacks.same("momentum.storage", m.storage, "float",
@@ -205,7 +206,14 @@ def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     if m.momentum == 0.0:
         lacks.same("momentum.dampening", m.dampening, 0.0, "unused without momentum")
         lacks.same("momentum.nesterov", m.nesterov, False, "unused without momentum")
-        return None
+        av = c.averaging
+        if av is None:
+            return None
+        if av.type == "gpa":  # eq. (20c)
+            return {"type": "GeneralizedPrimalAveragingConfig",
+                    "eval_interp_coeff": av.eval_interp, "train_interp_coeff": av.train_interp}
+        return {"type": "ScheduleFreeConfig", "train_interp_coeff": av.train_interp,
+                "eval_coeff_lr_power": av.eval_lr_power}
     return {
         "type": "ClassicMomentumConfig",
         "momentum": m.momentum,
@@ -647,6 +655,7 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google has no eigenvalue-corrected Shampoo")
     lacks.same("diagonal", c.diagonal, None,
                "Google has no diagonal preconditioner in place of Shampoo's (eq. 16b)")
+    lacks.same("averaging", c.averaging, None, "Google has no iterate averaging (eq. 20c)")
     lacks.same("spectral", c.spectral, None, "Google has no spectral descent (eq. 16c)")
     lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
                "Google keeps its preconditioners in the computation dtype (eq. 11a)")

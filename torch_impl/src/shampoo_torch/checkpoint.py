@@ -262,15 +262,18 @@ def _check_config(where: str, ours: ShampooConfig, saved: object) -> None:
 
 def _check_group(where: str, saved_group: dict[str, Any]) -> None:
     """The group's hyperparameters that a load would set: ``lr`` must be valid."""
-    from .cohorts import FIRST_LR
+    from .cohorts import AVERAGING_MODE, FIRST_LR, LR_POWER_SUM
     from .optimizer import check_lr
 
-    for key in ("lr", FIRST_LR):  # FIRST_LR: eq. (8b)'s lr_1, with a growing root period
-        if key in saved_group:
+    for key in ("lr", FIRST_LR, LR_POWER_SUM):  # FIRST_LR: eq. (8b)'s lr_1; LR_POWER_SUM:
+        if key in saved_group:                  # eq. (20c)'s sum of lr_i^p (both >= 0)
             try:
                 check_lr(saved_group[key], f"{where}[{key!r}]")
             except (TypeError, ValueError) as err:
                 _fail(where, str(err))
+    if AVERAGING_MODE in saved_group and saved_group[AVERAGING_MODE] not in ("train", "eval"):
+        _fail(where, f"{AVERAGING_MODE} = {_shown(saved_group[AVERAGING_MODE])}: allowed "
+              "'train' or 'eval' (eq. 20c)")
 
 
 def _check_metrics(metrics: object) -> dict[str, Any]:

@@ -175,7 +175,7 @@ def momentum(
     def prepare(p: torch.Tensor) -> torch.Tensor:
         if mom.lr_before_momentum:
             p = lr * p
-        if wd.applies("direction"):
+        if wd.applies("direction") and cfg.averaging is None:  # eq. (20c) decays Z
             built = cfg.learning_rate if lr_0 is None else lr_0
             p = p + wd.direction_value(lr, built) * w  # eq. (19)
         return p
@@ -205,6 +205,31 @@ def momentum(
     return out, buffers
 
 
+def averaged_step(
+    st: dict[str, Any], u: torch.Tensor, w: torch.Tensor, cfg: ShampooConfig, lr: float,
+    mu_x: float, ok: torch.Tensor | None, lr_0: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (20c): the update Delta of W and the new base sequence Z from U (= P).
+
+    Z decays first with direction decay (``Z <- Z (1 - lr alpha)``, eq. 19's
+    coefficient alpha); then ``d = -lr U``,
+    ``Delta = (1 - mu_x mu_y) d + (1 - mu_x) (Z - W)`` and ``Z + d``, Z kept on
+    eq. (3)'s refused entries. :func:`apply_update` adds Delta and stores Z
+    under eq. (22)'s guard, as a momentum buffer.
+    """
+    av, wd = cfg.averaging, cfg.weight_decay
+    assert av is not None
+    old: torch.Tensor = st["averaged"]
+    z = old
+    if wd.applies("direction"):
+        built = cfg.learning_rate if lr_0 is None else lr_0
+        z = z * (1.0 - lr * wd.direction_value(lr, built))
+    step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
+    d = -(step_lr * u)
+    delta = (1.0 - mu_x * av.train_interp) * d + (1.0 - mu_x) * (z - w)
+    return delta, masked(z + d, old, ok)
+
+
 def all_finite_on_host(tensors: Sequence[torch.Tensor]) -> bool:
     """True only if every entry of ``tensors`` is finite, read on the host from one sum
     each; False off CPU (a read would sync the device) and wherever a sum is not
@@ -224,8 +249,12 @@ def apply_update(
     cfg: ShampooConfig,
     lr: float,
     ok: torch.Tensor | None,
+    delta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype.
+
+    ``delta``: eq. (20c)'s update of W in place of ``-lr U`` (iterate averaging;
+    its Z is in ``buffers``).
 
     Eq. (21a), ``update_dtype`` c set: ``W <- W + round_c(-lr U - lr wd W)``,
     the update rounded to c (torch's cast, as Meta's copy into its
@@ -240,7 +269,10 @@ def apply_update(
     """
     wd = cfg.weight_decay
     step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
-    if cfg.update_dtype is None:
+    if delta is not None:
+        new_w = w + (delta if cfg.update_dtype is None else
+                     delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype))  # eq. (21a)
+    elif cfg.update_dtype is None:
         new_w = w - step_lr * u
         if wd.applies("update"):
             new_w = new_w - lr * wd.value * w

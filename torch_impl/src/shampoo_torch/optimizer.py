@@ -63,7 +63,16 @@ from shampoo_spec import (
 
 from . import checkpoint, elementwise, grafting, preconditioner, refusal
 from .blocks import assemble, expand_blocks, gather, row_chunks, select_rows
-from .cohorts import FIRST_LR, Cohort, StepInput, read_gradients, split_cohorts, write_back
+from .cohorts import (
+    AVERAGING_MODE,
+    FIRST_LR,
+    LR_POWER_SUM,
+    Cohort,
+    StepInput,
+    read_gradients,
+    split_cohorts,
+    write_back,
+)
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
 
@@ -140,6 +149,12 @@ class Shampoo(torch.optim.Optimizer):
         cfg = as_config(param_group.get("config"), self.defaults["config"],
                         f"param_groups[{len(self.param_groups)}]['config']")
         param_group["config"] = cfg
+        if cfg.averaging is not None and self._shard_mode is not None:
+            raise NotImplementedError(
+                f"param_groups[{len(self.param_groups)}]['config'].averaging with "
+                "DistributedConfig(shard_mode=...) is not supported yet (eq. 20c's train() and "
+                "eval() rewrite whole parameters; one process or DDP only)."
+            )
         if "lr" not in param_group:
             override = self._lr_override
             param_group["lr"] = cfg.learning_rate if override is None else override
@@ -156,6 +171,12 @@ class Shampoo(torch.optim.Optimizer):
         for p, lay, dt in zip(param_group["params"], plan.layouts, plan.dtypes, strict=True):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
                                    lay.plan.shape)
+            if cfg.averaging is not None:  # eq. (20c): Z starts at W
+                self.state[p]["averaged"] = p.detach().to(dt).reshape(lay.merged_shape).clone()
+        if cfg.averaging is not None:
+            param_group[AVERAGING_MODE] = "train"
+            if cfg.averaging.type == "schedule_free":
+                param_group[LR_POWER_SUM] = 0.0
 
     # ------------------------------------------------ metrics and views
     def _counter(self, device: torch.device) -> dict[str, torch.Tensor]:
@@ -221,6 +242,12 @@ class Shampoo(torch.optim.Optimizer):
         ``"raise"``) comes before any change; the eq. (13) limit is raised
         after the whole step.
         """
+        for gi, group in enumerate(self.param_groups):  # before the closure's backward
+            if group.get(AVERAGING_MODE, "train") != "train":
+                raise RuntimeError(
+                    f"step() with param_groups[{gi}] in eval mode: its parameters hold the "
+                    "averaged sequence x (eq. 20c); call train() before step()."
+                )
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -235,6 +262,10 @@ class Shampoo(torch.optim.Optimizer):
         for inp in inputs:  # eq. (8b)'s lr_1, once the step can no longer be refused
             if inp is not None and inp.gp.config.schedule.precondition_frequency_growth:
                 self.param_groups[inp.gi].setdefault(FIRST_LR, inp.lr)
+            av = None if inp is None else inp.gp.config.averaging
+            if inp is not None and av is not None and av.type == "schedule_free":  # eq. (20c)
+                group = self.param_groups[inp.gi]
+                group[LR_POWER_SUM] = group.get(LR_POWER_SUM, 0.0) + inp.lr**av.eval_lr_power
         cohorts = [c for inp in inputs if inp is not None for c in split_cohorts(inp)]
         for c in cohorts:
             self._elementwise_state(c)  # 2. graft state, filter
@@ -551,14 +582,46 @@ class Shampoo(torch.optim.Optimizer):
             ok = c.elem_ok.get(i)
             u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i],
                                               c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
+            delta = None
+            if cfg.averaging is not None:  # eq. (20c)
+                mu_x = cfg.averaging.eval_coefficient(
+                    inp.lr, self.param_groups[inp.gi].get(LR_POWER_SUM, 0.0))
+                delta, buffers["averaged"] = elementwise.averaged_step(
+                    st, u, inp.w[i], cfg, inp.lr, mu_x, ok, self._lr_override)
             withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
-                                                buffers, st, cfg, inp.lr, ok)
+                                                buffers, st, cfg, inp.lr, ok, delta)
             write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
             self._counter(withheld.device)["withheld_updates"].add_(withheld)
 
     def _device(self) -> torch.device:
         device: torch.device = self.param_groups[0]["params"][0].device
         return device
+
+    # ---------------------------------------------- eq. (20c) train / eval
+    @torch.no_grad()
+    def eval(self) -> None:
+        """Put the averaged sequence ``x = (W - (1 - mu_y) Z) / mu_y`` in the parameters of
+        every group with ``config.averaging`` (eq. 20c); ``step()`` then refuses until
+        :meth:`train`. Groups without averaging, or already in eval mode, are left alone."""
+        self._switch("eval", lambda mu_y: 1.0 - 1.0 / mu_y)
+
+    @torch.no_grad()
+    def train(self) -> None:
+        """Back to the training sequence ``y = mu_y x + (1 - mu_y) Z`` (eq. 20c)."""
+        self._switch("train", lambda mu_y: 1.0 - mu_y)
+
+    def _switch(self, mode: str, coefficient: Callable[[float], float]) -> None:
+        """``W <- W + c (Z - W)`` for every parameter of the groups not yet in ``mode``."""
+        for group, gp in zip(self.param_groups, self._plans, strict=True):
+            av = gp.config.averaging
+            if av is None or group[AVERAGING_MODE] == mode:
+                continue
+            c = coefficient(av.train_interp)
+            for p in group["params"]:
+                z = self.state[p]["averaged"]
+                w = p.detach().to(z.dtype).reshape(z.shape)
+                p.copy_((w + c * (z - w)).reshape(p.shape))
+            group[AVERAGING_MODE] = mode
 
     # ------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

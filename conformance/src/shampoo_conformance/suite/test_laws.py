@@ -286,6 +286,31 @@ def test_diagonal_preconditioner_is_its_first_order_method(
     _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"diagonal = {method}")
 
 
+@pytest.mark.parametrize("beta", [0.5, 0.875])
+def test_gpa_with_full_train_interpolation_is_heavy_ball_momentum(
+    backend: Backend, beta: float
+) -> None:
+    """Eq. (20c), GPA with mu_y = 1 and mu_x = beta on an SGD diagonal (eq. 16b) at
+    learning rate lr / (1 - beta) is SGD with heavy-ball momentum beta at lr (Meta's
+    own equivalence, shampoo_types.py GeneralizedPrimalAveragingConfig)."""
+    config = replace(
+        _unrounded(S.base_config_for(backend)),
+        learning_rate=0.0625 / (1.0 - beta), diagonal=ss.DiagonalPreconditionerConfig(type="sgd"),
+        eigenvalue_correction=None, factor_storage_dtype=None, grafting=ss.GraftingConfig(),
+        gradient_filter=ss.GradientFilterConfig(), momentum=ss.MomentumConfig(),
+        statistics=ss.StatisticsConfig(), weight_decay=ss.WeightDecayConfig(),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=1),
+        averaging=ss.IterateAveragingConfig(type="gpa", train_interp=1.0, eval_interp=beta),
+    )
+    rng = np.random.default_rng(4)
+    grads = [rng.standard_normal((3, 5)) for _ in range(8)]
+    w0 = rng.standard_normal((3, 5))
+    want = first_order.trajectory("sgd", w0, grads, 0.0625, 0.0, beta)
+    ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
+    bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
+    _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"GPA = heavy ball {beta}")
+
+
 def _orthogonalized(g: np.ndarray, spectral: ss.SpectralDescentConfig) -> np.ndarray:
     """Eq. (16c) written out: U_r V_r^T, or Newton-Schulz from the Frobenius-normalised g."""
     if spectral.method == "svd":

@@ -39,6 +39,7 @@ from ..config import (
     GraftingConfig,
     HigherOrderNewtonConfig,
     InverseRootDtype,
+    IterateAveragingConfig,
     MomentumConfig,
     OrderOverride,
     RootInverseConfig,
@@ -196,6 +197,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
         weight_decay = _weight_decay(a, shared.lr)
     with a.section():
         momentum = _momentum(a)
+        averaging = _averaging(a)
     target_rank, update_dtype = _distribution(a)
     with a.section():
         pre = _preconditioner(a, shared)
@@ -233,6 +235,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
             grafting=grafting,
             gradient_filter=_gradient_filter(shared),
             momentum=momentum,
+            averaging=averaging,
             weight_decay=weight_decay,
             blocking=blocking,
             schedule=schedule,
@@ -330,10 +333,39 @@ def _momentum(a: Args) -> MomentumConfig:
             dampening=m.number("dampening", 0.0),
             nesterov=m.flag("use_nesterov", False),
         )
+    if kind in _AVERAGING_KEYS:
+        return MomentumConfig()  # eq. (20c) in its place: _averaging
     raise NotImplementedError(
-        f"iterate_averaging_config.type = {kind!r} is not supported yet "
-        "(GPA and Schedule-Free)."
+        f"iterate_averaging_config.type = {kind!r} is not supported yet (allowed "
+        f"ClassicMomentumConfig, {', '.join(sorted(_AVERAGING_KEYS))})."
     )
+
+
+#: Meta's iterate averaging classes (eq. 20c) and their keys.
+_AVERAGING_KEYS = {
+    "GeneralizedPrimalAveragingConfig": {"eval_interp_coeff", "train_interp_coeff"},
+    "ScheduleFreeConfig": {"train_interp_coeff", "eval_coeff_lr_power"},
+}
+
+
+def _averaging(a: Args) -> IterateAveragingConfig | None:
+    """Reads ``GeneralizedPrimalAveragingConfig`` / ``ScheduleFreeConfig`` (eq. 20c).
+
+    GPA: ``eval_interp_coeff`` (mu_x, default 0.9) and ``train_interp_coeff``
+    (mu_y, 0.8); Schedule-Free: ``train_interp_coeff`` (0.8) and
+    ``eval_coeff_lr_power`` (2). None for anything else.
+    """
+    cfg = a.get("iterate_averaging_config", None)
+    kind = type_of("iterate_averaging_config", cfg)
+    if kind not in _AVERAGING_KEYS:
+        return None
+    m = Args("iterate_averaging_config", cfg, _AVERAGING_KEYS[kind])
+    train = m.number("train_interp_coeff", 0.8)
+    if kind == "GeneralizedPrimalAveragingConfig":
+        return IterateAveragingConfig(type="gpa", train_interp=train,
+                                      eval_interp=m.number("eval_interp_coeff", 0.9))
+    return IterateAveragingConfig(type="schedule_free", train_interp=train,
+                                  eval_lr_power=m.integer("eval_coeff_lr_power", 2, low=0))
 
 
 def _distribution(a: Args) -> tuple[int | None, UpdateDtype | None]:
