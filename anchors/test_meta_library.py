@@ -986,7 +986,7 @@ def test_meta_spectral_descent_matches_shampoo_torch(
     assert loss_gap <= TOLERANCE, f"{name}: final losses {their_loss!r} vs {our_loss!r}"
 
 
-# -------------------------------------------------- iterate averaging (eq. 20c)
+# -------------------------------------------------- iterate averaging (eq. 20d)
 #: GPA and Schedule-Free on Shampoo with an AdaGrad graft and decoupled decay (which
 #: shrinks Z under averaging). Meta holds the lr and the interpolation coefficients in
 #: float32 tensors (distributed_shampoo.py:826-840, lr_sum :924), so Z's decay factor

@@ -57,7 +57,7 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                                         "type": "DDPDistributedConfig",
                                         "communication_dtype": comm}
     mu = draw(st.sampled_from([None, 0.5, 0.9, "gpa", "schedule_free"]))
-    if mu == "gpa":  # eq. (20c)
+    if mu == "gpa":  # eq. (20d)
         kwargs["iterate_averaging_config"] = {
             "type": "GeneralizedPrimalAveragingConfig",
             "eval_interp_coeff": draw(st.sampled_from([0.0, 0.9])),

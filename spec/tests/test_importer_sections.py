@@ -138,7 +138,7 @@ def test_meta_momentum() -> None:
 
 
 def test_meta_iterate_averaging() -> None:
-    """Eq. (20c): GPA and Schedule-Free in place of momentum, with Meta's defaults."""
+    """Eq. (20d): GPA and Schedule-Free in place of momentum, with Meta's defaults."""
     gpa = {"type": "GeneralizedPrimalAveragingConfig"}
     c = ss.from_meta({"iterate_averaging_config": gpa})
     assert c.averaging == ss.IterateAveragingConfig(type="gpa", train_interp=0.8,

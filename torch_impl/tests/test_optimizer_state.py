@@ -94,7 +94,7 @@ RESUME_CASES = {
             failure=FailureConfig(nonfinite_gradient="skip_block")),
         torch.float32,
     ),
-    # Eq. (20c): Schedule-Free averaging (Z and the sum of lr^p saved), decoupled decay.
+    # Eq. (20d): Schedule-Free averaging (Z and the sum of lr^p saved), decoupled decay.
     "schedule_free_float64": (
         dataclasses.replace(RICH, momentum=MomentumConfig(), factor_dtype="float64",
                             weight_decay=WeightDecayConfig(value=0.01),
@@ -222,7 +222,7 @@ def test_resume_keeps_the_first_learning_rate_of_a_growing_root_period() -> None
 
 
 def test_averaging_train_eval_and_checkpoint_of_the_mode() -> None:
-    """Eq. (20c): eval() and train() are inverse maps, step() is refused in eval mode
+    """Eq. (20d): eval() and train() are inverse maps, step() is refused in eval mode
     (changing nothing), and a checkpoint taken in eval mode loads in eval mode."""
     config = dataclasses.replace(RICH, momentum=MomentumConfig(),
                                  averaging=IterateAveragingConfig(train_interp=0.75))

@@ -103,7 +103,7 @@ class ParameterState:
     )
     #: Eq. (16b): the diagonal preconditioner's state V_D (adagrad, rmsprop, adam).
     diagonal: Array | None = None
-    #: Eq. (20c): the base sequence Z of iterate averaging (merged shape), from W.
+    #: Eq. (20d): the base sequence Z of iterate averaging (merged shape), from W.
     averaged: Array | None = None
 
 
@@ -189,7 +189,7 @@ class ReferenceShampoo:
             for message in large_block_warnings(str(name), plan_parameter(p.shape, config)):
                 warnings.warn(message, stacklevel=2)  # eq. (5): before allocating the factors
         self.state = {k: self._init_parameter(p.shape) for k, p in self.params.items()}
-        #: Eq. (20c): which sequence the parameters hold ("train": y, "eval": x), and
+        #: Eq. (20d): which sequence the parameters hold ("train": y, "eval": x), and
         #: Schedule-Free's sum of lr_i^p over the steps so far.
         self.mode = "train"
         self.lr_power_sum = 0.0
@@ -256,7 +256,7 @@ class ReferenceShampoo:
         if self.mode != "train":
             raise RuntimeError(
                 "step() in eval mode: the parameters hold the averaged sequence x "
-                "(eq. 20c); call train() before step()."
+                "(eq. 20d); call train() before step()."
             )
         if set(grads) != set(self.params):
             raise ValueError(
@@ -281,7 +281,7 @@ class ReferenceShampoo:
         self._root_failures = []
         av = self.config.averaging
         if av is not None and av.type == "schedule_free":
-            self.lr_power_sum += self.learning_rate**av.eval_lr_power  # eq. (20c)
+            self.lr_power_sum += self.learning_rate**av.eval_lr_power  # eq. (20d)
         for name, adm in admitted.items():
             self.metrics.skipped_blocks += adm.refused
             self.params[name] = self._step_parameter(name, self.params[name], adm)
@@ -784,9 +784,9 @@ class ReferenceShampoo:
                 scaled = rotated / denominator
         return self._rotate(bs, scaled, transpose=False)
 
-    # ------------------------------------------------ eq. (20c) averaging
+    # ------------------------------------------------ eq. (20d) averaging
     def _average(self, st: ParameterState, d: Array, w: Array) -> tuple[Array, Array]:
-        """Eq. (20c): the new W and Z from ``d = -lr P``; Z decayed first (eq. 19's
+        """Eq. (20d): the new W and Z from ``d = -lr P``; Z decayed first (eq. 19's
         direction decay becomes ``Z <- Z (1 - lr_t alpha_t)``)."""
         cfg, av = self.config, self.config.averaging
         assert av is not None and st.averaged is not None
@@ -802,7 +802,7 @@ class ReferenceShampoo:
         return w + delta, z + d
 
     def eval(self) -> None:
-        """Eq. (20c): put the averaged sequence ``x = (W - (1 - mu_y) Z) / mu_y`` in the
+        """Eq. (20d): put the averaged sequence ``x = (W - (1 - mu_y) Z) / mu_y`` in the
         parameters (``W <- W + (1 - 1 / mu_y) (Z - W)``); no-op without averaging or
         in eval mode already."""
         av = self.config.averaging
@@ -812,7 +812,7 @@ class ReferenceShampoo:
         self.mode = "eval"
 
     def train(self) -> None:
-        """Eq. (20c): back to the training sequence ``y = mu_y x + (1 - mu_y) Z``
+        """Eq. (20d): back to the training sequence ``y = mu_y x + (1 - mu_y) Z``
         (``W <- W + (1 - mu_y) (Z - W)``); no-op without averaging or in train mode."""
         av = self.config.averaging
         if av is None or self.mode == "train":
@@ -843,7 +843,7 @@ class ReferenceShampoo:
         def prepare(p: Array) -> Array:
             if mom.lr_before_momentum:
                 p = self.learning_rate * p
-            if wd.applies("direction") and cfg.averaging is None:  # eq. (20c) decays Z
+            if wd.applies("direction") and cfg.averaging is None:  # eq. (20d) decays Z
                 p = p + wd.direction_value(self.learning_rate, cfg.learning_rate) * w  # eq. (19)
             return p
 

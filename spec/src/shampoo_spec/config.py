@@ -867,7 +867,7 @@ MAX_EVAL_LR_POWER = 16
 
 @dataclass(frozen=True, kw_only=True)
 class IterateAveragingConfig:
-    """Primal averaging of the iterates, eq. (20c), in place of momentum.
+    """Primal averaging of the iterates, eq. (20d), in place of momentum.
 
     Meta's ``GeneralizedPrimalAveragingConfig`` (``type="gpa"``; Defazio et
     al., arXiv 2512.17131) and ``ScheduleFreeConfig`` (``"schedule_free"``;
@@ -904,7 +904,7 @@ class IterateAveragingConfig:
                    "type='schedule_free' (mu_x follows the learning rates)")
 
     def eval_coefficient(self, lr_t: float, lr_power_sum: float) -> float:
-        """``mu_x`` of eq. (20c) at a step whose ``sum_{i<=t} lr_i^p`` is ``lr_power_sum``."""
+        """``mu_x`` of eq. (20d) at a step whose ``sum_{i<=t} lr_i^p`` is ``lr_power_sum``."""
         if self.type == "gpa":
             return self.eval_interp
         return 1.0 - lr_t**self.eval_lr_power / lr_power_sum
@@ -1252,8 +1252,8 @@ class ShampooConfig:
                     )
 
     def _check_averaging(self) -> None:
-        """Eq. (20c) takes the place of momentum and of the update's own decay."""
-        why = "with averaging (eq. 20c replaces eqs. 20-21's momentum and update)"
+        """Eq. (20d) takes the place of momentum and of the update's own decay."""
+        why = "with averaging (eq. 20d replaces eqs. 20-21's momentum and update)"
         if self.momentum.enabled:
             v.fail("momentum", "momentum", self.momentum.momentum, f"0 {why}")
         if self.momentum.storage != "float":

@@ -196,7 +196,7 @@ def _meta_weight_decay(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     """Writes ``iterate_averaging_config``: ClassicMomentumConfig, GPA or Schedule-Free
-    (``averaging``, eq. 20c), or null without either."""
+    (``averaging``, eq. 20d), or null without either."""
     m = c.momentum
     lacks.same("momentum.buffers", m.buffers, "shared", "Meta keeps one momentum buffer")
     lacks.same("momentum.storage", m.storage, "float",
@@ -209,7 +209,7 @@ def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
         av = c.averaging
         if av is None:
             return None
-        if av.type == "gpa":  # eq. (20c)
+        if av.type == "gpa":  # eq. (20d)
             return {"type": "GeneralizedPrimalAveragingConfig",
                     "eval_interp_coeff": av.eval_interp, "train_interp_coeff": av.train_interp}
         return {"type": "ScheduleFreeConfig", "train_interp_coeff": av.train_interp,
@@ -655,7 +655,7 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google has no eigenvalue-corrected Shampoo")
     lacks.same("diagonal", c.diagonal, None,
                "Google has no diagonal preconditioner in place of Shampoo's (eq. 16b)")
-    lacks.same("averaging", c.averaging, None, "Google has no iterate averaging (eq. 20c)")
+    lacks.same("averaging", c.averaging, None, "Google has no iterate averaging (eq. 20d)")
     lacks.same("spectral", c.spectral, None, "Google has no spectral descent (eq. 16c)")
     lacks.same("inverse_root_dtype", c.inverse_root_dtype, None,
                "Google keeps its preconditioners in the computation dtype (eq. 11a)")

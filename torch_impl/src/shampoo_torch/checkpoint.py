@@ -266,14 +266,14 @@ def _check_group(where: str, saved_group: dict[str, Any]) -> None:
     from .optimizer import check_lr
 
     for key in ("lr", FIRST_LR, LR_POWER_SUM):  # FIRST_LR: eq. (8b)'s lr_1; LR_POWER_SUM:
-        if key in saved_group:                  # eq. (20c)'s sum of lr_i^p (both >= 0)
+        if key in saved_group:                  # eq. (20d)'s sum of lr_i^p (both >= 0)
             try:
                 check_lr(saved_group[key], f"{where}[{key!r}]")
             except (TypeError, ValueError) as err:
                 _fail(where, str(err))
     if AVERAGING_MODE in saved_group and saved_group[AVERAGING_MODE] not in ("train", "eval"):
         _fail(where, f"{AVERAGING_MODE} = {_shown(saved_group[AVERAGING_MODE])}: allowed "
-              "'train' or 'eval' (eq. 20c)")
+              "'train' or 'eval' (eq. 20d)")
 
 
 def _check_metrics(metrics: object) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from .state import ParamGroupPlan
 #: The param-group key holding the group's learning rate at its first step
 #: (eq. 8b's lr_1), set with ``schedule.precondition_frequency_growth`` only.
 FIRST_LR = "first_step_lr"
-#: Param-group keys of eq. (20c): which sequence the parameters hold ("train" or
+#: Param-group keys of eq. (20d): which sequence the parameters hold ("train" or
 #: "eval"), and Schedule-Free's sum of lr_i^p over the steps so far.
 AVERAGING_MODE = "averaging_mode"
 LR_POWER_SUM = "lr_power_sum"

@@ -175,7 +175,7 @@ def momentum(
     def prepare(p: torch.Tensor) -> torch.Tensor:
         if mom.lr_before_momentum:
             p = lr * p
-        if wd.applies("direction") and cfg.averaging is None:  # eq. (20c) decays Z
+        if wd.applies("direction") and cfg.averaging is None:  # eq. (20d) decays Z
             built = cfg.learning_rate if lr_0 is None else lr_0
             p = p + wd.direction_value(lr, built) * w  # eq. (19)
         return p
@@ -209,7 +209,7 @@ def averaged_step(
     st: dict[str, Any], u: torch.Tensor, w: torch.Tensor, cfg: ShampooConfig, lr: float,
     mu_x: float, ok: torch.Tensor | None, lr_0: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. (20c): the update Delta of W and the new base sequence Z from U (= P).
+    """Eq. (20d): the update Delta of W and the new base sequence Z from U (= P).
 
     Z decays first with direction decay (``Z <- Z (1 - lr alpha)``, eq. 19's
     coefficient alpha); then ``d = -lr U``,
@@ -253,7 +253,7 @@ def apply_update(
 ) -> torch.Tensor:
     """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype.
 
-    ``delta``: eq. (20c)'s update of W in place of ``-lr U`` (iterate averaging;
+    ``delta``: eq. (20d)'s update of W in place of ``-lr U`` (iterate averaging;
     its Z is in ``buffers``).
 
     Eq. (21a), ``update_dtype`` c set: ``W <- W + round_c(-lr U - lr wd W)``,

@@ -152,7 +152,7 @@ class Shampoo(torch.optim.Optimizer):
         if cfg.averaging is not None and self._shard_mode is not None:
             raise NotImplementedError(
                 f"param_groups[{len(self.param_groups)}]['config'].averaging with "
-                "DistributedConfig(shard_mode=...) is not supported yet (eq. 20c's train() and "
+                "DistributedConfig(shard_mode=...) is not supported yet (eq. 20d's train() and "
                 "eval() rewrite whole parameters; one process or DDP only)."
             )
         if "lr" not in param_group:
@@ -171,7 +171,7 @@ class Shampoo(torch.optim.Optimizer):
         for p, lay, dt in zip(param_group["params"], plan.layouts, plan.dtypes, strict=True):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
                                    lay.plan.shape)
-            if cfg.averaging is not None:  # eq. (20c): Z starts at W
+            if cfg.averaging is not None:  # eq. (20d): Z starts at W
                 self.state[p]["averaged"] = p.detach().to(dt).reshape(lay.merged_shape).clone()
         if cfg.averaging is not None:
             param_group[AVERAGING_MODE] = "train"
@@ -246,7 +246,7 @@ class Shampoo(torch.optim.Optimizer):
             if group.get(AVERAGING_MODE, "train") != "train":
                 raise RuntimeError(
                     f"step() with param_groups[{gi}] in eval mode: its parameters hold the "
-                    "averaged sequence x (eq. 20c); call train() before step()."
+                    "averaged sequence x (eq. 20d); call train() before step()."
                 )
         loss = None
         if closure is not None:
@@ -263,7 +263,7 @@ class Shampoo(torch.optim.Optimizer):
             if inp is not None and inp.gp.config.schedule.precondition_frequency_growth:
                 self.param_groups[inp.gi].setdefault(FIRST_LR, inp.lr)
             av = None if inp is None else inp.gp.config.averaging
-            if inp is not None and av is not None and av.type == "schedule_free":  # eq. (20c)
+            if inp is not None and av is not None and av.type == "schedule_free":  # eq. (20d)
                 group = self.param_groups[inp.gi]
                 group[LR_POWER_SUM] = group.get(LR_POWER_SUM, 0.0) + inp.lr**av.eval_lr_power
         cohorts = [c for inp in inputs if inp is not None for c in split_cohorts(inp)]
@@ -583,7 +583,7 @@ class Shampoo(torch.optim.Optimizer):
             u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i],
                                               c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
             delta = None
-            if cfg.averaging is not None:  # eq. (20c)
+            if cfg.averaging is not None:  # eq. (20d)
                 mu_x = cfg.averaging.eval_coefficient(
                     inp.lr, self.param_groups[inp.gi].get(LR_POWER_SUM, 0.0))
                 delta, buffers["averaged"] = elementwise.averaged_step(
@@ -597,17 +597,17 @@ class Shampoo(torch.optim.Optimizer):
         device: torch.device = self.param_groups[0]["params"][0].device
         return device
 
-    # ---------------------------------------------- eq. (20c) train / eval
+    # ---------------------------------------------- eq. (20d) train / eval
     @torch.no_grad()
     def eval(self) -> None:
         """Put the averaged sequence ``x = (W - (1 - mu_y) Z) / mu_y`` in the parameters of
-        every group with ``config.averaging`` (eq. 20c); ``step()`` then refuses until
+        every group with ``config.averaging`` (eq. 20d); ``step()`` then refuses until
         :meth:`train`. Groups without averaging, or already in eval mode, are left alone."""
         self._switch("eval", lambda mu_y: 1.0 - 1.0 / mu_y)
 
     @torch.no_grad()
     def train(self) -> None:
-        """Back to the training sequence ``y = mu_y x + (1 - mu_y) Z`` (eq. 20c)."""
+        """Back to the training sequence ``y = mu_y x + (1 - mu_y) Z`` (eq. 20d)."""
         self._switch("train", lambda mu_y: 1.0 - mu_y)
 
     def _switch(self, mode: str, coefficient: Callable[[float], float]) -> None:

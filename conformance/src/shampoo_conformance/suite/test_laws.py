@@ -290,7 +290,7 @@ def test_diagonal_preconditioner_is_its_first_order_method(
 def test_gpa_with_full_train_interpolation_is_heavy_ball_momentum(
     backend: Backend, beta: float
 ) -> None:
-    """Eq. (20c), GPA with mu_y = 1 and mu_x = beta on an SGD diagonal (eq. 16b) at
+    """Eq. (20d), GPA with mu_y = 1 and mu_x = beta on an SGD diagonal (eq. 16b) at
     learning rate lr / (1 - beta) is SGD with heavy-ball momentum beta at lr (Meta's
     own equivalence, shampoo_types.py GeneralizedPrimalAveragingConfig)."""
     config = replace(

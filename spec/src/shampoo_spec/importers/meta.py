@@ -334,14 +334,14 @@ def _momentum(a: Args) -> MomentumConfig:
             nesterov=m.flag("use_nesterov", False),
         )
     if kind in _AVERAGING_KEYS:
-        return MomentumConfig()  # eq. (20c) in its place: _averaging
+        return MomentumConfig()  # eq. (20d) in its place: _averaging
     raise NotImplementedError(
         f"iterate_averaging_config.type = {kind!r} is not supported yet (allowed "
         f"ClassicMomentumConfig, {', '.join(sorted(_AVERAGING_KEYS))})."
     )
 
 
-#: Meta's iterate averaging classes (eq. 20c) and their keys.
+#: Meta's iterate averaging classes (eq. 20d) and their keys.
 _AVERAGING_KEYS = {
     "GeneralizedPrimalAveragingConfig": {"eval_interp_coeff", "train_interp_coeff"},
     "ScheduleFreeConfig": {"train_interp_coeff", "eval_coeff_lr_power"},
@@ -349,7 +349,7 @@ _AVERAGING_KEYS = {
 
 
 def _averaging(a: Args) -> IterateAveragingConfig | None:
-    """Reads ``GeneralizedPrimalAveragingConfig`` / ``ScheduleFreeConfig`` (eq. 20c).
+    """Reads ``GeneralizedPrimalAveragingConfig`` / ``ScheduleFreeConfig`` (eq. 20d).
 
     GPA: ``eval_interp_coeff`` (mu_x, default 0.9) and ``train_interp_coeff``
     (mu_y, 0.8); Schedule-Free: ``train_interp_coeff`` (0.8) and
