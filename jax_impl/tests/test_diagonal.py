@@ -290,3 +290,29 @@ def test_diagonal_state_counts_in_the_overflow_bound() -> None:
     assert got == [(0, [0, 0]), (4, [0, 4]), (8, [0, 8])]  # b, w
     for k in names:
         np.testing.assert_allclose(np.asarray(p[k]), ref.params[k], rtol=1e-14, err_msg=k)
+
+
+# ------------------------------------------------------------ factor_dtype
+@pytest.mark.parametrize("graft", ["no_graft", "adam_block", "adam_parameter"])
+def test_float32_factor_dtype_leaves_float64_parameters_exact(graft: str) -> None:
+    """``factor_dtype`` has no effect with eq. (16b): float64 parameters under the
+    default float32 ``factor_dtype`` keep float64 blocks (the diagonal direction and
+    the graft's blocks of eq. 18), so the steps equal the reference's to float64
+    rounding (blocks rounded to float32 gave 1e-8 to 8e-8)."""
+    config = dataclasses.replace(BASE, diagonal=DIAGONALS["adam"], grafting=GRAFTS[graft])
+    assert config.factor_dtype == "float32"
+    params, grads = stream(SHAPES, steps=STEPS, seed=4)
+    want = reference_run(config, params, grads)
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = shampoo_jax.shampoo(config)  # factor_dtype as configured, not forced
+        p = {k: jnp.asarray(params[k], jnp.float64) for k in names}
+        s = opt.init(p)
+        step = jax.jit(opt.update)
+        got = []
+        for g in grads:
+            u, s = step({k: jnp.asarray(g[k], jnp.float64) for k in names}, s, p)
+            p = optax.apply_updates(p, u)
+            got.append({k: np.asarray(v) for k, v in p.items()})
+    err, where = relative_error(got, want, params)
+    assert err <= 1e-13, f"{graft}: relative error {err:.3e} at {where}"

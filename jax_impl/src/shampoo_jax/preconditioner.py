@@ -3,7 +3,9 @@
 :func:`block_step` is everything that needs the block state, in order:
 statistics (eq. 6), inverse roots on root steps (eqs. 7, 9-13), the
 eigenvalue-corrected second moment (eq. 17) and the preconditioned,
-block-rescaled stacks (eqs. 16-18). Every operation is per block, so the
+block-rescaled stacks (eqs. 16-18; spectral descent's orthogonalized
+blocks, eq. 16c, :func:`orthogonalize`, in place of eq. 16's). Every
+operation is per block, so the
 same function runs on all blocks (:func:`shampoo_jax.shampoo` on one device)
 or on each device's shard of them (:func:`shampoo_jax.sharded.sharded_block_step`).
 :func:`assemble_direction` then puts each parameter's Shampoo direction
@@ -21,7 +23,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jax import Array, lax
 
-from shampoo_spec import ShampooConfig
+from shampoo_spec import ShampooConfig, SpectralDescentConfig
 
 from . import blocks as B
 from . import grafting, schedule
@@ -34,7 +36,8 @@ Groups = tuple[BlockGroupState, ...]
 
 class BlockInputs(NamedTuple):
     """Per block group, stacks ``[nb, *block_shape]`` (``[nb]`` for flags) in the factor dtype
-    (``filtered`` in the filtered gradient's own dtype when ``inverse_root_dtype`` is set).
+    (``filtered`` in the filtered gradient's own dtype when ``inverse_root_dtype`` is set;
+    all in the leaves' precision with eqs. 16b, 16c, :func:`shampoo_jax.state.block_dtype`).
 
     ``grads``: the masked gradient blocks (eq. 6); ``ok``: finite-gradient
     flags (eq. 3); ``filtered``: the blocks of the (filtered) gradient to
@@ -370,6 +373,59 @@ def corrected_direction(
     return rotate(scaled, grp, gs.inverse_roots, transpose=False, config=config)
 
 
+# ------------------------------------------------------------ eq. (16c)
+def orthogonalize(fb: Array, spectral: SpectralDescentConfig) -> Array:
+    """Eq. (16c), spectral descent: every matrix of the stack ``fb`` ``[nb, m, n]`` orthogonalized.
+
+    ``P_B = orth(F~_B)`` of each filtered gradient block:
+
+    - ``"svd"``: ``U_r V_r^T`` of the batched reduced SVD ``F~_B = U S V^T``
+      over the singular values above ``max(m, n) eps s_max`` (times
+      ``sum(S)``, the nuclear norm, with ``scale_by_nuclear_norm``);
+    - ``"newton_schulz"``: ``X = F~_B / max(||F~_B||_F, 1e-8)``, transposed
+      when m < n (the block shape is static, so the whole stack is) so that
+      the Gram matrix ``A = X^T X`` is the smaller one, then
+      ``num_iterations`` times ``X <- a X + X (b A + c A A)`` with
+      ``(a, b, c) = coefficients``, transposed back. Dividing by the
+      Frobenius norm puts every singular value in (0, 1], where each step
+      maps s to ``a s + b s^3 + c s^5`` (towards 1 for Muon's coefficients).
+
+    The products are at ``Precision.HIGHEST`` (as every block product here:
+    an accelerator's default would round them to bfloat16) and the
+    operations in the reference's order. The norm is
+    :func:`shampoo_jax.blocks.block_norms` (overflow-safe, else the plain one).
+    Computed in ``fb``'s dtype: the leaves' precision (:func:`shampoo_jax.state.block_dtype`).
+    """
+    if spectral.method == "svd":
+        u, sv, vt = jnp.linalg.svd(fb, full_matrices=False)
+        # The pairs above the rank tolerance max(m, n) eps s_max only: the others'
+        # vectors are arbitrary (shampoo_reference.linalg.svd_rank_tolerance).
+        tol = max(fb.shape[1:]) * jnp.finfo(fb.dtype).eps * jnp.max(sv, axis=-1, keepdims=True)
+        out = _matmul(u * (sv > tol).astype(u.dtype)[:, None, :], vt)
+        if spectral.scale_by_nuclear_norm:
+            out = out * jnp.sum(sv, axis=-1)[:, None, None]
+        return out
+    x = fb / jnp.maximum(B.block_norms(fb), 1e-8)[:, None, None]
+    transpose = fb.shape[1] < fb.shape[2]
+    if transpose:
+        x = jnp.swapaxes(x, 1, 2)
+    a, b, c = spectral.coefficients
+
+    def iteration(_: Any, x: Array) -> Array:
+        gram = _matmul(jnp.swapaxes(x, 1, 2), x)
+        out: Array = a * x + _matmul(x, b * gram + c * _matmul(gram, gram))
+        return out
+
+    # A loop, not unrolled: num_iterations may be up to 1000 (compile time).
+    x = lax.fori_loop(0, spectral.num_iterations, iteration, x)
+    return jnp.swapaxes(x, 1, 2) if transpose else x
+
+
+def _matmul(a: Array, b: Array) -> Array:
+    out: Array = jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
+    return out
+
+
 # ------------------------------------------------------- eqs. (16)-(18)
 def precondition_blocks(
     groups: Groups,
@@ -378,7 +434,7 @@ def precondition_blocks(
     gd_blocks: list[Array] | None,
     config: ShampooConfig,
 ) -> list[Array]:
-    """Eqs. (16)-(17) per block, and eq. (18)'s rescale to the graft norm of each block.
+    """Eqs. (16)-(17) (or 16c) per block, and eq. (18)'s rescale to the graft norm of each block.
 
     ``gd_blocks``: the graft direction's blocks when the rescale is per block
     (``grafting.rescale_scope == "block"``), else None (no rescale here).
@@ -388,11 +444,24 @@ def precondition_blocks(
     ``grad.to(...)``), its mode products are in s (each rounded to s), and P
     returns to the factor dtype for eq. (18); a block with none goes to the
     factor dtype unrounded (Meta's empty preconditioner list).
+
+    With spectral descent (eq. 16c) every block is a matrix with no factors
+    and P is :func:`orthogonalize` of its filtered gradient block, in the
+    blocks' dtype (the leaves' precision); eq. (18) then rescales it as any P.
     """
     ne = config.grafting.norm_epsilon
     stacks = []
+    token: Array | None = None
     for gi, (grp, gs, fb) in enumerate(zip(layout.groups, groups, f_blocks, strict=False)):
-        if config.eigenvalue_correction is not None:
+        if config.spectral is not None:
+            if token is not None and config.spectral.method == "svd":
+                # One batched decomposition at a time, as the inverse roots'
+                # (refresh_inverse_roots): two batched LAPACK calls at once can
+                # deadlock jaxlib's CPU thread pool. Orders them; changes no value.
+                token, fb = lax.optimization_barrier((token, fb))
+            pb = orthogonalize(fb, config.spectral)
+            token = pb
+        elif config.eigenvalue_correction is not None:
             pb = corrected_direction(gs, grp, fb, config)
         elif config.rounds_inverse_roots and gs.inverse_roots:
             rdt = gs.inverse_roots[0].dtype
@@ -441,6 +510,7 @@ __all__ = [
     "assemble_direction",
     "block_step",
     "corrected_direction",
+    "orthogonalize",
     "precondition_blocks",
     "refresh_inverse_roots",
     "rotate",

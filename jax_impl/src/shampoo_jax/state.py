@@ -5,7 +5,7 @@ NamedTuple of arrays (checkpoint it as is). Per-block state lives in one
 :class:`BlockGroupState` per block group (equal-shape blocks stacked on a
 leading axis, :class:`shampoo_jax.blocks.BlockGroupLayout`); elementwise
 states have the structure and shapes of the parameters. Also here: the
-dtype rules (:func:`factor_dtype`, :func:`root_dtype`,
+dtype rules (:func:`factor_dtype`, :func:`block_dtype`, :func:`root_dtype`,
 :func:`elementwise_dtype`) shared by every phase of the step.
 """
 
@@ -129,6 +129,27 @@ def factor_dtype(config: ShampooConfig) -> Any:
             )
         return jnp.float64
     return jnp.float32
+
+
+def block_dtype(config: ShampooConfig, leaf_dtypes: Sequence[Any]) -> Any:
+    """The dtype of the block stacks a step gathers (gradient, filtered gradient, graft).
+
+    :func:`factor_dtype`, the dtype the factors are built and applied in;
+    but with a diagonal preconditioner (eq. 16b) or spectral descent
+    (eq. 16c) there are no factors, and ``factor_dtype`` has no effect: the
+    block directions stay in the leaves' precision, the promoted dtype of
+    ``leaf_dtypes`` and at least float32 (as torch's block groups), so that
+    float64 parameters are not rounded to a float32 ``factor_dtype`` on the
+    way through the blocks. ``factor_dtype(config)`` is still called for its
+    check (float64 needs x64), as the state's initialisation calls it.
+    """
+    fdt = factor_dtype(config)
+    if config.diagonal is None and config.spectral is None:
+        return fdt
+    out = jnp.dtype(jnp.float32)
+    for d in leaf_dtypes:
+        out = jnp.promote_types(out, d)
+    return out
 
 
 #: ``inverse_root_dtype`` -> JAX dtype (float64 also needs x64, :func:`root_dtype`).
@@ -296,6 +317,7 @@ __all__ = [
     "BlockGroupState",
     "ParameterInfo",
     "ShampooState",
+    "block_dtype",
     "config_json",
     "corrected_dtype",
     "elementwise_dtype",

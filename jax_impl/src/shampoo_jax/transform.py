@@ -15,7 +15,8 @@ after another:
    the blocks are eq. (14c)'s ``D(F~)`` with V_D and hold no factors; per
    block group, statistics (eq. 6),
    inverse roots under ``lax.cond`` (eqs. 7, 9-13), the eigenvalue-corrected
-   moment (eq. 17) and the preconditioned blocks (eqs. 16-18), all in
+   moment (eq. 17) and the preconditioned blocks (eqs. 16-18; with spectral
+   descent, eq. 16c, the orthogonalized blocks ``orth(F~_B)``), all in
    :func:`shampoo_jax.preconditioner.block_step` (on one device, or on each
    device's blocks via :mod:`shampoo_jax.sharded`); then each parameter's
    direction with the graft rescale (eq. 18);
@@ -60,8 +61,8 @@ from .sharded import ShardingConfig, shard_state, sharded_block_step
 from .state import (
     BlockGroupState,
     ShampooState,
+    block_dtype,
     elementwise_dtype,
-    factor_dtype,
     init_state,
     leaf_shapes,
     scale_dtype,
@@ -174,9 +175,11 @@ def shampoo(
     def update(
         updates: Any, state: ShampooState, params: Any | None = None
     ) -> tuple[Any, ShampooState]:
-        fdt = factor_dtype(config)
         keyed, treedef = jax.tree_util.tree_flatten_with_path(updates)
         g_leaves = [x for _, x in keyed]
+        # The blocks' dtype: factor_dtype, or the leaves' own precision with
+        # eqs. (16b), (16c), which keep no factors (factor_dtype has no effect).
+        fdt = block_dtype(config, [elementwise_dtype(x.dtype) for x in g_leaves])
         check_shapes(keyed, state.info, params)
         layout = B.make_layout(leaf_shapes(g_leaves), config)
         tree = _Tree(treedef, [leaf.plan for leaf in layout.leaves])
@@ -367,6 +370,9 @@ def _shampoo_directions(
     ``D(F~)``, eq. (14c)'s direction of ``config.diagonal`` with its state
     V_D (``diagonal_state``, merged leaves); every root is then 0, so eq. (16)
     passes them through and eq. (18) rescales them as any Shampoo block.
+    With spectral descent (eq. 16c) the blocks are the filtered gradient's,
+    orthogonalized in :func:`shampoo_jax.preconditioner.precondition_blocks`.
+    In both, ``fdt`` is the leaves' precision (:func:`shampoo_jax.state.block_dtype`).
     """
     need_shampoo = use_shampoo is not False or state.graft_momentum is not None
     f_blocks = gd_blocks = None
