@@ -70,6 +70,7 @@ Run::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -116,6 +117,11 @@ STORAGE_DTYPES = {
         "corrected_eigenvalues_dtype",
     ),
     "EigendecomposedShampooPreconditionerConfig": (
+        "factor_matrix_eigenvectors_dtype",
+        "factor_matrix_eigenvalues_dtype",
+    ),
+    "RootInvKLShampooPreconditionerConfig": ("inv_factor_matrix_dtype",),
+    "EigendecomposedKLShampooPreconditionerConfig": (
         "factor_matrix_eigenvectors_dtype",
         "factor_matrix_eigenvalues_dtype",
     ),
@@ -436,6 +442,18 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "amortized_computation_config": {
                 "type": "EighEigendecompositionConfig", "rank_deficient_stability_config": {
                     "type": "PseudoInverseConfig", "rank_rtol": 1e-8}}}},
+    # KL-Shampoo (eq. 6b): each factor from the gradient preconditioned on the other
+    # dims by the roots held so far; RootInv's and Eigendecomposed's roots.
+    "kl_shampoo": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "precondition_frequency": 3,
+        "preconditioner_config": {"type": "RootInvKLShampooPreconditionerConfig"}},
+    "kl_shampoo_ema_no_graft": {
+        "epsilon": 1e-6, "betas": [0.0, 0.95], "lr": 0.01, "precondition_frequency": 2,
+        "start_preconditioning_step": 2,
+        "preconditioner_config": {"type": "RootInvKLShampooPreconditionerConfig"}},
+    "kl_shampoo_eigendecomposed": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "precondition_frequency": 3,
+        "preconditioner_config": {"type": "EigendecomposedKLShampooPreconditionerConfig"}},
     # Eq. (16b): Meta's first-order classes as preconditioner_config (no factors).
     # Without a graft each is that first-order method from step 1.
     "diagonal_adagrad": {"preconditioner_config": {"type": "AdaGradPreconditionerConfig",
@@ -1090,3 +1108,19 @@ def test_meta_train_and_eval_switch_like_shampoo_torch(problem: tuple[Batches, D
     for opt in optimizers:
         with pytest.raises(RuntimeError, match="train"):
             opt.step()
+
+
+def test_meta_kl_shampoo_needs_eq_6b(problem: tuple[Batches, Data]) -> None:
+    """The KL case against our run with statistics.kl off: eq. (6b) is what matches."""
+    kwargs = _float64_kwargs(EXTRA_CASES["kl_shampoo"], float32_lr=True)
+    batches, data = problem
+    with _float64_default_dtype():
+        theirs, _ = _train(lambda p: distributed_shampoo.DistributedShampoo(
+            p, **meta_kwargs(kwargs)), batches, data)
+    config = from_meta(kwargs)
+    plain = dataclasses.replace(config, statistics=dataclasses.replace(config.statistics,
+                                                                       kl=False))
+    ours, _ = _train(lambda p: Shampoo(p, plain), batches, data)
+    gap = _worst_deviation(theirs, ours)[0]
+    print(f"KL-Shampoo against plain Shampoo's statistics: {gap:.2e}")
+    assert gap > 1e-6, f"eq. (6b) made no difference here ({gap:.2e})"

@@ -112,7 +112,8 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             if stored is not None:
                 pc[key] = stored
     else:
-        pc["type"] = "RootInvShampooPreconditionerConfig"
+        pc["type"] = draw(st.sampled_from(["RootInvShampooPreconditionerConfig",
+                                           "RootInvKLShampooPreconditionerConfig"]))
         if draw(st.booleans()):
             pc["use_trace_scaling"] = True
             pc["trace_scaling_exponent"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
@@ -160,6 +161,12 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                 if low.endswith("float16") and not low.endswith("bfloat16"):
                     kwargs["epsilon"] = max(kwargs["epsilon"], 1e-6)
     kwargs["preconditioner_config"] = pc
+    if pc["type"] == "RootInvKLShampooPreconditionerConfig":
+        # Eq. (6b) with roots in the factor dtype only (low-precision factors refused).
+        if pc.get("factor_matrix_dtype") in ("bfloat16", "torch.float16"):
+            pc["type"] = "RootInvShampooPreconditionerConfig"
+        else:
+            pc["inv_factor_matrix_dtype"] = pc["factor_matrix_dtype"]
     if draw(st.sampled_from([False] * 7 + [True])):  # eq. (16c): spectral descent
         oc = draw(st.sampled_from([
             None, {"type": "SVDOrthogonalizationConfig"},

@@ -7,6 +7,8 @@ the key. The whole importers are tested in test_importers.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import pytest
@@ -525,6 +527,34 @@ def test_meta_eigendecomposed_shampoo_is_the_eigh_root() -> None:
     with pytest.raises(ValueError, match=r"inv_factor_matrix_dtype = 'float64' is invalid"):
         ss.from_meta({"preconditioner_config": {"type": kind,
                                                 "inv_factor_matrix_dtype": "float64"}})
+
+
+def test_meta_kl_shampoo() -> None:
+    """Eq. (6b): Meta's KL classes are their base class with statistics.kl."""
+    for kl, base in (("RootInvKLShampooPreconditionerConfig",
+                      "RootInvShampooPreconditionerConfig"),
+                     ("EigendecomposedKLShampooPreconditionerConfig",
+                      "EigendecomposedShampooPreconditionerConfig")):
+        got = ss.from_meta({"preconditioner_config": {"type": kl}, "betas": [0.0, 0.99]})
+        want = ss.from_meta({"preconditioner_config": {"type": base}, "betas": [0.0, 0.99]})
+        assert got.statistics.kl and got == dataclasses.replace(
+            want, statistics=dataclasses.replace(want.statistics, kl=True))
+        assert ss.from_meta(ss.to_meta(got)) == ss.from_meta(
+            {"preconditioner_config": {"type": "RootInvKLShampooPreconditionerConfig"},
+             "betas": [0.0, 0.99]})
+    with pytest.raises(NotImplementedError, match=r"inv_factor_matrix_dtype = 'float32'"):
+        ss.from_meta({"preconditioner_config": {"type": "RootInvKLShampooPreconditionerConfig",
+                                                "factor_matrix_dtype": "float64"}})
+    with pytest.raises(NotImplementedError, match="perturb_before_computation = False"):
+        ss.from_meta({"preconditioner_config": {
+            "type": "EigendecomposedKLShampooPreconditionerConfig",
+            "amortized_computation_config": {
+                "type": "EighEigendecompositionConfig", "rank_deficient_stability_config": {
+                    "type": "PerturbationConfig", "perturb_before_computation": False}}}})
+    with pytest.raises(ValueError, match=r"ShampooConfig\.inverse_root_dtype = 'float32' is "
+                                         r"invalid: allowed None with statistics\.kl"):
+        ss.ShampooConfig(statistics=ss.StatisticsConfig(kl=True),
+                         inverse_root_dtype="float32")
 
 
 def test_diagonal_refuses_kronecker_options() -> None:

@@ -84,9 +84,7 @@ def test_google_defaults() -> None:
     [
         (ss.from_meta, {"iterate_averaging_config": {"type": "PolyakAveragingConfig"}}, "Polyak"),
         (ss.from_meta, {"preconditioner_config": {"type": "KLShampooPreconditionerConfig"}}, "KL"),
-        (ss.from_meta, {"preconditioner_config":
-                        {"type": "EigendecomposedKLShampooPreconditionerConfig"}},
-         "EigendecomposedKL"),
+        (ss.from_meta, {"preconditioner_config": {"type": "SOAPPreconditionerConfig"}}, "SOAP"),
         (ss.from_meta, {"distributed_config": {"type": "FSDPDistributedConfig"}}, "FSDP"),
         (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b",
                           "eigh": True}, "from_google.eigh = True"),

@@ -497,7 +497,12 @@ class ReferenceShampoo:
                     continue
                 if s is None:
                     decayed = stats.beta2 * lk if stats.decays else lk
-                    bs.factors[k] = decayed + w * factor_contraction(gb, k)
+                    gk = gb
+                    if stats.kl:  # eq. (6b): G x_{j != k} X_j, the roots held so far
+                        for j, xj in enumerate(bs.inverse_roots):
+                            if j != k and xj is not None:
+                                gk = mode_product(gk, xj, j)
+                    bs.factors[k] = decayed + w * factor_contraction(gk, k)
                     if stats.quantized:
                         self._store_factor(bs, "factor", k)  # eq. (20c)
                     continue

@@ -134,6 +134,13 @@ class StatisticsConfig(_MovingAverage):
     the dtype the map computes in and keeps its scales and diagonals in
     (Google: its statistics' dtype, float32, float64 under 64-bit JAX).
     ``"float"`` (the default) keeps them unrounded: today's numerics.
+
+    ``kl`` (KL-Shampoo, Lin et al. 2025, arXiv 2509.03378; Meta's
+    ``RootInvKLShampooPreconditionerConfig``): eq. (6b), each factor's update
+    takes the gradient preconditioned on the block's other preconditioned
+    dims by their current inverse roots, ``G~_k = G x_{j != k} X_j``, and
+    ``L_k <- beta2 L_k + w G~_(k) G~_(k)^T`` (the roots held before this
+    step's refresh: identity before the first).
     """
 
     beta2: float = 1.0
@@ -143,9 +150,11 @@ class StatisticsConfig(_MovingAverage):
     trace_scaling_exponent: float = 0.0
     storage: FactorStorage = "float"
     scale_dtype: Literal["float32", "float64"] = "float32"
+    kl: bool = False
 
     def __post_init__(self) -> None:
         o = "statistics"
+        v.boolean(o, "kl", self.kl)
         v.real(o, "beta2", self.beta2, low=0.0, high=1.0)
         v.choice(o, "ema_weight", self.ema_weight, ("one_minus_beta2", "one"))
         v.boolean(o, "bias_correction", self.bias_correction)
@@ -1227,6 +1236,8 @@ class ShampooConfig:
             )
         if self.diagonal is not None or self.spectral is not None:
             self._check_diagonal()
+        if self.statistics.kl:
+            self._check_kl()
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
             v.fail(o, "learning_rate", self.learning_rate,
                    "a number > 0 with weight_decay.scale_by_lr_ratio (it divides by it)")
@@ -1250,6 +1261,16 @@ class ShampooConfig:
                         "exponents.overrides_by_order[]", "roots", item.roots,
                         "integer roots with root_inverse.method='coupled_newton'",
                     )
+
+    def _check_kl(self) -> None:
+        """Eq. (6b) is specified for roots kept unrounded in the factor dtype."""
+        why = "with statistics.kl (eq. 6b preconditions the statistics by the roots)"
+        for name in ("inverse_root_dtype", "factor_storage_dtype", "diagonal", "spectral",
+                     "eigenvalue_correction"):
+            if getattr(self, name) is not None:
+                v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
+        if self.statistics.quantized:
+            v.fail("statistics", "storage", self.statistics.storage, f"'float' {why}")
 
     def _check_averaging(self) -> None:
         """Eq. (20d) takes the place of momentum and of the update's own decay."""

@@ -248,6 +248,7 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     out: dict[str, Any] = {
         "type": (
             "EigenvalueCorrectedShampooPreconditionerConfig" if corrected
+            else "RootInvKLShampooPreconditionerConfig" if c.statistics.kl  # eq. (6b)
             else "RootInvShampooPreconditionerConfig"
         ),
         "amortized_computation_config": _meta_root_inverse(c, lacks),

@@ -79,7 +79,12 @@ def update_statistics(
     beta2, weight = stats.beta2, stats.update_weight
     in_place = rows is None and ok is None and not stats.quantized
     for k in bg.dims:
-        a, b = contraction_operands(gb, k)
+        gk = gb
+        if stats.kl:  # eq. (6b): G x_{j != k} X_j with the roots held before this step
+            for j in bg.dims:
+                if j != k:
+                    gk = mode_product(gk, take(bg.inverse_roots[j], rows), j)
+        a, b = contraction_operands(gk, k)
         if bg.storage_dtype is not None:
             # Eq. (11b): the decay on the stored factor in its dtype (torch takes
             # beta2 in float32 and rounds to s, as Meta's _foreach_mul_), the sum with

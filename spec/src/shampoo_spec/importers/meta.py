@@ -123,7 +123,12 @@ AMORTIZED_KEYS = {
 
 #: Preconditioner config classes we refuse, with what they are.
 UNSUPPORTED_PRECONDITIONERS = {
-    "KLShampooPreconditionerConfig": "KL-Shampoo",
+}
+
+#: KL-Shampoo's classes (eq. 6b) and the class whose preconditioner each uses.
+_KL_CLASSES = {
+    "RootInvKLShampooPreconditionerConfig": "RootInvShampooPreconditionerConfig",
+    "EigendecomposedKLShampooPreconditionerConfig": "EigendecomposedShampooPreconditionerConfig",
 }
 
 #: Preconditioner config classes that are a diagonal preconditioner (eq. 16b).
@@ -211,6 +216,19 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
     if pre.diagonal is not None or pre.spectral is not None:
         schedule = _diagonal_schedule(a, schedule, pre, grafting)
     start = schedule.start_preconditioning_step
+    if (type_of("preconditioner_config", a.get("preconditioner_config", None)) in (
+            "EigendecomposedShampooPreconditionerConfig",
+            "EigendecomposedKLShampooPreconditionerConfig")
+            and pre.epsilon.placement == "shift_after" and grafting.type == "none"
+            and start != 1):
+        # Before its first root step Meta's stored eigenvalues are 1: with epsilon
+        # after, its root is (1 + epsilon)^(-1/r) I, not eq. (8)'s direction F~.
+        raise NotImplementedError(
+            "EigendecomposedShampooPreconditionerConfig with perturb_before_computation = "
+            f"False, grafting_config = None and start_preconditioning_step = {start} (> 1) "
+            "is not supported yet (before the first root step Meta preconditions with "
+            "(1 + epsilon)^(-1/r) I)."
+        )
     if pre.eigenvalue_correction is not None and grafting.type == "none" and start != 1:
         # Meta's use_grafting_method is False without a graft: it preconditions from
         # step 1, with eigenvalue correction D in the identity basis until the first
@@ -447,6 +465,10 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     """
     pc = a.get("preconditioner_config", None)
     kind = type_of("preconditioner_config", pc) or "RootInvShampooPreconditionerConfig"
+    # KL-Shampoo (eq. 6b): RootInv's or Eigendecomposed's preconditioner, its factors
+    # from the gradient preconditioned on the other dims.
+    kl = kind in _KL_CLASSES
+    kind = _KL_CLASSES.get(kind, kind)
     diagonal = spectral = None
     if kind in DIAGONAL_PRECONDITIONERS or kind == "SpectralDescentPreconditionerConfig":
         # Eqs. (16b), (16c): no Kronecker factors; the shared values (betas[1],
@@ -475,6 +497,16 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
     eigendecomposed = kind == "EigendecomposedShampooPreconditionerConfig"
     if eigendecomposed:
         amortized = _eigendecomposition(amortized)
+        stab = amortized.get("rank_deficient_stability_config") or {}
+        if kl and stab.get("perturb_before_computation", True) is False:
+            raise NotImplementedError(
+                "preconditioner_config.amortized_computation_config."
+                "rank_deficient_stability_config.perturb_before_computation = False with "
+                "EigendecomposedKLShampooPreconditionerConfig is not supported yet (before "
+                "the first root step Meta's stored eigenvalues are 1, whose root with epsilon "
+                "after is (1 + epsilon)^(-1/r) I, not the identity eq. (6b) preconditions "
+                "the statistics with)."
+            )
     root_inverse, rule, basis = _root_inverse(
         amortized, corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
     )
@@ -532,6 +564,13 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             "(factors in float64, float32, bfloat16 or float16)."
         )
     inverse_root_dtype = _storage_dtype(p, kind, "inv_factor_matrix_dtype", factor_dtype)
+    if kl and inverse_root_dtype is not None:
+        raise NotImplementedError(
+            f"preconditioner_config.inv_factor_matrix_dtype = "
+            f"{p.data.get('inv_factor_matrix_dtype', 'float32')!r} with factor_matrix_dtype "
+            f"{factor_dtype!r} and KL-Shampoo is not supported yet (eq. 6b is specified with "
+            "the roots in the factor dtype: set inv_factor_matrix_dtype to factor_matrix_dtype)."
+        )
     if correction is not None:
         correction = dataclasses.replace(
             correction,
@@ -561,6 +600,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             bias_correction=shared.bias_correction and not drop_weight,
             ema_weight="one" if drop_weight else "one_minus_beta2",
             trace_scaling_exponent=tau if trace_scaling else 0.0,  # eq. (7b)
+            kl=kl,  # eq. (6b)
         ),
         epsilon=EpsilonConfig(value=shared.epsilon, scale="absolute", **rule),
         root_inverse=root_inverse,
