@@ -70,8 +70,8 @@ Run::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 

@@ -8,7 +8,6 @@ the key. The whole importers are tested in test_importers.py.
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
 import pytest

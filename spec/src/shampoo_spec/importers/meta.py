@@ -121,10 +121,6 @@ AMORTIZED_KEYS = {
     "eigendecomposition_offload_device",
 }
 
-#: Preconditioner config classes we refuse, with what they are.
-UNSUPPORTED_PRECONDITIONERS = {
-}
-
 #: KL-Shampoo's classes (eq. 6b) and the class whose preconditioner each uses.
 _KL_CLASSES = {
     "RootInvKLShampooPreconditionerConfig": "RootInvShampooPreconditionerConfig",
@@ -479,11 +475,6 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         else:
             diagonal = _diagonal(kind, pc)
         pc, kind = None, "RootInvShampooPreconditionerConfig"
-    if kind in UNSUPPORTED_PRECONDITIONERS:
-        raise NotImplementedError(
-            f"preconditioner_config.type = {kind!r} is not supported yet "
-            f"({UNSUPPORTED_PRECONDITIONERS[kind]})."
-        )
     p = Args("preconditioner_config", pc or {}, PRECONDITIONER_KEYS)
     trace_scaling = p.flag("use_trace_scaling", False)
     tau = p.number("trace_scaling_exponent", 0.5)
@@ -529,7 +520,13 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
         )
         exponents = _exponents({}, p.get("ignored_basis_change_dims", {}))
     else:
-        raise NotImplementedError(f"preconditioner_config.type = {kind!r} is not supported.")
+        known = sorted({"RootInvShampooPreconditionerConfig",
+                        "EigendecomposedShampooPreconditionerConfig",
+                        "EigenvalueCorrectedShampooPreconditionerConfig",
+                        "SpectralDescentPreconditionerConfig",
+                        *_KL_CLASSES, *DIAGONAL_PRECONDITIONERS})
+        raise NotImplementedError(f"preconditioner_config.type = {kind!r} is not supported "
+                                  f"(Meta's classes at f606606: {', '.join(known)}).")
     factor_dtype = dtype(
         "preconditioner_config.factor_matrix_dtype", p.get("factor_matrix_dtype", "float32"), TORCH
     )
