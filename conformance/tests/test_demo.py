@@ -55,3 +55,29 @@ def test_module_entry_point(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     for problem in S.DEMO_PROBLEMS:
         assert f"| {problem} | reference | oracle |" in md
+
+
+def test_report_config_file_forms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--config``: the spec's JSON form or a library's arguments; bad files are named."""
+    import json
+
+    import shampoo_spec as ss
+
+    meta = {"lr": 0.01, "preconditioner_config": {"type": "AdamPreconditionerConfig"}}
+    own = ss.ShampooConfig(spectral=ss.SpectralDescentConfig(method="svd"),
+                           blocking=ss.BlockingConfig(merge_target_rank=2, skip_rank_lt=2))
+    cases = {"meta.json": ({"from_meta": meta}, ss.from_meta(meta)),
+             "own.json": (own.to_dict(), own),
+             "google.json": ({"from_google": {"learning_rate": 0.1, "block_size": 8}},
+                             ss.from_google({"learning_rate": 0.1, "block_size": 8}))}
+    for name, (data, want) in cases.items():
+        (tmp_path / name).write_text(json.dumps(data))
+        assert S.load_config(tmp_path / name) == want
+    settings = settings_for("quick", config=own)
+    assert settings.config == own
+    (tmp_path / "bad.json").write_text(json.dumps({"from_meta": {"lr": -1}}))
+    with pytest.raises(ValueError, match=r"--config .*bad\.json: .*lr"):
+        S.load_config(tmp_path / "bad.json")
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--config", str(tmp_path / "missing.json")])
+    assert info.value.code == 2 and "missing.json" in capsys.readouterr().err

@@ -38,6 +38,12 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument("--steps", type=int, help="step budget for every problem "
                         "(default: per problem)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="a JSON Shampoo config for every backend: ShampooConfig.to_dict() form, or "
+        '{"from_meta": {...}} / {"from_google": {...}} with the library\'s arguments '
+        "(default: the report's own, shampoo_conformance.report.settings)",
+    )
     parser.set_defaults(preset=preset)
 
 
@@ -56,9 +62,15 @@ def _report_handler(parser: argparse.ArgumentParser) -> Callable[[argparse.Names
             _check(parser, "--problems", problems, S.available_problems())
         if backends is not None:
             _check(parser, "--backends", backends, known_backends())
+        config = None
+        if args.config is not None:
+            try:
+                config = S.load_config(args.config)
+            except ValueError as err:
+                parser.error(str(err))
         settings = report.settings_for(
             args.preset, problems=problems, backends=backends, out=args.out,
-            steps=args.steps, seeds=args.seeds,
+            steps=args.steps, seeds=args.seeds, config=config,
         )
         return report.main(settings, plots=not args.no_plots)
 

@@ -140,6 +140,7 @@ def settings_for(
     out: Path | str | None = None,
     steps: int | None = None,
     seeds: int | None = None,
+    config: ShampooConfig | None = None,
 ) -> ReportSettings:
     """Settings of a preset, overridden by whatever is given.
 
@@ -176,7 +177,39 @@ def settings_for(
         base["seeds"] = check_positive("seeds", seeds)
     if steps is not None:
         base["steps"] = check_positive("steps", steps)
+    if config is not None:
+        base["config"] = config
     return ReportSettings(**base)  # type: ignore[arg-type]
+
+
+def load_config(path: Path | str) -> ShampooConfig:
+    """The report's Shampoo configuration from a JSON file (``--config``).
+
+    The file holds ``ShampooConfig.to_dict()``'s form, or one key
+    ``"from_meta"`` (Meta's ``DistributedShampoo`` keyword arguments, JSON
+    form) or ``"from_google"`` (Google's ``distributed_shampoo`` arguments),
+    read by the importers: any preconditioner, graft, averaging or schedule
+    of the spec runs in the report, on every backend that expresses it.
+    Raises ValueError naming the file and what is wrong.
+    """
+    import json
+
+    from shampoo_spec import from_google, from_meta
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--config {path}: cannot read a JSON object ({err})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a JSON object, got {type(data).__name__}")
+    try:
+        if set(data) == {"from_meta"}:
+            return from_meta(data["from_meta"])
+        if set(data) == {"from_google"}:
+            return from_google(data["from_google"])
+        return ShampooConfig.from_dict(data)
+    except (ValueError, TypeError, KeyError, NotImplementedError) as err:
+        raise ValueError(f"--config {path}: {err}") from err
 
 
 PRESETS: tuple[str, ...] = ("demo", "quick", "default", "full")
