@@ -301,6 +301,7 @@ def bench(session: nox.Session) -> None:
     install_members(session)
     if "torch_impl" in MEMBERS:
         session.run("python", "-m", "shampoo_torch.bench", *session.posargs)
+        session.run("python", "-m", "shampoo_torch.bench_variants", *session.posargs)
         session.run("python", "-m", "shampoo_torch.bench_distributed", *session.posargs)
     if "jax_impl" in MEMBERS:
         session.run("python", "-m", "shampoo_jax.bench", *session.posargs)

@@ -1,0 +1,99 @@
+"""Benchmark: what each preconditioner family costs against classic Shampoo and AdamW.
+
+``python -m shampoo_torch.bench_variants [--period 100] [--periods 2] [--threads 2]``
+
+The model and data of :mod:`shampoo_torch.bench` (MLP 512 -> 1024 -> 1024 ->
+1024 -> 10, batch 512, float32). Every variant is that benchmark's Shampoo
+(Meta's defaults through ``from_meta``: blocks up to 1024, AdaGrad graft,
+roots every ``period`` steps from step ``period``) with one option changed:
+
+- ``kl``: KL-Shampoo statistics (eq. 6b);
+- ``spectral``: spectral descent by Newton-Schulz (eq. 16c; vectors skipped
+  to the graft, ``skip_rank_lt=2``);
+- ``sign``: sign descent as the preconditioner (eq. 16b), AdaGrad-grafted;
+- ``diagonal_adam``: Meta's Adam as the preconditioner, no graft (Adam's step);
+- ``gpa`` and ``schedule_free``: iterate averaging (eq. 20d) in place of
+  nothing (the base has no momentum).
+
+Each runs in turn, whole amortization periods interleaved (Shampoo, AdamW,
+the variants, repeated), after a warm-up past the start step, so every
+ratio compares like for like on the same machine state. It prints the mean
+whole training step, its ratio to Shampoo's and AdamW's, and the optimizer
+state (bytes of every state tensor). It prints and never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import torch
+
+from shampoo_spec import (
+    BlockingConfig,
+    DiagonalPreconditionerConfig,
+    IterateAveragingConfig,
+    ShampooConfig,
+    SpectralDescentConfig,
+)
+
+from .bench import SIZES, Trainer, diagonal_config, shampoo_config, state_bytes
+from .optimizer import Shampoo
+
+
+def variants(period: int) -> dict[str, ShampooConfig]:
+    """The base config (:func:`shampoo_torch.bench.shampoo_config`) and each variant."""
+    base = shampoo_config(period)
+    replace = dataclasses.replace
+    blocking = base.blocking
+    return {
+        "shampoo": base,
+        "kl": replace(base, statistics=replace(base.statistics, kl=True)),
+        "spectral": replace(base, spectral=SpectralDescentConfig(), blocking=BlockingConfig(
+            max_preconditioner_dim=blocking.max_preconditioner_dim,
+            merge_dims_up_to=blocking.merge_dims_up_to, merge_target_rank=2, skip_rank_lt=2)),
+        "sign": replace(base, diagonal=DiagonalPreconditionerConfig(type="sign")),
+        "diagonal_adam": diagonal_config(),
+        "gpa": replace(base, averaging=IterateAveragingConfig(type="gpa")),
+        "schedule_free": replace(base, averaging=IterateAveragingConfig(type="schedule_free")),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--period", type=int, default=100, help="steps per period (= frequency)")
+    parser.add_argument("--periods", type=int, default=2, help="measured periods per optimizer")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    def make(
+        config: ShampooConfig,
+    ) -> Callable[[Iterator[torch.nn.Parameter]], torch.optim.Optimizer]:
+        return lambda p: Shampoo(p, config)
+
+    trainers: dict[str, Trainer[torch.optim.Optimizer]] = {
+        name: Trainer(name, make(config)) for name, config in variants(args.period).items()}
+    trainers["adamw"] = Trainer("AdamW", lambda p: torch.optim.AdamW(p, lr=1e-3))
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, MLP {SIZES}, "
+          f"period {args.period} x {args.periods} interleaved, float32")
+    for t in trainers.values():
+        t.run(args.period, record=False)  # past the start step
+    for _ in range(args.periods):
+        for t in trainers.values():
+            t.run(args.period)
+
+    def ms(xs: list[float]) -> float:
+        return 1e3 * sum(xs) / len(xs)
+
+    shampoo, adamw = ms(trainers["shampoo"].step_times), ms(trainers["adamw"].step_times)
+    print(f"{'variant':15} {'step ms':>9} {'/ Shampoo':>10} {'/ AdamW':>8} {'state MiB':>10}")
+    for name, t in trainers.items():
+        step = ms(t.step_times)
+        print(f"{name:15} {step:9.1f} {step / shampoo:10.2f} {step / adamw:8.2f} "
+              f"{state_bytes(t.opt) / 2**20:10.1f}")
+
+
+if __name__ == "__main__":
+    main()
