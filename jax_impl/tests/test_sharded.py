@@ -146,6 +146,15 @@ CONFIGS = {
         momentum=ss.MomentumConfig(momentum=0.9, buffers="separate"),
         weight_decay=ss.WeightDecayConfig(value=0.01, type="l2"),
     ),
+    # Eq. (6b): KL-Shampoo statistics, each device preconditioning its own blocks'
+    # gradients by the inverse roots it holds (an EMA).
+    "kl": dataclasses.replace(BASE, statistics=ss.StatisticsConfig(kl=True, beta2=0.95)),
+    # Eq. (20d): Schedule-Free averaging in place of momentum (Z placed like the
+    # parameters, S replicated), Z shrunk by the direction decay.
+    "schedule_free": dataclasses.replace(
+        BASE, momentum=ss.MomentumConfig(),
+        averaging=ss.IterateAveragingConfig(type="schedule_free", train_interp=0.8),
+        weight_decay=ss.WeightDecayConfig(value=0.01)),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.
@@ -243,7 +252,7 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
     if name in ("eigh", "bf16_roots", "int8_momentum", "graft_weight_one_update_bf16",
-                "diagonal"):
+                "diagonal", "kl"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)
@@ -337,6 +346,30 @@ def test_checkpoint_restores_onto_another_device_count(before, after, name, data
     resumed = {k: v for k, v in first[-1].items()}
     rest, _ = trajectory(config, resumed, grads[cut:], after, state=restored)
     assert_bitwise(first + rest, want)
+
+
+def test_averaging_state_checkpoints_across_device_counts(data) -> None:  # noqa: ANN001
+    """Eq. (20d)'s Z and S go through the sharded checkpoint: saved on 2 devices they are
+    the single-device layout's arrays (Z per parameter, S a scalar), restored onto 2
+    devices the run continues bit for bit, onto 3 within the float32 bound."""
+    config = CONFIGS["schedule_free"]
+    params, grads = data
+    cut = 4
+    want, _ = trajectory(config, params, grads, 2)
+    first, s = trajectory(config, params, grads[:cut], 2)
+    like = jax.eval_shape(transformation(config, None)[0].init, place(params, None))
+    arrays = shampoo_jax.sharded_state_to_arrays(s, like, sharding_1d(2))
+    z, power_sum = arrays[-3 - len(params):-3], arrays[-3]  # before format and config
+    assert [a.shape for a in z] == [np.shape(params[k]) for k in sorted(params)]
+    np.testing.assert_array_equal(z[0], np.asarray(s.averaged[sorted(params)[0]]))
+    assert power_sum.shape == () and float(power_sum) == pytest.approx(4 * 0.1**2, rel=1e-6)
+    for n in (2, 3):
+        restored = shampoo_jax.sharded_state_from_arrays(arrays, like, sharding_1d(n))
+        rest, _ = trajectory(config, dict(first[-1]), grads[cut:], n, state=restored)
+        if n == 2:
+            assert_bitwise(first + rest, want)
+        else:
+            assert_within_bound(config, params, grads, first + rest, want)
 
 
 def test_sharding_config_and_state_errors_name_the_field(data) -> None:  # noqa: ANN001

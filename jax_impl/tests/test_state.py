@@ -233,6 +233,37 @@ def test_checkpoint_keeps_the_diagonal_state(tmp_path) -> None:  # noqa: ANN001
         shampoo_jax.state_from_arrays(plain, like=opt.init(p))
 
 
+@pytest.mark.parametrize("averaging", ["gpa", "schedule_free"])
+def test_checkpoint_keeps_the_averaging_state(tmp_path, averaging: str) -> None:  # noqa: ANN001
+    """Eq. (20d): the base sequence Z and Schedule-Free's S are saved (the last arrays,
+    after V_D's place), load bit for bit through numpy.savez and resume exactly; a
+    changed Z or S changes the next steps (neither is recomputed); a state saved
+    without averaging is refused naming the field."""
+    config = dataclasses.replace(
+        CONFIG, momentum=ss.MomentumConfig(), weight_decay=ss.WeightDecayConfig(value=0.01),
+        averaging=ss.IterateAveragingConfig(type=averaging))  # type: ignore[arg-type]
+    opt, step, p, s, rest = _four_steps(config)
+    z = jax.tree.leaves(s.averaged)
+    assert [x.shape for x in z] == [(5,), (6, 5)]  # b, w
+    tail = z if averaging == "gpa" else [*z, s.lr_power_sum]
+    if averaging == "schedule_free":
+        assert float(s.lr_power_sum) == pytest.approx(4 * 0.1**2, rel=1e-6)
+    arrays = _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
+    for a, b in zip(arrays[-2 - len(tail):-2], tail, strict=True):  # before format and config
+        assert np.array_equal(a, np.asarray(b))
+    moved = s._replace(averaged=jax.tree.map(lambda x: x + 1.0, s.averaged))
+    assert not np.array_equal(np.asarray(step(p, moved, _jnp(rest[0]))[0]["w"]),
+                              np.asarray(step(p, s, _jnp(rest[0]))[0]["w"]))
+    if averaging == "schedule_free":
+        doubled = s._replace(lr_power_sum=2.0 * s.lr_power_sum)
+        assert not np.array_equal(np.asarray(step(p, doubled, _jnp(rest[0]))[0]["w"]),
+                                  np.asarray(step(p, s, _jnp(rest[0]))[0]["w"]))
+    plain = shampoo_jax.state_to_arrays(shampoo_jax.shampoo(
+        dataclasses.replace(config, averaging=None)).init(p))
+    with pytest.raises(ValueError, match="averaging"):
+        shampoo_jax.state_from_arrays(plain, like=opt.init(p))
+
+
 class _GroupBeforeRename(NamedTuple):
     """``BlockGroupState`` as it was before ``roots`` became ``inverse_roots``."""
 

@@ -10,7 +10,9 @@ Modules: :mod:`state` (the state pytree and its init), :mod:`schedule`
 (eq. 8 on a traced step), :mod:`blocks` (static layout of block groups,
 stacking, contractions), :mod:`roots` (inverse roots, eqs. 9-13),
 :mod:`grafting` (eq. 14), :mod:`preconditioner` (the per-block maths, eqs.
-6-13 and 16-18), :mod:`refusal` (eq. 3 in jit: refused blocks),
+6-13 and 16-18), :mod:`averaging` (iterate averaging, eq. 20d, and
+:func:`averaged_params`, the parameters to evaluate at),
+:mod:`refusal` (eq. 3 in jit: refused blocks),
 :mod:`checks` (argument checks and :func:`check_state`, on the host),
 :mod:`transform` (the optax transformation: the step's phases in order),
 :mod:`sharded` (block state and inverse roots sharded over a mesh axis:
@@ -23,6 +25,7 @@ imports them.
 
 from shampoo_spec import NonFiniteGradientError, RootFailureError
 
+from .averaging import averaged_params
 from .checkpoint import (
     config_array,
     sharded_state_from_arrays,
@@ -42,6 +45,7 @@ __all__ = [
     "RootFailureError",
     "ShampooState",
     "ShardingConfig",
+    "averaged_params",
     "check_state",
     "config_array",
     "shampoo",

@@ -62,9 +62,12 @@ fields (``ShampooState.momentum_scale``, ``graft_momentum_scale``, in
 ``momentum.scale_dtype``): saved as they are, loaded only in exactly those
 dtypes (the config check, first, names a differing ``momentum.storage``).
 
-A diagonal preconditioner's state V_D (eq. 16b, ``ShampooState.diagonal``,
-the last field) is saved and restored as the graft state V is: its arrays
-follow the other fields', so a state without it keeps today's layout.
+A diagonal preconditioner's state V_D (eq. 16b, ``ShampooState.diagonal``)
+is saved and restored as the graft state V is: its arrays follow the other
+fields', so a state without it keeps today's layout. Likewise iterate
+averaging's base sequence Z and Schedule-Free's ``S_t``
+(eq. 20d, ``ShampooState.averaged`` and ``lr_power_sum``, the last two
+fields): after V_D, absent (no arrays) without ``config.averaging``.
 
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built

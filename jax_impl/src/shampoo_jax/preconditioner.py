@@ -66,7 +66,8 @@ def block_step(
     ``lr_ratio``: lr_t / lr_1 of eq. (8b) (read only with
     ``schedule.precondition_frequency_growth``).
 
-    Statistics (eq. 6), inverse roots (eqs. 7, 9-13), the corrected moment
+    Statistics (eq. 6; KL-Shampoo's eq. 6b with the roots held before this
+    step), inverse roots (eqs. 7, 9-13), the corrected moment
     (eq. 17) and the preconditioned, block-rescaled stacks (eqs. 16-18); the
     roots after the stacks with ``schedule.roots_take_effect="next_step"``.
     Every operation is per block, so the same function runs on any slice of
@@ -97,7 +98,14 @@ def update_statistics(
     t: Array,
     config: ShampooConfig,
 ) -> Groups:
-    """Eq. (6) on statistics steps, for blocks with a finite gradient."""
+    """Eq. (6) on statistics steps, for blocks with a finite gradient.
+
+    With ``statistics.kl`` (eq. 6b, KL-Shampoo) each factor's update takes
+    ``G~_k = G_B x_{j != k} X_j``, the block preconditioned on its other
+    preconditioned dims by the inverse roots it holds now: :func:`block_step`
+    runs this before the step's root refresh, so they are the previous root
+    step's (the identity of eq. 13 before the first).
+    """
     stats = config.statistics
     weight = stats.update_weight
     on = schedule.is_statistics_step(t, config.schedule)
@@ -107,17 +115,19 @@ def update_statistics(
         for grp, gs, gb, ok in zip(layout.groups, groups, g_blocks, block_ok, strict=False):
             factors = []
             for k, lk in zip(grp.preconditioned_dims, gs.factors, strict=False):
+                # Eq. (6b): the roots held before this step's refresh (KL-Shampoo).
+                gk = _kl_preconditioned(gb, grp, gs.inverse_roots, k) if stats.kl else gb
                 if config.factor_storage_dtype is not None:
                     # Eq. (11b): the decay in float32 rounded to s, the sum with
                     # w G G^T in the factor dtype rounded once to s.
                     decayed = (rounded(lk.astype(jnp.float32) * jnp.float32(stats.beta2),
                                        lk.dtype) if stats.decays else lk)
-                    contraction = B.factor_contraction(gb, k)
+                    contraction = B.factor_contraction(gk, k)
                     updated = rounded(decayed.astype(contraction.dtype) + weight * contraction,
                                       lk.dtype)
                 else:
                     decayed = stats.beta2 * lk if stats.decays else lk
-                    updated = decayed + weight * B.factor_contraction(gb, k)
+                    updated = decayed + weight * B.factor_contraction(gk, k)
                 if stats.quantized:  # eq. (20c): stored, read back from here on
                     updated = stored(updated, statistics_scale_dtype(config))
                 factors.append(jnp.where(ok[:, None, None], updated, lk))
@@ -132,6 +142,21 @@ def update_statistics(
     if on is False:
         return groups
     out: Groups = lax.cond(on, run, lambda gs: gs, groups)
+    return out
+
+
+def _kl_preconditioned(
+    gb: Array, grp: B.BlockGroupLayout, inverse_roots: tuple[Array, ...], k: int
+) -> Array:
+    """Eq. (6b): ``G_B x_{j != k} X_j`` over the group's preconditioned dims j other than k.
+
+    In increasing j, the reference's order; the roots are in the factor dtype
+    (``inverse_root_dtype`` is refused with eq. 6b), as the blocks.
+    """
+    out = gb
+    for j, xj in zip(grp.preconditioned_dims, inverse_roots, strict=True):
+        if j != k:
+            out = B.mode_product(out, xj, j)
     return out
 
 

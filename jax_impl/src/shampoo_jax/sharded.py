@@ -237,6 +237,9 @@ def shard_state(
         momentum=elementwise(state.momentum),
         graft_momentum=elementwise(state.graft_momentum),
         diagonal=elementwise(state.diagonal),  # eq. (16b)'s V_D: elementwise, as V
+        averaged=elementwise(state.averaged),  # eq. (20d)'s Z: the parameters' placement
+        lr_power_sum=(None if state.lr_power_sum is None
+                      else place(state.lr_power_sum, rep)),  # eq. (20d)'s S_t: a scalar
         root_failures=place(state.root_failures, rep),
         skipped_blocks=place(state.skipped_blocks, rep),
         skipped_per_parameter=(None if state.skipped_per_parameter is None

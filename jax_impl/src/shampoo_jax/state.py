@@ -1,4 +1,4 @@
-"""The optimizer state pytree and its initialisation (docs/spec.md eqs. 6, 13-15, 16b, 17, 20).
+"""The optimizer state pytree and its initialisation (docs/spec.md eqs. 6, 13-15, 16b, 17, 20, 20d).
 
 :class:`ShampooState` is what ``shampoo(config).init(params)`` returns: a
 NamedTuple of arrays (checkpoint it as is). Per-block state lives in one
@@ -93,8 +93,14 @@ class ShampooState(NamedTuple):
     kept in float); both are None without int8 storage. ``diagonal`` is the
     state V_D of a diagonal preconditioner (eq. 16b, ``config.diagonal``
     with a state: adagrad, rmsprop, adam), elementwise like ``graft``; None
-    otherwise. It is the last field, so the arrays of every state without it
-    keep their positions (:mod:`shampoo_jax.checkpoint`).
+    otherwise. ``averaged`` and ``lr_power_sum`` are iterate averaging's
+    (eq. 20d, ``config.averaging``): the base sequence Z, elementwise like
+    ``graft`` and starting at the parameters W, and Schedule-Free's
+    ``S_t = sum_{i<=t} lr_i^p`` (a scalar in the parameters' precision,
+    :func:`power_sum_dtype`; None with ``type="gpa"``);
+    both None without averaging. The fields added last (``diagonal``, then
+    these two) come after every other, so the arrays of every state without
+    them keep their positions (:mod:`shampoo_jax.checkpoint`).
     """
 
     # The field shadows tuple.count; the name is optax's convention (and public).
@@ -112,6 +118,8 @@ class ShampooState(NamedTuple):
     momentum_scale: Any = None
     graft_momentum_scale: Any = None
     diagonal: Any = None
+    averaged: Any = None
+    lr_power_sum: Any = None
 
 
 def _x64_enabled() -> bool:
@@ -282,7 +290,7 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
     keyed, _ = jax.tree_util.tree_flatten_with_path(params)
     shapes = leaf_shapes([x for _, x in keyed])
     layout = B.make_layout(shapes, config)
-    mom = config.momentum
+    mom, av = config.momentum, config.averaging
 
     def zeros() -> Any:
         return jax.tree.map(lambda p: jnp.zeros(p.shape, elementwise_dtype(p.dtype)), params)
@@ -310,7 +318,23 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
         graft_momentum_scale=init_scales(shapes, config) if mom.separate_buffers else None,
         # Eq. (16b): V_D starts at zero, as the graft state V (eq. 14b).
         diagonal=zeros() if config.diagonal is not None and config.diagonal.has_state else None,
+        # Eq. (20d): Z_0 = W (a copy, so that donating the state never donates the
+        # parameters), and S_0 = 0 for Schedule-Free's coefficient.
+        averaged=None if av is None else jax.tree.map(
+            lambda p: jnp.array(p, elementwise_dtype(p.dtype), copy=True), params),
+        lr_power_sum=(jnp.zeros((), power_sum_dtype(jax.tree.leaves(params)))
+                      if av is not None and av.type == "schedule_free" else None),
     )
+
+
+def power_sum_dtype(leaves: Sequence[Any]) -> Any:
+    """The dtype of Schedule-Free's ``S_t`` (eq. 20d): the leaves' elementwise dtypes
+    promoted (float32 at least; float64 with a float64 parameter), so that float64
+    runs keep the sum as the reference does, in float64."""
+    out = jnp.dtype(jnp.float32)
+    for x in leaves:
+        out = jnp.promote_types(out, elementwise_dtype(x.dtype))
+    return out
 
 
 __all__ = [
@@ -326,6 +350,7 @@ __all__ = [
     "init_scales",
     "init_state",
     "leaf_shapes",
+    "power_sum_dtype",
     "root_dtype",
     "scale_dtype",
     "stored_factor_dtype",

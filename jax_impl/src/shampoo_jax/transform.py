@@ -21,7 +21,9 @@ after another:
    device's blocks via :mod:`shampoo_jax.sharded`); then each parameter's
    direction with the graft rescale (eq. 18);
 5. :func:`_momentum_step`: direction decay, momentum, learning rate, update
-   decay (eqs. 19-21).
+   decay (eqs. 19-21); with iterate averaging (eq. 20d) in place of
+   momentum, the base sequence Z's step and the update Delta
+   (:mod:`shampoo_jax.averaging`).
 
 Static structure (blocks, block groups, which options are on) is decided at
 trace time from ``shampoo_spec`` (the config's derived rules:
@@ -54,6 +56,7 @@ from shampoo_spec import (
 
 from . import blocks as B
 from . import grafting, quantization, schedule
+from .averaging import averaged_step, eval_coefficient, power_sum
 from .checks import check_learning_rate, check_shapes, check_state
 from .preconditioner import BlockInputs, assemble_direction, block_step
 from .refusal import Refused, refuse_blocks
@@ -113,7 +116,15 @@ def shampoo(
     period follows ``lr(count) / lr(0)`` (eq. 8b, in the schedule's dtype);
     a constant rate gives the ratio 1. The returned updates are *added* to the parameters
     (``optax.apply_updates``): they already carry the minus sign and the
-    learning rate. ``update`` needs ``params`` when weight decay is on.
+    learning rate. ``update`` needs ``params`` when weight decay or
+    iterate averaging is on.
+
+    Iterate averaging (``config.averaging``, eq. 20d): the parameters are
+    the training sequence y and the updates are eq. (20d)'s Delta; the state
+    keeps the base sequence Z (and Schedule-Free's sum of ``lr_t^p``, with
+    ``lr_t`` this step's rate, a schedule's included). Evaluate at
+    :func:`shampoo_jax.averaged_params` ``(state, params)``, the averaged
+    sequence x, and keep training from ``params``.
 
     ``config`` must be a ``ShampooConfig`` and ``learning_rate`` a finite
     number >= 0 or a callable (else ``ValueError``). ``init`` warns for
@@ -158,8 +169,8 @@ def shampoo(
     # Eq. (19)'s lr_0 (scale_by_lr_ratio): the rate given, the config's for a schedule.
     lr_0 = config.learning_rate if callable(lr) else lr
     wd = config.weight_decay
-    # Any decay (eqs. 2, 19, 21) needs the weights W.
-    needs_w = wd.applies(wd.type)
+    # Any decay (eqs. 2, 19, 21) needs the weights W, and so does eq. (20d)'s Z - W.
+    needs_w = wd.applies(wd.type) or config.averaging is not None
 
     def init(params: Any) -> ShampooState:
         keyed, _ = jax.tree_util.tree_flatten_with_path(params)
@@ -184,10 +195,9 @@ def shampoo(
         layout = B.make_layout(leaf_shapes(g_leaves), config)
         tree = _Tree(treedef, [leaf.plan for leaf in layout.leaves])
         if needs_w and params is None:
-            raise ValueError(
-                f"params = None is invalid with weight_decay.value = {wd.value}: "
-                "pass params to update()."
-            )
+            why = (f"weight_decay.value = {wd.value}" if config.averaging is None
+                   else "averaging (eq. 20d needs W)")
+            raise ValueError(f"params = None is invalid with {why}: pass params to update().")
         # Eq. (1): the 1-based step and the learning rate of this step.
         t = state.count + 1
         lr_t = lr(state.count) if callable(lr) else lr
@@ -209,11 +219,17 @@ def shampoo(
             state, masked, used, diagonal_state, graft_dir, use_shampoo, t, layout, fdt,
             config, sharding, _lr_ratio(lr, lr_t, config),
         )
+        # Eq. (20d): S_t (Schedule-Free) includes this step's rate before mu_x is formed.
+        av = config.averaging
+        lr_power_sum = state.lr_power_sum
+        if av is not None and av.type == "schedule_free":
+            lr_power_sum = power_sum(state.lr_power_sum, lr_t, av)
+        mu_x = None if av is None else eval_coefficient(lr_t, lr_power_sum, av)
         # Eq. (20b): int8 buffers are read back as floats, updated, then quantized.
         floats = _read_momentum(state, tree, g_leaves)
-        out, new_mom, new_gmom, withheld = _momentum_step(
+        out, new_mom, new_gmom, new_z, withheld = _momentum_step(
             shampoo_dir, graft_dir, w, masked.finite, floats, use_shampoo, lr_t, g_leaves,
-            tree.leaves(params) if params is not None else None, tree, config, lr_0,
+            tree.leaves(params) if params is not None else None, tree, config, lr_0, mu_x,
         )
         new_mom_leaves, mom_scale = _write_momentum(
             tree, new_mom, floats.momentum, state.momentum_scale, config)
@@ -236,6 +252,8 @@ def shampoo(
             momentum_scale=mom_scale,
             graft_momentum_scale=gmom_scale,
             diagonal=tree.unmerged(diagonal_state, state.diagonal),
+            averaged=tree.unmerged(new_z, state.averaged),
+            lr_power_sum=lr_power_sum,
         )
         return jax.tree.unflatten(treedef, out), new_state
 
@@ -263,14 +281,14 @@ def _merged_inputs(
     """Gradients and (when a decay needs them) weights, merged and in the elementwise dtype.
 
     Eq. (2): L2 weight decay enters the gradient. ``w`` is empty when no
-    decay is on.
+    decay and no iterate averaging (eq. 20d) is on.
     """
     wd = config.weight_decay
     edts = [elementwise_dtype(g.dtype) for g in g_leaves]
     g = [x.astype(d).reshape(p.merged_shape)
          for x, d, p in zip(g_leaves, edts, tree.plans, strict=True)]
     w: list[Array] = []
-    if wd.applies(wd.type):
+    if wd.applies(wd.type) or config.averaging is not None:  # eq. (20d) also needs W
         w = [x.astype(d).reshape(p.merged_shape)
              for x, d, p in zip(tree.leaves(params), edts, tree.plans, strict=True)]
     if wd.applies("l2"):
@@ -447,8 +465,9 @@ def _momentum_step(
     tree: _Tree,
     config: ShampooConfig,
     lr_0: float,
-) -> tuple[list[Array], list[Array] | None, list[Array] | None, Array]:
-    """Eqs. (19)-(22): ``(updates per leaf, new momentum, new graft momentum, withheld)``.
+    mu_x: float | Array | None = None,
+) -> tuple[list[Array], list[Array] | None, list[Array] | None, list[Array] | None, Array]:
+    """Eqs. (19)-(22): ``(updates per leaf, new momentum, new graft momentum, new Z, withheld)``.
 
     The direction (Shampoo's or the graft's, eq. 18's choice) is scaled by
     the learning rate first when ``momentum.lr_before_momentum``, takes the
@@ -463,10 +482,20 @@ def _momentum_step(
     computes it) when ``params`` were passed (``p_leaves``), else the update
     itself. ``withheld`` (int32): the number of parameters in which the guard
     held back an entry of an admitted block.
+
+    Iterate averaging (eq. 20d, ``config.averaging``; no momentum, no update
+    decay, ``mu_x`` its coefficient this step): the direction decay shrinks
+    Z instead of entering P, and the update is
+    :func:`shampoo_jax.averaging.averaged_step`'s Delta from ``d = -lr_t P``,
+    rounded by eq. (21a); eq. (22) keeps W and Z where the new W or the new
+    Z is non-finite, and Z is kept on refused entries (eq. 3). New Z: None
+    without averaging.
     """
     mom, wd = config.momentum, config.weight_decay
     lr_first = mom.lr_before_momentum
-    decay_direction = wd.applies("direction")
+    averaging = config.averaging is not None
+    # Eq. (20d) moves the direction decay onto Z (averaged_step), out of P.
+    decay_direction = wd.applies("direction") and not averaging
     decay_update = wd.applies("update")
 
     def prepare(p: Array, wi: Array | None) -> Array:
@@ -490,6 +519,8 @@ def _momentum_step(
     )
     new_mom = None if old_mom is None else list(old_mom)
     new_gmom = None if old_gmom is None else list(old_gmom)
+    old_z = list(tree.merged(state.averaged)) if averaging else None
+    new_z = None if old_z is None else list(old_z)
     out = []
     withheld = jnp.zeros((), jnp.int32)
     mu, damp = mom.momentum, mom.direction_weight
@@ -518,6 +549,10 @@ def _momentum_step(
                 buffers = [new_mom[i], new_gmom[i]]
             step = damp * p + mu * m if mom.nesterov else m
         u = -step if lr_first else -lr_t * step
+        z_i = None
+        if old_z is not None:  # eq. (20d): u is d = -lr_t P; the update becomes Delta
+            assert wi is not None and mu_x is not None
+            u, z_i = averaged_step(u, wi, old_z[i], mu_x, lr_t, lr_0, config)
         if decay_update:
             assert wi is not None
             u = u - lr_t * wd.value * wi  # eq. (21)
@@ -529,6 +564,8 @@ def _momentum_step(
             keep = jnp.isfinite(u_out)
         else:
             keep = jnp.isfinite((p_leaves[i].reshape(u.shape) + u_out).astype(dtype))
+        if z_i is not None:  # eq. (22): a non-finite new Z holds W back too
+            keep = keep & jnp.isfinite(z_i)
         for b in buffers:
             keep = keep & jnp.isfinite(b)
             if mom.quantizes(len(tree.plans[i].shape)):  # eq. (20b) quantizes fl_d(M)
@@ -537,10 +574,13 @@ def _momentum_step(
             new_mom[i] = _restore(keep, new_mom[i], old_mom[i])
         if old_gmom is not None and new_gmom is not None:
             new_gmom[i] = _restore(keep, new_gmom[i], old_gmom[i])
+        if old_z is not None and new_z is not None and z_i is not None:
+            # Eqs. (3), (22): Z keeps its old entries where W does.
+            new_z[i] = _restore(f & keep, z_i, old_z[i])
         withheld = withheld + jnp.any(f & ~keep).astype(jnp.int32)
         u_out = jnp.where(f & keep, u_out, jnp.zeros((), dtype))
         out.append(u_out.reshape(g_leaves[i].shape).astype(g_leaves[i].dtype))
-    return out, new_mom, new_gmom, withheld
+    return out, new_mom, new_gmom, new_z, withheld
 
 
 def _restore(keep: Array, new: Array, old: Array) -> Array:
