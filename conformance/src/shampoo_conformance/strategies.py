@@ -10,6 +10,7 @@ rank-deficient and large-dynamic-range gradients.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -132,6 +133,9 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
     )
     statistics = ss.StatisticsConfig(
         **statistics_kwargs,
+        # Eq. (6b): KL-Shampoo statistics in a fifth of the draws that allow them
+        # (no stored or rounded roots and factors: set to False below otherwise).
+        kl=not int16 and draw(st.sampled_from([False] * 4 + [True])),
         storage="int16_columnwise_diagonal" if int16 else "float",
         scale_dtype=draw(st.sampled_from(["float32", "float64"])) if int16 else "float32",
     )
@@ -178,6 +182,16 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         value=draw(st.sampled_from([0.0, 0.01])),
         type=draw(st.sampled_from(["l2", "direction", "update"])),
     )
+    # Eq. (20d): iterate averaging in a third of the draws without momentum (it takes
+    # momentum's place) and without update decay.
+    averaging = None
+    if (mu == 0.0 and not int8 and not weight_decay.applies("update")
+            and draw(st.sampled_from([False, False, True]))):
+        averaging = ss.IterateAveragingConfig(
+            type=draw(st.sampled_from(["gpa", "schedule_free"])),
+            train_interp=draw(st.sampled_from([0.5, 1.0])))
+        if averaging.type == "gpa":
+            averaging = replace(averaging, eval_interp=draw(st.sampled_from([0.0, 0.9])))
     blocking = ss.BlockingConfig(
         max_preconditioner_dim=draw(st.sampled_from([BLOCK, 1024])),
         merge_dims_up_to=draw(st.sampled_from([None, MERGE])),
@@ -221,6 +235,11 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
             bias_correction=dtype_ == "adam" and draw(st.booleans()),
         )
         factor_storage = None
+    inverse_root_dtype = None if int16 or diagonal is not None else draw(
+        st.sampled_from([None, None, "float32", "bfloat16"]))
+    if statistics.kl and (diagonal is not None or inverse_root_dtype is not None
+                          or factor_storage is not None):
+        statistics = replace(statistics, kl=False)  # eq. (6b) needs unrounded roots
     return ss.ShampooConfig(
         learning_rate=draw(st.sampled_from([0.01, 0.1])),
         statistics=statistics,
@@ -238,9 +257,9 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         # need configs drawn for it (tiny relative epsilons give roots near it);
         # the backends' own tests cover it.
         # (eq. 20c stores the roots as int16 instead).
-        inverse_root_dtype=None if int16 or diagonal is not None else draw(
-            st.sampled_from([None, None, "float32", "bfloat16"])),
+        inverse_root_dtype=inverse_root_dtype,
         diagonal=diagonal,
+        averaging=averaging,
         # The update rounded before it is added (eq. 21a, Meta's DDP communication_dtype).
         update_dtype=draw(st.sampled_from([None, None, "float32", "bfloat16", "float16"])),
         factor_storage_dtype=factor_storage,

@@ -916,6 +916,10 @@ class IterateAveragingConfig:
         """``mu_x`` of eq. (20d) at a step whose ``sum_{i<=t} lr_i^p`` is ``lr_power_sum``."""
         if self.type == "gpa":
             return self.eval_interp
+        if lr_power_sum == 0.0:
+            # Every rate so far 0 (a warm-up from 0): no step is taken (d = 0); mu_x = 1
+            # keeps W, as Defazio et al.'s Schedule-Free does.
+            return 1.0
         return 1.0 - lr_t**self.eval_lr_power / lr_power_sum
 
 

@@ -147,6 +147,8 @@ def test_gradient_scale_invariance(
         _unrounded(config),
         epsilon=ss.EpsilonConfig(value=0.0),
         root_inverse=root_inverse,
+        # Plain sums (statistics.kl off too: eq. 6b's factors scale by c, not c^2,
+        # once they are preconditioned by roots of the scaled factors).
         statistics=ss.StatisticsConfig(),
         grafting=ss.GraftingConfig(),
         weight_decay=ss.WeightDecayConfig(),
