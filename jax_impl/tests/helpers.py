@@ -39,3 +39,17 @@ def relative_error(
             if err > worst:
                 worst, where = err, f"param {k!r} at step {t}"
     return worst, where
+
+
+def reference_error(
+    config: object, shapes: dict[str, tuple[int, ...]], steps: int, seed: int = 4
+) -> tuple[float, str]:
+    """:func:`relative_error` of shampoo_jax's float64 run of ``config`` against the
+    reference's on one :func:`stream`: (error, where)."""
+    from shampoo_conformance.adapters.jax import run as jax_run
+    from shampoo_reference import run as reference_run
+
+    params, grads = stream(shapes, steps=steps, seed=seed)
+    want = reference_run(config, params, grads)  # type: ignore[arg-type]
+    got = jax_run(config, params, grads, dtype=np.float64)  # type: ignore[arg-type]
+    return relative_error(got, want, params)

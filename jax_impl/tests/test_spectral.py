@@ -33,7 +33,7 @@ from shampoo_jax.preconditioner import BlockInputs, block_step, orthogonalize
 from shampoo_jax.sharded import group_costs, placement, shard_state, sharded_block_step
 from shampoo_reference import run as reference_run
 
-from .helpers import relative_error, stream
+from .helpers import reference_error, relative_error, stream
 from .sharded_helpers import sharding_1d, trajectory
 
 # (6, 9) and (9, 4) in blocks of at most 4 x 4 (remainders included), a
@@ -65,10 +65,7 @@ BASE = ss.ShampooConfig(
 
 
 def _float64_error(config: ss.ShampooConfig, seed: int = 4) -> tuple[float, str]:
-    params, grads = stream(SHAPES, steps=STEPS, seed=seed)
-    want = reference_run(config, params, grads)
-    got = jax_run(config, params, grads, dtype=np.float64)
-    return relative_error(got, want, params)
+    return reference_error(config, SHAPES, STEPS, seed)
 
 
 @pytest.mark.parametrize("graft", list(GRAFTS))
