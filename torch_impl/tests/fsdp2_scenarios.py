@@ -22,6 +22,7 @@ from shampoo_spec import (
     EpsilonConfig,
     GradientFilterConfig,
     GraftingConfig,
+    IterateAveragingConfig,
     MomentumConfig,
     ScheduleConfig,
     ShampooConfig,
@@ -56,6 +57,16 @@ CONFIGS = {
         weight_decay=WeightDecayConfig(value=0.01, type="l2"),
         blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
     ),
+    # Eq. (20d): Schedule-Free averaging (Z elementwise, decayed), eval() and train().
+    "schedule_free": ShampooConfig(
+        learning_rate=0.05,
+        factor_dtype="float64",
+        epsilon=EpsilonConfig(value=1e-6),
+        grafting=GraftingConfig(type="adagrad"),
+        weight_decay=WeightDecayConfig(value=0.01, type="direction"),
+        averaging=IterateAveragingConfig(type="schedule_free", train_interp=0.75),
+        blocking=BlockingConfig(max_preconditioner_dim=4),
+    ),
 }
 #: case -> (config, parameter dtype). bfloat16 parameters keep float32 state (the
 #: config's factor_dtype; elementwise state in the wider of the two), as in one process.
@@ -63,6 +74,7 @@ CASES = {
     "parameter_graft_float32": ("parameter_graft", torch.float32),
     "block_graft_l2_float64": ("block_graft_l2", torch.float64),
     "parameter_graft_bfloat16": ("parameter_graft", torch.bfloat16),
+    "schedule_free_float64": ("schedule_free", torch.float64),
 }
 
 
@@ -143,6 +155,12 @@ def _run_sharded(rank: int, world: int, mesh: Any, case: str, mode: str) -> dict
         full_grads.append(_as_numpy([(n, p.grad.full_tensor()) for n, p in named]))
         local_grads.append(_as_numpy([(n, p.grad.to_local()) for n, p in named]))
         opt.step()
+    averaged: dict[str, Any] = {}
+    if config.averaging is not None:  # eq. (20d): x in the parameters, then W back
+        opt.eval()
+        averaged["eval_full"] = _as_numpy([(n, p.full_tensor()) for n, p in named])
+        averaged["eval_local"] = _as_numpy([(n, p.to_local()) for n, p in named])
+        opt.train()
     # FSDP2's next forward all-gathers the parameters the optimizer wrote into the pieces.
     direct = float(sum(p.detach().full_tensor().sum() for p in model.ps.values()))
     loss = model({n: torch.ones(s, dtype=dtype) for n, s in SHAPES.items()})
@@ -157,6 +175,7 @@ def _run_sharded(rank: int, world: int, mesh: Any, case: str, mode: str) -> dict
         "bytes": opt.block_state_bytes(),
         "exchanged_bytes": opt.exchange_bytes,
         "state_dtypes": _state_dtypes(opt),
+        **averaged,
     }
 
 
@@ -171,8 +190,11 @@ def _state_dtypes(opt: Shampoo) -> dict[str, list[str]]:
 
 
 def _plain_run(case: str, start: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]],
+               evaluated: dict[str, np.ndarray] | None = None,
                ) -> tuple[dict[str, np.ndarray], int]:
-    """One process (no distribution) on plain tensors: final values, block bytes.
+    """One process (no distribution) on plain tensors: final values, block bytes; with
+    averaging (eq. 20d) ``evaluated`` receives the values after ``eval()``, and the
+    final values are taken after the ``train()`` that follows, as the sharded run's.
 
     Empty tensors (empty pieces) are left out: they take no step.
     """
@@ -183,6 +205,10 @@ def _plain_run(case: str, start: dict[str, np.ndarray], grads: list[dict[str, np
         for n, p in ps.items():
             p.grad = _tensor(step[n], dtype)
         opt.step()
+    if evaluated is not None and config.averaging is not None:  # as _run_sharded does
+        opt.eval()
+        evaluated.update({n: (_numpy(ps[n]) if n in ps else v) for n, v in start.items()})
+        opt.train()
     out = {n: (_numpy(ps[n]) if n in ps else v) for n, v in start.items()}
     return out, opt.block_state_bytes()
 
@@ -197,12 +223,13 @@ def fsdp(rank: int, world: int) -> dict[str, Any]:
         for case in CASES:
             for mode in ("lossless", "local"):
                 got = _run_sharded(rank, world, mesh, case, mode)
+                got["single_eval"] = {}
                 if mode == "lossless":
                     got["single"], got["single_bytes"] = _plain_run(
-                        case, got["start_full"], got["full_grads"])
+                        case, got["start_full"], got["full_grads"], got["single_eval"])
                 else:  # the same optimizer on this rank's pieces, as plain tensors
                     got["single"], got["single_bytes"] = _plain_run(
-                        case, got["start_local"], got["local_grads"])
+                        case, got["start_local"], got["local_grads"], got["single_eval"])
                 out[f"{layout}/{case}/{mode}"] = got
     out["mixed_dtypes"] = mixed_dtypes(rank, world)
     out["errors"] = errors(rank, world)

@@ -82,6 +82,22 @@ def test_lossless_equals_one_process_bit_for_bit(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_averaging_eval_equals_one_process(world: int) -> None:
+    """Eq. (20d) under FSDP2: eval() puts x in every piece as one process does (lossless:
+    the whole x, bit for bit; local: each piece's own), and train() puts W back."""
+    ranks = outcome(world)
+    cases = [k for k in ranks[0] if "schedule_free" in k]
+    assert cases
+    for case in cases:
+        for rank, r in enumerate(ranks):
+            got = r[case]
+            mode_eval = got["eval_full"] if case.endswith("lossless") else got["eval_local"]
+            _assert_identical(mode_eval, got["single_eval"], f"{case} eval(), rank {rank}")
+            assert any(not np.array_equal(got["eval_full"][n], got["final_full"][n])
+                       for n in got["final_full"]), case  # x differs from W
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_lossless_splits_the_factor_state_over_the_shard_group(world: int) -> None:
     ranks = outcome(world)
     for case in _cases(world, "lossless"):

@@ -61,7 +61,7 @@ from shampoo_spec import (
     is_statistics_step,
 )
 
-from . import checkpoint, elementwise, grafting, preconditioner, refusal
+from . import checkpoint, elementwise, grafting, preconditioner, refusal, sharding
 from .blocks import assemble, expand_blocks, gather, row_chunks, select_rows
 from .cohorts import (
     AVERAGING_MODE,
@@ -149,12 +149,6 @@ class Shampoo(torch.optim.Optimizer):
         cfg = as_config(param_group.get("config"), self.defaults["config"],
                         f"param_groups[{len(self.param_groups)}]['config']")
         param_group["config"] = cfg
-        if cfg.averaging is not None and self._shard_mode is not None:
-            raise NotImplementedError(
-                f"param_groups[{len(self.param_groups)}]['config'].averaging with "
-                "DistributedConfig(shard_mode=...) is not supported yet (eq. 20d's train() and "
-                "eval() rewrite whole parameters; one process or DDP only)."
-            )
         if "lr" not in param_group:
             override = self._lr_override
             param_group["lr"] = cfg.learning_rate if override is None else override
@@ -168,11 +162,13 @@ class Shampoo(torch.optim.Optimizer):
             self.param_groups.pop()
             raise
         self._plans.append(plan)
-        for p, lay, dt in zip(param_group["params"], plan.layouts, plan.dtypes, strict=True):
+        for j, (p, lay, dt) in enumerate(zip(param_group["params"], plan.layouts, plan.dtypes,
+                                             strict=True)):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
                                    lay.plan.shape)
-            if cfg.averaging is not None:  # eq. (20d): Z starts at W
-                self.state[p]["averaged"] = p.detach().to(dt).reshape(lay.merged_shape).clone()
+            if cfg.averaging is not None:  # eq. (20d): Z starts at W (the planned tensor)
+                w = _planned(plan, j, p.detach())
+                self.state[p]["averaged"] = w.to(dt).reshape(lay.merged_shape).clone()
         if cfg.averaging is not None:
             param_group[AVERAGING_MODE] = "train"
             if cfg.averaging.type == "schedule_free":
@@ -611,16 +607,26 @@ class Shampoo(torch.optim.Optimizer):
         self._switch("train", lambda mu_y: 1.0 - mu_y)
 
     def _switch(self, mode: str, coefficient: Callable[[float], float]) -> None:
-        """``W <- W + c (Z - W)`` for every parameter of the groups not yet in ``mode``."""
+        """``W <- W + c (Z - W)`` for every parameter of the groups not yet in ``mode``.
+
+        Under FSDP2 a collective in ``"lossless"`` mode: every rank of the shard
+        group calls :meth:`train` / :meth:`eval` together, as it calls ``step``."""
         for group, gp in zip(self.param_groups, self._plans, strict=True):
             av = gp.config.averaging
             if av is None or group[AVERAGING_MODE] == mode:
                 continue
             c = coefficient(av.train_interp)
-            for p in group["params"]:
+            for j, p in enumerate(group["params"]):
                 z = self.state[p]["averaged"]
-                w = p.detach().to(z.dtype).reshape(z.shape)
-                p.copy_((w + c * (z - w)).reshape(p.shape))
+                whole = _planned(gp, j, p.detach())  # FSDP2 "lossless": all-gathered
+                w = whole.to(z.dtype).reshape(z.shape)
+                new = (w + c * (z - w)).reshape(whole.shape).to(whole.dtype)
+                info = gp.shards[j] if gp.shards else None
+                if info is None:
+                    p.copy_(new)
+                else:  # this rank's piece (the whole one in "local" mode)
+                    sharding.local(p).copy_(new if gp.local_shards
+                                            else sharding.local_piece(new, info))
             group[AVERAGING_MODE] = mode
 
     # ------------------------------------------------------- checkpoints
@@ -723,6 +729,15 @@ def _parameter_direction(
     if graft.rescale_scope == "parameter":
         p = preconditioner.rescale_to_graft(p, c.graft_dir[i], graft.norm_epsilon)
     return p
+
+
+def _planned(gp: ParamGroupPlan, j: int, p: torch.Tensor) -> torch.Tensor:
+    """Parameter j as the group's plan sees it: itself, or under FSDP2 its whole value
+    (``"lossless"``, an all-gather over the shard group) or this rank's piece (``"local"``)."""
+    info = gp.shards[j] if gp.shards else None
+    if info is None:
+        return p
+    return sharding.local(p) if gp.local_shards else sharding.full(p)
 
 
 def check_lr(lr: object, name: str) -> None:
