@@ -1093,9 +1093,12 @@ class ShampooConfig:
     """The whole of Shampoo. See docs/spec.md for the numbered equations.
 
     ``eigenvalue_correction`` switches the Kronecker root preconditioner
-    (eq. 16) for the eigenvalue-corrected one (eq. 17). ``factor_dtype`` is
-    the precision fast backends keep factors and roots in; the reference
-    always computes in float64.
+    (eq. 16) for the eigenvalue-corrected one (eq. 17), ``diagonal`` for an
+    elementwise one (eq. 16b) and ``spectral`` for orthogonalized blocks
+    (eq. 16c); ``statistics.kl`` makes the factors KL-Shampoo's (eq. 6b) and
+    ``averaging`` replaces momentum by iterate averaging (eq. 20d).
+    ``factor_dtype`` is the precision fast backends keep factors and roots
+    in; the reference always computes in float64.
 
     ``inverse_root_dtype`` (Meta's ``inv_factor_matrix_dtype``) is a rule,
     not a precision: when set to s, every inverse root is stored rounded to s
