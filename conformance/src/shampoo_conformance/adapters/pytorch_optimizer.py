@@ -121,6 +121,10 @@ def common_refusals(config: ShampooConfig) -> list[str]:
         out.append("diagonal (no diagonal preconditioner in place of Shampoo's, eq. 16b)")
     if config.spectral is not None:
         out.append("spectral (no spectral descent, eq. 16c)")
+    if config.averaging is not None:
+        out.append("averaging (no iterate averaging, eq. 20d)")
+    if config.statistics.kl:
+        out.append("statistics.kl (no KL-Shampoo statistics, eq. 6b)")
     if config.gradient_filter.beta1 != 0.0:
         out.append(f"gradient_filter.beta1 = {config.gradient_filter.beta1!r} (no gradient "
                    "filter before preconditioning)")
