@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -53,3 +56,47 @@ def reference_error(
     want = reference_run(config, params, grads)  # type: ignore[arg-type]
     got = jax_run(config, params, grads, dtype=np.float64)  # type: ignore[arg-type]
     return relative_error(got, want, params)
+
+
+def adam_grafts() -> dict[str, object]:
+    """No graft, and Adam's with per-block and per-parameter norms (eq. 18): the grafts
+    each preconditioner option is checked under."""
+    import shampoo_spec as ss
+
+    return {
+        "no_graft": ss.GraftingConfig(),
+        "adam_block": ss.GraftingConfig(type="adam", beta2=0.999, bias_correction=True),
+        "adam_parameter": ss.GraftingConfig(
+            type="adam", beta2=0.999, bias_correction=True, norm_scope="parameter"),
+    }
+
+
+def run_x64(
+    make_opt: Callable[[], Any],
+    params: dict[str, np.ndarray],
+    grads: list[dict[str, np.ndarray]],
+    after: Callable[[Any, Any], Any] | None = None,
+) -> tuple[list[dict[str, np.ndarray]], Any, Any]:
+    """Jitted float64 steps of the transformation ``make_opt()`` builds, under x64 on the
+    CPU: the trajectory, the final state, and ``after(state, params)`` (in x64) or None."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    names = sorted(params)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        opt = make_opt()
+
+        @jax.jit
+        def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
+            u, s = opt.update(g, s, p)
+            return optax.apply_updates(p, u), s
+
+        p = {k: jnp.asarray(params[k], jnp.float64) for k in names}
+        s = opt.init(p)
+        out = []
+        for g in grads:
+            p, s = step(p, s, {k: jnp.asarray(g[k], jnp.float64) for k in names})
+            out.append({k: np.asarray(v) for k, v in p.items()})
+        extra = None if after is None else after(s, p)
+    return out, s, extra

@@ -29,7 +29,7 @@ import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 
-from .helpers import relative_error, stream
+from .helpers import relative_error, run_x64, stream
 
 # (6, 9) in 4 x 4 blocks (remainders included), a vector and a 3-d tensor in blocks.
 SHAPES = {"wide": (6, 9), "vector": (5,), "tensor": (2, 3, 4)}
@@ -84,24 +84,13 @@ def _jax_run(
     learning_rate: Any = None,
 ) -> tuple[list[dict[str, np.ndarray]], Any, dict[str, np.ndarray]]:
     """float64 trajectory, the final state and ``averaged_params`` after the last step."""
-    names = sorted(params)
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        opt = shampoo_jax.shampoo(dataclasses.replace(config, factor_dtype="float64"),
-                                  learning_rate=learning_rate)
-
-        @jax.jit
-        def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
-            u, s = opt.update(g, s, p)
-            return optax.apply_updates(p, u), s
-
-        p = {k: jnp.asarray(params[k], jnp.float64) for k in names}
-        s = opt.init(p)
-        out = []
-        for g in grads:
-            p, s = step(p, s, {k: jnp.asarray(g[k], jnp.float64) for k in names})
-            out.append({k: np.asarray(v) for k, v in p.items()})
+    def averaged(s: Any, p: Any) -> dict[str, np.ndarray]:
         x = jax.jit(shampoo_jax.averaged_params)(s, p)
-        return out, s, {k: np.asarray(v) for k, v in x.items()}
+        return {k: np.asarray(v) for k, v in x.items()}
+
+    return run_x64(lambda: shampoo_jax.shampoo(
+        dataclasses.replace(config, factor_dtype="float64"), learning_rate=learning_rate),
+        params, grads, averaged)
 
 
 def _reference(

@@ -25,7 +25,7 @@ from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 
-from .helpers import reference_error, relative_error, stream
+from .helpers import adam_grafts, reference_error, relative_error, stream
 
 # A (7, 10) matrix in 2 x 3 blocks (remainders included), a vector, a 3-d
 # tensor in blocks and a 0-d parameter.
@@ -44,12 +44,7 @@ DIAGONALS = {
         type="adam", beta2=0.99, epsilon=1e-8, bias_correction=True),
     "sign": ss.DiagonalPreconditionerConfig(type="sign"),
 }
-GRAFTS = {
-    "no_graft": ss.GraftingConfig(),
-    "adam_block": ss.GraftingConfig(type="adam", beta2=0.999, bias_correction=True),
-    "adam_parameter": ss.GraftingConfig(
-        type="adam", beta2=0.999, bias_correction=True, norm_scope="parameter"),
-}
+GRAFTS = adam_grafts()
 BASE = ss.ShampooConfig(
     learning_rate=0.05,
     blocking=BLOCKS,

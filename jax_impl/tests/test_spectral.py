@@ -20,7 +20,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import shampoo_jax
@@ -33,7 +32,7 @@ from shampoo_jax.preconditioner import BlockInputs, block_step, orthogonalize
 from shampoo_jax.sharded import group_costs, placement, shard_state, sharded_block_step
 from shampoo_reference import run as reference_run
 
-from .helpers import reference_error, relative_error, stream
+from .helpers import adam_grafts, reference_error, relative_error, run_x64, stream
 from .sharded_helpers import sharding_1d, trajectory
 
 # (6, 9) and (9, 4) in blocks of at most 4 x 4 (remainders included), a
@@ -50,12 +49,7 @@ SPECTRALS = {
     "newton_schulz_20": ss.SpectralDescentConfig(
         coefficients=(3.0, -3.2, 1.2), num_iterations=20),
 }
-GRAFTS = {
-    "no_graft": ss.GraftingConfig(),
-    "adam_block": ss.GraftingConfig(type="adam", beta2=0.999, bias_correction=True),
-    "adam_parameter": ss.GraftingConfig(
-        type="adam", beta2=0.999, bias_correction=True, norm_scope="parameter"),
-}
+GRAFTS = adam_grafts()
 BASE = ss.ShampooConfig(
     learning_rate=0.05,
     blocking=BLOCKS,
@@ -205,21 +199,7 @@ META = {"lr": 0.01, "preconditioner_config": {"type": "SpectralDescentPreconditi
 
 def _run_float64_params(config: ss.ShampooConfig, params: dict, grads: list[dict]) -> list[dict]:
     """float64 parameters under x64 with the config's own ``factor_dtype`` (not forced)."""
-    names = sorted(params)
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        opt = shampoo_jax.shampoo(config)
-
-        @jax.jit
-        def step(p: dict, s: object, g: dict) -> tuple[dict, object]:
-            u, s = opt.update(g, s, p)
-            return optax.apply_updates(p, u), s
-
-        p = {k: jnp.asarray(params[k], jnp.float64) for k in names}
-        s = opt.init(p)
-        out = []
-        for g in grads:
-            p, s = step(p, s, {k: jnp.asarray(g[k], jnp.float64) for k in names})
-            out.append({k: np.asarray(v) for k, v in p.items()})
+    out: list[dict] = run_x64(lambda: shampoo_jax.shampoo(config), params, grads)[0]
     return out
 
 
