@@ -878,8 +878,8 @@ MAX_EVAL_LR_POWER = 16
 class IterateAveragingConfig:
     """Primal averaging of the iterates, eq. (20d), in place of momentum.
 
-    Meta's ``GeneralizedPrimalAveragingConfig`` (``type="gpa"``; Defazio et
-    al., arXiv 2512.17131) and ``ScheduleFreeConfig`` (``"schedule_free"``;
+    Meta's ``GeneralizedPrimalAveragingConfig`` (``type="gpa"``; arXiv
+    2512.17131, as Meta cites it) and ``ScheduleFreeConfig`` (``"schedule_free"``;
     Defazio et al. 2024, "The Road Less Scheduled"). The parameters W are the
     training sequence y, where gradients are taken; the optimizer keeps the
     base sequence Z (starting at W) and each step, with ``d = -lr_t P``:
