@@ -7,6 +7,10 @@ from typing import Any
 
 import numpy as np
 
+#: A matrix in 4 x 4 blocks (remainders included), a vector and a 3-d tensor in blocks:
+#: the shapes the per-option tests (KL statistics, averaging) run on with BLOCKED_BASE.
+BLOCKED_SHAPES: dict[str, tuple[int, ...]] = {"wide": (6, 9), "vector": (5,), "tensor": (2, 3, 4)}
+
 SHAPES: dict[str, tuple[int, ...]] = {
     "matrix": (7, 10),
     "vector": (7,),
@@ -100,3 +104,16 @@ def run_x64(
             out.append({k: np.asarray(v) for k, v in p.items()})
         extra = None if after is None else after(s, p)
     return out, s, extra
+
+
+def blocked_base() -> object:
+    """The config BLOCKED_SHAPES run under: blocks of 4, nothing merged, roots every 2
+    steps from step 2, epsilon 1e-6."""
+    import shampoo_spec as ss
+
+    return ss.ShampooConfig(
+        learning_rate=0.05,
+        epsilon=ss.EpsilonConfig(value=1e-6),
+        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
+        schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
+    )

@@ -29,17 +29,11 @@ import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 
-from .helpers import relative_error, run_x64, stream
+from .helpers import BLOCKED_SHAPES, blocked_base, relative_error, run_x64, stream
 
-# (6, 9) in 4 x 4 blocks (remainders included), a vector and a 3-d tensor in blocks.
-SHAPES = {"wide": (6, 9), "vector": (5,), "tensor": (2, 3, 4)}
+SHAPES = BLOCKED_SHAPES
 STEPS = 10
-BASE = ss.ShampooConfig(
-    learning_rate=0.05,
-    epsilon=ss.EpsilonConfig(value=1e-6),
-    blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
-    schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
-)
+BASE: ss.ShampooConfig = blocked_base()  # type: ignore[assignment]
 GPA = ss.IterateAveragingConfig(type="gpa", train_interp=0.8, eval_interp=0.9)
 SCHEDULE_FREE = ss.IterateAveragingConfig(type="schedule_free", train_interp=0.7)
 DECAY = ss.WeightDecayConfig(value=0.1, type="direction")

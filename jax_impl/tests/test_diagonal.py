@@ -25,7 +25,7 @@ from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 
-from .helpers import adam_grafts, reference_error, relative_error, stream
+from .helpers import adam_grafts, reference_error, relative_error, run_x64, stream
 
 # A (7, 10) matrix in 2 x 3 blocks (remainders included), a vector, a 3-d
 # tensor in blocks and a 0-d parameter.
@@ -199,28 +199,11 @@ LAW_CASES = {
 }
 
 
-def _optax_run(opt: optax.GradientTransformation, params: dict, grads: list[dict]) -> list[dict]:
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        p = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
-        s = opt.init(p)
-
-        @jax.jit
-        def step(p: dict, s: object, g: dict) -> tuple[dict, object]:
-            u, s = opt.update(g, s, p)
-            return optax.apply_updates(p, u), s
-
-        out = []
-        for g in grads:
-            p, s = step(p, s, {k: jnp.asarray(v, jnp.float64) for k, v in g.items()})
-            out.append({k: np.asarray(v) for k, v in p.items()})
-    return out
-
-
 @pytest.mark.parametrize("name", list(LAW_CASES))
 def test_without_graft_the_diagonal_is_optax(name: str) -> None:
     opt, config = LAW_CASES[name]
     params, grads = stream({"w": (7, 10), "b": (7,), "s": ()}, steps=30, seed=1)
-    want = _optax_run(opt, params, grads)
+    want = run_x64(lambda: opt, params, grads)[0]  # optax's own, float64
     got = jax_run(config, params, grads, dtype=np.float64)
     err, where = relative_error(got, want, params)
     assert err <= 1e-12, f"{name}: relative error {err:.3e} to optax at {where}"

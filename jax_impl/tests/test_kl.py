@@ -27,16 +27,11 @@ from shampoo_jax.blocks import make_layout
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 
-from .helpers import reference_error, relative_error, stream
+from .helpers import BLOCKED_SHAPES, blocked_base, reference_error, relative_error, stream
 
-SHAPES = {"wide": (6, 9), "vector": (5,), "tensor": (2, 3, 4)}
+SHAPES = BLOCKED_SHAPES
 STEPS = 10
-BASE = ss.ShampooConfig(
-    learning_rate=0.05,
-    epsilon=ss.EpsilonConfig(value=1e-6),
-    blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
-    schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
-)
+BASE: ss.ShampooConfig = blocked_base()  # type: ignore[assignment]
 ROOTS = {
     "eigh": ss.EighConfig(),
     # Tight enough that the Newton roots of both programs agree far below 1e-9.

@@ -171,13 +171,20 @@ class Trainer(Generic[Opt]):
         self.loss = float(loss.detach())
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    """The benchmarks' command line (``--period``, ``--periods``, ``--threads``); sets
+    torch's thread count."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--period", type=int, default=100, help="steps per period (= frequency)")
     parser.add_argument("--periods", type=int, default=2, help="measured periods per optimizer")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv, __doc__.splitlines()[0])
 
     config = shampoo_config(args.period)
     shampoo = Trainer("Shampoo", lambda p: Shampoo(p, config))

@@ -24,7 +24,6 @@ state (bytes of every state tensor). It prints and never asserts.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable, Iterator
 
@@ -38,7 +37,7 @@ from shampoo_spec import (
     SpectralDescentConfig,
 )
 
-from .bench import SIZES, Trainer, diagonal_config, shampoo_config, state_bytes
+from .bench import SIZES, Trainer, diagonal_config, parse_args, shampoo_config, state_bytes
 from .optimizer import Shampoo
 
 
@@ -61,12 +60,7 @@ def variants(period: int) -> dict[str, ShampooConfig]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--period", type=int, default=100, help="steps per period (= frequency)")
-    parser.add_argument("--periods", type=int, default=2, help="measured periods per optimizer")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(argv, __doc__.splitlines()[0])
 
     def make(
         config: ShampooConfig,
