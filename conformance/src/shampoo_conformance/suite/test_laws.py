@@ -6,6 +6,7 @@ a backend even where the reference could share its mistake.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
@@ -231,6 +232,22 @@ def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
     _check(ours, want, w0, trajectory_bound(config, w0, grads, F64), "full-matrix AdaGrad")
 
 
+def _check_first_order(
+    backend: Backend, config: ss.ShampooConfig, seed: int, what: str,
+    written: Callable[[np.ndarray, list[np.ndarray]], list[np.ndarray]],
+) -> None:
+    """``config`` on a seeded stream of eight (3, 5) gradients against the trajectory
+    ``written(w0, grads)`` computes from the method's textbook formula."""
+    rng = np.random.default_rng(seed)
+    grads = [rng.standard_normal((3, 5)) for _ in range(8)]
+    w0 = rng.standard_normal((3, 5))
+    want = written(w0, grads)
+    stream = [{"w": g} for g in grads]
+    ours = backend.run(config, {"w": w0}, stream, dtype=F64)
+    bound = trajectory_bound(config, {"w": w0}, stream, F64)
+    _check(ours, [{"w": w} for w in want], {"w": w0}, bound, what)
+
+
 @pytest.mark.parametrize("graft", sorted(first_order.GRAFTS))
 @pytest.mark.parametrize("beta1", [0.0, 0.9])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -247,13 +264,9 @@ def test_never_start_is_the_grafting_optimizer(
         momentum=ss.MomentumConfig(momentum=momentum),
         schedule=ss.ScheduleConfig(start_preconditioning_step=None),
     )
-    rng = np.random.default_rng(1)
-    grads = [rng.standard_normal((3, 5)) for _ in range(8)]
-    w0 = rng.standard_normal((3, 5))
-    want = first_order.trajectory(graft, w0, grads, 0.0625, beta1, momentum)
-    ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
-    bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
-    _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"never-start = {graft}")
+    _check_first_order(backend, config, 1, f"never-start = {graft}",
+                       lambda w0, grads: first_order.trajectory(
+                           graft, w0, grads, 0.0625, beta1, momentum))
 
 
 @pytest.mark.parametrize("method", sorted(first_order.DIAGONALS))
@@ -279,13 +292,9 @@ def test_diagonal_preconditioner_is_its_first_order_method(
     merged = config.blocking.merge_dims_up_to
     config = replace(config, blocking=replace(  # blocks change nothing here
         config.blocking, max_preconditioner_dim=2, merge_dims_up_to=None if merged is None else 2))
-    rng = np.random.default_rng(2)
-    grads = [rng.standard_normal((3, 5)) for _ in range(8)]
-    w0 = rng.standard_normal((3, 5))
-    want = first_order.trajectory(method, w0, grads, 0.0625, beta1, momentum)
-    ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
-    bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
-    _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"diagonal = {method}")
+    _check_first_order(backend, config, 2, f"diagonal = {method}",
+                       lambda w0, grads: first_order.trajectory(
+                           method, w0, grads, 0.0625, beta1, momentum))
 
 
 @pytest.mark.parametrize("beta", [0.5, 0.875])
@@ -304,13 +313,9 @@ def test_gpa_with_full_train_interpolation_is_heavy_ball_momentum(
         schedule=ss.ScheduleConfig(start_preconditioning_step=1),
         averaging=ss.IterateAveragingConfig(type="gpa", train_interp=1.0, eval_interp=beta),
     )
-    rng = np.random.default_rng(4)
-    grads = [rng.standard_normal((3, 5)) for _ in range(8)]
-    w0 = rng.standard_normal((3, 5))
-    want = first_order.trajectory("sgd", w0, grads, 0.0625, 0.0, beta)
-    ours = backend.run(config, {"w": w0}, [{"w": g} for g in grads], dtype=F64)
-    bound = trajectory_bound(config, {"w": w0}, [{"w": g} for g in grads], F64)
-    _check(ours, [{"w": w} for w in want], {"w": w0}, bound, f"GPA = heavy ball {beta}")
+    _check_first_order(backend, config, 4, f"GPA = heavy ball {beta}",
+                       lambda w0, grads: first_order.trajectory(
+                           "sgd", w0, grads, 0.0625, 0.0, beta))
 
 
 def _orthogonalized(g: np.ndarray, spectral: ss.SpectralDescentConfig) -> np.ndarray:
