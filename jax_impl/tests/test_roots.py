@@ -112,3 +112,26 @@ def test_qr_eigenbasis_equals_the_reference(iterations: int) -> None:
             # 3e-8 was measured, so 1e-6 there.
             np.testing.assert_allclose(got * signs, want, atol=1e-9 if iterations < 10 else 1e-6)
             assert np.all(np.abs(np.sum(got * want, axis=0)) > 0.5)
+
+
+@pytest.mark.parametrize("keep", ["largest", "smallest"])
+def test_low_rank_roots_equal_the_reference_above_rank_plus_two(keep: str) -> None:
+    """Eq. (10c) on factors of 7 (compressed, rank 3) and 5 (= rank + 2: the configured
+    coupled Newton root instead), float64, against the reference's roots."""
+    from shampoo_reference import root_inverse_eigh_with_error
+
+    low_rank = ss.LowRankRootConfig(rank=3, keep=keep, failure_threshold=0.1)
+    config = ss.ShampooConfig(epsilon=ss.EpsilonConfig(value=1e-3), low_rank=low_rank,
+                              root_inverse=ss.CoupledNewtonConfig(tolerance=1e-13,
+                                                                  max_iterations=300))
+    big = np.stack([spd(7, 1e3, s) for s in range(2)])
+    small = spd(5, 1e2, 3)
+    with jax.enable_x64(True):
+        x, ok = compute_inverse_root(jnp.asarray(big), 4, config)
+        assert ok.tolist() == [True, True]
+        for a, xi in zip(big, np.asarray(x), strict=True):
+            want = root_inverse_eigh_with_error(a, 4, 1e-3, "ridge", low_rank=(3, keep)).root
+            assert np.linalg.norm(xi - want) / np.linalg.norm(want) < 1e-12
+        x, _ = compute_inverse_root(jnp.asarray(small[None]), 4, config)
+        want = np.real(scipy.linalg.fractional_matrix_power(small + 1e-3 * np.eye(5), -0.25))
+        assert np.linalg.norm(x[0] - want) / np.linalg.norm(want) < 1e-10

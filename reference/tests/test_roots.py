@@ -244,3 +244,23 @@ def test_qr_eigenbasis_steps_and_the_stopping_criterion() -> None:
     np.testing.assert_array_equal(kept, q0[:, np.argsort(np.diag(b), kind="stable")])
     np.testing.assert_array_equal(qr_eigenbasis(q0, a, 0.0, 0, 0.0), kept)
     assert qr_eigenbasis(q0, np.full((5, 5), 1e308), 0.0, 1, 0.0) is None
+
+
+@pytest.mark.parametrize("keep", ["largest", "smallest"])
+@pytest.mark.parametrize("rank", [1, 3])
+def test_low_rank_root_is_kept_eigenpairs_plus_their_mean(keep: str, rank: int) -> None:
+    """Eq. (10c) written out: X = Q_K diag(x_K) Q_K^T + c (I - Q_K Q_K^T), x = (lambda +
+    eps)^(-1/p) over the eigenpairs of A, K the rank largest or smallest, c the others' mean."""
+    n, p, eps = 7, 4, 1e-3
+    a = spd(n, 1e3, 5)
+    lam, q = np.linalg.eigh(a)
+    x = (lam + eps) ** (-1.0 / p)
+    kept = slice(n - rank, n) if keep == "largest" else slice(0, rank)
+    others = np.delete(np.arange(n), np.arange(n)[kept])
+    qk = q[:, kept]
+    want = (qk * x[kept]) @ qk.T + x[others].mean() * (np.eye(n) - qk @ qk.T)
+    got = root_inverse_eigh_with_error(a, p, eps, "ridge", low_rank=(rank, keep))
+    assert rel(got.root, want) < 1e3 * U
+    assert got.error < 1e3 * U  # eq. (10b) is taken as for eq. (10)
+    # Not the full root: the compressed eigenvalues are moved by a lot here.
+    assert rel(got.root, root_inverse_eigh(a, p, eps, "ridge")) > 1e-2

@@ -339,3 +339,43 @@ def test_pseudo_inverse_rank_cutoff() -> None:
     with pytest.raises(ValueError, match=r"epsilon.rank_atol = 1e-09 is invalid: allowed 0.0 "
                        "unless placement is 'pseudo_inverse'"):
         dataclasses.replace(e, placement="ridge", value=1e-12, rank_rtol=0.0)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"rank": 0}, "rank"),
+    ({"rank": 2.0}, "rank"),
+    ({"rank": True}, "rank"),
+    ({"rank": 2, "keep": "middle"}, "keep"),
+    ({"rank": 2, "failure_threshold": 0.0}, "failure_threshold"),
+    ({"rank": 2, "failure_threshold": math.nan}, "failure_threshold"),
+    ({"rank": 2, "relative_floor": -1.0}, "relative_floor"),
+    ({"rank": 2, "relative_floor": 1e-300}, "relative_floor"),
+])
+def test_low_rank_fields_name_field_value_and_allowed(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"low_rank\.{field} = .* is invalid: allowed"):
+        ss.LowRankRootConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"eigenvalue_correction": ss.EigenvalueCorrectionConfig()}, "eigenvalue_correction"),
+    ({"diagonal": ss.DiagonalPreconditionerConfig()}, "diagonal"),
+    ({"spectral": ss.SpectralDescentConfig(),
+      "blocking": ss.BlockingConfig(merge_target_rank=2)}, "spectral"),
+    ({"inverse_root_dtype": "bfloat16"}, "inverse_root_dtype"),
+    ({"factor_storage_dtype": "bfloat16"}, "factor_storage_dtype"),
+    ({"statistics": ss.StatisticsConfig(storage="int16_columnwise_diagonal"),
+      "root_inverse": ss.CoupledNewtonConfig()}, "storage"),
+])
+def test_low_rank_refuses_what_has_no_inverse_root_to_compress(
+        extra: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"{field} = .* allowed .*with low_rank \(eq\. 10c"):
+        ss.ShampooConfig(low_rank=ss.LowRankRootConfig(rank=2), **extra)
+
+
+def test_low_rank_compresses_above_rank_plus_two_and_replaces_the_floor() -> None:
+    lr = ss.LowRankRootConfig(rank=3, relative_floor=1e-6)
+    assert [n for n in range(1, 9) if lr.compresses(n)] == [6, 7, 8]
+    eps = ss.EpsilonConfig(scale="relative", relative_floor=1e-25)
+    assert lr.epsilon_for(eps) == dataclasses.replace(eps, relative_floor=1e-6)
+    assert ss.LowRankRootConfig(rank=3).epsilon_for(eps) is eps
+    assert lr.eigh == ss.EighConfig()

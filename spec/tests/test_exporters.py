@@ -236,6 +236,9 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
         "decoupled_learning_rate": draw(st.booleans()) or graft == 0,
         "decoupled_weight_decay": draw(st.booleans()),
         "eigh": draw(st.booleans()),
+        # Eq. (10c); 0 twice as often (low-rank roots off).
+        "compression_rank": draw(st.sampled_from([0, 0, 3, -5, 64])),
+        "generate_fd_metrics": draw(st.booleans()),
         # pjit: roots one step late (eq. 8); the device count and specs only place work.
         **draw(st.sampled_from([{}, {"shard_optimizer_states": False}, {
             "shard_optimizer_states": True, "num_devices_for_pjit": 4,
@@ -284,8 +287,11 @@ def _is_field(path: str) -> bool:
     _flatten("", ss.config_to_dict(ss.ShampooConfig(root_inverse=ss.CoupledNewtonConfig())), flat)
     _flatten("", ss.config_to_dict(ss.ShampooConfig(root_inverse=ss.HigherOrderNewtonConfig())),
              flat)
+    _flatten("", ss.config_to_dict(ss.ShampooConfig(low_rank=ss.LowRankRootConfig(rank=1))),
+             flat)
     base = path.split("[", 1)[0]
-    return base in flat or base == "eigenvalue_correction" or base == "exponents.overrides_by_order"
+    return base in flat or base in ("eigenvalue_correction", "low_rank",
+                                    "exponents.overrides_by_order")
 
 
 # --------------------------------------------------------------- round trips
@@ -338,6 +344,8 @@ META_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
         "ec_dtype=corrected_eigenvalues_dtype", {}),
     # Meta judges no root by its error: neither eigh (eq. 13) nor Newton (eq. 11).
     "root_inverse.failure_threshold": ("root_inverse", {"failure_threshold": 0.1}),
+    # Meta has no low-rank roots (eq. 10c).
+    "low_rank": ("low_rank=4", {}),
     # Google's root period that follows the learning rate (eq. 8b), its graft clip (eq. 14d;
     # refused by the config for grafts without state: the test assumes those away).
     "schedule.precondition_frequency_growth": ("schedule", {"precondition_frequency_growth": 10}),
@@ -362,6 +370,9 @@ GOOGLE_MOVES: dict[str, tuple[str, dict[str, Any]]] = {
     "update_dtype": ("update_dtype=bfloat16", {}),
     # Google judges every root, eigh included, by inverse_failure_threshold.
     "root_inverse.failure_threshold": ("root_inverse", {"failure_threshold": None}),
+    # ... its low-rank roots too (eq. 10c), with lambda_max floored at 1e-6.
+    "low_rank.failure_threshold": ("low_rank", {"failure_threshold": 0.7}),
+    "low_rank.relative_floor": ("low_rank", {"relative_floor": 1e-20}),
 }
 
 
@@ -379,6 +390,9 @@ def _moved(c: ss.ShampooConfig, moves: dict[str, tuple[str, dict[str, Any]]],
             ec = dataclasses.replace(c.eigenvalue_correction,
                                      **{section.partition("=")[2]: c.factor_dtype})
             c = dataclasses.replace(c, eigenvalue_correction=ec)
+        elif section.startswith("low_rank="):
+            rank = int(section.partition("=")[2])
+            c = dataclasses.replace(c, low_rank=ss.LowRankRootConfig(rank=rank))
         elif section.startswith("update_dtype="):
             c = dataclasses.replace(c, update_dtype=section.partition("=")[2])
         elif section.startswith("inverse_root_dtype="):
@@ -388,7 +402,7 @@ def _moved(c: ss.ShampooConfig, moves: dict[str, tuple[str, dict[str, Any]]],
             c = dataclasses.replace(c, inverse_root_dtype=value)
         else:
             current = getattr(c, section)
-            if not all(hasattr(current, k) for k in values):
+            if current is None or not all(hasattr(current, k) for k in values):
                 # e.g. a failure_threshold for a root method without one: assumed away.
                 raise ValueError(f"{type(current).__name__} has no {sorted(values)}")
             c = dataclasses.replace(c, **{section: dataclasses.replace(current, **values)})
@@ -503,6 +517,10 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
             factor_dtype=draw(st.sampled_from(["float32", "float64"])),
             inverse_root_dtype=draw(st.sampled_from([None, *ss.INVERSE_ROOT_DTYPES])),
             update_dtype=draw(st.sampled_from([None, *ss.UPDATE_DTYPES])),
+            low_rank=draw(st.sampled_from([None, None, ss.LowRankRootConfig(
+                rank=3, keep=draw(st.sampled_from(["largest", "smallest"])),
+                failure_threshold=draw(st.sampled_from([None, 0.1])),
+                relative_floor=draw(st.sampled_from([None, 1e-6])))])),
         )
     except ValueError:
         assume(False)

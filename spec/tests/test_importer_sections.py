@@ -662,6 +662,32 @@ def test_google_preconditioner() -> None:
         google._preconditioner(g(eigh=True, inverse_failure_threshold=0), 0.95)
 
 
+def test_google_compression_rank_is_low_rank_roots() -> None:
+    """Eq. (10c): |compression_rank| kept eigenvalues, the largest when it is positive, the
+    root judged at inverse_failure_threshold and lambda_max floored at 1e-6 (the eigh
+    path's floor already: then no floor of its own)."""
+    assert google._preconditioner(g(), 0.95).low_rank is None
+    newton = google._preconditioner(g(compression_rank=3, inverse_failure_threshold=0.5), 0.95)
+    assert newton.low_rank == ss.LowRankRootConfig(rank=3, keep="largest", failure_threshold=0.5,
+                                                   relative_floor=1e-6)
+    assert newton.epsilon.relative_floor == 1e-25  # the Newton roots' own
+    eigh = google._preconditioner(g(compression_rank=-4, eigh=True), 0.95)
+    assert eigh.low_rank == ss.LowRankRootConfig(rank=4, keep="smallest", failure_threshold=0.1)
+    assert eigh.low_rank.epsilon_for(eigh.epsilon).relative_floor == 1e-6
+    # Google turns its int16 statistics off with compression (the momentum stays int8).
+    q = google._preconditioner(g(best_effort_memory_usage_reduction=True, batch_axis_name="b",
+                                 compression_rank=2), 0.95)
+    assert not q.statistics.quantized
+    with pytest.raises(ValueError, match="compression_rank = 2.5"):
+        google._preconditioner(g(compression_rank=2.5), 0.95)
+
+
+def test_google_fd_metrics_without_frequent_directions_change_nothing() -> None:
+    google._no_numerical_effect(g(generate_fd_metrics=True))
+    with pytest.raises(ValueError, match="generate_fd_metrics = 1"):
+        google._no_numerical_effect(g(generate_fd_metrics=1))
+
+
 def test_google_momentum() -> None:
     assert google._momentum(g(), "sgd", True, None) == ss.MomentumConfig(
         momentum=0.9, dampening=0.0, nesterov=True, buffers="separate",

@@ -18,7 +18,8 @@ def test_each_variant_changes_its_option_and_steps() -> None:
                for name, c in configs.items() if name != "diagonal_adam"}
     assert changed == {"shampoo": set(), "kl": {"statistics"},
                        "spectral": {"spectral", "blocking"}, "sign": {"diagonal"},
-                       "gpa": {"averaging"}, "schedule_free": {"averaging"}}
+                       "gpa": {"averaging"}, "schedule_free": {"averaging"},
+                       "low_rank": {"low_rank"}}
     assert configs["diagonal_adam"].diagonal is not None
     x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
     for name, config in configs.items():

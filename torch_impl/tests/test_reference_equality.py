@@ -223,6 +223,13 @@ CASES: dict[str, ShampooConfig] = {
         grafting=GraftingConfig(type="rmsprop_normalized", beta2=0.9, clip_rms=0.3),
         blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
     ),
+    # Eq. (10c): SHAPES' factors of 7, 10, 12 compressed at rank 3, those of 5 and below
+    # by the configured (Newton) root; keep smallest on the eigh path.
+    "google_compression_rank": from_google({"learning_rate": 0.1, "block_size": 16,
+                                            "compression_rank": 3, "graft_type": "ADAGRAD"}),
+    "google_compression_rank_smallest_eigh": from_google({
+        "learning_rate": 0.1, "block_size": 16, "compression_rank": -3, "eigh": True,
+        "graft_type": "ADAGRAD", "start_preconditioning_step": 8}),
     "google_eigh": from_google({"learning_rate": 0.1, "block_size": 8, "eigh": True,
                                 "graft_type": "ADAGRAD"}),
 }

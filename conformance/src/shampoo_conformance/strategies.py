@@ -240,11 +240,22 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
     if statistics.kl and (diagonal is not None or inverse_root_dtype is not None
                           or factor_storage is not None):
         statistics = replace(statistics, kl=False)  # eq. (6b) needs unrounded roots
+    # Eq. (10c): low-rank roots of the factors larger than rank + 2 in a sixth of the
+    # draws that allow them. keep="largest" only: with "smallest" a rank-deficient
+    # factor's kept vectors are an arbitrary part of its null space (docs/spec.md).
+    low_rank = None
+    if (well_conditioned and not int16 and diagonal is None and inverse_root_dtype is None
+            and factor_storage is None and draw(st.sampled_from([False] * 5 + [True]))):
+        low_rank = ss.LowRankRootConfig(
+            rank=draw(st.sampled_from([1, 2])),
+            failure_threshold=draw(st.sampled_from([None, 1e10])),
+            relative_floor=draw(st.sampled_from([None, 1e-6])))
     return ss.ShampooConfig(
         learning_rate=draw(st.sampled_from([0.01, 0.1])),
         statistics=statistics,
         epsilon=epsilon,
         root_inverse=root_inverse,
+        low_rank=low_rank,
         exponents=exponents,
         grafting=grafting,
         gradient_filter=gradient_filter,

@@ -246,6 +246,17 @@ def inverse_root_eigenvalues(
     return jnp.where(kept, jnp.where(kept, lam, 1.0) ** (-1.0 / root), 0.0)
 
 
+def low_rank_eigenvalues(x: Array, low_rank: tuple[int, str]) -> Array:
+    """Eq. (10c) per matrix of ``x`` [..., n] (ascending eigenvalues of B): keep ``rank``
+    of the largest (``keep="largest"``) or smallest; every other one becomes their mean."""
+    rank, keep = low_rank
+    n = x.shape[-1]
+    index = jnp.arange(n)
+    kept = index >= n - rank if keep == "largest" else index < rank
+    c = jnp.sum(jnp.where(kept, 0.0, x), axis=-1, keepdims=True) / (n - rank)
+    return jnp.where(kept, x, c)
+
+
 def eigh_error(b: Array, lam: Array, q: Array) -> Array:
     """Eq. (10b) per matrix: ``e = max_ij |(Q^T B Q - diag(lambda))_ij|``, shape ``[b]``.
 
@@ -274,13 +285,15 @@ def eigh_passes(b: Array, lam: Array, q: Array, threshold_float32: float | None)
 def root_inverse_eigh(
     a: Array, root: float, eps: Array, placement: str, active: Array | None = None,
     failure_threshold: float | None = None, rank: tuple[float, float] | None = None,
+    low_rank: tuple[int, str] | None = None,
 ) -> tuple[Array, Array | None]:
     """Eq. (10): ``X = Q diag(lambda'^(-1/root)) Q^T`` for each matrix (``active``: see _eigh).
 
     Returns ``(X, passes)``: ``passes`` is eq. (10b)'s test of the
     eigendecomposition's error on B (``A + eps I`` for the ridge placements,
     else A) against ``failure_threshold`` (``fl32(tau)``); None without one.
-    ``rank``: ``(rtol, atol)`` of ``"pseudo_inverse"`` (:func:`inverse_root_eigenvalues`).
+    ``rank``: ``(rtol, atol)`` of ``"pseudo_inverse"`` (:func:`inverse_root_eigenvalues`);
+    ``low_rank``: ``(rank, keep)`` of eq. (10c) (:func:`low_rank_eigenvalues`).
     """
     a = symmetrize(a)
     if placement in ("ridge", "ridge_floor"):
@@ -288,8 +301,10 @@ def root_inverse_eigh(
     lam, q = _eigh(a, active)
     passes = eigh_passes(a, lam, q, failure_threshold)
     lam = regularized_eigenvalues(lam, eps, placement)
-    x = _matmul(q * inverse_root_eigenvalues(lam, root, rank)[..., None, :],
-                jnp.swapaxes(q, -1, -2))
+    values = inverse_root_eigenvalues(lam, root, rank)
+    if low_rank is not None:
+        values = low_rank_eigenvalues(values, low_rank)
+    x = _matmul(q * values[..., None, :], jnp.swapaxes(q, -1, -2))
     return x, passes
 
 
@@ -523,6 +538,14 @@ def root_inverse_higher_order(
     return x, ok & all_finite(x)
 
 
+def _rank_cutoff(a: Array, eps: EpsilonConfig) -> tuple[float, float] | None:
+    """``(rtol, atol)`` of ``"pseudo_inverse"`` for the stack ``a`` (eq. 10); else None."""
+    if not eps.pseudo_inverse:
+        return None
+    dtype = "float64" if a.dtype == jnp.float64 else "float32"
+    return eps.rank_cutoff_rtol(a.shape[-1], dtype), eps.rank_atol
+
+
 def compute_inverse_root(
     a: Array, root: float, config: ShampooConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
@@ -551,6 +574,12 @@ def compute_inverse_root(
         x = root_inverse_eigh_stored(a, root, config.epsilon, work, active)
     elif config.eigenvalue_correction is not None:
         x, passes = eigenbasis(a, active, tau)
+    elif config.low_rank is not None and config.low_rank.compresses(a.shape[-1]):
+        lr = config.low_rank  # eq. (10c)
+        e = lr.epsilon_for(config.epsilon)
+        x, passes = root_inverse_eigh(
+            a, root, effective_epsilon(a, e, active), e.placement, active,
+            lr.eigh.failure_threshold_float32, _rank_cutoff(a, e), (lr.rank, lr.keep))
     elif isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge
         x, higher_ok = root_inverse_higher_order(a, root, method, active)
         ok = ok & higher_ok
@@ -565,10 +594,8 @@ def compute_inverse_root(
                 ok = ok & (error < method.failure_threshold)
         else:
             e = config.epsilon
-            dtype = "float64" if a.dtype == jnp.float64 else "float32"
-            rank = (e.rank_cutoff_rtol(a.shape[-1], dtype), e.rank_atol) if (
-                e.pseudo_inverse) else None
-            x, passes = root_inverse_eigh(a, root, eps, e.placement, active, tau, rank)
+            x, passes = root_inverse_eigh(a, root, eps, e.placement, active, tau,
+                                          _rank_cutoff(a, e))
     if passes is not None:
         ok = ok & passes
     ok = ok & all_finite(x)

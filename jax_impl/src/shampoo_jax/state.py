@@ -254,8 +254,11 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
         if config.statistics.quantized:  # eq. (20c): c I stored, read back as fl_d(c) I
             scale = jnp.asarray(init_scale, statistics_scale_dtype(config)).astype(fdt)
         factors.append((scale * eye).astype(stored_factor_dtype(config)))
-        # Identity before the first root (eq. 13), exact in any storage dtype (eq. 11a).
-        inverse_roots.append(jnp.array(eye, dtype=rdt))
+        # Identity before the first root (eq. 13), exact in any storage dtype (eq. 11a);
+        # 0 for a compressed factor (eq. 10c: Google's zero low-rank preconditioner).
+        lr = config.low_rank
+        start = 0 * eye if lr is not None and lr.compresses(grp.shape[k]) else eye
+        inverse_roots.append(jnp.array(start, dtype=rdt))
     ec = config.eigenvalue_correction is not None
 
     def zeros_i() -> Array:  # a fresh buffer per field, so the state can be donated

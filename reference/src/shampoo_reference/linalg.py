@@ -151,6 +151,17 @@ def inverse_root_eigenvalues(lam: Array, root: float, rank: tuple[float, float] 
         return np.where(kept, np.where(kept, lam, 1.0) ** (-1.0 / root), 0.0)
 
 
+def low_rank_eigenvalues(x: Array, low_rank: tuple[int, str]) -> Array:
+    """Eq. (10c): of the inverse-root eigenvalues ``x`` (ascending eigenvalues of B),
+    keep the ``rank`` of the largest (``keep="largest"``) or smallest eigenvalues; each
+    other one becomes their mean c."""
+    rank, keep = low_rank
+    n = x.shape[0]
+    kept = np.arange(n) >= n - rank if keep == "largest" else np.arange(n) < rank
+    c = float(np.mean(x[~kept]))
+    return np.where(kept, x, c)
+
+
 @dataclass(frozen=True)
 class EighResult:
     """An eigendecomposition's product (inverse root, eq. 10, or eigenbasis, eq. 17) and
@@ -194,13 +205,16 @@ def eigh_input(matrix: Array, eps: float, placement: str) -> Array:
 
 def _root_inverse_eigh(
     matrix: Array, root: float, eps: float, placement: str, with_error: bool,
-    rank: tuple[float, float] | None,
+    rank: tuple[float, float] | None, low_rank: tuple[int, str] | None = None,
 ) -> EighResult:
     b = eigh_input(matrix, eps, placement)
     lam, q = np.linalg.eigh(b)
     error = eigh_error(b, lam, q) if with_error else math.nan
     lam_reg = regularized_eigenvalues(lam, eps, placement)
-    root_inverse: Array = (q * inverse_root_eigenvalues(lam_reg, root, rank)) @ q.T
+    x = inverse_root_eigenvalues(lam_reg, root, rank)
+    if low_rank is not None:
+        x = low_rank_eigenvalues(x, low_rank)
+    root_inverse: Array = (q * x) @ q.T
     return EighResult(root_inverse, error)
 
 
@@ -215,14 +229,15 @@ def root_inverse_eigh(
 
 def root_inverse_eigh_with_error(
     matrix: Array, root: float, eps: float, placement: str,
-    rank: tuple[float, float] | None = None,
+    rank: tuple[float, float] | None = None, low_rank: tuple[int, str] | None = None,
 ) -> EighResult:
     """Eq. (10)'s X and its eigendecomposition's error e of eq. (10b), computed on B.
 
     Costs two more matrix products than :func:`root_inverse_eigh`: only for
-    ``EighConfig.failure_threshold`` set.
+    ``EighConfig.failure_threshold`` set. ``low_rank``: ``(rank, keep)`` of
+    eq. (10c), :func:`low_rank_eigenvalues`.
     """
-    return _root_inverse_eigh(matrix, root, eps, placement, True, rank)
+    return _root_inverse_eigh(matrix, root, eps, placement, True, rank, low_rank)
 
 
 def root_inverse_eigh_stored(matrix: Array, root: float, eps: float, placement: str,

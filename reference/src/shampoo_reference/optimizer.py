@@ -212,7 +212,11 @@ class ReferenceShampoo:
                     inverse_roots.append(None)
                 else:
                     factors.append(init_eps * np.eye(n))
-                    inverse_roots.append(np.eye(n))  # identity before the first root (eq. 13)
+                    # Identity before the first root (eq. 13); 0 for a compressed
+                    # factor (eq. 10c: Google's zero low-rank preconditioner).
+                    lr = cfg.low_rank
+                    inverse_roots.append(
+                        np.zeros((n, n)) if lr is not None and lr.compresses(n) else np.eye(n))
             corrected = np.zeros(b.shape) if cfg.eigenvalue_correction is not None else None
             bs = BlockState(
                 factors=factors,
@@ -635,6 +639,19 @@ class ReferenceShampoo:
             except np.linalg.LinAlgError:
                 return None
             return None if eigh_fails(basis.error, tau) else basis.root
+        low_rank = cfg.low_rank
+        if low_rank is not None and low_rank.compresses(a.shape[0]):  # eq. (10c)
+            e = low_rank.epsilon_for(cfg.epsilon)
+            tau = low_rank.eigh.failure_threshold_float32
+            keep = (low_rank.rank, low_rank.keep)
+            cutoff = (e.rank_cutoff_rtol(a.shape[0], cfg.factor_dtype), e.rank_atol) if (
+                e.pseudo_inverse) else None
+            try:
+                checked = root_inverse_eigh_with_error(
+                    a, root, effective_epsilon(a, e), e.placement, cutoff, keep)
+            except np.linalg.LinAlgError:
+                return None
+            return None if tau is not None and eigh_fails(checked.error, tau) else checked.root
         if isinstance(method, HigherOrderNewtonConfig):
             return root_inverse_higher_order(a, root, method)  # eq. (11c): its own ridge
         eps = effective_epsilon(a, cfg.epsilon)

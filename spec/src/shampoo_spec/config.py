@@ -10,6 +10,7 @@ value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass, field
@@ -393,6 +394,57 @@ class HigherOrderNewtonConfig:
 
 
 RootInverseConfig = EighConfig | CoupledNewtonConfig | HigherOrderNewtonConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class LowRankRootConfig:
+    """Low-rank-plus-constant inverse roots of the large factors, eq. (10c).
+
+    Google's ``compression_rank``: a factor of size ``n > rank + 2`` (where
+    the ``n x (rank + 2)`` storage of its eigenvectors, eigenvalues and
+    constant is smaller than the ``n x n`` root) takes its inverse root by
+    eigendecomposition, eqs. (9)-(10) with ``ShampooConfig.epsilon`` (its
+    ``relative_floor`` replaced by this one's when set), and then keeps only
+    ``rank`` of its eigenvalues: those of the ``rank`` largest eigenvalues of
+    B (``keep="largest"``; Google's ``compression_rank > 0``) or of the
+    smallest (``keep="smallest"``; ``compression_rank < 0``). Every other
+    eigenvalue's inverse root becomes their mean c:
+
+        X = Q_K diag(x_K) Q_K^T + c (I - Q_K Q_K^T)
+
+    The eigendecomposition is judged by eq. (10b) at ``failure_threshold``
+    (None: only a non-finite root fails). Smaller factors use
+    ``ShampooConfig.root_inverse``.
+    """
+
+    rank: int
+    keep: Literal["largest", "smallest"] = "largest"
+    failure_threshold: float | None = None
+    relative_floor: float | None = None
+
+    def __post_init__(self) -> None:
+        o = "low_rank"
+        v.integer(o, "rank", self.rank, low=1)
+        v.choice(o, "keep", self.keep, ("largest", "smallest"))
+        v.optional_normal(o, "failure_threshold", self.failure_threshold,
+                          none_means="a low-rank root fails only when non-finite")
+        if self.relative_floor is not None:
+            v.epsilon(o, "relative_floor", self.relative_floor, zero=True)
+
+    def compresses(self, n: int) -> bool:
+        """Whether an ``n x n`` factor takes the low-rank root (``n > rank + 2``)."""
+        return n > self.rank + 2
+
+    @property
+    def eigh(self) -> EighConfig:
+        """The eigendecomposition's failure rule (eq. 10b) as an :class:`EighConfig`."""
+        return EighConfig(failure_threshold=self.failure_threshold)
+
+    def epsilon_for(self, epsilon: EpsilonConfig) -> EpsilonConfig:
+        """Eq. (9)'s epsilon of the compressed factors: ``epsilon`` with this floor."""
+        if self.relative_floor is None:
+            return epsilon
+        return dataclasses.replace(epsilon, relative_floor=self.relative_floor)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1139,6 +1191,7 @@ class ShampooConfig:
     statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
     epsilon: EpsilonConfig = field(default_factory=EpsilonConfig)
     root_inverse: RootInverseConfig = field(default_factory=EighConfig)
+    low_rank: LowRankRootConfig | None = None
     exponents: ExponentConfig = field(default_factory=ExponentConfig)
     eigenvalue_correction: EigenvalueCorrectionConfig | None = None
     diagonal: DiagonalPreconditionerConfig | None = None
@@ -1163,6 +1216,8 @@ class ShampooConfig:
         v.instance(o, "epsilon", self.epsilon, (EpsilonConfig,))
         v.instance(o, "root_inverse", self.root_inverse,
                    (EighConfig, CoupledNewtonConfig, HigherOrderNewtonConfig))
+        if self.low_rank is not None:
+            v.instance(o, "low_rank", self.low_rank, (LowRankRootConfig,))
         v.instance(o, "exponents", self.exponents, (ExponentConfig,))
         if self.eigenvalue_correction is not None:
             v.instance(
@@ -1245,6 +1300,8 @@ class ShampooConfig:
             self._check_diagonal()
         if self.statistics.kl:
             self._check_kl()
+        if self.low_rank is not None:
+            self._check_low_rank()
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
             v.fail(o, "learning_rate", self.learning_rate,
                    "a number > 0 with weight_decay.scale_by_lr_ratio (it divides by it)")
@@ -1277,6 +1334,16 @@ class ShampooConfig:
             if getattr(self, name) is not None:
                 v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
         if self.statistics.quantized:
+            v.fail("statistics", "storage", self.statistics.storage, f"'float' {why}")
+
+    def _check_low_rank(self) -> None:
+        """Eq. (10c) compresses an eigh inverse root of the factors, kept in ``factor_dtype``."""
+        why = "with low_rank (eq. 10c compresses eq. 10's inverse roots)"
+        for name in ("eigenvalue_correction", "diagonal", "spectral", "inverse_root_dtype",
+                     "factor_storage_dtype"):
+            if getattr(self, name) is not None:
+                v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
+        if self.statistics.quantized:  # Google turns its int16 storage off with it too
             v.fail("statistics", "storage", self.statistics.storage, f"'float' {why}")
 
     def _check_averaging(self) -> None:

@@ -244,6 +244,7 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Meta raises after num_tolerated_failed_amortized_computations failures")
     lacks.same("failure.nonfinite_gradient", c.failure.nonfinite_gradient, "raise",
                "Meta raises on non-finite values; it cannot skip a block")
+    lacks.same("low_rank", c.low_rank, None, "Meta has no low-rank inverse roots (eq. 10c)")
     corrected = c.eigenvalue_correction is not None
     out: dict[str, Any] = {
         "type": (
@@ -693,6 +694,13 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.need(threshold is not None, "root_inverse.failure_threshold", None,
                "Google always judges a root by inverse_failure_threshold (eigh roots too)")
     out["inverse_failure_threshold"] = threshold
+    if c.low_rank is not None:  # eq. (10c)
+        lr = c.low_rank
+        lacks.same("low_rank.failure_threshold", lr.failure_threshold, threshold,
+                   "Google judges its low-rank roots by inverse_failure_threshold too")
+        lacks.same("low_rank.relative_floor", lr.epsilon_for(eps).relative_floor, 1e-6,
+                   "Google's low-rank root floors lambda_max at 1e-6")
+        out["compression_rank"] = lr.rank if lr.keep == "largest" else -lr.rank
     return out
 
 

@@ -23,6 +23,7 @@ from .config import (
     GraftingConfig,
     HigherOrderNewtonConfig,
     IterateAveragingConfig,
+    LowRankRootConfig,
     MomentumConfig,
     OrderOverride,
     ScheduleConfig,
@@ -35,6 +36,7 @@ from .config import (
 _SECTIONS: dict[str, type[Any]] = {
     "statistics": StatisticsConfig,
     "epsilon": EpsilonConfig,
+    "low_rank": LowRankRootConfig,
     "exponents": ExponentConfig,
     "eigenvalue_correction": EigenvalueCorrectionConfig,
     "diagonal": DiagonalPreconditionerConfig,

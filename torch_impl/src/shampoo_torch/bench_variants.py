@@ -13,7 +13,9 @@ roots every ``period`` steps from step ``period``) with one option changed:
 - ``sign``: sign descent as the preconditioner (eq. 16b), AdaGrad-grafted;
 - ``diagonal_adam``: Meta's Adam as the preconditioner, no graft (Adam's step);
 - ``gpa`` and ``schedule_free``: iterate averaging (eq. 20d) in place of
-  nothing (the base has no momentum).
+  nothing (the base has no momentum);
+- ``low_rank``: low-rank inverse roots of rank 64 (eq. 10c, Google's
+  ``compression_rank``; the same eigendecomposition, the n x n root kept).
 
 Each runs in turn, whole amortization periods interleaved (Shampoo, AdamW,
 the variants, repeated), after a warm-up past the start step, so every
@@ -33,6 +35,7 @@ from shampoo_spec import (
     BlockingConfig,
     DiagonalPreconditionerConfig,
     IterateAveragingConfig,
+    LowRankRootConfig,
     ShampooConfig,
     SpectralDescentConfig,
 )
@@ -56,6 +59,7 @@ def variants(period: int) -> dict[str, ShampooConfig]:
         "diagonal_adam": diagonal_config(),
         "gpa": replace(base, averaging=IterateAveragingConfig(type="gpa")),
         "schedule_free": replace(base, averaging=IterateAveragingConfig(type="schedule_free")),
+        "low_rank": replace(base, low_rank=LowRankRootConfig(rank=64)),
     }
 
 

@@ -105,14 +105,21 @@ class BlockGroup:
     def __len__(self) -> int:
         return len(self.members)
 
-    def allocate(self, initial_value: float, eigenvalue_correction: bool) -> None:
-        """``c I`` factors (eq. 6), identity inverse roots (eq. 13), zero counters."""
+    def allocate(self, initial_value: float, eigenvalue_correction: bool,
+                 compresses: Callable[[int], bool] | None = None) -> None:
+        """``c I`` factors (eq. 6), identity inverse roots (eq. 13), zero counters.
+
+        ``compresses(n)``: whether eq. (10c) compresses an ``n x n`` factor, whose
+        inverse root starts at 0 (Google's zero low-rank preconditioner).
+        """
         b, dev, dt = len(self.members), self.device, self.dtype
         for k in self.dims:
             n = self.shape[k]
             eye = torch.eye(n, dtype=dt, device=dev).expand(b, n, n)
             self.factors[k] = (initial_value * eye).to(self.stored_factor_dtype).contiguous()
             self.inverse_roots[k] = eye.to(self.root_dtype, copy=True)  # exact in any dtype
+            if compresses is not None and compresses(n):
+                self.inverse_roots[k].zero_()
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)
         self.consecutive_failures = torch.zeros(b, dtype=torch.int64, device=dev)
         if eigenvalue_correction:

@@ -213,6 +213,14 @@ def _refresh_rows(
         )
     elif ec is not None:
         new, good = rowwise(partial(roots.eigenbasis, failure_threshold=tau), a)
+    elif cfg.low_rank is not None and cfg.low_rank.compresses(bg.shape[k]):  # eq. (10c)
+        lr = cfg.low_rank
+        new, good = rowwise(
+            partial(roots.root_inverse_eigh, root=bg.roots[k], eps=lr.epsilon_for(cfg.epsilon),
+                    failure_threshold=lr.eigh.failure_threshold_float32,
+                    low_rank=(lr.rank, lr.keep)),
+            a,
+        )
     elif isinstance(method, HigherOrderNewtonConfig):
         new, good = rowwise(
             partial(roots.root_inverse_higher_order, root=bg.roots[k], config=method), a

@@ -167,13 +167,26 @@ def eigh_passes(
     return error32 < threshold_float32  # exact: a float32 value; NaN compares False
 
 
+def low_rank_eigenvalues(x: torch.Tensor, low_rank: tuple[int, str]) -> torch.Tensor:
+    """Eq. (10c) per row of ``x`` [B, n] (ascending eigenvalues of B): keep ``rank`` of
+    the largest (``keep="largest"``) or smallest; every other one becomes their mean."""
+    rank, keep = low_rank
+    n = x.shape[-1]
+    index = torch.arange(n, device=x.device)
+    kept = index >= n - rank if keep == "largest" else index < rank
+    c = x[:, ~kept].mean(dim=-1, keepdim=True)
+    return torch.where(kept, x, c)
+
+
 def root_inverse_eigh(
-    a: torch.Tensor, root: float, eps: EpsilonConfig, failure_threshold: float | None = None
+    a: torch.Tensor, root: float, eps: EpsilonConfig, failure_threshold: float | None = None,
+    low_rank: tuple[int, str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``X = Q diag(lambda'^(-1/root)) Q^T`` for each row, eqs. (9)-(10), and ok (eq. 13).
 
     A row fails when non-finite or, with ``failure_threshold`` (``fl32(tau)``),
     when its eigendecomposition's error e of eq. (10b) has ``fl32(e) >= fl32(tau)``.
+    ``low_rank``: ``(rank, keep)`` of eq. (10c) (:func:`low_rank_eigenvalues`).
     """
     a, ok = sanitize(a)
     e = effective_epsilon(a, eps)
@@ -184,8 +197,10 @@ def root_inverse_eigh(
     if failure_threshold is not None:
         ok = ok & eigh_passes(a, lam, q, failure_threshold)
     lam = regularized_eigenvalues(lam, e, eps.placement)
-    x = torch.matmul(q * inverse_root_eigenvalues(lam, root, eps).unsqueeze(1),
-                     q.transpose(1, 2))
+    values = inverse_root_eigenvalues(lam, root, eps)
+    if low_rank is not None:
+        values = low_rank_eigenvalues(values, low_rank)
+    x = torch.matmul(q * values.unsqueeze(1), q.transpose(1, 2))
     return x, ok & ok_eigh & finite_rows(x)
 
 

@@ -156,7 +156,8 @@ def build_param_group_plan(
         init_scale = float(torch.tensor(init_scale, dtype=getattr(
             torch, cfg.statistics.scale_dtype)))
     for bg in block_groups:
-        bg.allocate(init_scale, cfg.eigenvalue_correction is not None)
+        bg.allocate(init_scale, cfg.eigenvalue_correction is not None,
+                    None if cfg.low_rank is None else cfg.low_rank.compresses)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]

@@ -260,7 +260,7 @@ def _kwargs(draw: Any) -> dict[str, Any]:
     moving-average momentum, coupled and decoupled learning rate and weight
     decay, statistics every 1-2 steps, each side (ALL, INPUT, OUTPUT), root
     overrides, shape interpretation on or off, skipping by rank, int8
-    momentum and the RMSPROP grafts' clip; Google's defaults where an
+    momentum, the RMSPROP grafts' clip and low-rank roots (``compression_rank``); Google's defaults where an
     argument is absent. Left out, each for a documented defect
     (:data:`DEVIATIONS`): epsilons not exact in float32, and NONE with
     ``decoupled_learning_rate=False``.
@@ -293,6 +293,9 @@ def _kwargs(draw: Any) -> dict[str, Any]:
         "best_effort_shape_interpretation": draw(st.booleans()),
         "skip_preconditioning_rank_lt": draw(st.integers(0, 2)),
         "best_effort_memory_usage_reduction": draw(st.booleans()),  # int8 momentum (eq. 20b)
+        # Low-rank roots (eq. 10c) of the blocks above rank + 2, the largest eigenvalues
+        # kept (the smallest are ill-defined on these rank-deficient factors: docs/spec.md).
+        "compression_rank": draw(st.sampled_from([0, 0, 0, 1, 2])),
     }
     if graft.startswith("RMSPROP"):
         kwargs["clip_by_scaled_gradient_norm"] = draw(st.sampled_from([None, 1.0]))

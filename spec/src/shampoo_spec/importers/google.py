@@ -34,6 +34,7 @@ from ..config import (
     GradientFilterConfig,
     GraftingConfig,
     GraftingType,
+    LowRankRootConfig,
     MomentumConfig,
     RootInverseConfig,
     ScheduleConfig,
@@ -96,8 +97,6 @@ KEYS = {
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "lobpcg_topk_precondition": (0, "LOBPCG"),
     "lobpcg_max_iter": (0, "LOBPCG"),
-    "generate_fd_metrics": (False, "frequent-directions sketching"),
-    "compression_rank": (0, "frequent-directions sketching"),
     "frequent_directions": (False, "frequent-directions sketching"),
     "reset_preconditioner": (False, "frequent-directions sketching"),
     "average_grad": (False, "frequent-directions sketching"),
@@ -156,6 +155,7 @@ class Preconditioner(NamedTuple):
     statistics: StatisticsConfig
     epsilon: EpsilonConfig
     root_inverse: RootInverseConfig
+    low_rank: LowRankRootConfig | None
     exponents: ExponentConfig
 
 
@@ -225,6 +225,7 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
             statistics=pre.statistics,
             epsilon=pre.epsilon,
             root_inverse=pre.root_inverse,
+            low_rank=pre.low_rank,
             exponents=pre.exponents,
             grafting=grafting,
             gradient_filter=GradientFilterConfig(beta1=0.0),  # Google filters nothing (eq. 15).
@@ -281,21 +282,22 @@ def _unsupported(a: Args) -> None:
 
 def _quantizes_second_moment(a: Args) -> bool:
     """Google's ``quantize_second_moment``: int16 statistics and roots (eq. 20c) with
-    ``best_effort_memory_usage_reduction`` and ``batch_axis_name`` (its other two
-    conditions, no compression_rank and no frequent_directions, are refused anyway)."""
+    ``best_effort_memory_usage_reduction`` and ``batch_axis_name``, and no
+    ``compression_rank`` (``frequent_directions``, its last condition, is refused)."""
     return a.data.get("best_effort_memory_usage_reduction") is True and (
-        a.data.get("batch_axis_name") is not None)
+        a.data.get("batch_axis_name") is not None) and not a.data.get("compression_rank")
 
 
 def _no_numerical_effect(a: Args) -> None:
     """Reads ``precision``, ``tensordot_precision``, ``generate_training_metrics``,
-    ``reuse_preconditioner``; returns nothing.
+    ``reuse_preconditioner``, ``generate_fd_metrics``; returns nothing.
 
     Checks their values strictly; none changes the numbers we compute:
     ``precision`` / ``tensordot_precision`` are XLA matmul precisions
     (``jax.lax.Precision`` by name, ``"Precision.NAME"`` or value; our
     backends compute at full precision, HIGHEST), ``generate_training_metrics``
-    only adds metrics, and ``reuse_preconditioner`` passes the previous root
+    only adds metrics (``generate_fd_metrics`` too, with frequent directions
+    only), and ``reuse_preconditioner`` passes the previous root
     to root functions that discard it (only frequent directions reads it).
     """
     choice("precision", a.get("precision", "HIGHEST"), PRECISIONS, enum="Precision",
@@ -304,6 +306,8 @@ def _no_numerical_effect(a: Args) -> None:
         choice("tensordot_precision", a.get("tensordot_precision", None), PRECISIONS,
                enum="Precision", values=PRECISION_VALUES)
     a.flag("generate_training_metrics", True)
+    # FD metrics exist only with frequent_directions (refused): Google ignores it otherwise.
+    a.flag("generate_fd_metrics", False)
     a.flag("reuse_preconditioner", False)
     _distribution_hints(a)
 
@@ -385,7 +389,8 @@ def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
 
 def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Preconditioner:
     """Reads ``matrix_epsilon``, ``eigh``, ``relative_matrix_epsilon``,
-    ``inverse_failure_threshold``, ``exponent_override`` (with ``beta2``).
+    ``inverse_failure_threshold``, ``exponent_override``, ``compression_rank``
+    (with ``beta2``).
 
     Returns ``statistics`` (eq. 6 from ``matrix_epsilon * I``, no bias
     correction, eq. 7), ``epsilon`` (eq. 9, relative with floor 1e-25
@@ -395,7 +400,11 @@ def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Precondit
     ``inverse_failure_threshold``: eq. 13's eigh error
     ``max|Q^T (A + eps I) Q - diag(lambda)|``, eq. 11's Newton error) and
     ``exponents`` (eq. 12: 2 * preconditioned dims, or ``exponent_override``
-    when > 0). ``best_effort_memory_usage_reduction`` with ``batch_axis_name``
+    when > 0). ``compression_rank`` c != 0: ``low_rank`` (eq. 10c) of rank |c|,
+    keeping the largest eigenvalues when c > 0 and the smallest when c < 0,
+    judged at ``inverse_failure_threshold``, lambda_max floored at 1e-6 (Google's
+    ``_low_rank_root``); it turns the int16 storage below off, as in Google.
+    ``best_effort_memory_usage_reduction`` with ``batch_axis_name``
     stores the statistics and roots as int16 with their diagonals
     (``storage="int16_columnwise_diagonal"``, eq. 20c) in Google's statistics
     dtype: float32, float64 under ``x64`` (and when not said).
@@ -420,6 +429,12 @@ def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Precondit
         )
     override = a.number("exponent_override", 0)
     quantized = _quantizes_second_moment(a)
+    # Eq. (10c): compression_rank, its eigh root floored at 1e-6 like the eigh path's.
+    compression = a.integer("compression_rank", 0, low=-MAX_INTEGER)
+    low_rank = None if compression == 0 else LowRankRootConfig(
+        rank=abs(compression), keep="largest" if compression > 0 else "smallest",
+        failure_threshold=threshold, relative_floor=None if use_eigh else 1e-6,
+    )
     return Preconditioner(
         statistics=StatisticsConfig(
             beta2=beta2, bias_correction=False, initial_value="epsilon_identity",
@@ -436,6 +451,7 @@ def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Precondit
             lambda_max="power_iteration" if relative else "exact",
         ),
         root_inverse=root_inverse,
+        low_rank=low_rank,
         exponents=ExponentConfig(default="preconditioned_dims", override=max(override, 0.0)),
     )
 
