@@ -241,6 +241,21 @@ def test_all_one_by_one_statistics_crash_google() -> None:
 
 
 @needs_google
+def test_compression_rank_with_only_small_statistics_crashes_google() -> None:
+    """A crash defect in DEVIATIONS: with compression_rank 1 a step whose statistics are
+    all at most 3 x 3 fails in Google's _low_rank_root; a 4 x 4 beside them and it runs,
+    as known_crash predicts. Fails once Google fixes it."""
+    config = from_google({**BASE, "compression_rank": 1}, x64=True)
+    kwargs = ss.to_google(config)
+    small = {"w": np.zeros(3)}
+    assert G.known_crash(kwargs, small) is not None
+    with pytest.raises(AssertionError):
+        G.run(config, small, [{"w": np.ones(3)}])
+    beside = {**small, "v": np.zeros((3, 4))}  # merged to 12, blocks of 4
+    assert G.known_crash(kwargs, beside) is None and _runs(config, beside)
+
+
+@needs_google
 def test_input_side_on_a_vector_crashes_google() -> None:
     """The INPUT defect in DEVIATIONS: a parameter whose merged shape is 1-d (a vector,
     or a (3, 5) merged into 15) crashes Google; unmerged, the matrix runs."""

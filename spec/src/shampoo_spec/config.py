@@ -1328,22 +1328,22 @@ class ShampooConfig:
 
     def _check_kl(self) -> None:
         """Eq. (6b) is specified for roots kept unrounded in the factor dtype."""
-        why = "with statistics.kl (eq. 6b preconditions the statistics by the roots)"
+        self._require_plain_roots(
+            "with statistics.kl (eq. 6b preconditions the statistics by the roots)")
+
+    def _check_low_rank(self) -> None:
+        """Eq. (10c) compresses an eigh inverse root of the factors, kept in ``factor_dtype``
+        (Google turns its int16 storage off with it too)."""
+        self._require_plain_roots("with low_rank (eq. 10c compresses eq. 10's inverse roots)")
+
+    def _require_plain_roots(self, why: str) -> None:
+        """Kronecker inverse roots (no eq. 16b/16c/17 in their place), stored unrounded in
+        ``factor_dtype`` (no eq. 11a, 11b or 20c); else ValueError ending in ``why``."""
         for name in ("inverse_root_dtype", "factor_storage_dtype", "diagonal", "spectral",
                      "eigenvalue_correction"):
             if getattr(self, name) is not None:
                 v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
         if self.statistics.quantized:
-            v.fail("statistics", "storage", self.statistics.storage, f"'float' {why}")
-
-    def _check_low_rank(self) -> None:
-        """Eq. (10c) compresses an eigh inverse root of the factors, kept in ``factor_dtype``."""
-        why = "with low_rank (eq. 10c compresses eq. 10's inverse roots)"
-        for name in ("eigenvalue_correction", "diagonal", "spectral", "inverse_root_dtype",
-                     "factor_storage_dtype"):
-            if getattr(self, name) is not None:
-                v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
-        if self.statistics.quantized:  # Google turns its int16 storage off with it too
             v.fail("statistics", "storage", self.statistics.storage, f"'float' {why}")
 
     def _check_averaging(self) -> None:

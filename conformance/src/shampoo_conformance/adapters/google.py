@@ -139,6 +139,21 @@ DEVIATIONS: tuple[Deviation, ...] = (
         kind="defect",
     ),
     Deviation(
+        name="compression_rank_small_statistics_crash",
+        config=_config(compression_rank=1),
+        shapes={"w": (3,)},
+        # No pattern: the random properties discard such examples (see run).
+        tests=(),
+        cause="with compression_rank c != 0, when every statistic of the step is at most "
+        "|c| + 2 (so none is compressed) Google's update crashes (AssertionError, "
+        "distributed_shampoo.py:1048): it traces both branches of its lax.cond (2720) on "
+        "statistics padded to the largest, and _low_rank_root asserts that size > |c| + 2. "
+        "Ours computes every root by root_inverse there (docs/spec.md eq. 10c). The suite's "
+        "random properties discard such examples; conformance/tests/test_adapter_google.py::"
+        "test_compression_rank_with_only_small_statistics_crashes_google demonstrates it",
+        kind="defect",
+    ),
+    Deviation(
         name="ungrafted_coupled_learning_rate",
         config=None,
         # No pattern: from_google refuses these kwargs, so no property can run them.
@@ -260,10 +275,10 @@ def _kwargs(draw: Any) -> dict[str, Any]:
     moving-average momentum, coupled and decoupled learning rate and weight
     decay, statistics every 1-2 steps, each side (ALL, INPUT, OUTPUT), root
     overrides, shape interpretation on or off, skipping by rank, int8
-    momentum, the RMSPROP grafts' clip and low-rank roots (``compression_rank``); Google's defaults where an
-    argument is absent. Left out, each for a documented defect
-    (:data:`DEVIATIONS`): epsilons not exact in float32, and NONE with
-    ``decoupled_learning_rate=False``.
+    momentum, the RMSPROP grafts' clip and low-rank roots
+    (``compression_rank``); Google's defaults where an argument is absent.
+    Left out, each for a documented defect (:data:`DEVIATIONS`): epsilons not
+    exact in float32, and NONE with ``decoupled_learning_rate=False``.
     """
     graft = draw(st.sampled_from(["SGD", "ADAGRAD", "RMSPROP", "RMSPROP_NORMALIZED",
                                   "ADAGRAD_NORMALIZED", "SQRT_N", "NONE"]))
@@ -341,11 +356,12 @@ def _init(tx: optax.GradientTransformation, params: Any, dtype: np.dtype[Any]) -
 def known_crash(kwargs: Mapping[str, Any], params: Mapping[str, Any]) -> str | None:
     """Why Google's update crashes on ``params`` with ``kwargs`` (JSON form), or None.
 
-    Two defects (:data:`DEVIATIONS`), predicted with Google's own shape rules
+    Three defects (:data:`DEVIATIONS`), predicted with Google's own shape rules
     (its ``Preconditioner`` and ``merge_small_dims``) over the parameters it
     preconditions (rank >= ``skip_preconditioning_rank_lt``, no dim above
     ``skip_preconditioning_dim_size_gt``): every statistic of the step is
-    1 x 1 (Google pads them all to the largest before its roots), or
+    1 x 1 (Google pads them all to the largest before its roots), or at most
+    ``|compression_rank| + 2`` with a compression rank, or
     ``precondtioner_type=INPUT`` meets a shape of rank <= 1 after the merge.
     """
     rank_lt = kwargs.get("skip_preconditioning_rank_lt", 1)
@@ -368,6 +384,10 @@ def known_crash(kwargs: Mapping[str, Any], params: Mapping[str, Any]) -> str | N
     if sizes and max(sizes) == 1:
         return ("every statistic of the step is 1 x 1 (coupled Newton: UnboundLocalError, "
                 "line 907; eigh: IndexError, line 2950)")
+    rank = abs(int(kwargs.get("compression_rank", 0) or 0))
+    if sizes and rank and max(sizes) <= rank + 2:
+        return (f"every statistic of the step is at most compression_rank + 2 = {rank + 2} "
+                "(AssertionError, line 1048)")
     return None
 
 

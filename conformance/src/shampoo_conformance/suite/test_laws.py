@@ -212,39 +212,22 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
     _check_runs(whole, joined, w0, trajectory_bound(config, w0, grads, F64), "block independence")
 
 
-def test_vector_is_full_matrix_adagrad(backend: Backend) -> None:
+@pytest.mark.parametrize("rank", [None, 1, 3], ids=["full", "low_rank_1", "low_rank_3"])
+def test_vector_is_full_matrix_adagrad(backend: Backend, rank: int | None) -> None:
     """1-d Shampoo: W <- W - lr (sum g g^T + eps I)^(-1/2) g, computed directly (eq. 16:
-    a library whose defaults are eigenvalue-corrected, SOAP, runs it without)."""
+    a library whose defaults are eigenvalue-corrected, SOAP, runs it without).
+
+    With ``rank`` (eq. 10c; the 6 x 6 factor has 6 > rank + 2) the inverse root's
+    eigenvalues other than those of the ``rank`` largest eigenvalues are replaced by
+    their mean (before step 6 the null eigenvalues tie, but kept or not their inverse
+    roots are the mean's).
+    """
     n, eps, lr = 6, 1e-3, 0.125
     config = replace(S.base_config_for(backend), learning_rate=lr,
                      epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig(),
-                     eigenvalue_correction=None)
+                     eigenvalue_correction=None,
+                     low_rank=None if rank is None else ss.LowRankRootConfig(rank=rank))
     rng = np.random.default_rng(0)
-    grads = [{"w": rng.standard_normal(n)} for _ in range(8)]
-    w0 = {"w": rng.standard_normal(n)}
-    w, acc, want = w0["w"].copy(), np.zeros((n, n)), []
-    for g in grads:
-        acc += np.outer(g["w"], g["w"])
-        lam, q = np.linalg.eigh(acc + eps * np.eye(n))
-        w = w - lr * (q * lam**-0.5) @ q.T @ g["w"]
-        want.append({"w": w})
-    ours = backend.run(config, w0, grads, dtype=F64)
-    _check(ours, want, w0, trajectory_bound(config, w0, grads, F64), "full-matrix AdaGrad")
-
-
-@pytest.mark.parametrize("rank", [1, 3])
-def test_vector_low_rank_root_is_compressed_full_matrix_adagrad(
-    backend: Backend, rank: int
-) -> None:
-    """Eq. (10c) on a 1-d parameter: the full-matrix AdaGrad step above with the inverse
-    root's eigenvalues other than those of the ``rank`` largest eigenvalues replaced by
-    their mean (the 6 x 6 factor has 6 > rank + 2; before step 6 its null eigenvalues
-    tie, but kept or not their inverse roots are the mean's)."""
-    n, eps, lr = 6, 1e-3, 0.125
-    config = replace(S.base_config_for(backend), learning_rate=lr,
-                     epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig(),
-                     eigenvalue_correction=None, low_rank=ss.LowRankRootConfig(rank=rank))
-    rng = np.random.default_rng(1)
     grads = [{"w": rng.standard_normal(n)} for _ in range(8)]
     w0 = {"w": rng.standard_normal(n)}
     w, acc, want = w0["w"].copy(), np.zeros((n, n)), []
@@ -252,11 +235,12 @@ def test_vector_low_rank_root_is_compressed_full_matrix_adagrad(
         acc += np.outer(g["w"], g["w"])
         lam, q = np.linalg.eigh(acc + eps * np.eye(n))  # ascending
         x = lam**-0.5
-        x[: n - rank] = x[: n - rank].mean()
+        if rank is not None:
+            x[: n - rank] = x[: n - rank].mean()
         w = w - lr * (q * x) @ q.T @ g["w"]
         want.append({"w": w})
     ours = backend.run(config, w0, grads, dtype=F64)
-    _check(ours, want, w0, trajectory_bound(config, w0, grads, F64), "low-rank AdaGrad")
+    _check(ours, want, w0, trajectory_bound(config, w0, grads, F64), "full-matrix AdaGrad")
 
 
 def _check_first_order(
