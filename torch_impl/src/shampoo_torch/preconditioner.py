@@ -211,33 +211,26 @@ def _refresh_rows(
                     tolerance=ec.basis_reuse_tolerance),
             torch.stack([prev.to(a.dtype), a], dim=1),
         )
+    # The eigh and Newton roots take the rows together: their operations are batch
+    # invariant (:mod:`.invariance`) but for pow, which they take per row inside; one
+    # call per chunk, not per block.
     elif ec is not None:
-        new, good = rowwise(partial(roots.eigenbasis, failure_threshold=tau), a)
+        new, good = roots.eigenbasis(a, failure_threshold=tau)
     elif cfg.low_rank is not None and cfg.low_rank.compresses(bg.shape[k]):  # eq. (10c)
         lr = cfg.low_rank
-        new, good = rowwise(
-            partial(roots.root_inverse_eigh, root=bg.roots[k], eps=lr.epsilon_for(cfg.epsilon),
-                    failure_threshold=lr.eigh.failure_threshold_float32,
-                    low_rank=(lr.rank, lr.keep)),
-            a,
-        )
+        new, good = roots.root_inverse_eigh(
+            a, bg.roots[k], lr.epsilon_for(cfg.epsilon), lr.eigh.failure_threshold_float32,
+            (lr.rank, lr.keep))
     elif isinstance(method, HigherOrderNewtonConfig):
         new, good = rowwise(
             partial(roots.root_inverse_higher_order, root=bg.roots[k], config=method), a
         )
     elif isinstance(method, CoupledNewtonConfig):
-        new, good = rowwise(
-            partial(roots.root_inverse_coupled_newton, root=int(bg.roots[k]),
-                    eps=cfg.epsilon, config=method,
-                    symmetric=not stats.quantized),  # eq. (20c): as read back
-            a,
-        )
+        new, good = roots.root_inverse_coupled_newton(
+            a, int(bg.roots[k]), cfg.epsilon, method,
+            symmetric=not stats.quantized)  # eq. (20c): as read back
     else:
-        new, good = rowwise(
-            partial(roots.root_inverse_eigh, root=bg.roots[k], eps=cfg.epsilon,
-                    failure_threshold=tau),
-            a,
-        )
+        new, good = roots.root_inverse_eigh(a, bg.roots[k], cfg.epsilon, tau)
     # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
     new = new.contiguous()
     if bg.rounds_roots:

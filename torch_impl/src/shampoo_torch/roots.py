@@ -31,6 +31,8 @@ from shampoo_spec import (
     power_iteration_start,
 )
 
+from .invariance import rowwise
+
 
 def symmetrize(a: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a + a.transpose(-1, -2))
@@ -136,13 +138,16 @@ def regularized_eigenvalues(lam: torch.Tensor, eps: torch.Tensor, placement: str
 def inverse_root_eigenvalues(lam: torch.Tensor, root: float, eps: EpsilonConfig) -> torch.Tensor:
     """``lambda'^(-1/root)`` of eq. (10), rows ascending; ``"pseudo_inverse"``: 0 at or
     below the cutoff ``max(rtol * max(lambda_max, 0), atol)`` of each row."""
+    def power(x: torch.Tensor) -> torch.Tensor:  # per row: batch invariance (.invariance)
+        return rowwise(lambda v: v.pow(-1.0 / root), x)
+
     if not eps.pseudo_inverse:
-        return lam.pow(-1.0 / root)
+        return power(lam)
     dtype = "float64" if lam.dtype == torch.float64 else "float32"
     rtol = eps.rank_cutoff_rtol(lam.shape[-1], dtype)
     cutoff = torch.clamp_min(rtol * torch.clamp_min(lam[:, -1:], 0.0), eps.rank_atol)
     kept = lam > cutoff
-    return torch.where(kept, torch.where(kept, lam, 1.0).pow(-1.0 / root), 0.0)
+    return torch.where(kept, power(torch.where(kept, lam, 1.0)), 0.0)
 
 
 def eigh_error(b: torch.Tensor, lam: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -344,7 +349,9 @@ def coupled_newton_iteration(
     norm = torch.linalg.matrix_norm(a)
     bad = ~torch.isfinite(norm) | (norm == 0)
     z = (1.0 + root) / (2.0 * torch.where(bad, torch.ones_like(norm), norm))
-    x = eye * z.pow(1.0 / root)[:, None, None]
+    # pow per row (batch invariance, :mod:`.invariance`); the rest is matmuls, exactly
+    # rounded elementwise operations and row reductions, each row computed alone.
+    x = eye * rowwise(lambda v: v.pow(1.0 / root), z)[:, None, None]
     m = a * z[:, None, None]
     x = torch.where(bad[:, None, None], eye, x)
     m = torch.where(bad[:, None, None], eye, m)
