@@ -11,8 +11,9 @@ state is replaced or written in place (:func:`~shampoo_torch.blocks.put`).
 Batch invariance (:mod:`shampoo_torch.invariance`): a block's result does not
 depend on the other rows of its group, so one process and the distributed
 optimizer (which stacks only a rank's blocks) agree bit for bit. Hence the
-elementwise rank-1 statistics update, the ``rowwise`` inverse roots and
-powers, and the row-major inverse roots below.
+elementwise rank-1 statistics update, the ``rowwise`` powers (inside the
+eigh and Newton roots too; the stored-dtype, higher-order and QR roots run
+``rowwise`` whole), and the row-major inverse roots below.
 
 The optimizer calls these functions through this module
 (``preconditioner.refresh_inverse_roots(...)``), so a benchmark can time a
@@ -131,9 +132,11 @@ def refresh_inverse_roots(
     result (after the rounding: a float16 root can overflow) keeps the
     previous one and is counted (eq. 13): Newton's failure (eq. 11), or an
     eigendecomposition whose error e reaches ``EighConfig.failure_threshold``
-    tau, ``fl32(e) >= fl32(tau)``. Computed one block per call on
-    CPU (:func:`~shampoo_torch.invariance.rowwise`) and stored row-major, so
-    later matmuls pick the same kernel for a block whatever its batch; the
+    tau, ``fl32(e) >= fl32(tau)``. The eigh, Newton and eigenbasis roots take
+    a chunk's rows in one call with their powers per row, the others one block
+    per call on CPU (:func:`~shampoo_torch.invariance.rowwise`); all are stored
+    row-major, so later matmuls pick the same kernel for a block whatever its
+    batch; the
     rows of a factor go in chunks (:func:`~shampoo_torch.blocks.row_chunks`),
     each accepted into the state before the next is read, so the step's
     temporaries do not grow with the group.
