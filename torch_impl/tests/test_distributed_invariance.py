@@ -24,6 +24,7 @@ from shampoo_spec import (
     EpsilonConfig,
     ExponentConfig,
     GraftingConfig,
+    LowRankRootConfig,
     ScheduleConfig,
     ShampooConfig,
     StatisticsConfig,
@@ -52,6 +53,8 @@ CONFIGS = {
     "coupled_newton_relative_eps": dataclasses.replace(
         BASE, root_inverse=CoupledNewtonConfig(),
         epsilon=EpsilonConfig(value=1e-3, scale="relative")),
+    # Eq. (10c): the factors above 6 low-rank (the mean over a row's other eigenvalues).
+    "low_rank": dataclasses.replace(BASE, low_rank=LowRankRootConfig(rank=4)),
 }
 SHAPES = [(40,), (24, 30), (3, 8, 10)]
 
