@@ -220,11 +220,12 @@ def _root_inverse_eigh(
 
 def root_inverse_eigh(
     matrix: Array, root: float, eps: float, placement: str,
-    rank: tuple[float, float] | None = None,
+    rank: tuple[float, float] | None = None, low_rank: tuple[int, str] | None = None,
 ) -> Array:
     """``X = Q diag(lambda'^(-1/root)) Q^T`` with lambda' from eq. (10); ``rank``: the
-    ``(rtol, atol)`` of ``"pseudo_inverse"`` (:func:`inverse_root_eigenvalues`)."""
-    return _root_inverse_eigh(matrix, root, eps, placement, False, rank).root
+    ``(rtol, atol)`` of ``"pseudo_inverse"`` (:func:`inverse_root_eigenvalues`);
+    ``low_rank``: ``(rank, keep)`` of eq. (10c), :func:`low_rank_eigenvalues`."""
+    return _root_inverse_eigh(matrix, root, eps, placement, False, rank, low_rank).root
 
 
 def root_inverse_eigh_with_error(

@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from shampoo_spec import (
     CoupledNewtonConfig,
     EighConfig,
+    EpsilonConfig,
     HigherOrderNewtonConfig,
     NonFiniteGradientError,
     ParameterPlan,
@@ -641,22 +642,14 @@ class ReferenceShampoo:
             return None if eigh_fails(basis.error, tau) else basis.root
         low_rank = cfg.low_rank
         if low_rank is not None and low_rank.compresses(a.shape[0]):  # eq. (10c)
-            e = low_rank.epsilon_for(cfg.epsilon)
-            tau = low_rank.eigh.failure_threshold_float32
-            keep = (low_rank.rank, low_rank.keep)
-            cutoff = (e.rank_cutoff_rtol(a.shape[0], cfg.factor_dtype), e.rank_atol) if (
-                e.pseudo_inverse) else None
-            try:
-                checked = root_inverse_eigh_with_error(
-                    a, root, effective_epsilon(a, e), e.placement, cutoff, keep)
-            except np.linalg.LinAlgError:
-                return None
-            return None if tau is not None and eigh_fails(checked.error, tau) else checked.root
+            return self._eigh_root(a, root, low_rank.epsilon_for(cfg.epsilon),
+                                   low_rank.eigh.failure_threshold_float32,
+                                   (low_rank.rank, low_rank.keep))
         if isinstance(method, HigherOrderNewtonConfig):
             return root_inverse_higher_order(a, root, method)  # eq. (11c): its own ridge
-        eps = effective_epsilon(a, cfg.epsilon)
         if isinstance(method, CoupledNewtonConfig):
             # Eq. (20c): the read-back factor as it is, not symmetrized (Google's).
+            eps = effective_epsilon(a, cfg.epsilon)
             result = root_inverse_coupled_newton(a, int(root), eps, method,
                                                  symmetric=not cfg.statistics.quantized)
             threshold = method.failure_threshold
@@ -665,15 +658,23 @@ class ReferenceShampoo:
             ):
                 return None
             return result.root
-        e = cfg.epsilon
         if cfg.factor_storage_dtype is not None:  # eq. (11b): the root in s
-            return root_inverse_eigh_stored(a, root, eps, e.placement, cfg.factor_storage_dtype)
-        rank = (e.rank_cutoff_rtol(a.shape[0], cfg.factor_dtype), e.rank_atol) if (
+            return root_inverse_eigh_stored(a, root, effective_epsilon(a, cfg.epsilon),
+                                            cfg.epsilon.placement, cfg.factor_storage_dtype)
+        return self._eigh_root(a, root, cfg.epsilon, tau)
+
+    def _eigh_root(self, a: Array, root: float, e: EpsilonConfig, tau: float | None,
+                   low_rank: tuple[int, str] | None = None) -> Array | None:
+        """Eq. (10) with epsilon ``e`` (eq. 10c's ``low_rank`` when given) for the finite
+        ``a``; None when eigh raises or, with ``tau`` = fl32(tau), eq. (10b) fails it
+        (e is computed only then)."""
+        eps = effective_epsilon(a, e)
+        rank = (e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype), e.rank_atol) if (
             e.pseudo_inverse) else None
         try:
             if tau is None:
-                return root_inverse_eigh(a, root, eps, e.placement, rank)
-            checked = root_inverse_eigh_with_error(a, root, eps, e.placement, rank)
+                return root_inverse_eigh(a, root, eps, e.placement, rank, low_rank)
+            checked = root_inverse_eigh_with_error(a, root, eps, e.placement, rank, low_rank)
         except np.linalg.LinAlgError:
             return None
         return None if eigh_fails(checked.error, tau) else checked.root
