@@ -153,7 +153,7 @@ def write_back(inp: StepInput, i: int) -> None:
     """``"lossless"``: copy this rank's piece of the updated whole parameter into it."""
     info = inp.gp.shards[i] if inp.gp.shards else None
     if info is not None and not inp.gp.local_shards:
-        sharding.local(inp.params[i]).copy_(sharding.local_piece(inp.targets[i], info))
+        sharding.store_planned(inp.params[i], inp.targets[i], info, False)
 
 
 def _gathered(

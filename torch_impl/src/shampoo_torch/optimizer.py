@@ -621,12 +621,8 @@ class Shampoo(torch.optim.Optimizer):
                 whole = _planned(gp, j, p.detach())  # FSDP2 "lossless": all-gathered
                 w = whole.to(z.dtype).reshape(z.shape)
                 new = (w + c * (z - w)).reshape(whole.shape).to(whole.dtype)
-                info = gp.shards[j] if gp.shards else None
-                if info is None:
-                    p.copy_(new)
-                else:  # this rank's piece (the whole one in "local" mode)
-                    sharding.local(p).copy_(new if gp.local_shards
-                                            else sharding.local_piece(new, info))
+                sharding.store_planned(p, new, gp.shards[j] if gp.shards else None,
+                                       gp.local_shards)
             group[AVERAGING_MODE] = mode
 
     # ------------------------------------------------------- checkpoints
@@ -734,10 +730,7 @@ def _parameter_direction(
 def _planned(gp: ParamGroupPlan, j: int, p: torch.Tensor) -> torch.Tensor:
     """Parameter j as the group's plan sees it: itself, or under FSDP2 its whole value
     (``"lossless"``, an all-gather over the shard group) or this rank's piece (``"local"``)."""
-    info = gp.shards[j] if gp.shards else None
-    if info is None:
-        return p
-    return sharding.local(p) if gp.local_shards else sharding.full(p)
+    return sharding.planned(p, gp.shards[j] if gp.shards else None, gp.local_shards)
 
 
 def check_lr(lr: object, name: str) -> None:

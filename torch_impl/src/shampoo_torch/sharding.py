@@ -118,6 +118,26 @@ def local(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def planned(p: torch.Tensor, info: ShardInfo | None, local_shards: bool) -> torch.Tensor:
+    """Parameter ``p`` as its param group's plan sees it: itself (no DTensor), this
+    rank's piece (``"local"``) or the whole value (``"lossless"``, an all-gather)."""
+    if info is None:
+        return p
+    return local(p) if local_shards else full(p)
+
+
+def store_planned(p: torch.Tensor, value: torch.Tensor, info: ShardInfo | None,
+                  local_shards: bool) -> None:
+    """Write ``value``, a new :func:`planned` value of ``p``, into ``p``: this rank's piece
+    of it in ``"lossless"`` mode."""
+    if info is None:
+        p.copy_(value)
+    elif local_shards:
+        local(p).copy_(value)
+    else:
+        local(p).copy_(local_piece(value, info))
+
+
 def local_piece(whole: torch.Tensor, info: ShardInfo) -> torch.Tensor:
     """This rank's piece of a whole (gathered) tensor: ``torch.chunk(whole, S)[i]``."""
     if not info.sharded:
