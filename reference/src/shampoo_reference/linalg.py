@@ -163,6 +163,49 @@ def low_rank_eigenvalues(x: Array, low_rank: tuple[int, str]) -> Array:
 
 
 @dataclass(frozen=True)
+class Sketch:
+    """Eq. (10d): a sketched factor's U (n x r), lambda (r, descending) and tail rho."""
+
+    u: Array
+    lam: Array
+    rho: float
+
+    @classmethod
+    def empty(cls, n: int, rank: int) -> Sketch:
+        return cls(np.zeros((n, rank)), np.zeros(rank), 0.0)
+
+
+def frequent_directions_root(
+    sketch: Sketch, c: Array, root: float, beta: float, eps: float
+) -> tuple[Sketch, Array]:
+    """Eq. (10d): fold the observation ``c`` (eq. 6c) into ``sketch``; the new sketch and X.
+
+    ``M = beta U diag(lambda + eps) U^T + C`` is decomposed; its r largest
+    eigenvalues less the (r+1)-th are the new lambda (their eigenvectors U'),
+    the (r+1)-th joins the decayed tail. ``X = U' diag((lambda' + rho')^(-1/p))
+    U'^T + rho'^(-1/p) (I - U' U'^T)``, or I while a lambda' or rho' is 0.
+    """
+    n, rank = sketch.u.shape
+    m = beta * (sketch.u * (sketch.lam + eps)) @ sketch.u.T + c
+    sigma, v = np.linalg.eigh((m + m.T) / 2)
+    sigma, v = sigma[::-1], v[:, ::-1]  # descending
+    cut = sigma[rank]
+    lam = sigma[:rank] - cut
+    decayed = beta * sketch.rho
+    rho = max(decayed + cut, 0.0)
+    kept = lam > 0
+    lam = np.where(kept, lam, 0.0)
+    u = v[:, :rank] * kept
+    new = Sketch(u, lam, float(rho))
+    if not kept.all() or rho <= 0:
+        return new, np.eye(n)  # Google's has_zeros: the dim is not preconditioned
+    # sigma_i + beta rho (= lambda' + rho'), as Google forms it.
+    x = (sigma[:rank] + decayed) ** (-1.0 / root)
+    const = rho ** (-1.0 / root)
+    return new, (u * (x - const)) @ u.T + const * np.eye(n)
+
+
+@dataclass(frozen=True)
 class EighResult:
     """An eigendecomposition's product (inverse root, eq. 10, or eigenbasis, eq. 17) and
     its error ``e`` of eq. (10b)."""

@@ -46,12 +46,14 @@ from shampoo_spec import (
 
 from . import grafting
 from .linalg import (
+    Sketch,
     basis_still_fits,
     effective_epsilon,
     eigenbasis,
     eigenbasis_with_error,
     eigh_fails,
     factor_contraction,
+    frequent_directions_root,
     mode_product,
     orthogonalize,
     qr_eigenbasis,
@@ -82,6 +84,8 @@ class BlockState:
     consecutive_failures: int = 0
     corrected_second_moment: Array | None = None
     corrected_updates: int = 0
+    #: Eq. (10d): the sketch of each sketched factor (None for the others).
+    sketches: list[Sketch | None] = field(default_factory=list)
     #: Eq. (20c), int16 storage: the stored (integers, scales, diagonal) of each factor
     #: ("factor", k) and inverse root ("root", k); ``factors``/``inverse_roots`` then
     #: hold their read-back values.
@@ -106,6 +110,8 @@ class ParameterState:
     diagonal: Array | None = None
     #: Eq. (20d): the base sequence Z of iterate averaging (merged shape), from W.
     averaged: Array | None = None
+    #: Eq. (6c), average_gradients: the gradients summed since the last statistics step.
+    gradient_sum: Array | None = None
 
 
 @dataclass
@@ -207,22 +213,27 @@ class ReferenceShampoo:
         for b in plan.blocks:
             factors: list[Array | None] = []
             inverse_roots: list[Array | None] = []
+            sketches: list[Sketch | None] = []
+            fd = cfg.frequent_directions
             for n, r in zip(b.shape, b.roots, strict=True):
+                sketched = r != 0 and fd is not None and fd.compresses(n)
+                sketches.append(Sketch.empty(n, fd.rank) if sketched and fd else None)
                 if r == 0:
                     factors.append(None)
                     inverse_roots.append(None)
                 else:
                     factors.append(init_eps * np.eye(n))
-                    # Identity before the first root (eq. 13); 0 for a compressed
-                    # factor (eq. 10c: Google's zero low-rank preconditioner).
+                    # Identity before the first root (eq. 13); 0 for a compressed or
+                    # sketched factor (eqs. 10c, 10d: Google's zero low-rank preconditioner).
                     lr = cfg.low_rank
-                    inverse_roots.append(
-                        np.zeros((n, n)) if lr is not None and lr.compresses(n) else np.eye(n))
+                    compressed = sketched or (lr is not None and lr.compresses(n))
+                    inverse_roots.append(np.zeros((n, n)) if compressed else np.eye(n))
             corrected = np.zeros(b.shape) if cfg.eigenvalue_correction is not None else None
             bs = BlockState(
                 factors=factors,
                 inverse_roots=inverse_roots,
                 corrected_second_moment=corrected,
+                sketches=sketches,
             )
             if cfg.statistics.quantized:  # eq. (20c): the initial eps I and I are stored too
                 for k in range(len(factors)):
@@ -236,8 +247,10 @@ class ReferenceShampoo:
         graft_momentum = np.zeros(size_shape) if cfg.momentum.separate_buffers else None
         diagonal = (np.zeros(size_shape)
                     if cfg.diagonal is not None and cfg.diagonal.has_state else None)
+        fd = cfg.frequent_directions
+        gradient_sum = np.zeros(size_shape) if fd is not None and fd.average_gradients else None
         return ParameterState(plan, blocks, graft, filtered, momentum, graft_momentum,
-                              diagonal=diagonal)
+                              diagonal=diagonal, gradient_sum=gradient_sum)
 
     # ----------------------------------------------------------------- step
     def step(
@@ -386,8 +399,10 @@ class ReferenceShampoo:
         admitted = [(b, bs) for b, bs in zip(plan.blocks, st.blocks, strict=True)
                     if finite[b.slices].all()]
         lagged = cfg.schedule.roots_take_effect == "next_step" and self._root_step()
+        observed = self._statistics_gradient(st, g, finite)
         for b, bs in admitted:
-            self._update_block(name, b.roots, bs, g[b.slices], roots_now=not lagged)
+            self._update_block(name, b.roots, bs, g[b.slices], observed[b.slices],
+                               roots_now=not lagged)
 
         # Eq. (14c): the graft direction (whole parameter, elementwise).
         graft_dir = grafting.direction(filtered, st.graft, t, cfg.grafting)
@@ -488,10 +503,27 @@ class ReferenceShampoo:
         ratio = learning_rate_ratio(self.learning_rate, self.first_learning_rate)
         return is_root_step(self.t, self.config.schedule, ratio)
 
+    def _statistics_gradient(self, st: ParameterState, g: Array, finite: NDArray[np.bool_]
+                             ) -> Array:
+        """Eq. (6c): G^ of eqs. (6) and (6c), ``S / s`` with ``average_gradients``, else G.
+
+        The sum S takes this step's admitted entries (0 elsewhere, eq. 3) and
+        is emptied after a statistics step.
+        """
+        if st.gradient_sum is None:
+            return g
+        st.gradient_sum = st.gradient_sum + np.where(finite, g, 0.0)
+        observed = st.gradient_sum / self.config.schedule.statistics_frequency
+        if is_statistics_step(self.t, self.config.schedule):
+            st.gradient_sum = np.zeros_like(st.gradient_sum)
+        return observed
+
     def _update_block(
-        self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array, roots_now: bool
+        self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array, observed: Array,
+        roots_now: bool,
     ) -> None:
-        """Eq. (6), and eqs. (7), (9)-(13) and (17) on root steps when ``roots_now``."""
+        """Eqs. (6), (6c) on the statistics gradient ``observed`` (G^ of eq. 6c), and
+        eqs. (7), (9)-(13) and (17) on root steps when ``roots_now``."""
         cfg, t = self.config, self.t
         stats = cfg.statistics
         if is_statistics_step(t, cfg.schedule):
@@ -500,9 +532,12 @@ class ReferenceShampoo:
             for k, lk in enumerate(bs.factors):
                 if lk is None:
                     continue
+                if bs.sketches[k] is not None:  # eq. (6c): this step's observation only
+                    bs.factors[k] = factor_contraction(observed, k)
+                    continue
                 if s is None:
                     decayed = stats.beta2 * lk if stats.decays else lk
-                    gk = gb
+                    gk = observed
                     if stats.kl:  # eq. (6b): G x_{j != k} X_j, the roots held so far
                         for j, xj in enumerate(bs.inverse_roots):
                             if j != k and xj is not None:
@@ -514,7 +549,7 @@ class ReferenceShampoo:
                 # Eq. (11b): the decay in float32 (c_s), rounded; the sum with the
                 # working-precision w G G^T rounded once.
                 decayed = round_to(_scalar_in(stats.beta2, s) * lk, s) if stats.decays else lk
-                bs.factors[k] = round_to(decayed + w * factor_contraction(gb, k), s)
+                bs.factors[k] = round_to(decayed + w * factor_contraction(observed, k), s)
             bs.statistics_updates += 1
         if roots_now and self._root_step():
             self._refresh_inverse_roots(name, roots, bs)
@@ -541,7 +576,10 @@ class ReferenceShampoo:
             if tau > 0:  # eq. (7b)
                 a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
             ec = cfg.eigenvalue_correction
-            if ec is not None and ec.eigenbasis_method == "qr":
+            sketch = bs.sketches[k]
+            if sketch is not None:
+                bs.sketches[k], new = self._sketch_root(sketch, a, roots[k])
+            elif ec is not None and ec.eigenbasis_method == "qr":
                 new = self._qr_basis(bs.inverse_roots[k], a)  # eq. (17c)
             elif self._basis_still_fits(bs.inverse_roots[k], a):
                 continue  # eq. (17b): the eigenbasis is kept (not a failure)
@@ -572,6 +610,18 @@ class ReferenceShampoo:
                 f"(failure.max_consecutive_root_failures={limit}; the step was completed, "
                 "failed roots kept their previous values)"
             )
+
+    def _sketch_root(self, sketch: Sketch, c: Array, root: float) -> tuple[Sketch, Array]:
+        """Eq. (10d) at step t: reset if due, then fold C into the sketch; its X."""
+        fd = self.config.frequent_directions
+        assert fd is not None
+        if fd.resets(self.t):
+            sketch = Sketch.empty(*sketch.u.shape)
+        e = self.config.epsilon
+        eps = e.value
+        if e.scale == "relative":
+            eps *= max(float(sketch.lam[0]), fd.relative_floor)
+        return frequent_directions_root(sketch, c, root, self.config.statistics.beta2, eps)
 
     def _store_factor(self, bs: BlockState, kind: str, k: int) -> None:
         """Eq. (20c): factor or inverse root k stored as (q, s, g) in

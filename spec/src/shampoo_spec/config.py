@@ -448,6 +448,55 @@ class LowRankRootConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FrequentDirectionsConfig:
+    """Frequent-directions sketches of the large factors, eqs. (6c) and (10d).
+
+    Google's ``frequent_directions`` with ``compression_rank`` (Sketchy,
+    Feinberg et al. 2023, arXiv 2302.03764). A factor of size
+    ``n > rank + 2`` keeps no statistic ``L_k``: on each statistics step its
+    slot holds the step's observation ``C = G_(k) G_(k)^T`` (eq. 6c), and the
+    root step folds C into a rank-``rank`` sketch ``(U, lambda, rho)``:
+
+        M = beta2 U diag(lambda + eps) U^T + C,  sigma = eigenvalues of M (descending)
+        lambda' = sigma_1..r - sigma_{r+1},  rho' = beta2 rho + sigma_{r+1}
+        X = U' diag((lambda' + rho')^(-1/p)) U'^T + rho'^(-1/p) (I - U' U'^T)   (10d)
+
+    and X = I while any lambda' or rho' is 0 (Google's ``has_zeros``: that
+    dim is not preconditioned). ``eps`` is ``epsilon.value``, times
+    ``max(lambda_1, relative_floor)`` with ``epsilon.scale = "relative"``
+    (lambda_1 the sketch's largest value; Google's floor is 1e-6).
+    ``average_gradients`` (Google's ``average_grad``): every factor's
+    statistics (eqs. 6, 6c) take the sum of the gradients since the previous
+    statistics step divided by ``statistics_frequency``, not this step's.
+    ``reset_every`` (Google's ``reset_preconditioner``, every
+    ``round(1 / (1 - beta2))`` steps with beta2 then 1): a root step t with
+    ``(t - 1) mod reset_every = 0`` empties the sketch before its update.
+    Smaller factors keep eq. (6) and ``root_inverse``.
+    """
+
+    rank: int
+    average_gradients: bool = False
+    reset_every: int | None = None
+    relative_floor: float = 1e-6
+
+    def __post_init__(self) -> None:
+        o = "frequent_directions"
+        v.integer(o, "rank", self.rank, low=1)
+        v.boolean(o, "average_gradients", self.average_gradients)
+        v.optional_integer(o, "reset_every", self.reset_every, low=1,
+                           none_means="the sketch is never emptied")
+        v.epsilon(o, "relative_floor", self.relative_floor, zero=True)
+
+    def compresses(self, n: int) -> bool:
+        """Whether an ``n x n`` factor is sketched (``n > rank + 2``, as eq. 10c)."""
+        return n > self.rank + 2
+
+    def resets(self, t: int) -> bool:
+        """Whether a root step t empties the sketch first (``(t - 1) mod reset_every = 0``)."""
+        return self.reset_every is not None and (t - 1) % self.reset_every == 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class OrderOverride:
     """Roots for every block of a given order (Meta's inverse_exponent_override).
 
@@ -1192,6 +1241,7 @@ class ShampooConfig:
     epsilon: EpsilonConfig = field(default_factory=EpsilonConfig)
     root_inverse: RootInverseConfig = field(default_factory=EighConfig)
     low_rank: LowRankRootConfig | None = None
+    frequent_directions: FrequentDirectionsConfig | None = None
     exponents: ExponentConfig = field(default_factory=ExponentConfig)
     eigenvalue_correction: EigenvalueCorrectionConfig | None = None
     diagonal: DiagonalPreconditionerConfig | None = None
@@ -1218,6 +1268,9 @@ class ShampooConfig:
                    (EighConfig, CoupledNewtonConfig, HigherOrderNewtonConfig))
         if self.low_rank is not None:
             v.instance(o, "low_rank", self.low_rank, (LowRankRootConfig,))
+        if self.frequent_directions is not None:
+            v.instance(o, "frequent_directions", self.frequent_directions,
+                       (FrequentDirectionsConfig,))
         v.instance(o, "exponents", self.exponents, (ExponentConfig,))
         if self.eigenvalue_correction is not None:
             v.instance(
@@ -1302,6 +1355,8 @@ class ShampooConfig:
             self._check_kl()
         if self.low_rank is not None:
             self._check_low_rank()
+        if self.frequent_directions is not None:
+            self._check_frequent_directions()
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
             v.fail(o, "learning_rate", self.learning_rate,
                    "a number > 0 with weight_decay.scale_by_lr_ratio (it divides by it)")
@@ -1335,6 +1390,37 @@ class ShampooConfig:
         """Eq. (10c) compresses an eigh inverse root of the factors, kept in ``factor_dtype``
         (Google turns its int16 storage off with it too)."""
         self._require_plain_roots("with low_rank (eq. 10c compresses eq. 10's inverse roots)")
+
+    def _check_frequent_directions(self) -> None:
+        """Eqs. (6c), (10d): the sketch replaces the large factors' statistics and roots.
+
+        The sketch is updated where the roots are (statistics and root steps
+        coincide, as Google requires), from plain statistics: no eq. 6b, 7 or
+        7b on a sketched factor, and no other compression of its root.
+        """
+        why = "with frequent_directions (eqs. 6c and 10d sketch the large factors)"
+        self._require_plain_roots(why)
+        if self.low_rank is not None:
+            v.fail("ShampooConfig", "low_rank", self.low_rank, f"None {why}")
+        st = self.statistics
+        if st.kl:
+            v.fail("statistics", "kl", st.kl, f"False {why}")
+        if st.bias_correction:
+            v.fail("statistics", "bias_correction", st.bias_correction, f"False {why}")
+        if st.trace_scaling_exponent != 0:
+            v.fail("statistics", "trace_scaling_exponent", st.trace_scaling_exponent,
+                   f"0 {why}")
+        sc = self.schedule
+        if sc.statistics_frequency != sc.precondition_frequency:
+            v.fail("schedule", "statistics_frequency", sc.statistics_frequency,
+                   f"precondition_frequency = {sc.precondition_frequency} {why} "
+                   "(the sketch takes each observation at a root step)")
+        if sc.precondition_frequency_growth is not None:
+            v.fail("schedule", "precondition_frequency_growth",
+                   sc.precondition_frequency_growth, f"None {why}")
+        if self.epsilon.placement == "pseudo_inverse":
+            v.fail("epsilon", "placement", "pseudo_inverse",
+                   f"another placement {why} (the sketch adds eps to its values)")
 
     def _require_plain_roots(self, why: str) -> None:
         """Kronecker inverse roots (no eq. 16b/16c/17 in their place), stored unrounded in
