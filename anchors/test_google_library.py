@@ -501,7 +501,32 @@ COMPRESSED_RELATIVE: Kwargs = {
     "graft_type": "RMSPROP", "beta2": 0.95, "compression_rank": 4,
     "relative_matrix_epsilon": True, "beta1": 0.5,
 }
+#: Eqs. (6c), (10d): frequent directions where Google's is well defined (docs/
+#: third-party.md): every sketched factor as large as the largest statistic, and each
+#: observation spanning more than rank + 1 directions. Blocks of 16, nothing merged,
+#: the biases graft-only: w1's (16, 16) blocks and w2's 16-factor are sketched at rank
+#: 8, w2's 10-factor (<= rank + 2) takes the Newton root. average_grad needs every
+#: parameter preconditioned (Google's state changes structure otherwise, which its
+#: lax.scan here refuses): blocks of 32 at rank 14, so only w1's 32-factor is sketched.
+SKETCHED: Kwargs = {
+    "graft_type": "ADAGRAD", "block_size": 16, "merge_small_dims_block_size": 1,
+    "skip_preconditioning_rank_lt": 2, "frequent_directions": True, "compression_rank": 8,
+    "reuse_preconditioner": True,
+}
+SKETCHED_RESET: Kwargs = {**SKETCHED, "reset_preconditioner": True, "beta2": 0.9,
+                          "beta1": 0.5}
+SKETCHED_RELATIVE: Kwargs = {**SKETCHED, "graft_type": "RMSPROP", "beta2": 0.95,
+                             "relative_matrix_epsilon": True}
+SKETCHED_AVERAGE: Kwargs = {
+    "graft_type": "ADAGRAD", "block_size": 32, "merge_small_dims_block_size": 1,
+    "frequent_directions": True, "compression_rank": 14, "reuse_preconditioner": True,
+    "average_grad": True, "statistics_compute_steps": 3, "preconditioning_compute_steps": 3,
+}
 CONTROLLED: dict[str, tuple[Kwargs, tuple[str, ...]]] = {
+    "frequent_directions": (SKETCHED, ("frequent_directions",)),
+    "frequent_directions_reset": (SKETCHED_RESET, ("reset_preconditioner",)),
+    "frequent_directions_relative_rmsprop": (SKETCHED_RELATIVE, ("frequent_directions",)),
+    "frequent_directions_average_grad": (SKETCHED_AVERAGE, ("average_grad",)),
     "compression_rank": (COMPRESSED, ("compression_rank",)),
     "compression_rank_smallest_eigh": (COMPRESSED_SMALLEST, ("compression_rank",)),
     "compression_rank_relative_newton": (COMPRESSED_RELATIVE, ("compression_rank",)),

@@ -326,3 +326,71 @@ def test_command_line_runs_the_suite_on_google() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
 
+
+
+#: Frequent directions as Google requires it (eqs. 6c, 10d): rank 1, statistics and
+#: roots every step, the previous preconditioner passed in; matrices kept unmerged, so
+#: each factor's observations span more than rank + 1 directions from the first step.
+FD: dict[str, Any] = {**BASE, "block_size": 8, "merge_small_dims_block_size": 1,
+                      "frequent_directions": True, "compression_rank": 1,
+                      "reuse_preconditioner": True}
+
+
+def _fd_problem(shapes: dict[str, tuple[int, ...]], steps: int = 3
+                ) -> tuple[Arrays, list[Arrays]]:
+    rng = np.random.default_rng(7)
+    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    grads = [{k: rng.standard_normal(s) for k, s in shapes.items()} for _ in range(steps)]
+    return params, grads
+
+
+def _worst_from_reference(kwargs: dict[str, Any], params: Arrays, grads: list[Arrays]) -> float:
+    _, ref = bound_and_reference(from_google(kwargs, x64=True), params, grads, np.float64)
+    got = _by_hand(kwargs, params, grads, x64=True)
+    return max(float(np.abs(g[k] - r[k]).max() / np.abs(r[k]).max())
+               for g, r in zip(got, ref, strict=True) for k in r)
+
+
+@needs_google
+def test_frequent_directions_sketch_of_a_smaller_factor_is_lost_by_google() -> None:
+    """A defect in DEVIATIONS: Google packs a sketch (its values lambda and has_zeros in
+    the last rows) at the size of its largest statistic, then cuts the packed matrix to
+    the factor's own rows, so a sketched factor smaller than the largest keeps no lambda:
+    its next update starts from eps alone. One 5 x 5 factor beside 8 x 8 ones leaves the
+    reference at once; alone, or as large as the others, it agrees to rounding."""
+    params, grads = _fd_problem({"w": (8, 8), "v": (5, 5)})
+    with jax.enable_x64(True):
+        tx = ds.distributed_shampoo(**G.google_kwargs(FD))
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        s = G.google_init(tx, p)
+        _, s = tx.update({k: jnp.asarray(v) for k, v in grads[0].items()}, s, p)
+    largest = np.asarray(s.stats["w"].preconditioners[0])  # (8, 3): lambda in [-1, -1]
+    smaller = np.asarray(s.stats["v"].preconditioners[0])  # (5, 3): its row 4 is padding's
+    assert largest[-1, -1] > 0 and smaller[-1, -1] == 0.0
+    assert _worst_from_reference(FD, params, grads) > 1e-3
+    alone = _fd_problem({"v": (5, 5)})
+    same = _fd_problem({"w": (8, 8), "v": (8, 8)})
+    assert _worst_from_reference(FD, *alone) < 1e-12
+    assert _worst_from_reference(FD, *same) < 1e-12
+
+
+@needs_google
+def test_average_grad_changes_googles_state_structure_on_unpreconditioned_parameters() -> None:
+    """A defect in DEVIATIONS: with average_grad Google's init gives every parameter a
+    gradient sum, and its update replaces that of a parameter it does not precondition
+    by optax.MaskedNode: the state's structure changes after the first step, so a
+    lax.scan (or a restore by the initial structure) over Google's update fails. Its
+    numbers are unaffected (the sum is unused there)."""
+    kwargs = {**FD, "average_grad": True, "skip_preconditioning_rank_lt": 2}
+    params, grads = _fd_problem({"w": (8, 8), "b": (8,)})
+    with jax.enable_x64(True):
+        tx = ds.distributed_shampoo(**G.google_kwargs(kwargs))
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        s0 = G.google_init(tx, p)
+        _, s1 = tx.update({k: jnp.asarray(v) for k, v in grads[0].items()}, s0, p)
+    assert not isinstance(s0.stats["b"].avg_grad, optax.MaskedNode)
+    assert isinstance(s1.stats["b"].avg_grad, optax.MaskedNode)
+    assert jax.tree.structure(s0) != jax.tree.structure(s1)
+    # Preconditioned parameters keep theirs, and the numbers match the reference.
+    assert not isinstance(s1.stats["w"].avg_grad, optax.MaskedNode)
+    assert _worst_from_reference(kwargs, params, grads) < 1e-12

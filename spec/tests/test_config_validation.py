@@ -379,3 +379,52 @@ def test_low_rank_compresses_above_rank_plus_two_and_replaces_the_floor() -> Non
     assert lr.epsilon_for(eps) == dataclasses.replace(eps, relative_floor=1e-6)
     assert ss.LowRankRootConfig(rank=3).epsilon_for(eps) is eps
     assert lr.eigh == ss.EighConfig()
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"rank": 0}, "rank"),
+    ({"rank": 2.0}, "rank"),
+    ({"rank": 2, "average_gradients": 1}, "average_gradients"),
+    ({"rank": 2, "reset_every": 0}, "reset_every"),
+    ({"rank": 2, "reset_every": True}, "reset_every"),
+    ({"rank": 2, "relative_floor": -1.0}, "relative_floor"),
+    ({"rank": 2, "relative_floor": 1e-300}, "relative_floor"),
+])
+def test_frequent_directions_fields_name_field_value_and_allowed(
+        kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"frequent_directions\.{field} = .* is invalid: allowed"):
+        ss.FrequentDirectionsConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"eigenvalue_correction": ss.EigenvalueCorrectionConfig()}, "eigenvalue_correction"),
+    ({"diagonal": ss.DiagonalPreconditionerConfig()}, "diagonal"),
+    ({"inverse_root_dtype": "bfloat16"}, "inverse_root_dtype"),
+    ({"factor_storage_dtype": "bfloat16"}, "factor_storage_dtype"),
+    ({"statistics": ss.StatisticsConfig(storage="int16_columnwise_diagonal"),
+      "root_inverse": ss.CoupledNewtonConfig()}, "storage"),
+    ({"low_rank": ss.LowRankRootConfig(rank=2)}, "low_rank"),
+    ({"statistics": ss.StatisticsConfig(kl=True)}, "kl"),
+    ({"statistics": ss.StatisticsConfig(beta2=0.9, bias_correction=True)}, "bias_correction"),
+    ({"statistics": ss.StatisticsConfig(trace_scaling_exponent=0.5)}, "trace_scaling_exponent"),
+    ({"schedule": ss.ScheduleConfig(precondition_frequency=2)}, "statistics_frequency"),
+    ({"schedule": ss.ScheduleConfig(precondition_frequency_growth=20)},
+     "precondition_frequency_growth"),
+    ({"epsilon": ss.EpsilonConfig(value=0.0, placement="pseudo_inverse")}, "placement"),
+])
+def test_frequent_directions_refuses_what_it_replaces_or_cannot_combine(
+        extra: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"{field} = .* allowed .*with frequent_directions"):
+        ss.ShampooConfig(frequent_directions=ss.FrequentDirectionsConfig(rank=2), **extra)
+
+
+def test_frequent_directions_sketches_above_rank_plus_two_and_resets_on_its_period() -> None:
+    fd = ss.FrequentDirectionsConfig(rank=3, reset_every=4)
+    assert [n for n in range(1, 9) if fd.compresses(n)] == [6, 7, 8]
+    assert [t for t in range(1, 11) if fd.resets(t)] == [1, 5, 9]
+    assert not any(ss.FrequentDirectionsConfig(rank=3).resets(t) for t in range(1, 11))
+    assert fd.zero_rtol(8, "float64") == 8 * 2.0**-52
+    assert fd.zero_rtol(8, "float32") == 8 * 2.0**-23
+    # Statistics and roots on the same steps are allowed, with any period.
+    ss.ShampooConfig(frequent_directions=fd, schedule=ss.ScheduleConfig(
+        precondition_frequency=3, statistics_frequency=3))

@@ -252,6 +252,15 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                                  "batch_axis_name": "batch"},
                                 {"best_effort_memory_usage_reduction": False}])),
     }
+    if draw(st.sampled_from([False, False, False, True])):
+        # Frequent directions (eqs. 6c, 10d) as Google requires it: a positive rank,
+        # statistics on the root steps, the previous preconditioner passed in.
+        kwargs.update(
+            frequent_directions=True, compression_rank=draw(st.sampled_from([1, 3])),
+            reuse_preconditioner=True, average_grad=draw(st.booleans()),
+            reset_preconditioner=draw(st.booleans()),
+            statistics_compute_steps=kwargs["preconditioning_compute_steps"],
+            decay_preconditioning_compute_steps=False)
     if kwargs.get("best_effort_memory_usage_reduction") and "batch_axis_name" in kwargs:
         # Eq. (20c) is Google's pmap path with Newton roots (eigh, pjit: refused by name).
         kwargs["eigh"] = False
@@ -289,8 +298,10 @@ def _is_field(path: str) -> bool:
              flat)
     _flatten("", ss.config_to_dict(ss.ShampooConfig(low_rank=ss.LowRankRootConfig(rank=1))),
              flat)
+    _flatten("", ss.config_to_dict(ss.ShampooConfig(
+        frequent_directions=ss.FrequentDirectionsConfig(rank=1))), flat)
     base = path.split("[", 1)[0]
-    return base in flat or base in ("eigenvalue_correction", "low_rank",
+    return base in flat or base in ("eigenvalue_correction", "low_rank", "frequent_directions",
                                     "exponents.overrides_by_order")
 
 
@@ -521,6 +532,10 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 rank=3, keep=draw(st.sampled_from(["largest", "smallest"])),
                 failure_threshold=draw(st.sampled_from([None, 0.1])),
                 relative_floor=draw(st.sampled_from([None, 1e-6])))])),
+            frequent_directions=draw(st.sampled_from([None, None, ss.FrequentDirectionsConfig(
+                rank=2, average_gradients=draw(st.booleans()),
+                reset_every=draw(st.sampled_from([None, 10])),
+                relative_floor=draw(st.sampled_from([1e-6, 1e-16])))])),
         )
     except ValueError:
         assume(False)

@@ -682,6 +682,52 @@ def test_google_compression_rank_is_low_rank_roots() -> None:
         google._preconditioner(g(compression_rank=2.5), 0.95)
 
 
+def test_google_frequent_directions_are_sketches() -> None:
+    """Eqs. (6c), (10d): compression_rank sketches the factors (no low-rank root then),
+    average_grad averages the statistics gradient, Google's floor 1e-6; Google's own
+    refusals are kept, and FD without reuse_preconditioner (Google crashes) is refused."""
+    fd = {"frequent_directions": True, "compression_rank": 3, "reuse_preconditioner": True}
+    pre = google._preconditioner(g(**fd, average_grad=True), 0.95)
+    assert pre.low_rank is None
+    assert pre.frequent_directions == ss.FrequentDirectionsConfig(
+        rank=3, average_gradients=True, reset_every=None, relative_floor=1e-6)
+    # Google turns its int16 statistics off with frequent directions.
+    q = google._preconditioner(g(**fd, best_effort_memory_usage_reduction=True,
+                                 batch_axis_name="b"), 0.95)
+    assert not q.statistics.quantized
+    for bad, message in [
+        ({**fd, "compression_rank": -3}, "requires compression_rank > 0, found -3"),
+        ({**fd, "compression_rank": 0}, "requires compression_rank > 0, found 0"),
+        ({**fd, "reuse_preconditioner": False}, "requires reuse_preconditioner = true"),
+        ({**fd, "statistics_compute_steps": 2},
+         r"statistics_compute_steps \(2\) = preconditioning_compute_steps \(1\)"),
+        ({"average_grad": True}, "average_grad = true requires frequent_directions"),
+        ({**fd, "average_grad": 1}, "average_grad = 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            google._preconditioner(g(**bad), 0.95)
+
+
+def test_google_reset_preconditioner_is_a_reset_period_with_beta2_one() -> None:
+    """Google empties the sketch every round(1 / (1 - beta2)) steps and runs with beta2 = 1
+    everywhere (statistics, sketch, RMSPROP graft: AdaGrad then)."""
+    fd = {"learning_rate": 0.1, "block_size": 8, "frequent_directions": True,
+          "compression_rank": 2, "reuse_preconditioner": True}
+    c = ss.from_google({**fd, "reset_preconditioner": True, "beta2": 0.9,
+                        "graft_type": "RMSPROP"})
+    assert c.frequent_directions is not None and c.frequent_directions.reset_every == 10
+    assert c.statistics.beta2 == 1.0 and c.grafting.type == "adagrad"
+    assert ss.from_google({**fd, "reset_preconditioner": True, "beta2": 0.95}
+                          ).frequent_directions.reset_every == 20  # type: ignore[union-attr]
+    # beta2 = 1: Google never resets (its period is None).
+    one = ss.from_google({**fd, "reset_preconditioner": True, "beta2": 1.0})
+    assert one.frequent_directions is not None and one.frequent_directions.reset_every is None
+    with pytest.raises(ValueError, match="reset_preconditioner = true requires frequent_dir"):
+        ss.from_google({"learning_rate": 0.1, "block_size": 8, "reset_preconditioner": True})
+    with pytest.raises(ValueError, match="exceeds 2147483647"):
+        ss.from_google({**fd, "reset_preconditioner": True, "beta2": 1 - 1e-12})
+
+
 def test_google_fd_metrics_without_frequent_directions_change_nothing() -> None:
     google._no_numerical_effect(g(generate_fd_metrics=True))
     with pytest.raises(ValueError, match="generate_fd_metrics = 1"):

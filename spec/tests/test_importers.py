@@ -96,7 +96,6 @@ def test_google_defaults() -> None:
         (ss.from_meta, {"distributed_config": {
             "type": "DDPDistributedConfig", "communicate_params": True,
             "communication_dtype": "bfloat16"}}, "communicate_params"),
-        (ss.from_google, {"frequent_directions": True}, "frequent_directions"),
         (ss.from_google, {"best_effort_memory_usage_reduction": True, "batch_axis_name": "b",
                           "shard_optimizer_states": True}, "shard_optimizer_states"),
         (ss.from_google, {"lobpcg_topk_precondition": 4}, "lobpcg_topk_precondition"),

@@ -307,6 +307,21 @@ def named_cases() -> list[Case]:
             steps=12,
         ),
         Case(
+            # Eqs. (6c), (10d): the 4 x 4 factors sketched at rank 1 (the vectors' blocks
+            # span one direction per step: X = I on step 1), reset every 4 steps.
+            "frequent_directions",
+            _with(frequent_directions=ss.FrequentDirectionsConfig(rank=1, reset_every=4),
+                  statistics=ss.StatisticsConfig(beta2=0.9)),
+        ),
+        Case(
+            # average_gradients: the statistics see the mean over each period of 2.
+            "frequent_directions_averaged",
+            _with(frequent_directions=ss.FrequentDirectionsConfig(rank=1,
+                                                                  average_gradients=True),
+                  epsilon=ss.EpsilonConfig(value=1e-3, scale="relative"),
+                  schedule=ss.ScheduleConfig(precondition_frequency=2, statistics_frequency=2)),
+        ),
+        Case(
             "meta_preset",
             replace(ss.from_meta({"lr": 0.1, "epsilon": 1e-4}), factor_dtype="float64"),
         ),

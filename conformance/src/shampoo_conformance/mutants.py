@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shampoo_reference import ReferenceShampoo
+from shampoo_reference.linalg import Sketch
 from shampoo_reference.optimizer import Array, BlockState, ParameterState
 from shampoo_spec import ShampooConfig
 
@@ -90,9 +91,10 @@ class _Float32Factors(ReferenceShampoo):
     """Accumulates the factors in float32 although float64 was asked for."""
 
     def _update_block(
-        self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array, roots_now: bool
+        self, name: str, roots: tuple[float, ...], bs: BlockState, gb: Array, observed: Array,
+        roots_now: bool,
     ) -> None:
-        super()._update_block(name, roots, bs, gb, roots_now)
+        super()._update_block(name, roots, bs, gb, observed, roots_now)
         bs.factors = [
             None if f is None else f.astype(np.float32).astype(np.float64) for f in bs.factors
         ]
@@ -113,6 +115,15 @@ def _schedule_off_by_one(config: ShampooConfig) -> ShampooConfig:
 
 def _no_nesterov(config: ShampooConfig) -> ShampooConfig:
     return replace(config, momentum=replace(config.momentum, nesterov=False))
+
+
+class _SketchValuesLost(ReferenceShampoo):
+    """Forgets each sketch's values after its root step (Google's defect on the sketched
+    factors smaller than its largest statistic, docs/third-party.md)."""
+
+    def _sketch_root(self, sketch: Sketch, c: Array, root: float) -> tuple[Sketch, Array]:
+        new, x = super()._sketch_root(sketch, c, root)
+        return replace(new, lam=np.zeros_like(new.lam)), x
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("missing_nesterov", "Nesterov term dropped", rewrite=_no_nesterov),
     Mutant("blocks_wrong_order", "block states paired with the wrong blocks", _BlocksInWrongOrder),
     Mutant("float32_factors", "factors accumulated in float32", _Float32Factors),
+    Mutant("sketch_values_lost", "frequent-directions sketch values forgotten",
+           _SketchValuesLost),
 )
 
 

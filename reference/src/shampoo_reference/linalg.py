@@ -176,12 +176,13 @@ class Sketch:
 
 
 def frequent_directions_root(
-    sketch: Sketch, c: Array, root: float, beta: float, eps: float
+    sketch: Sketch, c: Array, root: float, beta: float, eps: float, rtol: float
 ) -> tuple[Sketch, Array]:
     """Eq. (10d): fold the observation ``c`` (eq. 6c) into ``sketch``; the new sketch and X.
 
-    ``M = beta U diag(lambda + eps) U^T + C`` is decomposed; its r largest
-    eigenvalues less the (r+1)-th are the new lambda (their eigenvectors U'),
+    ``M = beta U diag(lambda + eps) U^T + C`` is decomposed; its eigenvalues at
+    most ``rtol`` times the largest count as 0 (rounding noise of a null space);
+    its r largest less the (r+1)-th are the new lambda (their eigenvectors U'),
     the (r+1)-th joins the decayed tail. ``X = U' diag((lambda' + rho')^(-1/p))
     U'^T + rho'^(-1/p) (I - U' U'^T)``, or I while a lambda' or rho' is 0.
     """
@@ -189,7 +190,8 @@ def frequent_directions_root(
     m = beta * (sketch.u * (sketch.lam + eps)) @ sketch.u.T + c
     sigma, v = np.linalg.eigh((m + m.T) / 2)
     sigma, v = sigma[::-1], v[:, ::-1]  # descending
-    cut = sigma[rank]
+    sigma = np.where(sigma > rtol * max(sigma[0], 0.0), sigma, 0.0)
+    cut = float(sigma[rank])
     lam = sigma[:rank] - cut
     decayed = beta * sketch.rho
     rho = max(decayed + cut, 0.0)

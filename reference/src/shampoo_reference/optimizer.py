@@ -577,6 +577,7 @@ class ReferenceShampoo:
                 a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
             ec = cfg.eigenvalue_correction
             sketch = bs.sketches[k]
+            new: Array | None
             if sketch is not None:
                 bs.sketches[k], new = self._sketch_root(sketch, a, roots[k])
             elif ec is not None and ec.eigenbasis_method == "qr":
@@ -621,7 +622,8 @@ class ReferenceShampoo:
         eps = e.value
         if e.scale == "relative":
             eps *= max(float(sketch.lam[0]), fd.relative_floor)
-        return frequent_directions_root(sketch, c, root, self.config.statistics.beta2, eps)
+        rtol = fd.zero_rtol(c.shape[0], self.config.factor_dtype)
+        return frequent_directions_root(sketch, c, root, self.config.statistics.beta2, eps, rtol)
 
     def _store_factor(self, bs: BlockState, kind: str, k: int) -> None:
         """Eq. (20c): factor or inverse root k stored as (q, s, g) in

@@ -260,7 +260,11 @@ class EpsilonConfig:
         None, ``n`` times the machine epsilon of ``factor_dtype`` (eq. 10)."""
         if self.rank_rtol is not None:
             return self.rank_rtol
-        return n * {"float32": 2.0**-23, "float64": 2.0**-52}[factor_dtype]
+        return n * MACHINE_EPSILON[factor_dtype]
+
+
+#: The spacing at 1 of each factor dtype (the rank cutoffs of eqs. 10 and 10d).
+MACHINE_EPSILON = {"float32": 2.0**-23, "float64": 2.0**-52}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -462,8 +466,10 @@ class FrequentDirectionsConfig:
         X = U' diag((lambda' + rho')^(-1/p)) U'^T + rho'^(-1/p) (I - U' U'^T)   (10d)
 
     and X = I while any lambda' or rho' is 0 (Google's ``has_zeros``: that
-    dim is not preconditioned). ``eps`` is ``epsilon.value``, times
-    ``max(lambda_1, relative_floor)`` with ``epsilon.scale = "relative"``
+    dim is not preconditioned); an eigenvalue of M at most ``n eps_f sigma_1``
+    counts as 0 (``zero_rtol``; eps_f the spacing of ``factor_dtype``). ``eps``
+    is ``epsilon.value``, times ``max(lambda_1, relative_floor)`` with
+    ``epsilon.scale = "relative"``
     (lambda_1 the sketch's largest value; Google's floor is 1e-6).
     ``average_gradients`` (Google's ``average_grad``): every factor's
     statistics (eqs. 6, 6c) take the sum of the gradients since the previous
@@ -490,6 +496,12 @@ class FrequentDirectionsConfig:
     def compresses(self, n: int) -> bool:
         """Whether an ``n x n`` factor is sketched (``n > rank + 2``, as eq. 10c)."""
         return n > self.rank + 2
+
+    @staticmethod
+    def zero_rtol(n: int, factor_dtype: str) -> float:
+        """Eq. (10d)'s rank cutoff for an ``n x n`` factor: ``n`` times the spacing at 1
+        of ``factor_dtype`` (an eigenvalue of M at most this times the largest is 0)."""
+        return n * MACHINE_EPSILON[factor_dtype]
 
     def resets(self, t: int) -> bool:
         """Whether a root step t empties the sketch first (``(t - 1) mod reset_every = 0``)."""

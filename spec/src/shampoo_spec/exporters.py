@@ -245,6 +245,8 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.same("failure.nonfinite_gradient", c.failure.nonfinite_gradient, "raise",
                "Meta raises on non-finite values; it cannot skip a block")
     lacks.same("low_rank", c.low_rank, None, "Meta has no low-rank inverse roots (eq. 10c)")
+    lacks.same("frequent_directions", c.frequent_directions, None,
+               "Meta has no frequent-directions sketches (eqs. 6c, 10d)")
     corrected = c.eigenvalue_correction is not None
     out: dict[str, Any] = {
         "type": (
@@ -701,6 +703,30 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         lacks.same("low_rank.relative_floor", lr.epsilon_for(eps).relative_floor, 1e-6,
                    "Google's low-rank root floors lambda_max at 1e-6")
         out["compression_rank"] = lr.rank if lr.keep == "largest" else -lr.rank
+    if c.frequent_directions is not None:
+        out.update(_google_sketch(c, lacks))
+    return out
+
+
+def _google_sketch(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``frequent_directions``, ``compression_rank``, ``reuse_preconditioner``
+    (which Google's sketch needs), ``average_grad`` and, for a reset period R,
+    ``reset_preconditioner`` with ``beta2 = 1 - 1/R`` (Google's period
+    ``round(1 / (1 - beta2))``; it then runs with beta2 = 1, which the config
+    must say)."""
+    fd = c.frequent_directions
+    assert fd is not None
+    lacks.same("frequent_directions.relative_floor", fd.relative_floor, 1e-6,
+               "Google's sketch floors its largest value at 1e-6")
+    out: dict[str, Any] = {"frequent_directions": True, "compression_rank": fd.rank,
+                           "reuse_preconditioner": True}
+    if fd.average_gradients:
+        out["average_grad"] = True
+    if fd.reset_every is not None:
+        lacks.same("statistics.beta2", c.statistics.beta2, 1.0,
+                   "Google's reset_preconditioner runs with beta2 = 1")
+        out["reset_preconditioner"] = True
+        out["beta2"] = 1.0 - 1.0 / fd.reset_every
     return out
 
 

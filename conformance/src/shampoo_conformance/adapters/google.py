@@ -154,6 +154,56 @@ DEVIATIONS: tuple[Deviation, ...] = (
         kind="defect",
     ),
     Deviation(
+        name="frequent_directions_smaller_factor_sketch_lost",
+        config=_config(merge_small_dims_block_size=1, frequent_directions=True,
+                       compression_rank=1, reuse_preconditioner=True),
+        shapes={"w": (8, 8), "v": (5, 5)},
+        # No pattern: configs() does not draw frequent_directions (see there).
+        tests=(),
+        cause="with frequent_directions Google packs each sketch at the size of its "
+        "largest statistic, its values lambda and has_zeros in the last rows "
+        "(distributed_shampoo.py:590-591), then cuts the packed matrix to the factor's own "
+        "rows (2950): a sketched factor smaller than the largest loses lambda (its next "
+        "update starts from eps alone) and never leaves its dim unpreconditioned. Ours "
+        "keeps the sketch (docs/spec.md eq. 10d); where every sketched factor is as large "
+        "as the largest statistic the two agree (the anchors tests: 2e-15 to 3e-13). "
+        "conformance/tests/test_adapter_google.py::"
+        "test_frequent_directions_sketch_of_a_smaller_factor_is_lost_by_google "
+        "demonstrates it",
+        kind="defect",
+    ),
+    Deviation(
+        name="frequent_directions_sketch_of_rank_at_most_r",
+        config=_config(frequent_directions=True, compression_rank=2,
+                       reuse_preconditioner=True),
+        # Which inputs show it depends on the noise: on the suite's problem a 16-vector
+        # does (0.9 at step 2), an 8-vector does not.
+        shapes={"w": (16,)},
+        # No pattern: configs() does not draw frequent_directions (see there).
+        tests=(),
+        cause="while a sketch and its new observation span at most compression_rank "
+        "directions (a vector's first steps: rank-1 observations) Google's SVD "
+        "(distributed_shampoo.py:1193) returns the null singular values as rounding noise "
+        "and tests them exactly (1209, 1251): its tail and root then follow the noise "
+        "(a tail near 1e-34, a root near 1e17, or the dim left as it is, input by input). "
+        "Ours counts eigenvalues below n eps_f sigma_1 as 0 and leaves the dim "
+        "unpreconditioned there (docs/spec.md eq. 10d and section 3)",
+        kind="design",
+    ),
+    Deviation(
+        name="average_grad_state_structure",
+        config=None,
+        tests=(),
+        cause="with average_grad Google's init gives every parameter a gradient sum "
+        "(distributed_shampoo.py:2617) and its update replaces that of a parameter it does "
+        "not precondition by optax.MaskedNode (2637): the state's tree structure changes "
+        "after the first step, so a lax.scan over the update (or a restore by the initial "
+        "structure) fails; the numbers are unaffected. conformance/tests/"
+        "test_adapter_google.py::test_average_grad_changes_googles_state_structure_on_"
+        "unpreconditioned_parameters demonstrates it",
+        kind="defect",
+    ),
+    Deviation(
         name="ungrafted_coupled_learning_rate",
         config=None,
         # No pattern: from_google refuses these kwargs, so no property can run them.
@@ -277,8 +327,11 @@ def _kwargs(draw: Any) -> dict[str, Any]:
     overrides, shape interpretation on or off, skipping by rank, int8
     momentum, the RMSPROP grafts' clip and low-rank roots
     (``compression_rank``); Google's defaults where an argument is absent.
-    Left out, each for a documented defect (:data:`DEVIATIONS`): epsilons not
-    exact in float32, and NONE with ``decoupled_learning_rate=False``.
+    Left out, each for a documented deviation (:data:`DEVIATIONS`): epsilons
+    not exact in float32, NONE with ``decoupled_learning_rate=False``, and
+    ``frequent_directions`` (on these small mixed blocks its sketches are
+    smaller than the largest statistic, or of rank at most the rank; the
+    anchors tests run it where neither holds).
     """
     graft = draw(st.sampled_from(["SGD", "ADAGRAD", "RMSPROP", "RMSPROP_NORMALIZED",
                                   "ADAGRAD_NORMALIZED", "SQRT_N", "NONE"]))

@@ -31,6 +31,7 @@ from ..config import (
     EpsilonConfig,
     ExponentConfig,
     FailureConfig,
+    FrequentDirectionsConfig,
     GradientFilterConfig,
     GraftingConfig,
     GraftingType,
@@ -97,9 +98,6 @@ KEYS = {
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "lobpcg_topk_precondition": (0, "LOBPCG"),
     "lobpcg_max_iter": (0, "LOBPCG"),
-    "frequent_directions": (False, "frequent-directions sketching"),
-    "reset_preconditioner": (False, "frequent-directions sketching"),
-    "average_grad": (False, "frequent-directions sketching"),
 }
 
 #: ``graft_type`` (GraftingType member names) -> ``grafting.type``.
@@ -156,6 +154,7 @@ class Preconditioner(NamedTuple):
     epsilon: EpsilonConfig
     root_inverse: RootInverseConfig
     low_rank: LowRankRootConfig | None
+    frequent_directions: FrequentDirectionsConfig | None
     exponents: ExponentConfig
 
 
@@ -206,11 +205,13 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     # Shared: beta2 by the statistics (eq. 6) and the RMSPROP graft (eq. 14b);
     # decoupled_learning_rate by the grafting check and the momentum (eq. 20).
     beta2 = a.number("beta2", 0.999)
+    # reset_preconditioner turns beta2 into 1 everywhere (eq. 10d's reset period instead).
+    reset_every, beta2 = _reset_period(a, beta2)
     decoupled_lr = a.flag("decoupled_learning_rate", True)
     with a.section():
         grafting = _grafting(a, beta2, decoupled_lr)
     with a.section():
-        pre = _preconditioner(a, beta2, x64)
+        pre = _preconditioner(a, beta2, x64, reset_every)
     with a.section():
         momentum = _momentum(a, grafting.type, decoupled_lr, x64)
     with a.section():
@@ -226,6 +227,7 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
             epsilon=pre.epsilon,
             root_inverse=pre.root_inverse,
             low_rank=pre.low_rank,
+            frequent_directions=pre.frequent_directions,
             exponents=pre.exponents,
             grafting=grafting,
             gradient_filter=GradientFilterConfig(beta1=0.0),  # Google filters nothing (eq. 15).
@@ -259,8 +261,8 @@ def _require(a: Args, key: str) -> None:
 def _unsupported(a: Args) -> None:
     """Reads every key of :data:`UNSUPPORTED`; returns nothing.
 
-    Refuses a non-default value of what we do not implement: LOBPCG,
-    frequent directions, and Google's int16 statistics (its
+    Refuses a non-default value of what we do not implement: LOBPCG, and
+    Google's int16 statistics (its
     ``best_effort_memory_usage_reduction`` under ``batch_axis_name``) with
     ``eigh`` or ``shard_optimizer_states``.
     """
@@ -282,10 +284,11 @@ def _unsupported(a: Args) -> None:
 
 def _quantizes_second_moment(a: Args) -> bool:
     """Google's ``quantize_second_moment``: int16 statistics and roots (eq. 20c) with
-    ``best_effort_memory_usage_reduction`` and ``batch_axis_name``, and no
-    ``compression_rank`` (``frequent_directions``, its last condition, is refused)."""
+    ``best_effort_memory_usage_reduction`` and ``batch_axis_name``, and neither
+    ``compression_rank`` nor ``frequent_directions``."""
     return a.data.get("best_effort_memory_usage_reduction") is True and (
-        a.data.get("batch_axis_name") is not None) and not a.data.get("compression_rank")
+        a.data.get("batch_axis_name") is not None) and not a.data.get("compression_rank") and (
+        a.data.get("frequent_directions") is not True)
 
 
 def _no_numerical_effect(a: Args) -> None:
@@ -298,7 +301,8 @@ def _no_numerical_effect(a: Args) -> None:
     backends compute at full precision, HIGHEST), ``generate_training_metrics``
     only adds metrics (``generate_fd_metrics`` too, with frequent directions
     only), and ``reuse_preconditioner`` passes the previous root
-    to root functions that discard it (only frequent directions reads it).
+    to root functions that discard it (frequent directions, which reads it,
+    requires it: :func:`_frequent_directions`).
     """
     choice("precision", a.get("precision", "HIGHEST"), PRECISIONS, enum="Precision",
            values=PRECISION_VALUES)
@@ -306,7 +310,7 @@ def _no_numerical_effect(a: Args) -> None:
         choice("tensordot_precision", a.get("tensordot_precision", None), PRECISIONS,
                enum="Precision", values=PRECISION_VALUES)
     a.flag("generate_training_metrics", True)
-    # FD metrics exist only with frequent_directions (refused): Google ignores it otherwise.
+    # FD metrics: diagnostics of the sketch, which they leave as it is.
     a.flag("generate_fd_metrics", False)
     a.flag("reuse_preconditioner", False)
     _distribution_hints(a)
@@ -387,10 +391,12 @@ def _grafting(a: Args, beta2: float, decoupled_lr: bool) -> GraftingConfig:
     )
 
 
-def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Preconditioner:
+def _preconditioner(
+    a: Args, beta2: float, x64: bool | None = None, reset_every: int | None = None
+) -> Preconditioner:
     """Reads ``matrix_epsilon``, ``eigh``, ``relative_matrix_epsilon``,
     ``inverse_failure_threshold``, ``exponent_override``, ``compression_rank``
-    (with ``beta2``).
+    (with ``beta2``), and the frequent-directions keys (:func:`_frequent_directions`).
 
     Returns ``statistics`` (eq. 6 from ``matrix_epsilon * I``, no bias
     correction, eq. 7), ``epsilon`` (eq. 9, relative with floor 1e-25
@@ -404,6 +410,8 @@ def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Precondit
     keeping the largest eigenvalues when c > 0 and the smallest when c < 0,
     judged at ``inverse_failure_threshold``, lambda_max floored at 1e-6 (Google's
     ``_low_rank_root``); it turns the int16 storage below off, as in Google.
+    With ``frequent_directions`` the rank sketches the factors instead (eqs.
+    6c, 10d) and ``low_rank`` is None.
     ``best_effort_memory_usage_reduction`` with ``batch_axis_name``
     stores the statistics and roots as int16 with their diagonals
     (``storage="int16_columnwise_diagonal"``, eq. 20c) in Google's statistics
@@ -431,7 +439,8 @@ def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Precondit
     quantized = _quantizes_second_moment(a)
     # Eq. (10c): compression_rank, its eigh root floored at 1e-6 like the eigh path's.
     compression = a.integer("compression_rank", 0, low=-MAX_INTEGER)
-    low_rank = None if compression == 0 else LowRankRootConfig(
+    sketch = _frequent_directions(a, compression, reset_every)
+    low_rank = None if compression == 0 or sketch is not None else LowRankRootConfig(
         rank=abs(compression), keep="largest" if compression > 0 else "smallest",
         failure_threshold=threshold, relative_floor=None if use_eigh else 1e-6,
     )
@@ -452,8 +461,71 @@ def _preconditioner(a: Args, beta2: float, x64: bool | None = None) -> Precondit
         ),
         root_inverse=root_inverse,
         low_rank=low_rank,
+        frequent_directions=sketch,
         exponents=ExponentConfig(default="preconditioned_dims", override=max(override, 0.0)),
     )
+
+
+def _reset_period(a: Args, beta2: float) -> tuple[int | None, float]:
+    """Reads ``reset_preconditioner`` (with ``beta2``): ``(reset_every, beta2)``.
+
+    Google's rule: the sketch is emptied every ``round(1 / (1 - beta2))`` steps
+    (never when beta2 = 1), and beta2 becomes 1 for everything (statistics,
+    sketch decay, RMSPROP graft). Without it: ``(None, beta2)``.
+    """
+    if not a.flag("reset_preconditioner", False):
+        return None, beta2
+    if a.data.get("frequent_directions") is not True:
+        raise ValueError("reset_preconditioner = true requires frequent_directions = true "
+                         "(Google raises the same).")
+    if beta2 == 1.0:
+        return None, 1.0
+    period = round(1.0 / (1.0 - beta2))  # np.round: ties to even, as Python's round
+    if period > MAX_INTEGER:
+        raise ValueError(f"beta2 = {beta2!r} with reset_preconditioner = true is invalid: "
+                         f"its reset period round(1 / (1 - beta2)) = {period} exceeds "
+                         f"{MAX_INTEGER}.")
+    return period, 1.0
+
+
+def _frequent_directions(
+    a: Args, compression: int, reset_every: int | None
+) -> FrequentDirectionsConfig | None:
+    """Reads ``frequent_directions``, ``average_grad``, ``reuse_preconditioner``,
+    ``statistics_compute_steps``, ``preconditioning_compute_steps`` (with
+    ``compression_rank`` and the reset period of :func:`_reset_period`).
+
+    ``frequent_directions`` (eqs. 6c, 10d): sketches of rank
+    ``compression_rank`` (> 0, as Google requires), ``average_grad`` as
+    ``average_gradients``, Google's floor 1e-6 under the sketch's largest
+    value for a relative epsilon. Google's own refusals are kept (each a
+    ValueError there): FD without ``compression_rank > 0``, ``average_grad``
+    without FD, statistics and root periods that differ. FD without
+    ``reuse_preconditioner`` crashes Google (its sketch update asserts a
+    previous preconditioner): refused too.
+    """
+    fd = a.flag("frequent_directions", False)
+    average = a.flag("average_grad", False)
+    if average and not fd:
+        raise ValueError("average_grad = true requires frequent_directions = true "
+                         "(Google raises the same).")
+    if not fd:
+        return None
+    if compression <= 0:
+        raise ValueError(f"frequent_directions = true requires compression_rank > 0, found "
+                         f"{compression} (Google raises the same).")
+    stats = a.integer("statistics_compute_steps", 1, low=1)
+    roots = a.integer("preconditioning_compute_steps", 1, low=1)
+    if stats != roots:
+        raise ValueError(f"frequent_directions = true requires statistics_compute_steps "
+                         f"({stats}) = preconditioning_compute_steps ({roots}) (Google "
+                         "raises the same).")
+    if not a.flag("reuse_preconditioner", False):
+        raise ValueError("frequent_directions = true requires reuse_preconditioner = true: "
+                         "Google's sketch update reads the previous preconditioner, and "
+                         "without it Google's _fd_update_root fails an assertion.")
+    return FrequentDirectionsConfig(rank=compression, average_gradients=average,
+                                    reset_every=reset_every, relative_floor=1e-6)
 
 
 def _momentum(a: Args, graft_type: str, decoupled_lr: bool, x64: bool | None) -> MomentumConfig:
