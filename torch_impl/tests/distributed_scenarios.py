@@ -24,6 +24,7 @@ from shampoo_spec import (
     EpsilonConfig,
     ExponentConfig,
     FailureConfig,
+    FrequentDirectionsConfig,
     GradientFilterConfig,
     GraftingConfig,
     MomentumConfig,
@@ -51,6 +52,16 @@ RICH = ShampooConfig(
     schedule=ScheduleConfig(precondition_frequency=3, start_preconditioning_step=2),
 )
 Groups = Callable[[dict[str, torch.nn.Parameter]], list[dict[str, Any]]]
+#: RICH's changes for frequent directions (eqs. 6c, 10d): the factors of 4 sketched at
+#: rank 1, gradients averaged over the period of 3, the sketches emptied at step 6.
+FREQUENT_DIRECTIONS: dict[str, Any] = {
+    "statistics": StatisticsConfig(beta2=0.95), "factor_dtype": "float64",
+    "frequent_directions": FrequentDirectionsConfig(rank=1, average_gradients=True,
+                                                    reset_every=5),
+    "schedule": ScheduleConfig(precondition_frequency=3, statistics_frequency=3,
+                               start_preconditioning_step=2),
+    "failure": FailureConfig(nonfinite_gradient="skip_block"),
+}
 
 
 def _one_group(config: ShampooConfig) -> Groups:
@@ -108,6 +119,11 @@ CASES: dict[str, tuple[Groups, torch.dtype, dict[str, Any]]] = {
             RICH, factor_storage_dtype="float16",
             failure=FailureConfig(nonfinite_gradient="skip_block"))),
         torch.float32, {},
+    ),
+    # Eqs. (6c), (10d): sketches on their owner ranks, the gradient sum on every rank.
+    "frequent_directions_skip_block_float64": (
+        _one_group(dataclasses.replace(RICH, **FREQUENT_DIRECTIONS)), torch.float64,
+        {"communication_dtype": "float64"},
     ),
     "large_blocks_adagrad_sum": (
         _one_group(dataclasses.replace(
@@ -250,9 +266,9 @@ def one_block_model(rank: int, world: int) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------- resume
-def resume(rank: int, world: int) -> dict[str, bool]:
+def resume(rank: int, world: int, case: str = "rich_float32") -> dict[str, bool]:
     """W -> 1 and 1 -> W through the distributed state dict equal an uninterrupted run."""
-    case, half = "rich_float32", 4
+    half = 4
     grads = _grads_for(case)
     whole, wps = _make(case, None)
     _run(whole, wps, grads)
@@ -416,7 +432,9 @@ def world_sizes_and_replicas(rank: int, world: int) -> dict[str, Any]:
     """Everything a spawn at this world size checks, in one process start."""
     out: dict[str, Any] = {"equality": equality(rank, world),
                            "one_block": one_block_model(rank, world),
-                           "resume": resume(rank, world)}
+                           "resume": resume(rank, world),
+                           "resume_frequent_directions": resume(
+                               rank, world, "frequent_directions_skip_block_float64")}
     if world == 2:
         out["replicated"] = equality(rank, world, trainers_per_group=1,
                                     only="rich_float32")["rich_float32"]

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from shampoo_spec import (
     BlockingConfig,
     EpsilonConfig,
+    FrequentDirectionsConfig,
     GradientFilterConfig,
     GraftingConfig,
     IterateAveragingConfig,
@@ -67,6 +68,19 @@ CONFIGS = {
         averaging=IterateAveragingConfig(type="schedule_free", train_interp=0.75),
         blocking=BlockingConfig(max_preconditioner_dim=4),
     ),
+    # Eqs. (6c), (10d): factors of 4 sketched at rank 1 on their owners, the gradient sum
+    # of average_gradients on every rank (lossless) or per piece (local).
+    "frequent_directions": ShampooConfig(
+        learning_rate=0.05,
+        factor_dtype="float64",
+        statistics=StatisticsConfig(beta2=0.95),
+        epsilon=EpsilonConfig(value=1e-5, scale="relative"),
+        grafting=GraftingConfig(type="adagrad"),
+        frequent_directions=FrequentDirectionsConfig(rank=1, average_gradients=True,
+                                                     reset_every=3),
+        blocking=BlockingConfig(max_preconditioner_dim=4),
+        schedule=ScheduleConfig(precondition_frequency=2, statistics_frequency=2),
+    ),
 }
 #: case -> (config, parameter dtype). bfloat16 parameters keep float32 state (the
 #: config's factor_dtype; elementwise state in the wider of the two), as in one process.
@@ -75,6 +89,7 @@ CASES = {
     "block_graft_l2_float64": ("block_graft_l2", torch.float64),
     "parameter_graft_bfloat16": ("parameter_graft", torch.bfloat16),
     "schedule_free_float64": ("schedule_free", torch.float64),
+    "frequent_directions_float64": ("frequent_directions", torch.float64),
 }
 
 

@@ -19,7 +19,8 @@ def test_each_variant_changes_its_option_and_steps() -> None:
     assert changed == {"shampoo": set(), "kl": {"statistics"},
                        "spectral": {"spectral", "blocking"}, "sign": {"diagonal"},
                        "gpa": {"averaging"}, "schedule_free": {"averaging"},
-                       "low_rank": {"low_rank"}}
+                       "low_rank": {"low_rank"},
+                       "frequent_directions": {"frequent_directions", "statistics", "schedule"}}
     assert configs["diagonal_adam"].diagonal is not None
     x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
     for name, config in configs.items():

@@ -107,8 +107,9 @@ def test_lossy_communication_bound(world: int) -> None:
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_resume_across_world_sizes(world: int) -> None:
     for r in outcome(world):
-        assert r["resume"] == {"uninterrupted": True, "w_to_1": True, "one_to_w": True,
-                               "blocks_complete": True, "same_dict": True}
+        for key in ("resume", "resume_frequent_directions"):  # the latter: eqs. 6c, 10d
+            assert r[key] == {"uninterrupted": True, "w_to_1": True, "one_to_w": True,
+                              "blocks_complete": True, "same_dict": True}, key
 
 
 def test_replicated_trainer_groups_and_ddp() -> None:

@@ -23,6 +23,7 @@ from shampoo_spec import (
     EigenvalueCorrectionConfig,
     EpsilonConfig,
     ExponentConfig,
+    FrequentDirectionsConfig,
     GraftingConfig,
     LowRankRootConfig,
     ScheduleConfig,
@@ -55,6 +56,15 @@ CONFIGS = {
         epsilon=EpsilonConfig(value=1e-3, scale="relative")),
     # Eq. (10c): the factors above 6 low-rank (the mean over a row's other eigenvalues).
     "low_rank": dataclasses.replace(BASE, low_rank=LowRankRootConfig(rank=4)),
+    # Eqs. (6c), (10d): the factors above 6 sketched at rank 4 (relative eps, from the
+    # sketches' largest values), the gradients averaged over the period of 2, the
+    # sketches emptied at the root step 4.
+    "frequent_directions": dataclasses.replace(
+        BASE, frequent_directions=FrequentDirectionsConfig(rank=4, average_gradients=True,
+                                                           reset_every=3),
+        statistics=StatisticsConfig(beta2=0.95), epsilon=EpsilonConfig(scale="relative"),
+        schedule=ScheduleConfig(precondition_frequency=2, statistics_frequency=2,
+                                start_preconditioning_step=2)),
 }
 SHAPES = [(40,), (24, 30), (3, 8, 10)]
 

@@ -305,24 +305,34 @@ def _stringified(sd: dict[str, Any], key: str = "{}") -> dict[str, Any]:
     """``sd`` with its block and block-dim keys as strings (as DCP's flattening writes them)."""
     def block(b: dict[str, Any]) -> dict[str, Any]:
         return {k: ({key.format(d): t for d, t in v.items()}
-                    if k in ("factors", "inverse_roots") else v) for k, v in b.items()}
+                    if k in ("factors", "inverse_roots", "sketches") else v)
+                for k, v in b.items()}
     state = {n: {**e, "blocks": {key.format(i): block(b) for i, b in e["blocks"].items()}}
              for n, e in sd["state"].items()}
     return {**sd, "state": state}
 
 
-def test_string_keys_of_a_dcp_file_load_and_others_are_refused() -> None:
+@pytest.mark.parametrize("sketched", [False, True], ids=["plain", "frequent_directions"])
+def test_string_keys_of_a_dcp_file_load_and_others_are_refused(sketched: bool) -> None:
     """In one process: block indices and block dims as decimal strings load as the ints
-    (bit for bit the same continuation; the dict itself unchanged); "01" is refused."""
-    from shampoo_spec import ShampooConfig
+    (bit for bit the same continuation; the dict itself unchanged); "01" is refused.
+    With frequent directions (eqs. 6c, 10d) the sketches are keyed by block dim too."""
+    from shampoo_spec import FrequentDirectionsConfig, ScheduleConfig, ShampooConfig
     from shampoo_torch import Shampoo
+
+    config = ShampooConfig(learning_rate=0.1)
+    if sketched:
+        config = ShampooConfig(
+            learning_rate=0.1, schedule=ScheduleConfig(precondition_frequency=2,
+                                                       statistics_frequency=2),
+            frequent_directions=FrequentDirectionsConfig(rank=1, average_gradients=True))
 
     gen = torch.Generator().manual_seed(0)
     grads = [torch.randn(6, 5, generator=gen) for _ in range(4)]
 
     def run(load: dict[str, Any] | None) -> tuple[Shampoo, torch.nn.Parameter]:
         p = torch.nn.Parameter(torch.ones(6, 5))
-        opt = Shampoo([("w", p)], ShampooConfig(learning_rate=0.1))
+        opt = Shampoo([("w", p)], config)
         steps = grads[:2] if load is None else grads[2:]
         if load is not None:
             with torch.no_grad():
@@ -337,6 +347,7 @@ def test_string_keys_of_a_dcp_file_load_and_others_are_refused() -> None:
     sd = opt.distributed_state_dict()
     blocks = sd["state"]["w"]["blocks"]
     assert blocks and all(isinstance(b, int) for b in blocks)
+    assert ("sketches" in blocks[0]) == sketched
     as_strings = _stringified(sd)
     _, expected = run({"w": p.detach(), "optimizer": sd})
     _, got = run({"w": p.detach(), "optimizer": as_strings})

@@ -23,6 +23,7 @@ from shampoo_spec import (
     EigenvalueCorrectionConfig,
     EpsilonConfig,
     FailureConfig,
+    FrequentDirectionsConfig,
     GradientFilterConfig,
     GraftingConfig,
     IterateAveragingConfig,
@@ -101,6 +102,19 @@ RESUME_CASES = {
                             averaging=IterateAveragingConfig(type="schedule_free")),
         torch.float64,
     ),
+    # Eqs. (6c), (10d): the factors of 4 sketched at rank 1 (U, lambda, rho saved) and
+    # the gradient sum S of average_gradients, saved after step 7, mid-period (statistics
+    # and roots every 3rd step, resets at 1, 6, 11), blocks skipped too.
+    "frequent_directions_average_skip_block": (
+        dataclasses.replace(RICH, statistics=StatisticsConfig(beta2=0.95),
+                            frequent_directions=FrequentDirectionsConfig(
+                                rank=1, average_gradients=True, reset_every=5),
+                            schedule=ScheduleConfig(precondition_frequency=3,
+                                                    statistics_frequency=3,
+                                                    start_preconditioning_step=2),
+                            failure=FailureConfig(nonfinite_gradient="skip_block")),
+        torch.float32,
+    ),
     # Eq. (16b): an Adam diagonal preconditioner (its V_D saved), blocks skipped too.
     "diagonal_adam_skip_block": (
         dataclasses.replace(RICH, diagonal=DiagonalPreconditionerConfig(
@@ -177,6 +191,10 @@ def test_resume_is_bit_identical(name: str) -> None:
         assert torch.equal(a, b)
     assert_trees_equal(opt.state_dict(), opt2.state_dict())
     assert opt.metrics == opt2.metrics
+    if config.frequent_directions is not None:  # the saved state held a sketch and a sum
+        blocks = [b for entry in saved["state"].values() for b in entry["blocks"]]
+        assert any(bool(s["lam"].any()) for b in blocks for s in b.get("sketches", {}).values())
+        assert any(bool(entry["gradient_sum"].any()) for entry in saved["state"].values())
 
 
 def test_resume_keeps_the_first_learning_rate_of_a_growing_root_period() -> None:

@@ -42,6 +42,7 @@ from shampoo_spec import (
     EpsilonConfig,
     ExponentConfig,
     FailureConfig,
+    FrequentDirectionsConfig,
     GradientFilterConfig,
     GraftingConfig,
     MomentumConfig,
@@ -260,10 +261,11 @@ META_OPTION_CASES: dict[str, ShampooConfig] = {
 }
 
 
-def stream(seed: int, steps: int = STEPS) -> tuple[dict, list[dict]]:
+def stream(seed: int, steps: int = STEPS, shapes: dict[str, tuple[int, ...]] = SHAPES
+           ) -> tuple[dict, list[dict]]:
     rng = np.random.default_rng(seed)
-    params = {k: rng.standard_normal(s) for k, s in SHAPES.items()}
-    grads = [{k: rng.standard_normal(s) for k, s in SHAPES.items()} for _ in range(steps)]
+    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    grads = [{k: rng.standard_normal(s) for k, s in shapes.items()} for _ in range(steps)]
     return params, grads
 
 
@@ -277,11 +279,12 @@ def max_relative_error(params: dict, ours: list[dict], ref: list[dict]) -> float
     return worst
 
 
-def _check_equals_reference(cases: dict[str, ShampooConfig], name: str, seed_base: int) -> None:
+def _check_equals_reference(cases: dict[str, ShampooConfig], name: str, seed_base: int,
+                            shapes: dict[str, tuple[int, ...]] = SHAPES) -> None:
     """Case ``name`` on its own seeded stream (the seed: ``seed_base`` plus its sorted
     index, so adding a case to one dict moves no other dict's seeds), float64, <= 1e-9."""
     config = cases[name]
-    params, grads = stream(seed=seed_base + sorted(cases).index(name))
+    params, grads = stream(seed=seed_base + sorted(cases).index(name), shapes=shapes)
     ref = reference_run(config, params, grads)
     ours = torch_run(config, params, grads, dtype=np.float64)
     assert max_relative_error(params, ours, ref) <= 1e-9
@@ -312,6 +315,97 @@ LOW_RANK_CASES: dict[str, ShampooConfig] = {
 @pytest.mark.parametrize("name", sorted(LOW_RANK_CASES))
 def test_low_rank_float64_equals_reference(name: str) -> None:
     _check_equals_reference(LOW_RANK_CASES, name, 2000)
+
+
+#: Eqs. (6c), (10d). Sketched at rank 1: every factor of 4 or more; at rank 3: 6 or
+#: more, so "t" (3, 8, 6) keeps its 3 by eq. (6) and "v" is never sketched. The vector
+#: "u" observes rank 1 per step: its sketch spans at most r directions for its first r
+#: root steps, where X = I (its null eigenvalues, rounding noise, count as 0: eq. 10d's
+#: cutoff). Grafting keeps the steps bounded.
+FREQUENT_DIRECTIONS_SHAPES = {"w": (7, 10), "t": (3, 8, 6), "m": (8, 6), "u": (12,), "v": (3,),
+                              "s": ()}
+
+
+def _fd(rank: int, **changes: object) -> ShampooConfig:
+    fd = FrequentDirectionsConfig(rank=rank, **changes)  # type: ignore[arg-type]
+    return cfg(frequent_directions=fd, grafting=ADAGRAD)
+
+
+FREQUENT_DIRECTIONS_CASES: dict[str, ShampooConfig] = {
+    "rank3_sum": _fd(3),
+    "rank1_ema_relative_eps": dataclasses.replace(
+        _fd(1, relative_floor=1e-3), statistics=StatisticsConfig(beta2=0.9),
+        epsilon=EpsilonConfig(value=1e-4, scale="relative")),
+    # Roots at t = 1 (the start: the empty slot, X = I) and every 3rd step; resets at
+    # t = 1, 8, 15 (the root step 15 empties its sketch first).
+    "rank3_average_gradients_every_3_reset": dataclasses.replace(
+        _fd(3, average_gradients=True, reset_every=7), statistics=StatisticsConfig(beta2=0.95),
+        schedule=sched(precondition_frequency=3, statistics_frequency=3), momentum=MOM),
+    # Blocks of 4: factors of 4 sketched at rank 1, those of 3 and 2 by eq. (6).
+    "rank1_blocked_reset_every_4": dataclasses.replace(
+        _fd(1, reset_every=4), blocking=BlockingConfig(max_preconditioner_dim=4,
+                                                       merge_dims_up_to=None)),
+    "rank2_average_relative_eps_next_step": dataclasses.replace(
+        _fd(2, average_gradients=True), epsilon=EpsilonConfig(value=1e-3, scale="relative"),
+        schedule=sched(precondition_frequency=2, statistics_frequency=2,
+                       roots_take_effect="next_step")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FREQUENT_DIRECTIONS_CASES))
+def test_frequent_directions_float64_equals_reference(name: str) -> None:
+    _check_equals_reference(FREQUENT_DIRECTIONS_CASES, name, 3000, FREQUENT_DIRECTIONS_SHAPES)
+
+
+def test_frequent_directions_state_is_the_references() -> None:
+    """Eqs. (6c), (10d): the observations C_k, sketches (U up to each column's sign),
+    inverse roots and the gradient sum S (mid-period) are the reference's."""
+    config = dataclasses.replace(FREQUENT_DIRECTIONS_CASES[
+        "rank3_average_gradients_every_3_reset"], factor_dtype="float64")
+    params, grads = stream(seed=3100, steps=10, shapes=FREQUENT_DIRECTIONS_SHAPES)
+    ref, opt = _stepped_both(config, params, grads)
+    sketched = 0
+    for view in opt.blocks():
+        bs = ref.state[view.name].blocks[view.block]
+        assert view.factors is not None and view.inverse_roots is not None
+        for k, sketch in enumerate(bs.sketches):
+            if bs.factors[k] is None:
+                continue
+            np.testing.assert_allclose(view.factors[k].numpy(), bs.factors[k], rtol=1e-12)
+            np.testing.assert_allclose(view.inverse_roots[k].numpy(), bs.inverse_roots[k],
+                                       rtol=1e-9, atol=1e-9)
+            mine = None if view.sketches is None else view.sketches[k]
+            if sketch is None:
+                assert mine is None
+                continue
+            assert mine is not None
+            sketched += 1
+            u, lam, rho = (x.numpy() for x in mine)
+            np.testing.assert_allclose(lam, sketch.lam, rtol=1e-10)
+            np.testing.assert_allclose(float(rho), sketch.rho, rtol=1e-10)
+            u_ref = sketch.u
+            np.testing.assert_allclose(np.abs(u.T @ u_ref), np.eye(u.shape[1]), atol=1e-9)
+    assert sketched >= 4
+    for i, p in enumerate(opt.param_groups[0]["params"]):
+        name = list(params)[i]
+        np.testing.assert_allclose(opt.state[p]["gradient_sum"].numpy(),
+                                   ref.state[name].gradient_sum, rtol=0, atol=0)
+
+
+def test_frequent_directions_skip_block_equals_reference() -> None:
+    """Eq. (3) "skip_block" with eq. (6c)'s gradient sum: a refused block's entries add 0
+    to S, and the block keeps its observation, sketch and root, as the reference's."""
+    config = dataclasses.replace(
+        FREQUENT_DIRECTIONS_CASES["rank1_blocked_reset_every_4"],
+        frequent_directions=FrequentDirectionsConfig(rank=1, average_gradients=True),
+        schedule=sched(precondition_frequency=2, statistics_frequency=2),
+        failure=FailureConfig(nonfinite_gradient="skip_block"))
+    params, grads = stream(seed=3200, shapes=FREQUENT_DIRECTIONS_SHAPES)
+    grads[3]["w"][0, 0] = np.nan  # a statistics step: one block of w refused
+    grads[4]["t"][1, 2, 3] = np.inf  # between statistics steps: t's block adds 0 to S
+    ref = reference_run(config, params, grads)
+    ours = torch_run(config, params, grads, dtype=np.float64)
+    assert max_relative_error(params, ours, ref) <= 1e-9
 
 
 def test_nonfinite_skip_block_equals_reference() -> None:

@@ -15,7 +15,11 @@ roots every ``period`` steps from step ``period``) with one option changed:
 - ``gpa`` and ``schedule_free``: iterate averaging (eq. 20d) in place of
   nothing (the base has no momentum);
 - ``low_rank``: low-rank inverse roots of rank 64 (eq. 10c, Google's
-  ``compression_rank``; the same eigendecomposition, the n x n root kept).
+  ``compression_rank``; the same eigendecomposition, the n x n root kept);
+- ``frequent_directions``: sketches of rank 64 (eqs. 6c, 10d, Google's
+  ``frequent_directions`` with ``average_grad``): the gradients summed every
+  step, one observation folded into each sketch per period (statistics on
+  the root steps, as the rule requires; no bias correction).
 
 Each runs in turn, whole amortization periods interleaved (Shampoo, AdamW,
 the variants, repeated), after a warm-up past the start step, so every
@@ -34,6 +38,7 @@ import torch
 from shampoo_spec import (
     BlockingConfig,
     DiagonalPreconditionerConfig,
+    FrequentDirectionsConfig,
     IterateAveragingConfig,
     LowRankRootConfig,
     ShampooConfig,
@@ -60,6 +65,10 @@ def variants(period: int) -> dict[str, ShampooConfig]:
         "gpa": replace(base, averaging=IterateAveragingConfig(type="gpa")),
         "schedule_free": replace(base, averaging=IterateAveragingConfig(type="schedule_free")),
         "low_rank": replace(base, low_rank=LowRankRootConfig(rank=64)),
+        "frequent_directions": replace(
+            base, frequent_directions=FrequentDirectionsConfig(rank=64, average_gradients=True),
+            statistics=replace(base.statistics, bias_correction=False),
+            schedule=replace(base.schedule, statistics_frequency=period)),
     }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from shampoo_spec import ParameterPlan
+from shampoo_spec import FrequentDirectionsConfig, ParameterPlan
 
 Rows = torch.Tensor | None  # indices of the block-group rows taking part; None = all rows
 
@@ -50,6 +50,50 @@ class ParamLayout:
 
 
 @dataclass
+class Sketch:
+    """Eq. (10d): the frequent-directions sketches of one sketched dim, stacked over rows.
+
+    ``u`` ``[B, n, r]`` (orthonormal or zero columns), ``lam`` ``[B, r]``
+    (descending, >= 0), ``rho`` ``[B]`` (the tail), all 0 at first, in the
+    factor dtype.
+    """
+
+    u: torch.Tensor
+    lam: torch.Tensor
+    rho: torch.Tensor
+
+    @classmethod
+    def zeros(cls, b: int, n: int, rank: int, dtype: torch.dtype,
+              device: torch.device) -> Sketch:
+        return cls(torch.zeros((b, n, rank), dtype=dtype, device=device),
+                   torch.zeros((b, rank), dtype=dtype, device=device),
+                   torch.zeros(b, dtype=dtype, device=device))
+
+    def take(self, rows: Rows) -> Sketch:
+        """The sketches of ``rows`` (all of them when None)."""
+        return Sketch(take(self.u, rows), take(self.lam, rows), take(self.rho, rows))
+
+    def put(self, rows: Rows, new: Sketch) -> None:
+        """Write ``new`` into ``rows`` (replace the stacks when ``rows`` is None)."""
+        self.u = put(self.u, rows, new.u)
+        self.lam = put(self.lam, rows, new.lam)
+        self.rho = put(self.rho, rows, new.rho)
+
+    def where(self, keep_new: torch.Tensor, new: Sketch) -> Sketch:
+        """Per row: ``new`` where ``keep_new``, else this one."""
+        return Sketch(torch.where(keep_new[:, None, None], new.u, self.u),
+                      torch.where(keep_new[:, None], new.lam, self.lam),
+                      torch.where(keep_new, new.rho, self.rho))
+
+    def row(self, row: int) -> dict[str, torch.Tensor]:
+        """One row's sketch as views (a copy into them writes)."""
+        return {"u": self.u[row], "lam": self.lam[row], "rho": self.rho[row]}
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.u, self.lam, self.rho]
+
+
+@dataclass
 class BlockGroup:
     """Stacked state of every block with one (shape, roots, device) in a param group.
 
@@ -62,7 +106,9 @@ class BlockGroup:
     in ``root_dtype`` (``config.root_dtype``: ``inverse_root_dtype``, eq. 11a,
     or the eigenbases' ``eigenvectors_dtype``, eq. 17a, else the factor dtype;
     None here means ``dtype``); the corrected moment D in ``corrected_dtype``
-    (``config.corrected_dtype``, eq. 17a; None: ``dtype``).
+    (``config.corrected_dtype``, eq. 17a; None: ``dtype``). ``sketches[k]``
+    (eq. 10d) exists for each dim k whose factor is sketched (eq. 6c): its
+    factor slot then holds this statistics step's observation C_k only.
     """
 
     shape: tuple[int, ...]
@@ -80,6 +126,8 @@ class BlockGroup:
     corrected_dtype: torch.dtype | None = None  # D's (eq. 17a); None: ``dtype``
     #: the factors' storage dtype (``factor_storage_dtype``, eq. 11b); None: ``dtype``.
     storage_dtype: torch.dtype | None = None
+    #: eq. (10d): the sketch of each sketched dim k (``frequent_directions``).
+    sketches: dict[int, Sketch] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.root_dtype is None:
@@ -106,11 +154,14 @@ class BlockGroup:
         return len(self.members)
 
     def allocate(self, initial_value: float, eigenvalue_correction: bool,
-                 compresses: Callable[[int], bool] | None = None) -> None:
+                 compresses: Callable[[int], bool] | None = None,
+                 sketch: FrequentDirectionsConfig | None = None) -> None:
         """``c I`` factors (eq. 6), identity inverse roots (eq. 13), zero counters.
 
         ``compresses(n)``: whether eq. (10c) compresses an ``n x n`` factor, whose
         inverse root starts at 0 (Google's zero low-rank preconditioner).
+        ``sketch``: eq. (10d)'s config; a factor it sketches (``sketch.compresses(n)``)
+        gets a zero :class:`Sketch` and, as a compressed one, a zero inverse root.
         """
         b, dev, dt = len(self.members), self.device, self.dtype
         for k in self.dims:
@@ -118,7 +169,11 @@ class BlockGroup:
             eye = torch.eye(n, dtype=dt, device=dev).expand(b, n, n)
             self.factors[k] = (initial_value * eye).to(self.stored_factor_dtype).contiguous()
             self.inverse_roots[k] = eye.to(self.root_dtype, copy=True)  # exact in any dtype
-            if compresses is not None and compresses(n):
+            sketched = sketch is not None and sketch.compresses(n)
+            if sketched:
+                assert sketch is not None
+                self.sketches[k] = Sketch.zeros(b, n, sketch.rank, dt, dev)
+            if sketched or (compresses is not None and compresses(n)):
                 self.inverse_roots[k].zero_()
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)
         self.consecutive_failures = torch.zeros(b, dtype=torch.int64, device=dev)
@@ -130,13 +185,16 @@ class BlockGroup:
         """One block's state as views into the stacks (no copy; a copy into them writes).
 
         Keys: ``factors`` and ``inverse_roots`` (dicts by dim), the counters
-        ``statistics_updates`` and ``consecutive_failures`` and, with
-        eigenvalue correction, ``corrected`` and ``corrected_updates``.
+        ``statistics_updates`` and ``consecutive_failures``, with eigenvalue
+        correction ``corrected`` and ``corrected_updates``, and with sketched
+        dims ``sketches`` (by dim: ``{"u", "lam", "rho"}``, eq. 10d).
         """
         out: dict[str, Any] = {
             "factors": {k: f[row] for k, f in self.factors.items()},
             "inverse_roots": {k: x[row] for k, x in self.inverse_roots.items()},
         }
+        if self.sketches:
+            out["sketches"] = {k: s.row(row) for k, s in self.sketches.items()}
         for name in ("statistics_updates", "consecutive_failures", "corrected_updates",
                      "corrected"):
             value = getattr(self, name)
@@ -145,10 +203,12 @@ class BlockGroup:
         return out
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every stacked tensor of the group (factors, inverse roots, moments, counters)."""
+        """Every stacked tensor of the group (factors, inverse roots, sketches, moments,
+        counters)."""
         extra = (self.statistics_updates, self.consecutive_failures, self.corrected,
                  self.corrected_updates)
         return [*self.factors.values(), *self.inverse_roots.values(),
+                *(t for s in self.sketches.values() for t in s.tensors()),
                 *(t for t in extra if t is not None)]
 
 

@@ -16,12 +16,20 @@ Layout (version 2)::
 
     {"version": 2,
      "state": {index: {"step": int, "param_shape": [int, ...],
-                       "graft"|"filtered"|"momentum"|"graft_momentum": T,
+                       "graft"|"filtered"|"momentum"|"graft_momentum"|"gradient_sum": T,
                        "blocks": [{"factors": {k: T}, "inverse_roots": {k: T},
                                    "statistics_updates": T, "consecutive_failures": T,
-                                   ["corrected": T, "corrected_updates": T]}, ...]}},
+                                   ["corrected": T, "corrected_updates": T],
+                                   ["sketches": {k: {"u": T, "lam": T, "rho": T}}]},
+                                  ...]}},
      "param_groups": [{"lr": float, "config": dict, "params": [index, ...], ...}],
      "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
+
+With ``frequent_directions`` (eqs. 6c, 10d) a block's ``"sketches"`` hold the
+sketch of each sketched dim k (U, lambda, rho in ``factor_dtype``; its
+``"factors"`` entry the last observation C_k), and with ``average_gradients``
+each parameter's ``"gradient_sum"`` the gradients summed since the last
+statistics step (merged shape), so a run resumed mid-period continues bit for bit.
 
 Tensors keep the optimizer's dtypes: factors in ``factor_dtype``, inverse
 roots (eigenbases) in ``config.root_dtype`` (``inverse_root_dtype`` or
@@ -45,22 +53,24 @@ it holds every block, keyed by parameter name and block index::
 
     {"format": "shampoo_torch.distributed_state_dict", "version": 2,
      "state": {name: {"step": int, "param_shape": [int, ...],
-                      "graft"|"filtered"|"momentum"|"graft_momentum": T,
+                      "graft"|"filtered"|"momentum"|"graft_momentum"|"gradient_sum": T,
                       "blocks": {block_index: {"factors": {k: T}, "inverse_roots": {k: T},
                                                "statistics_updates": T,
                                                "consecutive_failures": T,
-                                               ["corrected": T, "corrected_updates": T]}}}},
+                                               ["corrected": T, "corrected_updates": T],
+                                               ["sketches": {k: {...}}]}}}},
      "param_groups": [{"lr": float, "config": dict, "params": [name, ...], ...}],
      "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
 
 ``name`` is the parameter's name (from ``(name, tensor)`` pairs or the
 group's ``param_names``; else ``"param_groups[g]['params'][i] (shape ...)"``),
 ``block_index`` its block in the row-major order of
-``shampoo_spec.plan_parameter`` (eq. 5), ``k`` a preconditioned dim of the
-block; tensors are on the CPU, elementwise state in the parameter's merged
-shape. Nothing depends on the world size, so a dict saved from W ranks loads
-at W' ranks, W' = 1 (plain ``Shampoo``) included, and the run continues bit
-for bit; every rank loads the same dict and keeps its own blocks.
+``shampoo_spec.plan_parameter`` (eq. 5), ``k`` a preconditioned (for
+``"sketches"``, a sketched) dim of the block; tensors are on the CPU,
+elementwise state in the parameter's merged shape. Nothing depends on the
+world size, so a dict saved from W ranks loads at W' ranks, W' = 1 (plain
+``Shampoo``) included, and the run continues bit for bit; every rank loads
+the same dict and keeps its own blocks.
 The same dict serves every mode: a plain ``Shampoo``, one under
 DistributedDataParallel and FSDP2 / HSDP ``shard_mode="lossless"`` save and
 load it alike (the state of whole parameters). ``block_index`` and ``k`` may
@@ -499,7 +509,7 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
 
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
-_INT_KEYED = ("factors", "inverse_roots")  # a block's dicts keyed by block dim k
+_INT_KEYED = ("factors", "inverse_roots", "sketches")  # a block's dicts keyed by block dim k
 
 
 def _ints(tree: Any) -> Any:
@@ -517,9 +527,9 @@ def _int_keys(sd: dict[str, Any]) -> dict[str, Any]:
     DCP flattens a state dict into paths of strings, so a file written by
     ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` (or
     ``dcp.load`` without a template) holds ``"blocks": {"0": ...}`` and a block's
-    ``"factors": {"0": ...}``. Only those dicts, and only when every key is a
-    decimal string (no sign, no leading zero), are converted: anything else is
-    left for validation to refuse.
+    ``"factors": {"0": ...}`` (``"inverse_roots"``, ``"sketches"`` alike). Only
+    those dicts, and only when every key is a decimal string (no sign, no leading
+    zero), are converted: anything else is left for validation to refuse.
     """
     state = sd["state"]
     if not isinstance(state, dict):

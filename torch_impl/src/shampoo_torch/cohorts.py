@@ -66,6 +66,9 @@ class Cohort:
     #: per parameter, eq. (3) ``"skip_block"``: whether each entry's block steps.
     elem_ok: dict[int, torch.Tensor] = field(default_factory=dict)
     filtered: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: eq. (6c), ``average_gradients``: per parameter G^ = S / s, what the statistics
+    #: take in place of ``g`` (empty otherwise).
+    averaged_g: dict[int, torch.Tensor] = field(default_factory=dict)
     #: per block group index: its rows here, their index tensor, their finite flags.
     selected: dict[int, tuple[list[int], Rows, torch.Tensor | None]] = field(default_factory=dict)
     #: per block group of a root step: its rows here and their consecutive failures.

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from shampoo_spec import GradientFilterConfig, ShampooConfig
+from shampoo_spec import GradientFilterConfig, ShampooConfig, is_statistics_step
 
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
@@ -31,7 +31,8 @@ def init_state(
     """A new parameter's ``step`` (0) and the zero elementwise state its config keeps.
 
     ``graft`` (eq. 14b), ``diagonal`` (V_D, eq. 16b), ``filtered`` (eq. 15), ``momentum`` and with
-    separate buffers ``graft_momentum`` (eq. 20), in the merged ``shape``;
+    separate buffers ``graft_momentum`` (eq. 20), ``gradient_sum`` (S of eq. 6c, with
+    ``frequent_directions.average_gradients``), in the merged ``shape``;
     with ``momentum.storage="int8_columnwise"`` and a parameter of rank >= 2
     (``param_shape``), each buffer is int8 in ``param_shape`` and its scales
     ``<key>_scale`` (``param_shape[1:]``, ``momentum.scale_dtype``), eq. (20b).
@@ -43,6 +44,8 @@ def init_state(
         "filtered": cfg.gradient_filter.enabled,
         "momentum": cfg.momentum.enabled,
         "graft_momentum": cfg.momentum.separate_buffers,
+        "gradient_sum": cfg.frequent_directions is not None
+        and cfg.frequent_directions.average_gradients,
     }
     quantized = param_shape is not None and cfg.momentum.quantizes(len(param_shape))
     for key, present in wanted.items():
@@ -126,6 +129,23 @@ def write_momentum(st: dict[str, Any], key: str, value: torch.Tensor,
 def masked(new: torch.Tensor, old: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
     """``new`` where ``ok`` (everywhere when None), else ``old`` (eq. 3, ``"skip_block"``)."""
     return new if ok is None else torch.where(ok, new, old)
+
+
+def statistics_gradient(st: dict[str, Any], g: torch.Tensor, t: int, cfg: ShampooConfig
+                        ) -> torch.Tensor | None:
+    """Eq. (6c), ``frequent_directions.average_gradients``: G^ = S / s of step t's
+    statistics, S the sum of the gradients since the previous statistics step.
+
+    ``g`` is the gradient with eq. (3)'s refused entries 0 (they add 0). S is
+    stored, and emptied after a statistics step. None without
+    ``average_gradients``: eqs. (6), (6c) then take G itself.
+    """
+    if "gradient_sum" not in st:
+        return None
+    total: torch.Tensor = st["gradient_sum"] + g
+    statistics_step = is_statistics_step(t, cfg.schedule)
+    st["gradient_sum"] = torch.zeros_like(total) if statistics_step else total
+    return total / cfg.schedule.statistics_frequency
 
 
 def filter_gradient(

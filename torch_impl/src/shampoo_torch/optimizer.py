@@ -402,7 +402,8 @@ class Shampoo(torch.optim.Optimizer):
         )
 
     def _elementwise_state(self, c: Cohort) -> None:
-        """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (15)."""
+        """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (15), and
+        the gradient sum of eq. (6c) (``average_gradients``)."""
         cfg, params, gp = c.config, c.inp.params, c.inp.gp
         for i in c.positions:
             if c.inp.ok is not None:
@@ -422,6 +423,9 @@ class Shampoo(torch.optim.Optimizer):
                     st["diagonal"], ok,
                 )
             c.filtered[i] = elementwise.filter_gradient(st, c.g[i], c.t, cfg.gradient_filter, ok)
+            averaged = elementwise.statistics_gradient(st, c.g[i], c.t, cfg)  # eq. (6c)
+            if averaged is not None:
+                c.averaged_g[i] = averaged
 
     def _block_state(self, c: Cohort) -> None:
         """Eqs. (6)-(13), (17) per block group: statistics, inverse roots, corrected moment."""
@@ -431,7 +435,9 @@ class Shampoo(torch.optim.Optimizer):
             bg = gp.block_groups[index]
             gb = gather(bg, gp.layouts, c.g, members)
             if is_statistics_step(c.t, cfg.schedule):
-                preconditioner.update_statistics(bg, gb, rows, ok, cfg.statistics)
+                # Eq. (6c): G^, the averaged gradients with average_gradients, else G.
+                observed = gather(bg, gp.layouts, c.averaged_g, members) if c.averaged_g else gb
+                preconditioner.update_statistics(bg, observed, rows, ok, cfg.statistics)
             if not c.roots_lag:
                 self._refresh_group_roots(c, index)
             if cfg.eigenvalue_correction is not None:
@@ -454,7 +460,7 @@ class Shampoo(torch.optim.Optimizer):
             return
         members, rows, ok = c.selected[index]
         bg = c.inp.gp.block_groups[index]
-        updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config)
+        updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config, c.t)
         self._counter(bg.device)["root_failures"].add_(failures)
         c.root_counts.append((bg, members, updated))
 

@@ -41,6 +41,7 @@ from . import grafting, roots
 from .blocks import (
     BlockGroup,
     Rows,
+    Sketch,
     contraction_operands,
     gram_update_,
     mode_product,
@@ -71,11 +72,14 @@ def update_statistics(
     """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as batched GEMMs per dim
     (one triangle of a large factor, :func:`~shampoo_torch.blocks.gram_update_`).
 
-    ``gb`` is the rows' gradient blocks ``[len(rows), *bg.shape]``; ``n`` of
-    eq. (7) counts the update. A 1-d block contracts over nothing (``G G^T``
-    is an outer product); there the update is elementwise, because CPU
-    ``baddbmm`` fuses a rank-1 update differently for one batch row than for
-    several, which would make a block's factor depend on its group.
+    ``gb`` is the rows' gradient blocks ``[len(rows), *bg.shape]`` (G^ of
+    eq. 6c: the averaged gradients with ``frequent_directions.average_gradients``);
+    ``n`` of eq. (7) counts the update. A sketched factor (eq. 6c) takes this
+    step's observation ``C_k = G_(k) G_(k)^T`` only (no decay, no sum), folded
+    into its sketch at the root step (eq. 10d). A 1-d block contracts over
+    nothing (``G G^T`` is an outer product); there the update is elementwise,
+    because CPU ``baddbmm`` fuses a rank-1 update differently for one batch row
+    than for several, which would make a block's factor depend on its group.
     """
     beta2, weight = stats.beta2, stats.update_weight
     in_place = rows is None and ok is None and not stats.quantized
@@ -86,7 +90,11 @@ def update_statistics(
                 if j != k:
                     gk = mode_product(gk, take(bg.inverse_roots[j], rows), j)
         a, b = contraction_operands(gk, k)
-        if bg.storage_dtype is not None:
+        if k in bg.sketches:  # eq. (6c): C_k, this step's observation only
+            old = take(bg.factors[k], rows)
+            new = a * b if a.shape[-1] == 1 else gram_update_(torch.zeros_like(old), a, b,
+                                                              0.0, 1.0)
+        elif bg.storage_dtype is not None:
             # Eq. (11b): the decay on the stored factor in its dtype (torch takes
             # beta2 in float32 and rounds to s, as Meta's _foreach_mul_), the sum with
             # w G G^T in the working precision, rounded once to s (Meta's add_).
@@ -119,7 +127,7 @@ def _trace_scale(trace: torch.Tensor, eps: float, tau: float) -> torch.Tensor:
 
 
 def refresh_inverse_roots(
-    bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig
+    bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. (7), (9)-(13): new inverse roots (or eigenbases, eq. 17) of every factor.
 
@@ -132,11 +140,12 @@ def refresh_inverse_roots(
     result (after the rounding: a float16 root can overflow) keeps the
     previous one and is counted (eq. 13): Newton's failure (eq. 11), or an
     eigendecomposition whose error e reaches ``EighConfig.failure_threshold``
-    tau, ``fl32(e) >= fl32(tau)``. The eigh, Newton and eigenbasis roots take
-    a chunk's rows in one call with their powers per row, the others one block
-    per call on CPU (:func:`~shampoo_torch.invariance.rowwise`); all are stored
-    row-major, so later matmuls pick the same kernel for a block whatever its
-    batch; the
+    tau, ``fl32(e) >= fl32(tau)``. A sketched factor (eq. 10d, at step ``t``)
+    folds its observation into its sketch instead (:func:`_fold_sketch`). The
+    eigh, Newton, eigenbasis and sketch roots take a chunk's rows in one call
+    with their powers per row, the others one block per call on CPU
+    (:func:`~shampoo_torch.invariance.rowwise`); all are stored row-major, so
+    later matmuls pick the same kernel for a block whatever its batch; the
     rows of a factor go in chunks (:func:`~shampoo_torch.blocks.row_chunks`),
     each accepted into the state before the next is read, so the step's
     temporaries do not grow with the group.
@@ -164,10 +173,12 @@ def refresh_inverse_roots(
         # in bg.dtype, at least as wide as their storage).
         row_bytes = bg.factors[k].shape[-1] ** 2 * torch.finfo(bg.dtype).bits // 8
         for part, part_rows in row_chunks(rows, count, row_bytes, bg.device):
-            failed = _refresh_rows(
-                bg, k, part_rows, None if ok is None else ok[part],
-                None if bc is None else bc[part], cfg, tau,
-            )
+            part_ok = None if ok is None else ok[part]
+            if k in bg.sketches:
+                failed = _fold_sketch(bg, k, part_rows, part_ok, cfg, t)
+            else:
+                failed = _refresh_rows(
+                    bg, k, part_rows, part_ok, None if bc is None else bc[part], cfg, tau)
             failures = failures + failed.sum()
             failed_any[part] |= failed
     consecutive = take(bg.consecutive_failures, rows)
@@ -252,6 +263,30 @@ def _refresh_rows(
     if stats.quantized:  # eq. (20c): the accepted root is stored
         new = stored_with_diagonal(new, _SCALE_DTYPES[stats.scale_dtype])
     return _accept(bg, k, rows, new, good, ok)
+
+
+def _fold_sketch(
+    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int
+) -> torch.Tensor:
+    """Eq. (10d) at root step t for sketched factor k of ``rows``: the sketch, emptied
+    first when ``frequent_directions.resets(t)``, takes the observation C_k of eq. (6c)
+    (no eq. 7 or 7b: the config refuses them); the new sketch is stored where the row
+    steps (``ok``) whatever X is, X by eq. (13) (:func:`_accept`); returns the rows
+    that failed."""
+    fd = cfg.frequent_directions
+    assert fd is not None
+    stored = bg.sketches[k]
+    sketch = stored.take(rows)
+    if fd.resets(t):
+        sketch = Sketch(*(torch.zeros_like(x) for x in sketch.tensors()))
+    eps = roots.sketch_epsilon(sketch.lam[:, 0], cfg.epsilon, fd.relative_floor)
+    rtol = fd.zero_rtol(bg.shape[k], cfg.factor_dtype)
+    new, x, good = roots.frequent_directions_root(
+        sketch, take(bg.factors[k], rows), bg.roots[k], cfg.statistics.beta2, eps, rtol)
+    if ok is not None:
+        new = stored.take(rows).where(ok, new)
+    stored.put(rows, new)
+    return _accept(bg, k, rows, x, good, ok)
 
 
 def _accept(bg: BlockGroup, k: int, rows: Rows, new: torch.Tensor, good: torch.Tensor,

@@ -31,6 +31,7 @@ from shampoo_spec import (
     power_iteration_start,
 )
 
+from .blocks import Sketch
 from .invariance import rowwise
 
 
@@ -207,6 +208,61 @@ def root_inverse_eigh(
         values = low_rank_eigenvalues(values, low_rank)
     x = torch.matmul(q * values.unsqueeze(1), q.transpose(1, 2))
     return x, ok & ok_eigh & finite_rows(x)
+
+
+def sketch_epsilon(lam_1: torch.Tensor, eps: EpsilonConfig, relative_floor: float
+                   ) -> torch.Tensor:
+    """Eq. (10d)'s eps_t per row: ``epsilon.value``, times ``max(lambda_1, relative_floor)``
+    when relative (``lam_1`` [B]: each sketch's largest value, after a reset)."""
+    if eps.scale == "absolute":
+        return torch.full_like(lam_1, eps.value)
+    return eps.value * torch.clamp_min(lam_1, relative_floor)
+
+
+def frequent_directions_root(
+    sketch: Sketch, c: torch.Tensor, root: float, beta: float, eps: torch.Tensor, rtol: float,
+) -> tuple[Sketch, torch.Tensor, torch.Tensor]:
+    """Eq. (10d) per row: fold the observation ``c`` (eq. 6c) into the sketch; the new
+    sketch ``(U', lambda', rho')``, X and ok (eq. 13).
+
+    ``M = beta U diag(lambda + eps) U^T + C`` (``c`` [B, n, n], ``eps`` [B]) is
+    decomposed, eigenvalues sigma descending, those at most ``rtol sigma_1`` set
+    to 0 (``FrequentDirectionsConfig.zero_rtol``: the rounding noise of M's null
+    space, which would otherwise decide between X = I and a huge ``rho'^(-1/p)``).
+    ``lambda' = sigma_1..r - sigma_{r+1}`` (eigenvectors U'),
+    ``rho' = max(beta rho + sigma_{r+1}, 0)``, and columns with ``lambda' <= 0``
+    zeroed. ``X = U' diag((sigma_1..r + beta rho)^(-1/p)) U'^T
+    + rho'^(-1/p) (I - U' U'^T)`` (``sigma_i + beta rho = lambda'_i + rho'``, as
+    Google forms it and the reference computes it), or I while some lambda' or
+    rho' is 0 (Google's ``has_zeros``). The powers are taken one row per call
+    (batch invariance). A row whose M is not finite or whose eigh fails keeps
+    its sketch and fails (the reference has no sketch to give there); every
+    other row's sketch is the new one whatever X is.
+    """
+    u, lam, rank = sketch.u, sketch.lam, sketch.u.shape[-1]
+    eye = torch.eye(c.shape[-1], dtype=c.dtype, device=c.device)
+    m = torch.matmul(beta * (u * (lam + eps[:, None])[:, None, :]), u.mT) + c
+    m, finite = sanitize(m)
+    values, vectors, ok_eigh = eigh(symmetrize(m))
+    valid = finite & ok_eigh
+    sigma, v = values.flip(-1), vectors.flip(-1).contiguous()  # descending
+    sigma = torch.where(sigma > rtol * torch.clamp_min(sigma[:, :1], 0.0), sigma, 0.0)
+    cut = sigma[:, rank]
+    new_lam = sigma[:, :rank] - cut[:, None]
+    decayed = beta * sketch.rho
+    new_rho = torch.clamp_min(decayed + cut, 0.0)
+    kept = new_lam > 0
+    new_lam = torch.where(kept, new_lam, 0.0)
+    new_u = v[:, :, :rank] * kept[:, None, :]
+    powers = rowwise(lambda z: z.pow(-1.0 / root),
+                     torch.cat([sigma[:, :rank] + decayed[:, None], new_rho[:, None]], dim=1))
+    x_kept, const = powers[:, :rank], powers[:, rank]
+    x = torch.matmul(new_u * (x_kept - const[:, None])[:, None, :], new_u.mT)
+    x = x + const[:, None, None] * eye
+    has_zeros = ~kept.all(dim=1) | (new_rho <= 0)
+    x = torch.where(has_zeros[:, None, None], eye, x)
+    new = sketch.where(valid, Sketch(new_u, new_lam, new_rho))
+    return new, x, valid & finite_rows(x)
 
 
 def root_inverse_eigh_stored(

@@ -157,7 +157,8 @@ def build_param_group_plan(
             torch, cfg.statistics.scale_dtype)))
     for bg in block_groups:
         bg.allocate(init_scale, cfg.eigenvalue_correction is not None,
-                    None if cfg.low_rank is None else cfg.low_rank.compresses)
+                    None if cfg.low_rank is None else cfg.low_rank.compresses,
+                    cfg.frequent_directions)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]
@@ -203,6 +204,10 @@ class BlockView:
         corrected: with eigenvalue correction, the second moment D in the
             eigenbasis (eq. 17, the block's shape); else None.
         corrected_updates: with eigenvalue correction, the updates of D.
+        sketches: with ``frequent_directions``, per block dim k its sketch
+            ``(U, lambda, rho)`` (eq. 10d; ``factors[k]`` then holds the last
+            observation C_k, eq. 6c), or None where dim k is not sketched;
+            None without sketches or when another rank holds the block.
 
     The counters are None when another rank holds the block. The tensors
     are the optimizer's own (no copy, on its device, in ``factor_dtype``;
@@ -224,6 +229,7 @@ class BlockView:
     consecutive_failures: int | None
     corrected: torch.Tensor | None = None
     corrected_updates: int | None = None
+    sketches: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, ...] | None = None
 
     @property
     def held(self) -> bool:
@@ -258,8 +264,13 @@ def _held_view(view: BlockView, bg: BlockGroup, row: int) -> BlockView:
         return tuple(d.get(k) for k in range(len(bg.shape)))
 
     corrected_updates = st.get("corrected_updates")
+    sketches = None
+    if bg.sketches:
+        held = {k: (s.u[row], s.lam[row], s.rho[row]) for k, s in bg.sketches.items()}
+        sketches = tuple(held.get(k) for k in range(len(bg.shape)))
     return replace(
         view, factors=per_dim(st["factors"]), inverse_roots=per_dim(st["inverse_roots"]),
+        sketches=sketches,
         statistics_updates=int(st["statistics_updates"]),
         consecutive_failures=int(st["consecutive_failures"]), corrected=st.get("corrected"),
         corrected_updates=None if corrected_updates is None else int(corrected_updates),
