@@ -155,6 +155,18 @@ CONFIGS = {
         BASE, momentum=ss.MomentumConfig(),
         averaging=ss.IterateAveragingConfig(type="schedule_free", train_interp=0.8),
         weight_decay=ss.WeightDecayConfig(value=0.01)),
+    # Eqs. (6c), (10d): frequent-directions sketches of the factors of 4 (rank 1),
+    # the averaged gradient sum (placed like the parameters), a reset at step 6,
+    # relative epsilon; statistics with the roots, every 3rd step.
+    "frequent_directions": dataclasses.replace(
+        BASE,
+        frequent_directions=ss.FrequentDirectionsConfig(
+            rank=1, average_gradients=True, reset_every=5),
+        statistics=ss.StatisticsConfig(beta2=0.9),
+        epsilon=ss.EpsilonConfig(value=1e-3, scale="relative"),
+        schedule=ss.ScheduleConfig(precondition_frequency=3, statistics_frequency=3,
+                                   start_preconditioning_step=2),
+    ),
 }
 # Six (4, 4) blocks in one group (uneven over 4 devices), remainders, a
 # vector, a scalar (not preconditioned) and a 3-d tensor.
@@ -252,7 +264,7 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
     if name in ("eigh", "bf16_roots", "int8_momentum", "graft_weight_one_update_bf16",
-                "diagonal", "kl"):
+                "diagonal", "kl", "frequent_directions"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)
@@ -321,7 +333,8 @@ def test_padded_blocks_are_not_failures_nor_skipped() -> None:
 
 @pytest.mark.parametrize(("before", "after", "name"),
                          [(2, 3, "eigh"), (4, 1, "eigh"), (None, 4, "eigh"),
-                          (3, 2, "int8_momentum"), (2, 3, "diagonal")])
+                          (3, 2, "int8_momentum"), (2, 3, "diagonal"),
+                          (2, 3, "frequent_directions")])
 def test_checkpoint_restores_onto_another_device_count(before, after, name, data) -> None:  # noqa: ANN001
     config = CONFIGS[name]
     params, grads = data

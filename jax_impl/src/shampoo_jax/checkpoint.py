@@ -69,6 +69,14 @@ averaging's base sequence Z and Schedule-Free's ``S_t``
 (eq. 20d, ``ShampooState.averaged`` and ``lr_power_sum``, the last two
 fields): after V_D, absent (no arrays) without ``config.averaging``.
 
+Frequent-directions sketches (eq. 10d, ``BlockGroupState.sketches``: U,
+lambda and rho of each sketched factor, the last field of each block group)
+and eq. (6c)'s gradient sum S (``ShampooState.gradient_sum``, the last
+field, elementwise like V) are saved and restored likewise; a state
+without ``frequent_directions`` holds neither, so its layout is unchanged.
+A checkpoint taken between statistics steps keeps the partial sum: the run
+resumes bit for bit (tests/test_frequent_directions.py).
+
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built
 (a finite state stays finite, so such a file is damaged).

@@ -1,7 +1,8 @@
 """The per-block maths of Shampoo on stacks of equal-shape blocks, eqs. (6)-(13), (16)-(18).
 
 :func:`block_step` is everything that needs the block state, in order:
-statistics (eq. 6), inverse roots on root steps (eqs. 7, 9-13), the
+statistics (eq. 6; a sketched factor's observation, eq. 6c), inverse roots on
+root steps (eqs. 7, 9-13; a sketched factor's from its sketch, eq. 10d), the
 eigenvalue-corrected second moment (eq. 17) and the preconditioned,
 block-rescaled stacks (eqs. 16-18; spectral descent's orthogonalized
 blocks, eq. 16c, :func:`orthogonalize`, in place of eq. 16's). Every
@@ -28,8 +29,22 @@ from shampoo_spec import ShampooConfig, SpectralDescentConfig
 from . import blocks as B
 from . import grafting, schedule
 from .quantization import stored
-from .roots import all_finite, basis_still_fits, compute_inverse_root, qr_eigenbasis, rounded
-from .state import BlockGroupState, factor_dtype, statistics_scale_dtype
+from .roots import (
+    all_finite,
+    basis_still_fits,
+    compute_inverse_root,
+    frequent_directions_root,
+    qr_eigenbasis,
+    rounded,
+    sketch_epsilon,
+)
+from .state import (
+    BlockGroupState,
+    Sketch,
+    factor_dtype,
+    select_sketch,
+    statistics_scale_dtype,
+)
 
 Groups = tuple[BlockGroupState, ...]
 
@@ -39,10 +54,12 @@ class BlockInputs(NamedTuple):
     (``filtered`` in the filtered gradient's own dtype when ``inverse_root_dtype`` is set;
     all in the leaves' precision with eqs. 16b, 16c, :func:`shampoo_jax.state.block_dtype`).
 
-    ``grads``: the masked gradient blocks (eq. 6); ``ok``: finite-gradient
-    flags (eq. 3); ``filtered``: the blocks of the (filtered) gradient to
-    precondition (eq. 16), None when the Shampoo direction is not needed;
-    ``graft``: the graft direction's blocks for ``rescale_scope = "block"``
+    ``grads``: the masked blocks of G^ (eqs. 6, 6c: the gradient, or with
+    ``frequent_directions.average_gradients`` the averaged gradient sum; the
+    gradient wherever eq. 17 reads them, eq. 6c being refused with it);
+    ``ok``: finite-gradient flags (eq. 3); ``filtered``: the blocks of the
+    (filtered) gradient to precondition (eq. 16), None when the Shampoo
+    direction is not needed; ``graft``: the graft direction's blocks for ``rescale_scope = "block"``
     (eq. 18), else None.
     """
 
@@ -100,6 +117,10 @@ def update_statistics(
 ) -> Groups:
     """Eq. (6) on statistics steps, for blocks with a finite gradient.
 
+    ``g_blocks`` are eq. (6c)'s G^: the gradient blocks, or with
+    ``frequent_directions.average_gradients`` the averaged sum's
+    (:func:`shampoo_jax.transform`). A sketched factor (eq. 6c) takes
+    ``C = G^_(k) G^_(k)^T`` in place of its running sum.
     With ``statistics.kl`` (eq. 6b, KL-Shampoo) each factor's update takes
     ``G~_k = G_B x_{j != k} X_j``, the block preconditioned on its other
     preconditioned dims by the inverse roots it holds now: :func:`block_step`
@@ -114,7 +135,13 @@ def update_statistics(
         new = []
         for grp, gs, gb, ok in zip(layout.groups, groups, g_blocks, block_ok, strict=False):
             factors = []
-            for k, lk in zip(grp.preconditioned_dims, gs.factors, strict=False):
+            for i, (k, lk) in enumerate(zip(grp.preconditioned_dims, gs.factors, strict=False)):
+                if gs.sketch(i) is not None:
+                    # Eq. (6c): a sketched factor's slot holds this step's observation
+                    # only (no decay, no weight); eq. (10d) folds it into the sketch.
+                    observed = B.factor_contraction(gb, k)
+                    factors.append(jnp.where(ok[:, None, None], observed, lk))
+                    continue
                 # Eq. (6b): the roots held before this step's refresh (KL-Shampoo).
                 gk = _kl_preconditioned(gb, grp, gs.inverse_roots, k) if stats.kl else gb
                 if config.factor_storage_dtype is not None:
@@ -181,6 +208,9 @@ def refresh_inverse_roots(
     count. A failed inverse root (eq. 13) keeps the previous one; the
     returned count adds up failed factors, and a block's
     ``consecutive_failures`` counts its root steps with any failure in a row.
+    A sketched factor (eq. 10d, :func:`fold_sketch`) folds its observation
+    into its sketch and takes the sketch's X; the new sketch is kept for
+    every admitted block, whether X failed or not.
     """
     stats = config.statistics
     on = schedule.is_root_step(t, config.schedule, lr_ratio)
@@ -192,8 +222,9 @@ def refresh_inverse_roots(
         groups, block_ok = operand
         # Eq. (7): bias-corrected factors; then batch every factor of one size
         # and root r, from every block group and dim, into one decomposition.
-        batches: dict[tuple[int, float], list[tuple[int, int, Array]]] = {}
-        wanted: dict[tuple[int, float], list[Array]] = {}
+        # A sketched factor (eq. 10d) is batched apart from the eq. (10)-(11) roots of its size.
+        batches: dict[tuple[int, float, bool], list[tuple[int, int, Array]]] = {}
+        wanted: dict[tuple[int, float, bool], list[Array]] = {}
         for gi, (grp, gs) in enumerate(zip(layout.groups, groups, strict=False)):
             n = gs.statistics_updates
             for i, (k, lk) in enumerate(zip(grp.preconditioned_dims, gs.factors, strict=False)):
@@ -213,12 +244,14 @@ def refresh_inverse_roots(
                 if tau > 0:  # eq. (7b), per block
                     trace = jnp.trace(a, axis1=-2, axis2=-1)
                     a = a * (jnp.maximum(trace, config.epsilon.value) ** -tau)[:, None, None]
-                batches.setdefault((grp.shape[k], grp.roots[k]), []).append((gi, i, a))
-                wanted.setdefault((grp.shape[k], grp.roots[k]), []).append(block_ok[gi])
+                key = (grp.shape[k], grp.roots[k], gs.sketch(i) is not None)
+                batches.setdefault(key, []).append((gi, i, a))
+                wanted.setdefault(key, []).append(block_ok[gi])
         factors_in: dict[tuple[int, int], Array] = {
             (gi, i): a for items in batches.values() for gi, i, a in items
         }
         results: dict[tuple[int, int], tuple[Array, Array]] = {}
+        sketches: dict[tuple[int, int], Sketch] = {}
         token: Array | None = None
         ec = config.eigenvalue_correction
         qr = ec is not None and ec.eigenbasis_method == "qr"  # eq. (17c): below, per factor
@@ -235,12 +268,20 @@ def refresh_inverse_roots(
                 # every thread of a small pool and deadlock (jaxlib 0.10.2, 2
                 # cores). The barrier only orders them; it changes no value.
                 token, a = lax.optimization_barrier((token, a))
-            x, good = compute_inverse_root(a, root, config, active)
+            folded: Sketch | None = None
+            if key[2]:
+                held = [groups[gi].sketch(i) for gi, i, _ in items]
+                stacked = Sketch(*(jnp.concatenate(z) for z in zip(*held, strict=True)))
+                folded, x, good = fold_sketch(stacked, a, root, t, config, active)
+            else:
+                x, good = compute_inverse_root(a, root, config, active)
             token = x
             offset = 0
             for gi, i, a in items:
                 nb = a.shape[0]
                 results[(gi, i)] = (x[offset:offset + nb], good[offset:offset + nb])
+                if folded is not None:
+                    sketches[(gi, i)] = Sketch(*(z[offset:offset + nb] for z in folded))
                 offset += nb
         # Eq. (13): keep the previous inverse root where the new one failed.
         new, failures = [], []
@@ -277,9 +318,15 @@ def refresh_inverse_roots(
             consecutive = jnp.where(
                 ok, jnp.where(any_failed, gs.consecutive_failures + 1, 0), gs.consecutive_failures
             )
-            new.append(
-                gs._replace(inverse_roots=tuple(inverse_roots), consecutive_failures=consecutive)
-            )
+            new_sketches = gs.sketches
+            if gs.sketches is not None:
+                # Eq. (10d): an admitted block keeps its folded sketch whatever
+                # eq. (13) said of its X.
+                new_sketches = tuple(
+                    None if old is None else select_sketch(ok, sketches[(gi, i)], old)
+                    for i, old in enumerate(gs.sketches))
+            new.append(gs._replace(inverse_roots=tuple(inverse_roots),
+                                   consecutive_failures=consecutive, sketches=new_sketches))
             failures.append(failed_factors)
         return tuple(new), failures
 
@@ -294,6 +341,29 @@ def refresh_inverse_roots(
     else:
         groups, failed = lax.cond(on, run, keep, (groups, block_ok))
     return groups, sum((jnp.sum(f, dtype=jnp.int32) for f in failed), zero)  # int32 under x64
+
+
+def fold_sketch(
+    sketch: Sketch, c: Array, root: float, t: Array, config: ShampooConfig,
+    active: Array | None = None,
+) -> tuple[Sketch, Array, Array]:
+    """Eq. (10d) at root step t for a stack of sketched factors: ``(sketch', X, ok)``.
+
+    The sketch is emptied first where ``frequent_directions.reset_every``
+    says so (``(t - 1) mod reset_every = 0``, traced t); eps_t is taken from
+    the (emptied) sketch's lambda_1 (:func:`shampoo_jax.roots.sketch_epsilon`),
+    the zero cutoff from the factor dtype (``FrequentDirectionsConfig.zero_rtol``);
+    then :func:`shampoo_jax.roots.frequent_directions_root` folds the
+    observation ``c`` (eq. 6c) in.
+    """
+    fd = config.frequent_directions
+    assert fd is not None
+    if fd.reset_every is not None:
+        empty = Sketch(*(jnp.zeros_like(z) for z in sketch))
+        sketch = select_sketch(schedule.on_period(t, fd.reset_every, "start"), empty, sketch)
+    eps = sketch_epsilon(sketch.lam, config.epsilon, fd.relative_floor)
+    rtol = fd.zero_rtol(c.shape[-1], config.factor_dtype)
+    return frequent_directions_root(sketch, c, root, config.statistics.beta2, eps, rtol, active)
 
 
 # ------------------------------------------------------------- eq. (17)
@@ -535,6 +605,7 @@ __all__ = [
     "assemble_direction",
     "block_step",
     "corrected_direction",
+    "fold_sketch",
     "orthogonalize",
     "precondition_blocks",
     "refresh_inverse_roots",

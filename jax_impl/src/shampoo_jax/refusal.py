@@ -144,6 +144,11 @@ def refuse_blocks(
     # dtype: under x64 a plain sum would promote the int32 counter to int64.
     skipped = jnp.sum(per_parameter, dtype=jnp.int32) if n else jnp.zeros((), jnp.int32)
     g = [jnp.where(f, x, 0.0) for f, x in zip(finite, g, strict=False)]
-    g_blocks = [jnp.where(B.expand(ok, x), x, 0.0).astype(fdt)
-                for ok, x in zip(block_ok, g_blocks, strict=False)]
-    return Refused(g, g_blocks, block_ok, finite, skipped, per_parameter)
+    return Refused(g, masked_blocks(g_blocks, block_ok, fdt), block_ok, finite, skipped,
+                   per_parameter)
+
+
+def masked_blocks(g_blocks: list[Array], block_ok: list[Array], fdt: Any) -> list[Array]:
+    """Per block group, the stack with refused blocks (eq. 3) zeroed, in ``fdt``."""
+    return [jnp.where(B.expand(ok, x), x, 0.0).astype(fdt)
+            for ok, x in zip(block_ok, g_blocks, strict=False)]

@@ -15,7 +15,9 @@ traced value. The rules are those of ``shampoo_reference.linalg``:
 - :func:`eigenbasis`: the eigenvectors of eq. (17);
 - :func:`compute_inverse_root`: one stack by the configured method; a
   failed or non-finite inverse root is reported (eq. 13) so that the caller
-  keeps the previous one.
+  keeps the previous one;
+- :func:`frequent_directions_root`: eq. (10d), a sketched factor's
+  observation folded into its sketch, and the sketch's inverse root.
 
 ``root`` is always the exponent r of eq. (12); the matrices ``A^(-1/r)``
 (or eigenbases) are inverse roots.
@@ -39,6 +41,8 @@ from shampoo_spec import (
     ShampooConfig,
     power_iteration_start,
 )
+
+from .state import Sketch, select_sketch
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -602,6 +606,66 @@ def compute_inverse_root(
     return x, ok
 
 
+def sketch_epsilon(lam: Array, eps: EpsilonConfig, relative_floor: float) -> Array:
+    """Eq. (10d)'s eps_t per sketch: ``eps.value``, times ``max(lambda_1, relative_floor)``
+    with ``eps.scale = "relative"`` (``lam`` ``[b, r]`` descending: lambda_1 its first);
+    shape ``[b]``."""
+    if eps.scale == "absolute":
+        return jnp.full_like(lam[..., 0], eps.value)
+    out: Array = eps.value * jnp.maximum(lam[..., 0], relative_floor)
+    return out
+
+
+def frequent_directions_root(
+    sketch: Sketch, c: Array, root: float, beta: float, eps: Array, rtol: float,
+    active: Array | None = None,
+) -> tuple[Sketch, Array, Array]:
+    """Eq. (10d) per matrix: fold the observation ``c`` (eq. 6c) into ``sketch``: (sketch', X, ok).
+
+    As reference ``linalg.frequent_directions_root``, in its order of operations::
+
+        M = beta U diag(lambda + eps) U^T + C,   V diag(sigma) V^T = eigh(sym M) (descending)
+        sigma_i <- 0 where sigma_i <= rtol max(sigma_1, 0)
+        lambda' = sigma_1..r - sigma_{r+1},  U' = V_1..r,  rho' = max(beta rho + sigma_{r+1}, 0)
+        U'_i, lambda'_i <- 0 where lambda'_i <= 0
+        X = U' diag((sigma_1..r + beta rho)^(-1/p)) U'^T + rho'^(-1/p) (I - U' U'^T)
+
+    (``sigma_i + beta rho`` is ``lambda'_i + rho'``, formed as Google does),
+    and X = I where some lambda'_i or rho' is 0 (Google's ``has_zeros``).
+    ``rtol``: eq. (10d)'s zero cutoff, ``n eps_f``
+    (``FrequentDirectionsConfig.zero_rtol``): eigenvalues that small are
+    the rounding noise of M's null space, and counting them as 0 makes a
+    sketch of rank <= r give X = I whatever the noise's sign.
+    ``eps`` ``[b]``: eq. (10d)'s eps_t (:func:`sketch_epsilon`); ``active``:
+    as :func:`_eigh`. ``ok`` is False for a non-finite X or M (eq. 13: the
+    caller keeps the previous X); a non-finite M (which eq. 3's bounds keep
+    out) also keeps ``sketch`` as it came, so the stored state stays finite.
+    """
+    rank = sketch.u.shape[-1]
+    scaled = beta * (sketch.u * (sketch.lam + eps[..., None])[..., None, :])
+    m = symmetrize(_matmul(scaled, jnp.swapaxes(sketch.u, -1, -2)) + c)
+    finite = all_finite(m)
+    eye = _eye_like(m)
+    sigma, v = _eigh(jnp.where(finite[..., None, None], m, eye), active)
+    sigma, v = sigma[..., ::-1], v[..., ::-1]  # descending
+    sigma = jnp.where(sigma > rtol * jnp.maximum(sigma[..., :1], 0.0), sigma, 0.0)
+    cut = sigma[..., rank]
+    decayed = beta * sketch.rho
+    rho = jnp.maximum(decayed + cut, 0.0)
+    lam = sigma[..., :rank] - cut[..., None]
+    kept = lam > 0
+    lam = jnp.where(kept, lam, 0.0)
+    u = v[..., :rank] * kept[..., None, :].astype(v.dtype)
+    has_zeros = ~jnp.all(kept, axis=-1) | (rho <= 0)
+    # Where has_zeros the powers may be inf or NaN (rho' = 0): discarded by the where.
+    x = (sigma[..., :rank] + decayed[..., None]) ** (-1.0 / root)
+    const = rho ** (-1.0 / root)
+    x = _matmul(u * (x - const[..., None])[..., None, :], jnp.swapaxes(u, -1, -2))
+    x = jnp.where(has_zeros[..., None, None], eye, x + const[..., None, None] * eye)
+    new = select_sketch(finite, Sketch(u, lam, rho), sketch)
+    return new, x, finite & all_finite(x)
+
+
 __all__ = [
     "all_finite",
     "compute_inverse_root",
@@ -609,9 +673,11 @@ __all__ = [
     "eigenbasis",
     "eigh_error",
     "eigh_passes",
+    "frequent_directions_root",
     "matrix_power",
     "root_inverse_coupled_newton",
     "root_inverse_eigh",
+    "sketch_epsilon",
     "symmetrize",
 ]
 

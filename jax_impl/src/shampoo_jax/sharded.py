@@ -1,12 +1,14 @@
 """Block state and root work sharded over a mesh axis, with no step of lag.
 
 ``shampoo(config, sharding=ShardingConfig(mesh, axis))`` keeps each block
-group's stacked state (factors, inverse roots, corrected moment, per-block
-counters; the leading axis is the blocks) padded to a multiple of the axis
-size and sharded along it with ``NamedSharding(mesh, P(axis))``, so a device
-holds ``ceil(nb / N)`` blocks of every block group. In each step, inside
-``jax.shard_map``, every device runs :func:`shampoo_jax.preconditioner.block_step`
-on its own blocks: statistics (eq. 6), inverse roots on root steps (eqs. 7, 9-13),
+group's stacked state (factors, inverse roots, corrected moment, sketches,
+per-block counters; the leading axis is the blocks) padded to a multiple of
+the axis size and sharded along it with ``NamedSharding(mesh, P(axis))``
+(elementwise states, eq. 6c's gradient sum included, take the parameters'
+placement), so a device holds ``ceil(nb / N)`` blocks of every block group.
+In each step, inside ``jax.shard_map``, every device runs
+:func:`shampoo_jax.preconditioner.block_step` on its own blocks: statistics
+(eqs. 6, 6c), inverse roots on root steps (eqs. 7, 9-13; sketches, eq. 10d),
 the corrected moment (eq. 17) and the preconditioned, block-rescaled blocks
 (eqs. 16-18). The preconditioned blocks are then gathered (``all_gather``)
 and the rest of the step (reassembly, parameter-scope grafting, momentum,
@@ -17,13 +19,14 @@ Same numerics as one device: inverse roots computed at step t precondition step 
 operation in ``block_step`` is per block, so a device computes exactly what
 the single-device program computes for those blocks.
 
-Padding: the padded blocks hold identity factors and inverse roots and zero
-counters, get a zero gradient and ``ok = False`` (eq. 3's mask), so their
-state never changes, their inverse roots are discarded (eq. 13's "keep the
-previous root") and they count neither as skipped blocks nor as root failures; where
-the root method allows it (one-matrix-at-a-time eigh on CPU, coupled Newton)
-they are not even decomposed. Placement (:func:`placement`): device d owns
-slots ``[d c, (d + 1) c)`` of each padded block group stack; the real blocks
+Padding: the padded blocks hold identity factors and inverse roots, zero
+counters and empty sketches (eq. 10d), get a zero gradient and ``ok = False``
+(eq. 3's mask), so their state never changes, their inverse roots are
+discarded (eq. 13's "keep the previous root") and they count neither as
+skipped blocks nor as root failures; where the root method allows it
+(one-matrix-at-a-time eigh on CPU, coupled Newton) they are not even
+decomposed. Placement (:func:`placement`): device d owns slots
+``[d c, (d + 1) c)`` of each padded block group stack; the real blocks
 are put into slots largest root cost (sum of ``n^3``) first, each on the
 device with the least root work so far that has a free slot in its block
 group, so the padding is spread and the root work balanced across devices
@@ -59,7 +62,7 @@ from shampoo_spec import ShampooConfig
 
 from . import blocks as B
 from .preconditioner import BlockInputs, block_step
-from .state import BlockGroupState, ShampooState
+from .state import BlockGroupState, ShampooState, Sketch
 
 
 @dataclass(frozen=True)
@@ -174,9 +177,15 @@ def _eye_fill(x: Array) -> Array:
 
 
 def pad_group(gs: BlockGroupState, size: int, slots: tuple[int, ...]) -> BlockGroupState:
-    """A block group's stacks spread to ``size`` slots: padding has identity matrices."""
+    """A block group's stacks spread to ``size`` slots: padding has identity matrices
+    (and empty sketches, eq. 10d)."""
     def opt(x: Array | None, fill: float) -> Array | None:
         return None if x is None else _spread(x, size, fill, slots)
+
+    sketches = gs.sketches
+    if sketches is not None:
+        sketches = tuple(None if sk is None else Sketch(*(_spread(z, size, 0.0, slots) for z in sk))
+                         for sk in sketches)
 
     return gs._replace(
         factors=tuple(_spread(f, size, _eye_fill(f), slots) for f in gs.factors),
@@ -185,6 +194,7 @@ def pad_group(gs: BlockGroupState, size: int, slots: tuple[int, ...]) -> BlockGr
         consecutive_failures=_spread(gs.consecutive_failures, size, 0, slots),
         corrected_moment=opt(gs.corrected_moment, 0.0),
         corrected_updates=opt(gs.corrected_updates, 0),
+        sketches=sketches,
     )
 
 
@@ -238,6 +248,7 @@ def shard_state(
         graft_momentum=elementwise(state.graft_momentum),
         diagonal=elementwise(state.diagonal),  # eq. (16b)'s V_D: elementwise, as V
         averaged=elementwise(state.averaged),  # eq. (20d)'s Z: the parameters' placement
+        gradient_sum=elementwise(state.gradient_sum),  # eq. (6c)'s S: elementwise, as V
         lr_power_sum=(None if state.lr_power_sum is None
                       else place(state.lr_power_sum, rep)),  # eq. (20d)'s S_t: a scalar
         root_failures=place(state.root_failures, rep),

@@ -1,4 +1,5 @@
-"""The optimizer state pytree and its initialisation (docs/spec.md eqs. 6, 13-15, 16b, 17, 20, 20d).
+"""The optimizer state pytree and its initialisation (docs/spec.md eqs. 6, 6c, 10d, 13-15, 16b,
+17, 20, 20d).
 
 :class:`ShampooState` is what ``shampoo(config).init(params)`` returns: a
 NamedTuple of arrays (checkpoint it as is). Per-block state lives in one
@@ -25,6 +26,19 @@ from shampoo_spec import ShampooConfig
 from . import blocks as B
 
 
+class Sketch(NamedTuple):
+    """Eq. (10d): the frequent-directions sketch of one factor of every block of a group.
+
+    ``u`` ``[nb, n, r]`` (orthonormal or zero columns), ``lam`` ``[nb, r]``
+    (descending, >= 0) and the tail ``rho`` ``[nb]``, all 0 at first, in
+    :func:`factor_dtype`; r is ``frequent_directions.rank``.
+    """
+
+    u: Array
+    lam: Array
+    rho: Array
+
+
 class BlockGroupState(NamedTuple):
     """State of one block group (leading axis: the blocks).
 
@@ -33,6 +47,12 @@ class BlockGroupState(NamedTuple):
     ``inverse_roots`` hold the eigenbases Q_k and ``corrected_moment`` the D
     of eq. (17). Factors and D are in :func:`factor_dtype`, inverse roots in
     :func:`root_dtype` (``inverse_root_dtype`` when set, eq. 11a).
+    With ``frequent_directions`` ``sketches[i]`` is the :class:`Sketch` of a
+    sketched factor (:func:`sketched`; its ``factors[i]`` then holds the last
+    observation C of eq. 6c, not a running sum) and None for the others;
+    ``sketches`` is None without ``frequent_directions``. The field comes
+    last, so the arrays of every state without sketches keep their
+    positions (:mod:`shampoo_jax.checkpoint`).
     """
 
     factors: tuple[Array, ...]
@@ -41,6 +61,11 @@ class BlockGroupState(NamedTuple):
     consecutive_failures: Array  # [nb] int32, eq. (13)
     corrected_moment: Array | None
     corrected_updates: Array | None
+    sketches: tuple[Sketch | None, ...] | None = None
+
+    def sketch(self, i: int) -> Sketch | None:
+        """The sketch of the i-th preconditioned dim's factor (eq. 10d), None if not sketched."""
+        return None if self.sketches is None else self.sketches[i]
 
 
 @jax.tree_util.register_static
@@ -98,9 +123,13 @@ class ShampooState(NamedTuple):
     ``graft`` and starting at the parameters W, and Schedule-Free's
     ``S_t = sum_{i<=t} lr_i^p`` (a scalar in the parameters' precision,
     :func:`power_sum_dtype`; None with ``type="gpa"``);
-    both None without averaging. The fields added last (``diagonal``, then
-    these two) come after every other, so the arrays of every state without
-    them keep their positions (:mod:`shampoo_jax.checkpoint`).
+    both None without averaging. ``gradient_sum`` is eq. (6c)'s S with
+    ``frequent_directions.average_gradients``: the gradients summed since
+    the previous statistics step (refused entries add 0, eq. 3), elementwise
+    like ``graft``; None otherwise. The fields added last (``diagonal``, then
+    ``averaged`` and ``lr_power_sum``, then ``gradient_sum``) come after every
+    other, so the arrays of every state without them keep their positions
+    (:mod:`shampoo_jax.checkpoint`).
     """
 
     # The field shadows tuple.count; the name is optax's convention (and public).
@@ -120,6 +149,7 @@ class ShampooState(NamedTuple):
     diagonal: Any = None
     averaged: Any = None
     lr_power_sum: Any = None
+    gradient_sum: Any = None
 
 
 def _x64_enabled() -> bool:
@@ -242,23 +272,52 @@ def leaf_shapes(leaves: Sequence[Array]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(d) for d in x.shape) for x in leaves)
 
 
+def sketched(config: ShampooConfig, n: int) -> bool:
+    """Whether a preconditioned factor of size n is sketched (eqs. 6c, 10d: ``n > rank + 2``)."""
+    fd = config.frequent_directions
+    return fd is not None and fd.compresses(n)
+
+
+def init_sketch(nb: int, n: int, rank: int, fdt: Any) -> Sketch:
+    """Eq. (10d): the empty sketch (U, lambda, rho all 0) of one factor of ``nb`` blocks."""
+    return Sketch(jnp.zeros((nb, n, rank), fdt), jnp.zeros((nb, rank), fdt),
+                  jnp.zeros((nb,), fdt))
+
+
+def select_sketch(flags: Array | bool, new: Sketch, old: Sketch) -> Sketch:
+    """Per block (``flags`` ``[nb]``, or one Python bool for all): ``new`` where True, else
+    ``old``."""
+    if flags is True:
+        return new
+    if flags is False:
+        return old
+    return Sketch(*(jnp.where(B.expand(jnp.asarray(flags), a), a, b)
+                    for a, b in zip(new, old, strict=True)))
+
+
 def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> BlockGroupState:
-    """A block group before the first step: factors ``c I`` (eq. 6), inverse roots I (eq. 13)."""
+    """A block group before the first step: factors ``c I`` (eq. 6), inverse roots I (eq. 13),
+    empty sketches (eq. 10d) with ``frequent_directions``."""
     nb = grp.size
     init_scale = config.initial_factor_scale
     rdt = root_dtype(config)
-    factors, inverse_roots = [], []
+    fd = config.frequent_directions
+    factors, inverse_roots, sketches = [], [], []
     for k in grp.preconditioned_dims:
-        eye = jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt), (nb, grp.shape[k], grp.shape[k]))
+        n = grp.shape[k]
+        eye = jnp.broadcast_to(jnp.eye(n, dtype=fdt), (nb, n, n))
         scale = jnp.asarray(init_scale, fdt)
         if config.statistics.quantized:  # eq. (20c): c I stored, read back as fl_d(c) I
             scale = jnp.asarray(init_scale, statistics_scale_dtype(config)).astype(fdt)
         factors.append((scale * eye).astype(stored_factor_dtype(config)))
         # Identity before the first root (eq. 13), exact in any storage dtype (eq. 11a);
-        # 0 for a compressed factor (eq. 10c: Google's zero low-rank preconditioner).
+        # 0 for a compressed or sketched factor (eqs. 10c, 10d: Google's zero
+        # low-rank preconditioner).
         lr = config.low_rank
-        start = 0 * eye if lr is not None and lr.compresses(grp.shape[k]) else eye
-        inverse_roots.append(jnp.array(start, dtype=rdt))
+        compressed = sketched(config, n) or (lr is not None and lr.compresses(n))
+        inverse_roots.append(jnp.array(0 * eye if compressed else eye, dtype=rdt))
+        sketches.append(init_sketch(nb, n, fd.rank, fdt)
+                        if fd is not None and sketched(config, n) else None)
     ec = config.eigenvalue_correction is not None
 
     def zeros_i() -> Array:  # a fresh buffer per field, so the state can be donated
@@ -271,6 +330,7 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
         consecutive_failures=zeros_i(),
         corrected_moment=jnp.zeros((nb, *grp.shape), corrected_dtype(config)) if ec else None,
         corrected_updates=zeros_i() if ec else None,
+        sketches=None if fd is None else tuple(sketches),
     )
 
 
@@ -293,7 +353,7 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
     keyed, _ = jax.tree_util.tree_flatten_with_path(params)
     shapes = leaf_shapes([x for _, x in keyed])
     layout = B.make_layout(shapes, config)
-    mom, av = config.momentum, config.averaging
+    mom, av, fd = config.momentum, config.averaging, config.frequent_directions
 
     def zeros() -> Any:
         return jax.tree.map(lambda p: jnp.zeros(p.shape, elementwise_dtype(p.dtype)), params)
@@ -327,6 +387,8 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
             lambda p: jnp.array(p, elementwise_dtype(p.dtype), copy=True), params),
         lr_power_sum=(jnp.zeros((), power_sum_dtype(jax.tree.leaves(params)))
                       if av is not None and av.type == "schedule_free" else None),
+        # Eq. (6c): S starts at zero (average_gradients only).
+        gradient_sum=zeros() if fd is not None and fd.average_gradients else None,
     )
 
 
@@ -344,6 +406,7 @@ __all__ = [
     "BlockGroupState",
     "ParameterInfo",
     "ShampooState",
+    "Sketch",
     "block_dtype",
     "config_json",
     "corrected_dtype",
@@ -351,10 +414,13 @@ __all__ = [
     "factor_dtype",
     "init_group",
     "init_scales",
+    "init_sketch",
     "init_state",
     "leaf_shapes",
     "power_sum_dtype",
     "root_dtype",
     "scale_dtype",
+    "select_sketch",
+    "sketched",
     "stored_factor_dtype",
 ]

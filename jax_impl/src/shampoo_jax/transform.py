@@ -7,7 +7,9 @@ after another:
    and weights in their merged shapes, L2 decay (eq. 2);
 2. :func:`shampoo_jax.refusal.refuse_blocks`: blocks with a non-finite gradient, or one that
    could overflow their state (``shampoo_spec.block_overflows``), are masked
-   out of every state update (eq. 3);
+   out of every state update (eq. 3); :func:`_statistics_gradient`: the
+   gradient the statistics take (eq. 6c's G^, an averaged sum with
+   ``frequent_directions.average_gradients``);
 3. elementwise: :func:`_update_graft_state` (eq. 14b),
    :func:`_update_diagonal_state` (eq. 16b's V_D, by eq. 14b's rule),
    :func:`_filter_gradient` (eq. 15), :func:`_graft_directions` (eq. 14c);
@@ -59,7 +61,7 @@ from . import grafting, quantization, schedule
 from .averaging import averaged_step, eval_coefficient, power_sum
 from .checks import check_learning_rate, check_shapes, check_state
 from .preconditioner import BlockInputs, assemble_direction, block_step
-from .refusal import Refused, refuse_blocks
+from .refusal import Refused, masked_blocks, refuse_blocks
 from .sharded import ShardingConfig, shard_state, sharded_block_step
 from .state import (
     BlockGroupState,
@@ -208,6 +210,9 @@ def shampoo(
         held = [tree.merged(x) for x in (state.graft, state.diagonal) if x is not None]
         masked = refuse_blocks(g, state, held, layout, fdt, sharding,
                                factor_limit(config.factor_storage_dtype))
+        # Eq. (6c): G^, the gradient blocks the statistics take, and the gradient sum S.
+        observed, gradient_sum = _statistics_gradient(
+            state.gradient_sum, masked, t, tree, layout, fdt, config)
         graft_state = _update_graft_state(state.graft, masked, tree, config.grafting)
         diagonal_state = _update_diagonal_state(state.diagonal, masked, tree, config)
         used, new_filtered = _filter_gradient(
@@ -216,8 +221,8 @@ def shampoo(
         graft_dir = _graft_directions(used, graft_state, t, config.grafting)
         use_shampoo = schedule.uses_preconditioner(t, config.schedule)
         groups, failures, shampoo_dir = _shampoo_directions(
-            state, masked, used, diagonal_state, graft_dir, use_shampoo, t, layout, fdt,
-            config, sharding, _lr_ratio(lr, lr_t, config),
+            state, masked, observed, used, diagonal_state, graft_dir, use_shampoo, t, layout,
+            fdt, config, sharding, _lr_ratio(lr, lr_t, config),
         )
         # Eq. (20d): S_t (Schedule-Free) includes this step's rate before mu_x is formed.
         av = config.averaging
@@ -254,6 +259,7 @@ def shampoo(
             diagonal=tree.unmerged(diagonal_state, state.diagonal),
             averaged=tree.unmerged(new_z, state.averaged),
             lr_power_sum=lr_power_sum,
+            gradient_sum=tree.unmerged(gradient_sum, state.gradient_sum),
         )
         return jax.tree.unflatten(treedef, out), new_state
 
@@ -294,6 +300,32 @@ def _merged_inputs(
     if wd.applies("l2"):
         g = [gi + wd.value * wi for gi, wi in zip(g, w, strict=False)]
     return g, w
+
+
+# ------------------------------------------------------------- eq. (6c)
+def _statistics_gradient(
+    gradient_sum: Any, masked: Refused, t: Array, tree: _Tree, layout: B.Layout, fdt: Any,
+    config: ShampooConfig,
+) -> tuple[list[Array], list[Array] | None]:
+    """Eq. (6c): ``(the blocks of G^ for eqs. 6 and 6c, the new gradient sum S)``.
+
+    Without ``frequent_directions.average_gradients`` (no S: ``gradient_sum``
+    None), G^ = G, eq. (3)'s masked blocks. With it, ``S <- S + G`` (refused
+    entries add 0: ``masked.grads`` is zero there), ``G^ = S / s`` (s =
+    ``statistics_frequency``) in every block, sketched factor or not, and S
+    is emptied after a statistics step.
+    """
+    if gradient_sum is None:
+        return masked.blocks, None
+    summed = [(old + g).astype(old.dtype)
+              for old, g in zip(tree.merged(gradient_sum), masked.grads, strict=True)]
+    frequency = config.schedule.statistics_frequency
+    observed = masked_blocks(B.gather([x / frequency for x in summed], layout),
+                             masked.block_ok, fdt)
+    on = schedule.is_statistics_step(t, config.schedule)
+    if on is False:
+        return observed, summed
+    return observed, [jnp.where(on, jnp.zeros_like(x), x) for x in summed]
 
 
 # ------------------------------------------------------- eqs. (14), (15)
@@ -365,6 +397,7 @@ def _graft_directions(
 def _shampoo_directions(
     state: ShampooState,
     masked: Refused,
+    observed: list[Array],
     used: list[Array],
     diagonal_state: list[Array] | None,
     graft_dir: list[Array],
@@ -378,11 +411,12 @@ def _shampoo_directions(
 ) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
     """The block work and each leaf's Shampoo direction: ``(groups, failures, directions)``.
 
-    Statistics (eq. 6), inverse roots (eqs. 7, 9-13) and the corrected moment
-    (eq. 17) always; the preconditioned blocks (eqs. 16-18) when the Shampoo
-    direction is used this step or feeds the separate Shampoo momentum
-    buffer; the directions are None otherwise. On one device or on the
-    devices that own the blocks (:mod:`shampoo_jax.sharded`).
+    Statistics (eq. 6, from ``observed``: the blocks of eq. 6c's G^), inverse
+    roots (eqs. 7, 9-13) and the corrected moment (eq. 17) always; the
+    preconditioned blocks (eqs. 16-18) when the Shampoo direction is used
+    this step or feeds the separate Shampoo momentum buffer; the directions
+    are None otherwise. On one device or on the devices that own the blocks
+    (:mod:`shampoo_jax.sharded`).
 
     With a diagonal preconditioner (eq. 16b) the blocks fed to eq. (16) are
     ``D(F~)``, eq. (14c)'s direction of ``config.diagonal`` with its state
@@ -407,7 +441,7 @@ def _shampoo_directions(
         f_blocks = B.gather(used, layout, None if stored else fdt)
         if config.grafting.rescale_scope == "block":
             gd_blocks = B.gather(graft_dir, layout, fdt)
-    inputs = BlockInputs(masked.blocks, masked.block_ok, f_blocks, gd_blocks)
+    inputs = BlockInputs(observed, masked.block_ok, f_blocks, gd_blocks)
     if sharding is None:
         groups, failures, stacks = block_step(state.groups, inputs, t, layout, config, lr_ratio)
     else:
