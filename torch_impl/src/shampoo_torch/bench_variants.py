@@ -95,10 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         return 1e3 * sum(xs) / len(xs)
 
     shampoo, adamw = ms(trainers["shampoo"].step_times), ms(trainers["adamw"].step_times)
-    print(f"{'variant':15} {'step ms':>9} {'/ Shampoo':>10} {'/ AdamW':>8} {'state MiB':>10}")
+    print(f"{'variant':19} {'step ms':>9} {'/ Shampoo':>10} {'/ AdamW':>8} {'state MiB':>10}")
     for name, t in trainers.items():
         step = ms(t.step_times)
-        print(f"{name:15} {step:9.1f} {step / shampoo:10.2f} {step / adamw:8.2f} "
+        print(f"{name:19} {step:9.1f} {step / shampoo:10.2f} {step / adamw:8.2f} "
               f"{state_bytes(t.opt) / 2**20:10.1f}")
 
 
