@@ -127,7 +127,10 @@ def test_rotation_equivariance(
     data=st.data(),
     seed=st.integers(0, 2**16),
     scale=st.sampled_from([1e-3, 0.5, 7.0, 1e3]),
-    shape=st.sampled_from([(3, 4), (4, 4), (2, 3, 4)]),
+    # Not (3, 4): its 4 x 4 factor has rank 3 at step 1, whose eps = 0 root is infinite
+    # (eq. 13 keeps the previous root; a low-rank one, eq. 10c, starts at 0 and never
+    # moves the parameter, where the bound is 0 / 0).
+    shape=st.sampled_from([(3, 3), (4, 4), (2, 3, 4)]),
 )
 def test_gradient_scale_invariance(
     backend: Backend, data: st.DataObject, seed: int, scale: float, shape: tuple[int, ...]
