@@ -22,6 +22,8 @@ from shampoo_spec import (
     power_iteration_start,
 )
 
+from .lobpcg import lobpcg_top_k, pth_root_difference
+
 Array = NDArray[np.float64]
 
 
@@ -453,6 +455,41 @@ def root_inverse_coupled_newton(
         ridge *= config.retry_epsilon_factor
         result = coupled_newton_iteration(matrix + ridge * np.eye(n), root, config, symmetric)
     return result
+
+
+def root_inverse_deflated_newton(
+    matrix: Array, root: int, eps: EpsilonConfig, config: CoupledNewtonConfig
+) -> NewtonResult:
+    """Eq. (11d): ``(A + eps I)^(-1/root)`` by eq. (11) with the top-k pairs deflated.
+
+    LOBPCG's top-k Ritz pairs (theta, V) of A (``lobpcg_top_k``), lambda_max
+    = max theta for a relative epsilon (instead of eq. 9b), then
+
+        A_d = A - V diag(theta - min theta) V^T
+        X   = Newton(A_d + eps I) - V diag(d) V^T,
+        d_i = (eps + min theta)^(-1/r) - (eps + theta_i)^(-1/r)
+
+    with eq. (11)'s retries on A_d. Where V holds exact eigenvectors this is
+    the root of A + eps I itself; after fewer iterations it is not, which is
+    why the error returned (the one eq. 13 judges) is
+    ``max|X^r (A + eps I) - I|`` on the undeflated factor.
+    """
+    a = symmetrize(matrix)
+    n = a.shape[0]
+    top = lobpcg_top_k(a, config.deflation_rank, config.lobpcg_iterations)
+    low = float(np.min(top.values))
+    shift = top.vectors * np.sqrt(top.values - low)[np.newaxis, :]
+    deflated = a - shift @ shift.T
+    ridge = float(eps.value)
+    if eps.scale == "relative":
+        ridge *= max(float(np.max(top.values)), eps.relative_floor)
+    result = root_inverse_coupled_newton(deflated, root, ridge, config)
+    restore = top.vectors * np.sqrt(pth_root_difference(ridge, low, top.values, root))
+    x = result.root - restore @ restore.T
+    with np.errstate(all="ignore"):
+        check = np.linalg.matrix_power(x, root) @ (a + ridge * np.eye(n))
+        error = float(np.max(np.abs(check - np.eye(n))))
+    return NewtonResult(x, error, result.iterations)
 
 
 def root_inverse_higher_order(

@@ -58,6 +58,7 @@ from .linalg import (
     orthogonalize,
     qr_eigenbasis,
     root_inverse_coupled_newton,
+    root_inverse_deflated_newton,
     root_inverse_eigh,
     root_inverse_eigh_stored,
     root_inverse_eigh_with_error,
@@ -700,10 +701,13 @@ class ReferenceShampoo:
         if isinstance(method, HigherOrderNewtonConfig):
             return root_inverse_higher_order(a, root, method)  # eq. (11c): its own ridge
         if isinstance(method, CoupledNewtonConfig):
-            # Eq. (20c): the read-back factor as it is, not symmetrized (Google's).
-            eps = effective_epsilon(a, cfg.epsilon)
-            result = root_inverse_coupled_newton(a, int(root), eps, method,
-                                                 symmetric=not cfg.statistics.quantized)
+            if method.deflates(a.shape[0]):  # eq. (11d)
+                result = root_inverse_deflated_newton(a, int(root), cfg.epsilon, method)
+            else:
+                # Eq. (20c): the read-back factor as it is, not symmetrized (Google's).
+                eps = effective_epsilon(a, cfg.epsilon)
+                result = root_inverse_coupled_newton(a, int(root), eps, method,
+                                                     symmetric=not cfg.statistics.quantized)
             threshold = method.failure_threshold
             if not math.isfinite(result.error) or (
                 threshold is not None and result.error >= threshold

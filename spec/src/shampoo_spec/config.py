@@ -329,6 +329,12 @@ class CoupledNewtonConfig:
     epsilon multiplied by ``retry_epsilon_factor`` while the final error
     exceeds ``retry_error_threshold``; declare failure (keep the previous
     root) when the final error is non-finite or >= ``failure_threshold``.
+
+    ``deflation_rank`` k > 0 (Google's ``lobpcg_topk_precondition``):
+    eq. (11d), the top-k eigenpairs of a factor of size n > 5k, estimated
+    by ``deflation_iterations`` (None: k) LOBPCG iterations, are deflated
+    before the iteration and restored after it; the failure test then
+    judges the restored root against the undeflated factor.
     """
 
     method: Literal["coupled_newton"] = "coupled_newton"
@@ -339,6 +345,8 @@ class CoupledNewtonConfig:
     retry_epsilon_factor: float = 10.0
     retry_error_threshold: float = 0.05
     failure_threshold: float | None = None
+    deflation_rank: int = 0
+    deflation_iterations: int | None = None
 
     def __post_init__(self) -> None:
         o = "root_inverse"
@@ -354,6 +362,24 @@ class CoupledNewtonConfig:
         v.real(o, "retry_error_threshold", self.retry_error_threshold, low=0.0, low_open=True)
         if self.failure_threshold is not None:
             v.real(o, "failure_threshold", self.failure_threshold, low=0.0, low_open=True)
+        v.integer(o, "deflation_rank", self.deflation_rank, low=0)
+        if self.deflation_iterations is not None:
+            if self.deflation_rank == 0:
+                v.fail(o, "deflation_iterations", self.deflation_iterations,
+                       "None with deflation_rank=0 (no deflation to iterate for)")
+            v.integer(o, "deflation_iterations", self.deflation_iterations, low=1,
+                      high=MAX_NEWTON_ITERATIONS)
+
+    def deflates(self, n: int) -> bool:
+        """Whether an ``n x n`` factor is deflated (eq. 11d): ``n > 5 k``, LOBPCG's limit."""
+        return self.deflation_rank > 0 and n > 5 * self.deflation_rank
+
+    @property
+    def lobpcg_iterations(self) -> int:
+        """Eq. (11d)'s LOBPCG iteration bound m: ``deflation_iterations``, else k."""
+        if self.deflation_iterations is None:
+            return self.deflation_rank
+        return self.deflation_iterations
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1322,6 +1348,12 @@ class ShampooConfig:
             v.fail("root_inverse", "method", self.root_inverse.method,
                    "'coupled_newton' with statistics.storage='int16_columnwise_diagonal' "
                    "(eq. 20c)")
+        if (self.statistics.quantized and isinstance(self.root_inverse, CoupledNewtonConfig)
+                and self.root_inverse.deflation_rank > 0):
+            # Eq. (11d)'s LOBPCG assumes a symmetric factor; eq. (20c)'s are not.
+            v.fail("root_inverse", "deflation_rank", self.root_inverse.deflation_rank,
+                   "0 with statistics.storage='int16_columnwise_diagonal' (eq. 20c's "
+                   "read-back factors are not symmetric; eq. 11d's LOBPCG needs them to be)")
         if self.statistics.quantized and self.inverse_root_dtype is not None:
             v.fail(o, "inverse_root_dtype", self.inverse_root_dtype,
                    "None with statistics.storage='int16_columnwise_diagonal' (the roots are "
