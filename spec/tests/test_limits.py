@@ -19,7 +19,7 @@ FLOAT32_MAX = struct.unpack("<f", bytes.fromhex("ffff7f7f"))[0]  # (2 - 2^-23) 2
 SECTIONS: list[tuple[type[Any], str, dict[str, Any]]] = [
     (ss.StatisticsConfig, "statistics", {}),
     (ss.EpsilonConfig, "epsilon", {}),
-    (ss.CoupledNewtonConfig, "root_inverse", {}),
+    (ss.CoupledNewtonConfig, "root_inverse", {"deflation_rank": 1}),
     (ss.ExponentConfig, "exponents", {}),
     (OrderOverride, "exponents.overrides_by_order[]", {"order": 1, "roots": (2.0,)}),
     (ss.EigenvalueCorrectionConfig, "eigenvalue_correction", {"eigenbasis_method": "qr"}),
@@ -58,6 +58,7 @@ def test_the_field_lists_cover_the_config() -> None:
         "schedule.precondition_frequency", "schedule.statistics_frequency",
         "schedule.start_preconditioning_step", "failure.max_consecutive_root_failures",
         "schedule.precondition_frequency_growth", "eigenvalue_correction.qr_max_iterations",
+        "root_inverse.deflation_rank", "root_inverse.deflation_iterations",
     }
     reals = {f"{owner}.{name}" for _, owner, _, name in REAL_FIELDS}
     assert len(reals) == len(REAL_FIELDS) >= 20
@@ -210,7 +211,8 @@ def test_config_differences() -> None:
 def test_integer_fields_are_bounded_by_max_integer(
     cls: type[Any], owner: str, base: dict[str, Any], name: str
 ) -> None:
-    iterations = ("max_iterations", "power_iteration_steps", "qr_max_iterations")  # <= 10,000
+    iterations = ("max_iterations", "power_iteration_steps", "qr_max_iterations",
+                  "deflation_iterations")  # <= 10,000
     high = MAX_NEWTON_ITERATIONS if name in iterations else ss.MAX_INTEGER
     assert getattr(cls(**{**base, name: high}), name) == high
     for bad in (high + 1, 2**31, 2**62, 10**400, -(2**62), True, 2.0, 2.5, math.nan, "3", [3]):
