@@ -168,6 +168,23 @@ INVENTORY["eigh_inverse_failure_threshold"] = {
     "graft_type": "ADAGRAD", "eigh": True, "inverse_failure_threshold": 1e-30,
 }
 
+#: Eq. (11d): LOBPCG deflation where Google's is well defined (docs/third-party.md):
+#: every statistic of one size. Blocks of 16, nothing merged, the biases graft-only and
+#: the INPUT side: each block's statistic is its first dim's, 16 > 5k. LOBPCG's default
+#: k iterations leave the pairs far from converged (Google then rejects many roots,
+#: and so must we); 20 iterations converge them, and the deflated root is then the
+#: plain root (INVENTORY: no control can tell them apart at 1e-6).
+DEFLATED: Kwargs = {
+    "graft_type": "ADAGRAD", "block_size": 16, "merge_small_dims_block_size": 1,
+    "skip_preconditioning_rank_lt": 2, "preconditioner_type": "INPUT",
+    "lobpcg_topk_precondition": 2,
+}
+DEFLATED_ONE_ITERATION: Kwargs = {**DEFLATED, "lobpcg_topk_precondition": 3,
+                                  "lobpcg_max_iter": 1}
+DEFLATED_RELATIVE: Kwargs = {**DEFLATED, "graft_type": "RMSPROP", "beta2": 0.95,
+                             "relative_matrix_epsilon": True}
+INVENTORY["lobpcg_converged"] = {**DEFLATED, "lobpcg_max_iter": 20}
+
 # Eq. (20b): best_effort_memory_usage_reduction without batch_axis_name quantizes the
 # momentum buffers (beta1 0.9, both of them) of the two weights to int8; the biases stay
 # float. Under x64 Google's buffers, and so its scales, are float64 (from_google(x64=True):
@@ -523,6 +540,10 @@ SKETCHED_AVERAGE: Kwargs = {
     "average_grad": True, "statistics_compute_steps": 3, "preconditioning_compute_steps": 3,
 }
 CONTROLLED: dict[str, tuple[Kwargs, tuple[str, ...]]] = {
+    "lobpcg": (DEFLATED, ("lobpcg_topk_precondition",)),
+    "lobpcg_one_iteration": (DEFLATED_ONE_ITERATION,
+                             ("lobpcg_topk_precondition", "lobpcg_max_iter")),
+    "lobpcg_relative_rmsprop": (DEFLATED_RELATIVE, ("lobpcg_topk_precondition",)),
     "frequent_directions": (SKETCHED, ("frequent_directions",)),
     "frequent_directions_reset": (SKETCHED_RESET, ("reset_preconditioner",)),
     "frequent_directions_relative_rmsprop": (SKETCHED_RELATIVE, ("frequent_directions",)),

@@ -374,6 +374,51 @@ def test_frequent_directions_sketch_of_a_smaller_factor_is_lost_by_google() -> N
     assert _worst_from_reference(FD, *same) < 1e-12
 
 
+LOBPCG: dict[str, Any] = {**BASE, "block_size": 16, "merge_small_dims_block_size": 1,
+                          "lobpcg_topk_precondition": 2}
+
+
+@needs_google
+def test_lobpcg_rejects_every_root_of_a_smaller_factor() -> None:
+    """A defect in DEVIATIONS: with LOBPCG Google judges a root by max|X^p (A + eps I) - I|
+    over the padded matrix, whose padding rows are 0, so a factor smaller than the
+    largest statistic shows the error 1 and keeps its initial identity root for ever.
+    An 11 x 11 factor beside 12 x 12 ones: its roots never change and the reference
+    (which deflates it, eq. 11d) leaves Google; alone, or as large as the others, the
+    two agree to rounding, and there the deflation changes the trajectory."""
+    params, grads = _fd_problem({"w": (12, 12), "v": (11, 11)})
+    with jax.enable_x64(True):
+        tx = ds.distributed_shampoo(**G.google_kwargs(LOBPCG))
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        s0 = G.google_init(tx, p)
+        s = s0
+        for g in grads:
+            _, s = tx.update({k: jnp.asarray(v) for k, v in g.items()}, s, p)
+    for before, after in zip(s0.stats["v"].preconditioners, s.stats["v"].preconditioners,
+                             strict=True):
+        np.testing.assert_array_equal(np.asarray(after), np.eye(11))
+        np.testing.assert_array_equal(np.asarray(before), np.eye(11))
+    assert all(np.abs(np.asarray(x) - np.eye(12)).max() > 0.1
+               for x in s.stats["w"].preconditioners)
+    assert _worst_from_reference(LOBPCG, params, grads) > 1e-2
+    assert _worst_from_reference(LOBPCG, *_fd_problem({"v": (11, 11)})) < 1e-12
+    same = _fd_problem({"w": (12, 12), "v": (12, 12)})
+    assert _worst_from_reference(LOBPCG, *same) < 1e-12
+    _, deflated = bound_and_reference(from_google(LOBPCG, x64=True), *same, np.float64)
+    plain_kwargs = {k: v for k, v in LOBPCG.items() if k != "lobpcg_topk_precondition"}
+    _, plain = bound_and_reference(from_google(plain_kwargs, x64=True), *same, np.float64)
+    assert max(float(np.abs(a[k] - b[k]).max() / np.abs(b[k]).max())
+               for a, b in zip(deflated, plain, strict=True) for k in b) > 1e-2
+
+
+def test_known_crash_predicts_googles_lobpcg_limit() -> None:
+    """JAX's lobpcg_standard needs 5k below the (padded) statistic size."""
+    small = {"v": np.zeros((10, 10))}
+    assert "5 lobpcg_topk_precondition" in (G.known_crash(LOBPCG, small) or "")
+    assert G.known_crash(LOBPCG, {"v": np.zeros((11, 11))}) is None
+    assert G.known_crash({**LOBPCG, "eigh": True}, small) is None
+
+
 @needs_google
 def test_average_grad_changes_googles_state_structure_on_unpreconditioned_parameters() -> None:
     """A defect in DEVIATIONS: with average_grad Google's init gives every parameter a

@@ -261,9 +261,16 @@ def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             reset_preconditioner=draw(st.booleans()),
             statistics_compute_steps=kwargs["preconditioning_compute_steps"],
             decay_preconditioning_compute_steps=False)
+    if draw(st.sampled_from([False, False, True])):
+        # Eq. (11d): LOBPCG deflation (Newton roots only; 0 and negative counts: off, k
+        # iterations, none).
+        kwargs.update(lobpcg_topk_precondition=draw(st.sampled_from([-1, 0, 1, 4])),
+                      lobpcg_max_iter=draw(st.sampled_from([-3, 0, 2, 30])))
     if kwargs.get("best_effort_memory_usage_reduction") and "batch_axis_name" in kwargs:
-        # Eq. (20c) is Google's pmap path with Newton roots (eigh, pjit: refused by name).
+        # Eq. (20c) is Google's pmap path with Newton roots (eigh, pjit: refused by name;
+        # LOBPCG refused by name).
         kwargs["eigh"] = False
+        kwargs.pop("lobpcg_topk_precondition", None)
         kwargs.pop("shard_optimizer_states", None)
         kwargs.pop("num_devices_for_pjit", None)
         kwargs.pop("statistics_partition_spec", None)
@@ -481,6 +488,8 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
                 error_growth_limit=draw(st.sampled_from([None, 1.2])),
                 retries=draw(st.sampled_from([0, 5])),
                 failure_threshold=draw(st.sampled_from([None, 0.1])),
+                **draw(st.sampled_from([{}, {}, {"deflation_rank": 2}, {
+                    "deflation_rank": 1, "deflation_iterations": draw(st.sampled_from([0, 7]))}])),
             ) if newton else draw(st.sampled_from([
                 ss.EighConfig(failure_threshold=draw(st.sampled_from([None, 0.1, 1e-30]))),
                 ss.HigherOrderNewtonConfig(order=draw(st.integers(2, 5)),

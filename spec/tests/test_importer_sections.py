@@ -591,12 +591,34 @@ def test_google_require_and_unsupported() -> None:
     google._unsupported(g(**{key: default for key, (default, _) in google.UNSUPPORTED.items()}))
 
 
-@pytest.mark.parametrize("key", sorted(google.UNSUPPORTED))
-def test_google_unsupported_refuses_naming_the_key(key: str) -> None:
-    default, what = google.UNSUPPORTED[key]
-    value = "x" if default is None else (not default if isinstance(default, bool) else 4)
-    with pytest.raises(NotImplementedError, match=f"from_google.{key} = .*{what[:10]}"):
-        google._unsupported(g(**{key: value}))
+def test_google_imports_every_key() -> None:
+    """At 239a8cd nothing of Google's distributed_shampoo is refused for itself (only
+    the combinations :func:`google._unsupported` and ``_deflation`` name)."""
+    assert google.UNSUPPORTED == {}
+
+
+def test_google_lobpcg_is_deflation_of_the_newton_root() -> None:
+    """Eq. (11d): lobpcg_topk_precondition k -> deflation_rank, lobpcg_max_iter m ->
+    deflation_iterations (0: k, as Google's; < 0: none, as its loop runs); no effect on
+    the eigh path or at k <= 0 (Google's ``if lobpcg_topk_precondition > 0``)."""
+    def root(**kw: object) -> object:
+        return google._preconditioner(g(**kw), 0.999, True).root_inverse
+    newton = root(lobpcg_topk_precondition=3)
+    assert isinstance(newton, ss.CoupledNewtonConfig)
+    assert (newton.deflation_rank, newton.deflation_iterations) == (3, None)
+    assert newton.lobpcg_iterations == 3
+    assert root(lobpcg_topk_precondition=3, lobpcg_max_iter=12).deflation_iterations == 12
+    assert root(lobpcg_topk_precondition=3, lobpcg_max_iter=-2).deflation_iterations == 0
+    plain = ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6, error_growth_limit=1.2,
+                                   retries=5, retry_epsilon_factor=10.0,
+                                   retry_error_threshold=0.05, failure_threshold=0.1)
+    assert root(lobpcg_topk_precondition=0, lobpcg_max_iter=5) == plain
+    assert root(lobpcg_topk_precondition=-4) == plain
+    assert root(lobpcg_topk_precondition=3, eigh=True) == ss.EighConfig(failure_threshold=0.1)
+    with pytest.raises(ValueError, match=r"lobpcg_max_iter = 10001 is invalid"):
+        root(lobpcg_topk_precondition=3, lobpcg_max_iter=10_001)
+    with pytest.raises(ValueError, match=r"lobpcg_topk_precondition = 1.5 is invalid"):
+        root(lobpcg_topk_precondition=1.5)
 
 
 def test_google_grafting() -> None:

@@ -367,7 +367,7 @@ class CoupledNewtonConfig:
             if self.deflation_rank == 0:
                 v.fail(o, "deflation_iterations", self.deflation_iterations,
                        "None with deflation_rank=0 (no deflation to iterate for)")
-            v.integer(o, "deflation_iterations", self.deflation_iterations, low=1,
+            v.integer(o, "deflation_iterations", self.deflation_iterations, low=0,
                       high=MAX_NEWTON_ITERATIONS)
 
     def deflates(self, n: int) -> bool:

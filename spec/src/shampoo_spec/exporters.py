@@ -360,7 +360,7 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     newton = c.root_inverse
     lacks.same("epsilon.placement", placement, "ridge", "Meta's coupled Newton adds a ridge")
     for name in ("error_growth_limit", "retries", "retry_epsilon_factor",
-                 "retry_error_threshold", "failure_threshold"):
+                 "retry_error_threshold", "failure_threshold", "deflation_rank"):
         lacks.same(f"root_inverse.{name}", getattr(newton, name), getattr(_NEWTON_DEFAULTS, name),
                    "Meta's CoupledNewtonConfig has only max_iterations and tolerance")
     return {
@@ -687,6 +687,11 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         for name, value in fixed.items():
             lacks.same(f"root_inverse.{name}", getattr(newton, name), value,
                        "fixed in Google's coupled Newton")
+        if newton.deflation_rank > 0:  # eq. (11d)
+            out["lobpcg_topk_precondition"] = newton.deflation_rank
+            iterations = newton.deflation_iterations
+            # Google's 0 means k iterations; any negative value, none.
+            out["lobpcg_max_iter"] = 0 if iterations is None else (iterations or -1)
     if isinstance(c.root_inverse, HigherOrderNewtonConfig):
         lacks.need(False, "root_inverse.method", c.root_inverse.method,
                    "Google's roots are eigh or its coupled Newton")

@@ -25,6 +25,7 @@ from typing import Any, Literal, NamedTuple
 
 from .._validate import MAX_INTEGER
 from ..config import (
+    MAX_NEWTON_ITERATIONS,
     BlockingConfig,
     CoupledNewtonConfig,
     EighConfig,
@@ -95,10 +96,8 @@ KEYS = {
 }
 
 #: Keys whose non-default values we do not implement: key -> (default, what it does).
-UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "lobpcg_topk_precondition": (0, "LOBPCG"),
-    "lobpcg_max_iter": (0, "LOBPCG"),
-}
+#: Empty at 239a8cd: every key of Google's ``distributed_shampoo`` imports.
+UNSUPPORTED: dict[str, tuple[Any, str]] = {}
 
 #: ``graft_type`` (GraftingType member names) -> ``grafting.type``.
 GRAFTS: dict[str, GraftingType] = {
@@ -261,8 +260,8 @@ def _require(a: Args, key: str) -> None:
 def _unsupported(a: Args) -> None:
     """Reads every key of :data:`UNSUPPORTED`; returns nothing.
 
-    Refuses a non-default value of what we do not implement: LOBPCG, and
-    Google's int16 statistics (its
+    Refuses a non-default value of what we do not implement (nothing at
+    239a8cd but the following): Google's int16 statistics (its
     ``best_effort_memory_usage_reduction`` under ``batch_axis_name``) with
     ``eigh`` or ``shard_optimizer_states``.
     """
@@ -423,9 +422,12 @@ def _preconditioner(
     # Google judges every root by it, eigh roots included (_skip: error >= threshold,
     # the error a float32 metric): eq. (13) for eigh, eq. (11) for Newton.
     threshold = a.number("inverse_failure_threshold", 0.1)
+    quantized = _quantizes_second_moment(a)
     if use_eigh:
         root_inverse: RootInverseConfig = EighConfig(failure_threshold=threshold)
+        _deflation(a, use_eigh, quantized)  # read and checked: the eigh path has none
     else:
+        rank, iterations = _deflation(a, use_eigh, quantized)
         root_inverse = CoupledNewtonConfig(
             max_iterations=100,
             tolerance=1e-6,
@@ -434,9 +436,10 @@ def _preconditioner(
             retry_epsilon_factor=10.0,
             retry_error_threshold=0.05,
             failure_threshold=threshold,
+            deflation_rank=rank,
+            deflation_iterations=iterations,
         )
     override = a.number("exponent_override", 0)
-    quantized = _quantizes_second_moment(a)
     # Eq. (10c): compression_rank, its eigh root floored at 1e-6 like the eigh path's.
     compression = a.integer("compression_rank", 0, low=-MAX_INTEGER)
     sketch = _frequent_directions(a, compression, reset_every)
@@ -464,6 +467,30 @@ def _preconditioner(
         frequent_directions=sketch,
         exponents=ExponentConfig(default="preconditioned_dims", override=max(override, 0.0)),
     )
+
+
+def _deflation(a: Args, use_eigh: bool, quantized: bool) -> tuple[int, int | None]:
+    """Reads ``lobpcg_topk_precondition`` k and ``lobpcg_max_iter`` m: eq. (11d)'s
+    ``(deflation_rank, deflation_iterations)``.
+
+    Google deflates only in its coupled Newton root: with ``eigh`` (or k <= 0)
+    both keys have no effect and (0, None) is returned. m = 0 means k
+    iterations (None); m < 0 runs none (0), as Google's loop does. With the
+    int16 statistics (eq. 20c) the read-back factors are not symmetric, which
+    LOBPCG assumes: refused.
+    """
+    k = a.integer("lobpcg_topk_precondition", 0, low=-MAX_INTEGER)
+    m = a.integer("lobpcg_max_iter", 0, low=-MAX_INTEGER, high=MAX_NEWTON_ITERATIONS)
+    if use_eigh or k <= 0:
+        return 0, None
+    if quantized:
+        raise NotImplementedError(
+            f"from_google.lobpcg_topk_precondition = {k} with best_effort_memory_usage_reduction "
+            f"= True and batch_axis_name = {a.data['batch_axis_name']!r} is not supported "
+            "(eq. 11d's LOBPCG needs symmetric factors; eq. 20c's read-back factors are not): "
+            "lobpcg_topk_precondition = 0."
+        )
+    return k, (None if m == 0 else max(m, 0))
 
 
 def _reset_period(a: Args, beta2: float) -> tuple[int | None, float]:
