@@ -135,6 +135,20 @@ def named_cases() -> list[Case]:
             ),
         ),
         Case(
+            # Eq. (11d): Google's LOBPCG deflation, k = 2 after one LOBPCG step, on blocks
+            # of up to 12 (the 12-vector's factor, above 5k, is deflated; the others take
+            # eq. 11 as it is), relative epsilon (lambda_max = theta_1) and Google's rules.
+            "deflated_newton",
+            _with(
+                root_inverse=ss.CoupledNewtonConfig(
+                    tolerance=1e-12, error_growth_limit=1.2, retries=2, failure_threshold=0.1,
+                    deflation_rank=2, deflation_iterations=1,
+                ),
+                epsilon=ss.EpsilonConfig(value=1e-3, scale="relative", placement="ridge_floor"),
+                blocking=ss.BlockingConfig(max_preconditioner_dim=12, merge_dims_up_to=None),
+            ),
+        ),
+        Case(
             # Meta's CoupledHigherOrderConfig (eq. 11c): its own ridge, order 3.
             "higher_order_newton",
             _with(root_inverse=ss.HigherOrderNewtonConfig(abs_epsilon=1e-3, tolerance=1e-12)),

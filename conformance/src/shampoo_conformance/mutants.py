@@ -16,9 +16,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shampoo_reference import ReferenceShampoo
-from shampoo_reference.linalg import Sketch
+from shampoo_reference.linalg import Sketch, root_inverse_coupled_newton
+from shampoo_reference.lobpcg import lobpcg_top_k
 from shampoo_reference.optimizer import Array, BlockState, ParameterState
-from shampoo_spec import ShampooConfig
+from shampoo_spec import CoupledNewtonConfig, ShampooConfig
 
 
 class _WrongDefaultRoot(ReferenceShampoo):
@@ -126,6 +127,26 @@ class _SketchValuesLost(ReferenceShampoo):
         return replace(new, lam=np.zeros_like(new.lam)), x
 
 
+class _DeflationNotRestored(ReferenceShampoo):
+    """Eq. (11d) without its last step: the Newton root of the deflated factor is kept
+    as it is, the top-k pairs' root never put back (their directions over-amplified)."""
+
+    def _inverse_root(self, a: Array, root: float) -> Array | None:
+        method = self.config.root_inverse
+        if not (isinstance(method, CoupledNewtonConfig) and method.deflates(a.shape[0])
+                and np.all(np.isfinite(a))):
+            return super()._inverse_root(a, root)
+        sym = 0.5 * (a + a.T)
+        top = lobpcg_top_k(sym, method.deflation_rank, method.lobpcg_iterations)
+        shift = top.vectors * np.sqrt(top.values - top.values.min())
+        deflated = sym - shift @ shift.T
+        eps = self.config.epsilon
+        ridge = eps.value * (max(float(top.values.max()), eps.relative_floor)
+                             if eps.scale == "relative" else 1.0)
+        result = root_inverse_coupled_newton(deflated, int(root), ridge, method)
+        return result.root if np.isfinite(result.error) else None
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A reference with one bug: an optimizer class and/or a config rewrite."""
@@ -160,6 +181,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("float32_factors", "factors accumulated in float32", _Float32Factors),
     Mutant("sketch_values_lost", "frequent-directions sketch values forgotten",
            _SketchValuesLost),
+    Mutant("deflation_not_restored", "LOBPCG-deflated root never restored",
+           _DeflationNotRestored),
 )
 
 

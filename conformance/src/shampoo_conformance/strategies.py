@@ -105,6 +105,10 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
                 ss.CoupledNewtonConfig(
                     tolerance=1e-12, max_iterations=300, error_growth_limit=1.2, retries=2
                 ),
+                # Eq. (11d) on the factors above 5 (k = 1 deflates nothing: theta_1 is the
+                # relative epsilon's lambda_max and the error is judged on the factor).
+                ss.CoupledNewtonConfig(tolerance=1e-12, max_iterations=300,
+                                       deflation_rank=1, deflation_iterations=3),
                 # Eq. (11c): its own ridge (the drawn epsilon section is unused by it).
                 ss.HigherOrderNewtonConfig(rel_epsilon=1e-4, abs_epsilon=1e-4,
                                            tolerance=1e-12),
@@ -117,6 +121,8 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
     # n <= 8 moves the symmetric part's eigenvalues by at most n / 65534 of lambda_max
     # (half a step per entry), far below the ridge, so every root converges.
     int16 = (well_conditioned and newton and epsilon.scale == "relative"
+             and not (isinstance(root_inverse, ss.CoupledNewtonConfig)
+                      and root_inverse.deflation_rank > 0)  # eq. (11d): symmetric factors
              and draw(st.sampled_from([False, False, False, True])))
     exponents = draw(
         st.sampled_from(

@@ -33,7 +33,8 @@ class TopK(NamedTuple):
 
 
 def _column_norms(x: Array) -> Array:
-    return np.sqrt(np.sum(x * x, axis=0, keepdims=True))
+    norms: Array = np.sqrt(np.sum(x * x, axis=0, keepdims=True))
+    return norms
 
 
 def _eigh_descending(a: Array) -> tuple[Array, Array]:
@@ -60,7 +61,8 @@ def _svqb(x: Array) -> Array:
     ortho = ortho * keep
     norms = _column_norms(ortho)
     keep = keep & (norms > 0.0)
-    return ortho / np.where(keep, norms, 1.0)
+    out: Array = ortho / np.where(keep, norms, 1.0)
+    return out
 
 
 def _orthonormalize(x: Array) -> Array:
@@ -90,7 +92,7 @@ def _extend_basis(x: Array, m: int) -> Array:
     y = np.concatenate([upper + u @ vt, lower], axis=0)
     other = np.concatenate([np.eye(m), np.zeros((n - k - m, m))], axis=0)
     w = y @ (vt.T * ((2.0 * (1.0 + s)) ** -0.5)[np.newaxis, :])
-    h = -2.0 * (w @ w[k:, :].T @ other)
+    h: Array = -2.0 * (w @ w[k:, :].T @ other)
     h[k:] += other
     return h
 
