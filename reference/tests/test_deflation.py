@@ -135,3 +135,14 @@ def test_deflation_applies_only_above_five_times_the_rank() -> None:
     assert CoupledNewtonConfig(deflation_rank=2, deflation_iterations=7).lobpcg_iterations == 7
     with pytest.raises(ValueError, match=r"root_inverse\.deflation_iterations = 3 is invalid"):
         CoupledNewtonConfig(deflation_iterations=3)
+
+
+def test_a_zero_factor_fails_its_deflated_root() -> None:
+    """LOBPCG on A = 0 meets 0/0 (NaN Ritz vectors) at its second step: the root fails
+    (eq. 13 keeps the previous one), as Google's NaN error fails it."""
+    from shampoo_reference.optimizer import ReferenceShampoo
+    from shampoo_spec import ShampooConfig
+    cfg = ShampooConfig(root_inverse=CoupledNewtonConfig(**GOOGLE_NEWTON, deflation_rank=2),
+                        epsilon=RELATIVE)
+    opt = ReferenceShampoo(cfg, {"w": np.zeros(12)})
+    assert opt._inverse_root(np.zeros((12, 12)), 2.0) is None

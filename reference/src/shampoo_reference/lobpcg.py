@@ -116,6 +116,14 @@ def lobpcg_top_k(a: Array, k: int, max_iterations: int) -> TopK:
     ax = a @ x
     theta = np.sum(x * ax, axis=0)
     r = ax - theta[np.newaxis, :] * x
+    with np.errstate(divide="ignore", invalid="ignore"):  # A = 0: NaN, as JAX's (a failed root)
+        return _iterate(a, k, max_iterations, tol, x, p, r, theta)
+
+
+def _iterate(a: Array, k: int, max_iterations: int, tol: float, x: Array, p: Array, r: Array,
+             theta: Array) -> TopK:
+    """The LOBPCG steps of :func:`lobpcg_top_k` from (X, P, R, theta)."""
+    n = a.shape[0]
     i, converged = 0, 0
     while i < max_iterations and converged < k:
         r = _project_out(np.concatenate([x, p], axis=1), r)

@@ -702,7 +702,12 @@ class ReferenceShampoo:
             return root_inverse_higher_order(a, root, method)  # eq. (11c): its own ridge
         if isinstance(method, CoupledNewtonConfig):
             if method.deflates(a.shape[0]):  # eq. (11d)
-                result = root_inverse_deflated_newton(a, int(root), cfg.epsilon, method)
+                try:
+                    result = root_inverse_deflated_newton(a, int(root), cfg.epsilon, method)
+                except np.linalg.LinAlgError:
+                    # A zero factor's Ritz vectors are 0/0 after one LOBPCG step: NaN,
+                    # which eigh refuses (Google's JAX eigh returns NaN: a failed root).
+                    return None
             else:
                 # Eq. (20c): the read-back factor as it is, not symmetrized (Google's).
                 eps = effective_epsilon(a, cfg.epsilon)

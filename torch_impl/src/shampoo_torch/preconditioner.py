@@ -239,6 +239,8 @@ def _refresh_rows(
         new, good = rowwise(
             partial(roots.root_inverse_higher_order, root=bg.roots[k], config=method), a
         )
+    elif isinstance(method, CoupledNewtonConfig) and method.deflates(a.shape[-1]):  # eq. (11d)
+        new, good = roots.root_inverse_deflated_newton(a, int(bg.roots[k]), cfg.epsilon, method)
     elif isinstance(method, CoupledNewtonConfig):
         new, good = roots.root_inverse_coupled_newton(
             a, int(bg.roots[k]), cfg.epsilon, method,

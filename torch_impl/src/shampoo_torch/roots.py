@@ -1,4 +1,4 @@
-"""Batched inverse roots of stacked factors (docs/spec.md eqs. 9-11, 13, 17).
+"""Batched inverse roots of stacked factors (docs/spec.md eqs. 9-11d, 13, 17).
 
 Every function takes a stack ``[B, n, n]`` of (bias-corrected, eq. 7)
 factors and returns the new inverse roots ``A^(-1/r)`` (or eigenbases)
@@ -15,7 +15,8 @@ itself checks convergence on CUDA (root steps only, amortized). The coupled
 Newton iteration (eq. 11) stops when every row has converged; it asks the
 device whether any row is still running every ``check_every`` iterations
 (1 on CPU, where it is free); the results do not depend on that interval
-because finished rows are frozen.
+because finished rows are frozen. Eq. (11d)'s LOBPCG reads which rows still
+run once per iteration (at most m per root step).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from shampoo_spec import (
 
 from .blocks import Sketch
 from .invariance import rowwise
+from .lobpcg import lobpcg_top_k, pth_root_difference
 
 
 def symmetrize(a: torch.Tensor) -> torch.Tensor:
@@ -106,7 +108,7 @@ def power_iteration_lambda_max(a: torch.Tensor, steps: int, tolerance: float) ->
     row has stopped; the steps in between change no stopped row.
     """
     b, n = a.shape[0], a.shape[-1]
-    start = torch.as_tensor(power_iteration_start(n), dtype=a.dtype, device=a.device)
+    start = torch.as_tensor(power_iteration_start(n).copy(), dtype=a.dtype, device=a.device)
     v = start.expand(b, n).clone()
     s = torch.zeros(b, dtype=a.dtype, device=a.device)
     running = torch.ones(b, dtype=torch.bool, device=a.device)
@@ -450,7 +452,25 @@ def root_inverse_coupled_newton(
     bound).
     """
     a, ok = sanitize(a)
-    ridge = effective_epsilon(a, eps)
+    x, error = _coupled_newton_with_retries(a, root, effective_epsilon(a, eps), config,
+                                            symmetric)
+    return x, ok & _newton_passes(error, config) & finite_rows(x)
+
+
+def _newton_passes(error: torch.Tensor, config: CoupledNewtonConfig) -> torch.Tensor:
+    """Eq. (11)'s failure test per row: the final error finite and ``< failure_threshold``."""
+    good = torch.isfinite(error)
+    if config.failure_threshold is not None:
+        good = good & (error < config.failure_threshold)
+    return good
+
+
+def _coupled_newton_with_retries(
+    a: torch.Tensor, root: int, ridge: torch.Tensor, config: CoupledNewtonConfig,
+    symmetric: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (11) on ``A + ridge I`` per row (``ridge`` [B]) with the retries of
+    :func:`root_inverse_coupled_newton`; (X, final error)."""
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     x, error = coupled_newton_iteration(a + ridge[:, None, None] * eye, root, config, symmetric)
     for _ in range(config.retries):
@@ -465,10 +485,48 @@ def root_inverse_coupled_newton(
                                           symmetric)
         x = torch.where(retry[:, None, None], x2, x)
         error = torch.where(retry, e2, error)
-    good = torch.isfinite(error)
-    if config.failure_threshold is not None:
-        good = good & (error < config.failure_threshold)
-    return x, ok & good & finite_rows(x)
+    return x, error
+
+
+def root_inverse_deflated_newton(
+    a: torch.Tensor, root: int, eps: EpsilonConfig, config: CoupledNewtonConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (11d): ``(A + eps I)^(-1/root)`` per row by eq. (11) with the top-k pairs
+    deflated (Google's ``lobpcg_topk_precondition``); (X, ok).
+
+    Row by row reference ``linalg.root_inverse_deflated_newton``: LOBPCG's
+    top-k Ritz pairs (theta, V) of ``sym(A)`` (:func:`.lobpcg.lobpcg_top_k`,
+    k = ``deflation_rank``, m = ``lobpcg_iterations``), lambda_max = max theta
+    for a relative epsilon (instead of eq. 9b), then
+
+        A_d = A - V diag(theta - min theta) V^T
+        X   = Newton(A_d + eps I) - V diag(d) V^T,
+        d_i = (eps + min theta)^(-1/r) - (eps + theta_i)^(-1/r)
+
+    with eq. (11)'s retries on A_d. Where V holds exact eigenvectors this is
+    the root of A + eps I itself; after fewer iterations it is not, so a row
+    fails (eq. 13) when ``max|X^r (A + eps I) - I|``, on the undeflated
+    factor, is not finite or ``>= failure_threshold``. Only for symmetric
+    factors (the config refuses eq. 20c's read-back ones).
+    """
+    a, ok = sanitize(a)
+    a = symmetrize(a)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    top = lobpcg_top_k(a, config.deflation_rank, config.lobpcg_iterations)
+    low = top.values.amin(dim=-1)
+    # theta - low >= 0: the Ritz values are the top k and low their least.
+    shift = top.vectors * torch.sqrt(top.values - low[:, None])[:, None, :]
+    deflated = a - shift @ shift.mT
+    ridge = torch.full_like(low, eps.value)
+    if eps.scale == "relative":  # max theta: LOBPCG's estimate of lambda_max
+        ridge = ridge * torch.clamp_min(top.values.amax(dim=-1), eps.relative_floor)
+    x, _ = _coupled_newton_with_retries(deflated, root, ridge, config)
+    restore = top.vectors * torch.sqrt(
+        pth_root_difference(ridge, low, top.values, root))[:, None, :]
+    x = x - restore @ restore.mT
+    check = torch.linalg.matrix_power(x, root) @ (a + ridge[:, None, None] * eye)
+    error = (check - eye).abs().flatten(1).amax(dim=1)
+    return x, ok & _newton_passes(error, config) & finite_rows(x)
 
 
 def root_inverse_higher_order(
