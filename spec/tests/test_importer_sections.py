@@ -202,6 +202,57 @@ def test_meta_distribution() -> None:
         meta._distribution(m(use_merge_dims=False))
 
 
+def test_meta_lossless_fully_shard() -> None:
+    """FullyShard/HybridShard with REPLICATE or ROUND_ROBIN gather whole parameters
+    (Meta's lossless distributors): single-device numerics; DEFAULT blocks by shard."""
+    fully, hybrid = "FullyShardDistributedConfig", "HybridShardDistributedConfig"
+    mesh = {"device_mesh": [2, 2]}
+
+    def read(kind: str, **dist: Any) -> tuple[int | None, ss.UpdateDtype | None]:
+        return meta._distribution(m(distributed_config={"type": kind, **dist}))
+
+    for strategy in ("REPLICATE", "ROUND_ROBIN", "FSDPParamAssignmentStrategy.ROUND_ROBIN"):
+        assert read(fully, param_assignment_strategy=strategy) == (1, None)
+        assert read(fully, param_assignment_strategy=strategy, num_sub_groups=3,
+                    target_parameter_dimensionality=2,
+                    load_balancing_config={"type": "LoadBalancingConfig"}) == (2, None)
+        # HybridShard all-gathers the updates over the replicas as DDP does (eq. 21a).
+        assert read(hybrid, param_assignment_strategy=strategy, **mesh) == (1, "float32")
+    assert read(fully, param_assignment_strategy="REPLICATE",
+                target_parameter_dimensionality="inf") == (None, None)
+    for comm, params, want in (("bfloat16", False, "bfloat16"), ("torch.float64", False, None),
+                               ("float32", True, None)):
+        assert read(hybrid, param_assignment_strategy="REPLICATE", communication_dtype=comm,
+                    communicate_params=params, num_trainers_per_group=2, **mesh) == (1, want)
+    with pytest.raises(NotImplementedError, match="communicate_params = True"):
+        read(hybrid, param_assignment_strategy="REPLICATE", communication_dtype="float16",
+             communicate_params=True, **mesh)
+    # DEFAULT (Meta's default) blocks each rank's shard: refused naming field and value.
+    for kind, extra in ((fully, {}), (hybrid, mesh)):
+        for given in ({}, {"param_assignment_strategy": "DEFAULT"}):
+            with pytest.raises(NotImplementedError,
+                               match=r"param_assignment_strategy = 'DEFAULT' .*blocks by "
+                                     r"shard; REPLICATE or ROUND_ROBIN are lossless"):
+                read(kind, **given, **extra)
+    for kind in ("FSDPDistributedConfig", "HSDPDistributedConfig"):
+        with pytest.raises(NotImplementedError, match=rf"distributed_config\.type = '{kind}'"):
+            read(kind)
+    # Meta's own rules and the keys' types.
+    with pytest.raises(ValueError, match="num_sub_groups = 2 is invalid .*REPLICATE"):
+        read(fully, num_sub_groups=2)
+    for key, bad in (("num_sub_groups", 0), ("num_sub_groups", 1.5),
+                     ("param_assignment_strategy", "SHARD"),
+                     ("param_assignment_strategy", "WeightDecayType.REPLICATE"),
+                     ("target_parameter_dimensionality", 0),
+                     ("communication_dtype", "float32")):  # DDP's key, not FullyShard's
+        with pytest.raises(ValueError, match=key):
+            read(fully, **{"param_assignment_strategy": "REPLICATE", key: bad})
+    for key, bad in (("communication_dtype", "int8"), ("num_trainers_per_group", 0),
+                     ("communicate_params", 1), ("device_mesh", None)):
+        with pytest.raises(ValueError, match=key):
+            read(hybrid, **{**mesh, "param_assignment_strategy": "ROUND_ROBIN", key: bad})
+
+
 def test_meta_preconditioner_defaults() -> None:
     p = meta._preconditioner(m(), SHARED)
     assert p.statistics == ss.StatisticsConfig(beta2=0.99, bias_correction=True,

@@ -157,6 +157,15 @@ def _meta_value(key: str, value: Any) -> Any:
     if key == "weight_decay_type":
         # "DECOUPLED" or "WeightDecayType.DECOUPLED" (any dotted prefix).
         return shampoo_types.WeightDecayType[value.rpartition(".")[2]]
+    if key == "param_assignment_strategy":
+        # "REPLICATE" or "FSDPParamAssignmentStrategy.REPLICATE" (any dotted prefix).
+        return shampoo_types.FSDPParamAssignmentStrategy[value.rpartition(".")[2]]
+    if key == "device_mesh" and isinstance(value, list):
+        # HybridShardDistributedConfig's mesh by its shape [replicate, shard]: a new CPU
+        # mesh over the joined process group (a DeviceMesh object is passed as it is).
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh("cpu", tuple(value), mesh_dim_names=("replicate", "shard"))
     if key == "betas":
         return tuple(value)
     if key == "target_parameter_dimensionality" and value == "inf":

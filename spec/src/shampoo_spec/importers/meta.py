@@ -11,7 +11,8 @@ sections hold a bad value, the first one's error is raised. Values are read
 strictly (:mod:`._parse`): booleans must be ``true``/``false``, integers
 integral and at most ``MAX_INTEGER``, numbers finite; ``"inf"`` only for
 ``max_preconditioner_dim`` (no bound). ``weight_decay_type`` is read by
-name or ``"WeightDecayType.NAME"``; dtypes as ``"float32"`` or
+name or ``"WeightDecayType.NAME"``, ``param_assignment_strategy`` by name or
+``"FSDPParamAssignmentStrategy.NAME"``; dtypes as ``"float32"`` or
 ``"torch.float32"``.
 """
 
@@ -387,19 +388,26 @@ def _distribution(a: Args) -> tuple[int | None, UpdateDtype | None]:
     and ``update_dtype``.
 
     Accepts only the layouts whose numerics are single-device ones (none,
-    SingleDevice, DDP, dims merged); FSDP/HSDP and the rest are refused.
+    SingleDevice, DDP, the lossless FSDP2 ones: :func:`_fully_shard`; dims
+    merged). FSDPDistributedConfig, HSDPDistributedConfig and a
+    FullyShard/HybridShard config with ``param_assignment_strategy`` DEFAULT
+    block each rank's shard, not the parameter: refused.
     Returns ``target_parameter_dimensionality`` (default 1; None for inf:
-    neither squeeze nor merge) and, for DDP, ``update_dtype`` (eq. 21a):
-    :func:`_ddp_update_dtype`.
+    neither squeeze nor merge) and, for DDP and HybridShard,
+    ``update_dtype`` (eq. 21a): :func:`_ddp_update_dtype`.
     """
     dist = a.get("distributed_config", None)
     kind = type_of("distributed_config", dist)
-    if kind not in (None, "SingleDeviceDistributedConfig", "DDPDistributedConfig"):
+    if kind in _FULLY_SHARD_KEYS:
+        update_dtype = _fully_shard(kind, dist)
+    elif kind in (None, "SingleDeviceDistributedConfig", "DDPDistributedConfig"):
+        update_dtype = _ddp_update_dtype(dist) if kind == "DDPDistributedConfig" else None
+    else:
         raise NotImplementedError(
             f"distributed_config.type = {kind!r} is not supported yet (FSDP/HSDP "
-            "block by shard)."
+            "block by shard; FullyShardDistributedConfig and HybridShardDistributedConfig "
+            "with param_assignment_strategy REPLICATE or ROUND_ROBIN are lossless)."
         )
-    update_dtype = _ddp_update_dtype(dist) if kind == "DDPDistributedConfig" else None
     target = (dist or {}).get("target_parameter_dimensionality", 1)
     if not a.flag("use_merge_dims", True):
         raise NotImplementedError("use_merge_dims = False is not supported yet.")
@@ -411,9 +419,77 @@ def _distribution(a: Args) -> tuple[int | None, UpdateDtype | None]:
             update_dtype)
 
 
+#: ``FSDPParamAssignmentStrategy`` (member names; each value is its name).
+PARAM_ASSIGNMENT_STRATEGIES = {name: name for name in ("DEFAULT", "REPLICATE", "ROUND_ROBIN")}
+
+_FULLY_SHARD = {"target_parameter_dimensionality", "param_assignment_strategy",
+                "num_sub_groups", "load_balancing_config"}
+#: Meta's FSDP2 (``fully_shard``) config classes and their keys; HybridShard's
+#: also DDPDistributedConfig's (it subclasses both) and its ``device_mesh``.
+_FULLY_SHARD_KEYS = {
+    "FullyShardDistributedConfig": _FULLY_SHARD,
+    "HybridShardDistributedConfig": _FULLY_SHARD | {
+        "device_mesh", "communication_dtype", "num_trainers_per_group", "communicate_params"},
+}
+
+
+def _fully_shard(kind: str, dist: Mapping[str, Any]) -> UpdateDtype | None:
+    """Reads ``FullyShardDistributedConfig`` / ``HybridShardDistributedConfig`` (every key).
+
+    ``param_assignment_strategy`` (an ``FSDPParamAssignmentStrategy`` name,
+    default DEFAULT): REPLICATE and ROUND_ROBIN select Meta's
+    ``FullyShardLosslessDistributor`` / ``HybridShardLosslessDistributor``
+    (distributed_shampoo.py ``_select_distributor_class``), which gather each
+    whole parameter and its whole gradient (``full_tensor`` or all_to_all)
+    onto its owner rank(s), block and precondition it as one device does,
+    and copy the updated parameter back into the shards: single-device
+    numerics. DEFAULT blocks each rank's shard: refused. ``num_sub_groups``
+    (an int >= 1; > 1 needs REPLICATE or ROUND_ROBIN, Meta's rule) splits
+    the group into groups with the same settings (``split_param_groups``);
+    Meta couples no blocks (per-block graft norms and root-failure counters,
+    the step counted per group every step), so it only places work, as do
+    ``load_balancing_config``, ``device_mesh`` and ``num_trainers_per_group``.
+    FullyShard adds the update to the parameters unrounded (the single-device
+    ``Distributor.update_params``): ``update_dtype`` None. HybridShard's
+    lossless distributor spreads the blocks over the replicas and all-gathers
+    the updates (or, with ``communicate_params``, the parameters) in
+    ``communication_dtype`` as DDP does (shampoo_hybrid_shard_distributor.py
+    ``update_params``, inherited): :func:`_ddp_update_dtype`.
+    """
+    d = Args("distributed_config", dist, _FULLY_SHARD_KEYS[kind])
+    strategy = choice("distributed_config.param_assignment_strategy",
+                      d.get("param_assignment_strategy", "DEFAULT"),
+                      PARAM_ASSIGNMENT_STRATEGIES, enum="FSDPParamAssignmentStrategy")
+    sub_groups = d.integer("num_sub_groups", 1, low=1)
+    if strategy == "DEFAULT":
+        if sub_groups > 1:
+            raise ValueError(
+                f"distributed_config.num_sub_groups = {sub_groups} is invalid with "
+                "param_assignment_strategy = 'DEFAULT': num_sub_groups > 1 needs REPLICATE "
+                "or ROUND_ROBIN (Meta's FullyShardDistributedConfig rule)."
+            )
+        raise NotImplementedError(
+            f"distributed_config.param_assignment_strategy = 'DEFAULT' ({kind}) is not "
+            "supported yet: it blocks by shard; REPLICATE or ROUND_ROBIN are lossless."
+        )
+    if kind == "FullyShardDistributedConfig":
+        return None
+    if d.get("device_mesh", None) is None:
+        raise ValueError(
+            "distributed_config.device_mesh is missing: HybridShardDistributedConfig needs "
+            "its 2-D device mesh (replicate, shard)."
+        )
+    trainers = d.integer("num_trainers_per_group", -1, low=-1)
+    if trainers == 0:
+        raise ValueError("distributed_config.num_trainers_per_group = 0 is invalid: "
+                         "allowed -1 or an integer >= 1.")
+    return _ddp_update_dtype(dist)
+
+
 def _ddp_update_dtype(dist: Mapping[str, Any]) -> UpdateDtype | None:
     """Reads ``DDPDistributedConfig.communication_dtype`` (default float32) and
     ``communicate_params`` (default False); returns ``update_dtype`` (eq. 21a).
+    HybridShardDistributedConfig's are the same fields, used the same way.
 
     Meta's DDP distributor copies each block's update ``-lr P`` into an
     all-gather buffer of ``communication_dtype`` (rounding it) and adds the
