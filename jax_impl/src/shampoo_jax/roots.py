@@ -12,6 +12,8 @@ traced value. The rules are those of ``shampoo_reference.linalg``:
 - :func:`root_inverse_coupled_newton`: eq. (11) as a ``lax.while_loop``
   over the whole stack (a matrix stops iterating when it converges, stalls
   or its error grows, while the others go on), then the retries;
+- :func:`root_inverse_deflated_newton`: eq. (11d), the same with LOBPCG's
+  top-k eigenpairs (:mod:`.lobpcg`) deflated before it and restored after;
 - :func:`eigenbasis`: the eigenvectors of eq. (17);
 - :func:`compute_inverse_root`: one stack by the configured method; a
   failed or non-finite inverse root is reported (eq. 13) so that the caller
@@ -42,6 +44,7 @@ from shampoo_spec import (
     power_iteration_start,
 )
 
+from .lobpcg import lobpcg_top_k, pth_root_difference
 from .state import Sketch, select_sketch
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -476,6 +479,50 @@ def root_inverse_coupled_newton(
     return x, error
 
 
+def root_inverse_deflated_newton(
+    a: Array, root: int, eps: EpsilonConfig, config: CoupledNewtonConfig,
+    active: Array | None = None,
+) -> tuple[Array, Array]:
+    """Eq. (11d): ``(A + eps I)^(-1/root)`` per matrix by eq. (11) with the top-k pairs
+    deflated (Google's ``lobpcg_topk_precondition``); ``(X, final error)``.
+
+    Matrix by matrix reference ``linalg.root_inverse_deflated_newton``:
+    LOBPCG's top-k Ritz pairs (theta, V) of ``sym(A)``
+    (:func:`.lobpcg.lobpcg_top_k`, k = ``deflation_rank``, m =
+    ``lobpcg_iterations``), lambda_max = max theta for a relative epsilon
+    (instead of eq. 9b), then
+
+        A_d = A - V diag(theta - min theta) V^T
+        X   = Newton(A_d + eps I) - V diag(d) V^T,
+        d_i = (eps + min theta)^(-1/r) - (eps + theta_i)^(-1/r)
+
+    with eq. (11)'s retries on A_d (:func:`root_inverse_coupled_newton`).
+    Where V holds exact eigenvectors this is the root of A + eps I itself;
+    after fewer iterations it is not, which is why the error returned (the
+    one eq. 13 judges) is ``max|X^r (A + eps I) - I|`` on the undeflated
+    factor. A zero factor's Ritz vectors are 0/0 after one step: NaN, a
+    failed root, as in the reference. Only for symmetric factors (the
+    config refuses eq. 20c's read-back ones). ``active``: as
+    :func:`root_inverse_coupled_newton` (inactive matrices take no LOBPCG
+    step either).
+    """
+    a = symmetrize(a)
+    top = lobpcg_top_k(a, config.deflation_rank, config.lobpcg_iterations, active)
+    low = jnp.min(top.values, axis=-1)
+    # theta - low >= 0: the Ritz values are the top k and low their least.
+    shift = top.vectors * jnp.sqrt(top.values - low[..., None])[..., None, :]
+    deflated = a - _matmul(shift, jnp.swapaxes(shift, -1, -2))
+    ridge = jnp.full_like(low, eps.value)
+    if eps.scale == "relative":  # max theta: LOBPCG's estimate of lambda_max
+        ridge = ridge * jnp.maximum(jnp.max(top.values, axis=-1), eps.relative_floor)
+    x, _ = root_inverse_coupled_newton(deflated, root, ridge, config, active)
+    restore = top.vectors * jnp.sqrt(
+        pth_root_difference(ridge[..., None], low[..., None], top.values, root))[..., None, :]
+    x = x - _matmul(restore, jnp.swapaxes(restore, -1, -2))
+    check = _matmul(matrix_power(x, root), a + ridge[..., None, None] * _eye_like(a))
+    return x, _max_abs_dev(check)
+
+
 def root_inverse_higher_order(
     a: Array, root: float, config: HigherOrderNewtonConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
@@ -553,7 +600,7 @@ def _rank_cutoff(a: Array, eps: EpsilonConfig) -> tuple[float, float] | None:
 def compute_inverse_root(
     a: Array, root: float, config: ShampooConfig, active: Array | None = None
 ) -> tuple[Array, Array]:
-    """Eq. (10)/(11)/(11c)/(17) for one stack of (bias-corrected) factors: ``(inverse root, ok)``.
+    """Eqs. (10), (11), (11c), (11d), (17) for one stack of factors: ``(inverse root, ok)``.
 
     ``ok`` is False where the input or output is non-finite, the coupled
     Newton iteration failed (eq. 11) or an eigendecomposition's error e
@@ -587,19 +634,23 @@ def compute_inverse_root(
     elif isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge
         x, higher_ok = root_inverse_higher_order(a, root, method, active)
         ok = ok & higher_ok
-    else:
-        eps = effective_epsilon(a, config.epsilon, active)
-        if isinstance(method, CoupledNewtonConfig):
+    elif isinstance(method, CoupledNewtonConfig):
+        if method.deflates(a.shape[-1]):  # eq. (11d): its epsilon from LOBPCG's max theta
+            x, error = root_inverse_deflated_newton(a, int(root), config.epsilon, method,
+                                                    active)
+        else:
+            eps = effective_epsilon(a, config.epsilon, active)
             # Eq. (20c): the read-back factors as they are (not symmetrized).
             x, error = root_inverse_coupled_newton(a, int(root), eps, method, active,
                                                    symmetric=not config.statistics.quantized)
-            ok = ok & jnp.isfinite(error)
-            if method.failure_threshold is not None:
-                ok = ok & (error < method.failure_threshold)
-        else:
-            e = config.epsilon
-            x, passes = root_inverse_eigh(a, root, eps, e.placement, active, tau,
-                                          _rank_cutoff(a, e))
+        ok = ok & jnp.isfinite(error)
+        if method.failure_threshold is not None:
+            ok = ok & (error < method.failure_threshold)
+    else:
+        e = config.epsilon
+        eps = effective_epsilon(a, e, active)
+        x, passes = root_inverse_eigh(a, root, eps, e.placement, active, tau,
+                                      _rank_cutoff(a, e))
     if passes is not None:
         ok = ok & passes
     ok = ok & all_finite(x)
@@ -676,6 +727,7 @@ __all__ = [
     "frequent_directions_root",
     "matrix_power",
     "root_inverse_coupled_newton",
+    "root_inverse_deflated_newton",
     "root_inverse_eigh",
     "sketch_epsilon",
     "symmetrize",
