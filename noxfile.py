@@ -212,6 +212,23 @@ def anchors(session: nox.Session, library: str) -> None:
 
 
 @nox.session
+def anchors_tearfree(session: nox.Session) -> None:
+    """Google's ``precondition.tearfree`` against ``from_tearfree`` + shampoo_jax (anchors/).
+
+    Outside CI for now: tearfree's compiled 50-step run of a vector split into
+    32 blocks hung twice in four runs on a 2-core machine (inside XLA's
+    execute; cause not found, that case left out), so this session runs by
+    hand until that is understood. Installs Google's library as ``anchors``
+    does; args go to pytest.
+    """
+    install_library(session, "google")
+    env = hypothesis_env("ci")
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
+    session.run("pytest", *PYTEST_OPTIONS, "anchors/test_tearfree_library.py",
+                *session.posargs, env=env)
+
+
+@nox.session
 @nox.parametrize("library", LIBRARIES)
 def thirdparty(session: nox.Session, library: str) -> None:
     """The conformance suite on a real third-party library (docs/third-party.md).

@@ -34,8 +34,8 @@ def test_package_keeps_the_public_names() -> None:
 
     assert from_meta is importers.from_meta is meta.from_meta
     assert from_google is importers.from_google is google.from_google
-    assert set(importers.__all__) == {"from_meta", "from_google"}
-    assert {"from_meta", "from_google"} <= set(ss.__all__)
+    assert set(importers.__all__) == {"from_meta", "from_google", "from_tearfree"}
+    assert {"from_meta", "from_google", "from_tearfree"} <= set(ss.__all__)
 
 
 # ------------------------------------------------------------------ _parse

@@ -68,7 +68,7 @@ from .errors import (
     StepperUnavailable,
 )
 from .exporters import to_google, to_meta
-from .importers import from_google, from_meta
+from .importers import from_google, from_meta, from_tearfree
 from .limits import (
     FLOAT16_FACTOR_LIMIT,
     LARGE_BLOCK_DIM,
@@ -148,6 +148,7 @@ __all__ = [
     "config_to_dict",
     "from_google",
     "from_meta",
+    "from_tearfree",
     "is_root_step",
     "is_statistics_step",
     "large_block_warnings",

@@ -2,7 +2,9 @@
 
 ``from_meta(kwargs)`` takes the keyword arguments of Meta's
 ``DistributedShampoo(...)`` in JSON form; ``from_google(kwargs)`` those of
-Google's ``distributed_shampoo(...)``. Missing keys take that library's
+Google's ``distributed_shampoo(...)``; ``from_tearfree(options,
+learning_rate)`` the ``TearfreeOptions`` of Google's ``precondition.tearfree``
+(:mod:`.tearfree`). Missing keys take that library's
 defaults, and running the result reproduces that library's numerics (Meta:
 single device; Google: the non-sharded path). Options we do not implement
 raise ``NotImplementedError`` naming the key; malformed values raise
@@ -21,5 +23,6 @@ section of the anchor's arguments.
 
 from .google import from_google
 from .meta import from_meta
+from .tearfree import from_tearfree
 
-__all__ = ["from_google", "from_meta"]
+__all__ = ["from_google", "from_meta", "from_tearfree"]

@@ -1,0 +1,275 @@
+"""Google's real ``precondition.tearfree`` against ``shampoo_jax`` on a small real model.
+
+What is compared: ``tearfree.optimizer.tearfree(lr, TearfreeOptions(...))``
+(64-bit JAX, CPU) and ``shampoo_jax.shampoo(from_tearfree(options, lr,
+x64=True))``, each training the digits MLP of ``anchors/test_google_library.py``
+(its ``_problem``, ``_loss``, ``_trajectory`` and ``_worst_relative_deviation``,
+loaded from that file) from the same weights over the same 50 minibatches.
+Per case: over every step and parameter, ``||w_tearfree - w_ours||_inf /
+||w_tearfree||_inf <= 1e-8`` (both run the same float64 algorithm; the
+difference is rounding, amplified by the dynamics). Each case also runs a
+control, ours imported from the options with the case's option set back
+(:data:`CASES`), which must deviate from tearfree's run by more than 1e-6:
+so the case fails if the option were ignored on both sides.
+
+The learning rate is 0.01 with the SGD graft (steps of the gradient's norm)
+and 0.001 without a graft (the raw Shampoo direction is larger), as in the
+Google file. Tearfree's RMSPROP and ADAFACTOR grafts and its SKETCHY second
+order are refused by ``from_tearfree`` (NotImplementedError; see its module
+doc); :func:`test_refused_options_are_refused` checks the real library accepts
+what we refuse (so a refusal is a gap of ours, not an invalid input).
+
+Install: as the Google file (tearfree is part of ``precondition-239a8cd``).
+Run, in that environment::
+
+    OPENBLAS_NUM_THREADS=1 \\
+    XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false" \\
+        python -m pytest -p no:cacheprovider anchors/test_tearfree_library.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import sys
+from typing import Any
+
+import pytest
+
+INSTALL = (
+    "needs Google's library; from the repository root: pip install --no-deps "
+    "../shared/thirdparty/precondition-239a8cd.tar.gz chex==0.1.92 flax==0.12.8 "
+    "toolz==1.2.0 msgpack==1.2.4 rich==15.0.0 pyyaml==6.0.3 typing-extensions==4.16.0"
+)
+pytest.importorskip("precondition.tearfree.optimizer", reason=INSTALL)
+
+
+def _google_module() -> Any:
+    """``anchors/test_google_library.py`` (imported by path: pytest runs in importlib mode).
+
+    It enables 64-bit JAX before anything runs, as this file needs.
+    """
+    name = "_anchors_test_google_library"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_google_library.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_g = _google_module()
+
+import jax  # noqa: E402
+import optax  # noqa: E402
+from precondition.tearfree import grafting as tf_grafting  # noqa: E402
+from precondition.tearfree import momentum as tf_momentum  # noqa: E402
+from precondition.tearfree import optimizer as tf_optimizer  # noqa: E402
+from precondition.tearfree import second_order as tf_second_order  # noqa: E402
+from precondition.tearfree import shampoo as tf_shampoo  # noqa: E402
+
+import shampoo_jax  # noqa: E402
+from shampoo_spec import from_tearfree  # noqa: E402
+
+assert jax.config.jax_enable_x64
+
+TOLERANCE = 1e-8
+CONTROL_GAP = 1e-6
+
+Options = dict[str, Any]
+
+
+def _tearfree_options(options: Options) -> tf_optimizer.TearfreeOptions:
+    """The JSON form (enums by name) as tearfree's dataclasses."""
+    g = dict(options.get("grafting_options", {}))
+    if "grafting_type" in g:
+        g["grafting_type"] = tf_grafting.GraftingType[g["grafting_type"]]
+    s = dict(options.get("second_order_options", {}))
+    if "second_order_type" in s:
+        s["second_order_type"] = tf_second_order.SecondOrderType[s["second_order_type"]]
+    if "shampoo_options" in s:
+        s["shampoo_options"] = tf_shampoo.Options(**s["shampoo_options"])
+    return tf_optimizer.TearfreeOptions(
+        grafting_options=tf_grafting.Options(**g),
+        second_order_options=tf_second_order.Options(**s),
+        momentum_options=tf_momentum.Options(**options.get("momentum_options", {})),
+    )
+
+
+def _merge(base: Options, case: Options) -> Options:
+    """``base`` with ``case``'s nested entries set (two levels, shampoo_options too)."""
+    out = copy.deepcopy(base)
+    for section, values in case.items():
+        target = out.setdefault(section, {})
+        for key, value in values.items():
+            if isinstance(value, dict):
+                target[key] = {**target.get(key, {}), **value}
+            else:
+                target[key] = value
+    return out
+
+
+#: Every case: the SGD graft (tearfree's default RMSPROP is refused), merge_dims 128
+#: and blocks of 64, so that every parameter is one block: (64, 16) and (16, 10)
+#: stay 2-D (root 4), the biases are graft-only (rank 1). Where a parameter splits
+#: into several blocks tearfree's rank cutoff is not ours (:data:`SPLIT`).
+SGD: Options = {
+    "grafting_options": {"grafting_type": "SGD"},
+    "second_order_options": {"merge_dims": 128, "shampoo_options": {"block_size": 64}},
+}
+
+#: name -> (learning rate, options over SGD, the control's options over SGD).
+CASES: dict[str, tuple[float, Options, Options]] = {
+    # Tearfree's defaults otherwise: momentum 0.9 Nesterov (trace), decay 0.999.
+    # Control: no momentum.
+    "sgd_defaults": (0.01, {}, {"momentum_options": {"momentum_decay": 0.0}}),
+    "momentum_ema": (
+        0.01, {"momentum_options": {"ema": True, "nesterov": False, "momentum_decay": 0.5}},
+        {"momentum_options": {"nesterov": False, "momentum_decay": 0.5}},
+    ),
+    "momentum_ema_nesterov": (
+        0.01, {"momentum_options": {"ema": True, "momentum_decay": 0.8}},
+        {"momentum_options": {"ema": True, "nesterov": False, "momentum_decay": 0.8}},
+    ),
+    "statistics_sum": (
+        0.01, {"second_order_options": {"shampoo_options": {"second_moment_decay": 1.0}}},
+        {},
+    ),
+    "statistics_ema_095": (
+        0.01, {"second_order_options": {"shampoo_options": {"second_moment_decay": 0.95}}},
+        {},
+    ),
+    "weight_decay_before_momentum": (
+        0.01, {"momentum_options": {"weight_decay": 0.05, "weight_decay_after_momentum": False}},
+        {"momentum_options": {"weight_decay": 0.05}},
+    ),
+    "weight_decay_after_momentum": (
+        0.01, {"momentum_options": {"weight_decay": 0.05}}, {},
+    ),
+    "frequencies": (
+        0.01, {"second_order_options": {"shampoo_options": {
+            "update_preconditioners_freq": 3, "update_statistics_freq": 2}}},
+        {"second_order_options": {"shampoo_options": {"update_statistics_freq": 2}}},
+    ),
+    "statistics_frequency": (
+        0.01, {"second_order_options": {"shampoo_options": {"update_statistics_freq": 3}}},
+        {},
+    ),
+    "start_preconditioning_step": (
+        0.01, {"grafting_options": {"start_preconditioning_step": 5}}, {},
+    ),
+    # The merge: at the default 1024 (64, 16) merges into a 1024-vector and (16, 10)
+    # into 160, one block each at block_size 1024 (root 2). Control: merge_dims 128.
+    "merge_dims_default": (
+        0.01, {"second_order_options": {"merge_dims": 1024,
+                                        "shampoo_options": {"block_size": 1024}}},
+        {"second_order_options": {"shampoo_options": {"block_size": 1024}}},
+    ),
+    # The biases preconditioned too (a full 16 x 16 and 10 x 10 factor, root 2).
+    "precondition_rank1": (
+        0.01, {"grafting_options": {"skip_preconditioning_rank1": False}}, {},
+    ),
+    # (64, 16) has a dim > 32: graft only.
+    "skip_any_dim_gt": (
+        0.01, {"grafting_options": {"skip_preconditioning_any_dim_gt": 32}}, {},
+    ),
+    # No graft: the raw direction, the biases preconditioned, start ignored. Control:
+    # the SGD graft.
+    "no_graft": (
+        0.001, {"grafting_options": {"grafting_type": "NONE", "start_preconditioning_step": 7},
+                "momentum_options": {"momentum_decay": 0.5}},
+        {"momentum_options": {"momentum_decay": 0.5}},
+    ),
+}
+
+#: Parameters split into several blocks. Tearfree's ``_pth_inv_root`` cuts
+#: eigenvalues ``w <= 1e-6 * jnp.max(w)`` with the max over the whole stack of the
+#: parameter's blocks (per axis), ours (eq. 10) over each factor: they agree only
+#: while no block has an eigenvalue between the two cutoffs. Not a rule of the spec
+#: (module doc of shampoo_spec.importers.tearfree): reported, expected to fail.
+SPLIT: dict[str, Options] = {
+    # (64, 16) at block 48: 64 padded to 96, blocks of 48 and 16 (a smaller last block).
+    "padded_blocks": {"second_order_options": {"shampoo_options": {"block_size": 48}}},
+    # Block 12: both dims of (64, 16) are large (72 = 6 x 12, 24 = 2 x 12), and 16 of
+    # (16, 10): 12 blocks and 2, each with a padded last block.
+    "two_large_dims": {"second_order_options": {"shampoo_options": {"block_size": 12}}},
+    # Not here: the (64, 16) weight merged into a 1024-vector in 32 blocks of 32
+    # (2e-2 from step 18: a block's eigenvalue at 9e-6 of its own largest, below 1e-6
+    # of the stack's). Tearfree's compiled 50-step scan of that case intermittently
+    # hung on this CPU (a sleeping XLA execute, twice in four runs).
+}
+
+
+def _run(tx: Any, problem: Any) -> Any:
+    return _g._trajectory(tx, tx.init(problem.params), problem)
+
+
+def _ours(options: Options, lr: Any) -> optax.GradientTransformation:
+    return shampoo_jax.shampoo(from_tearfree(options, lr, x64=True),
+                               learning_rate=lr if callable(lr) else None)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_tearfree_library_matches_shampoo_jax(name: str) -> None:
+    lr, case, control_case = CASES[name]
+    options = _merge(SGD, case)
+    problem = _g._problem()
+    theirs = _run(tf_optimizer.tearfree(lr, _tearfree_options(options)), problem)
+    worst = _g._worst_relative_deviation(theirs, _run(_ours(options, lr), problem))
+    control = _g._worst_relative_deviation(
+        theirs, _run(_ours(_merge(SGD, control_case), lr), problem))
+    print(f"{name}: worst relative deviation {worst:.2e}; control {control:.2e}")
+    assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
+    assert control > CONTROL_GAP, f"{name}: the control deviates by only {control:.2e}"
+
+
+@pytest.mark.parametrize("name", list(SPLIT))
+def test_tearfree_split_parameters(name: str) -> None:
+    """Several blocks per parameter: exact only where no eigenvalue lies between tearfree's
+    stack-wide cutoff and our per-factor one (:data:`SPLIT`)."""
+    options = _merge(SGD, SPLIT[name])
+    problem = _g._problem()
+    theirs = _run(tf_optimizer.tearfree(0.01, _tearfree_options(options)), problem)
+    worst = _g._worst_relative_deviation(theirs, _run(_ours(options, 0.01), problem))
+    print(f"{name}: worst relative deviation {worst:.2e}")
+    if worst > TOLERANCE:
+        pytest.xfail(f"{name}: {worst:.2e}: tearfree's rank cutoff is stack-wide")
+
+
+def test_tearfree_learning_rate_schedule() -> None:
+    """A callable learning rate (tearfree's ``scale_by_schedule``, 0-based count).
+
+    Control: the constant rate ``schedule(0)``.
+    """
+    schedule = optax.cosine_decay_schedule(0.01, _g.STEPS)
+    problem = _g._problem()
+    theirs = _run(tf_optimizer.tearfree(schedule, _tearfree_options(SGD)), problem)
+    worst = _g._worst_relative_deviation(theirs, _run(_ours(SGD, schedule), problem))
+    control = _g._worst_relative_deviation(theirs, _run(_ours(SGD, 0.01), problem))
+    print(f"schedule: worst relative deviation {worst:.2e}; control {control:.2e}")
+    assert worst <= TOLERANCE, f"schedule: worst relative deviation {worst:.2e}"
+    assert control > CONTROL_GAP, f"schedule: the control deviates by only {control:.2e}"
+
+
+REFUSED: dict[str, Options] = {
+    "rmsprop_graft": {"grafting_options": {"grafting_type": "RMSPROP"}},
+    "adafactor_graft": {"grafting_options": {"grafting_type": "ADAFACTOR"}},
+    "momentum_decay_1": {"momentum_options": {"momentum_decay": 1.0}},
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_options_are_refused(name: str) -> None:
+    """What ``from_tearfree`` refuses, tearfree runs: a gap of ours, named by the error."""
+    options = _merge(SGD, REFUSED[name])
+    tx = tf_optimizer.tearfree(0.01, _tearfree_options(options))
+    problem = _g._problem()
+    params = problem.params
+    grads = jax.grad(_g._loss)(params, problem.xs[0], problem.ys[0])
+    tx.update(grads, tx.init(params), params)
+    with pytest.raises(NotImplementedError):
+        from_tearfree(options, 0.01, x64=True)

@@ -1,0 +1,413 @@
+"""Google's ``precondition.tearfree`` options as a :class:`ShampooConfig`.
+
+Tearfree (``precondition/tearfree/optimizer.py`` at 239a8cd) is
+``chain(graft(second_order), momentum, -lr)``. :func:`from_tearfree` reads
+the JSON form of its ``TearfreeOptions``: three nested objects,
+``grafting_options``, ``second_order_options`` (``merge_dims``,
+``second_order_type``, ``shampoo_options``, ``sketchy_options``) and
+``momentum_options``, each with the fields of its dataclass. Missing keys
+take tearfree's defaults; unknown keys are refused (listing the known ones);
+every value is checked, errors naming the key path, the value and what is
+allowed. Enums are read by member name (``"SGD"``), ``"GraftingType.SGD"``
+or their value (``"sgd"``).
+
+What our spec cannot state exactly raises ``NotImplementedError`` naming the
+key: the RMSPROP graft (tearfree's ``g * (acc + epsilon)^(-1/2)``, our
+eq. 14c has ``g / (sqrt(acc) + epsilon)``; it is tearfree's default, so
+``grafting_type`` must be given), the ADAFACTOR graft (``optax.adafactor``:
+factored second moments, clipping, parameter scale), the SKETCHY second
+order (its escaped-mass tail and epsilon rule differ from eq. 10d) and
+``momentum_decay = 1`` (eq. 20 takes mu < 1).
+
+The mapping, rule by rule (each checked against tearfree's source):
+
+- reshaper + shampoo: ``distributed_shampoo.merge_small_dims`` (first to
+  last, size-1 dims dropped: ``blocking.merge_dims_up_to = merge_dims``),
+  dims >= ``block_size`` zero-padded to a multiple of it and cut into blocks:
+  with pseudo-inverse roots a padded block's root is the unpadded block's
+  padded with zeros, i.e. our blocks of ``block_size`` with a smaller last
+  one (``blocking.max_preconditioner_dim``);
+- statistics from zero, ``old * decay + new * (1 - decay)``, a sum at
+  decay 1 (eq. 6, ``statistics.beta2``), no bias correction;
+- roots: ``eigh``, eigenvalues ``w <= 1e-6 * max(w)`` get 0 (max: see below), others
+  ``w^(-1/p)``, no epsilon (eq. 10 ``placement="pseudo_inverse"``,
+  ``rank_rtol=1e-6``), p = 2 * (merged) ndim (eq. 12
+  ``"preconditioned_dims"``); a 0-d parameter has no factor
+  (``scalar_factor=False``);
+- 0-based count: statistics at ``count % update_statistics_freq == 0``,
+  roots at ``count % update_preconditioners_freq == 0`` from the first step
+  (``period_anchor="start"``, ``roots_before_start``), the Shampoo
+  direction from ``count >= start_preconditioning_step`` (our start + 1;
+  without a graft from the first step);
+- graft SGD: the direction rescaled per parameter to the gradient's norm,
+  ``P |g| / |P|`` (0 when |P| = 0); masked (graft only): rank <= 1 with
+  ``skip_preconditioning_rank1``, any dim > ``skip_preconditioning_any_dim_gt``.
+  Eq. (18) divides by ``|P| + norm_epsilon``: we take the least epsilon the
+  spec allows (2^-126), which a float64 (float32) sum absorbs whenever
+  ``|P| >= 2^-72`` (``2^-101``), and which gives 0 when |P| = 0, as tearfree;
+- graft NONE: no mask, no warm-up; tearfree then ignores the mask and start
+  options (read and checked all the same);
+- momentum: ``optax.trace(decay, nesterov)`` on one buffer, scaled by
+  ``1 - decay`` first when ``ema`` (eq. 20, ``dampening = decay``);
+- weight decay ``optax.add_decayed_weights`` before momentum
+  (``"direction"``, eq. 19) or after it (``"update"``, eq. 21:
+  ``lr * wd * x``); the learning rate last (``"after_momentum"``).
+
+Shape-level departures the config cannot refuse (it has no shapes): the
+rank cutoff. Tearfree's ``_pth_inv_root`` takes ``jnp.max(w)`` over the
+whole stack of a parameter's blocks (per axis), so its cutoff is
+``1e-6 * max over the parameter's blocks of lambda_max``; ours (eq. 10) is
+``1e-6 * lambda_max`` of each factor. They agree for a parameter that is one
+block (every merged dim < ``block_size``, or equal to it), and otherwise only
+while no block has an eigenvalue between the two cutoffs (the anchors
+measured 2e-2 on the digits MLP's (64, 16) weight in blocks of 12). Also:
+tearfree raises for a parameter with more than two dims >= ``block_size``
+after merging (we block it); with graft NONE, a parameter of rank >= 1 whose
+dims are all 1 has no factor in tearfree (its direction is g) and a 1 x 1
+factor in ours (``scalar_factor`` acts on 0-d parameters only). With the
+SGD graft both rescale to g.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._validate import MAX_INTEGER, SMALLEST_EPSILON
+from ..config import (
+    BlockingConfig,
+    EighConfig,
+    EpsilonConfig,
+    ExponentConfig,
+    FailureConfig,
+    GradientFilterConfig,
+    GraftingConfig,
+    MomentumConfig,
+    ScheduleConfig,
+    ShampooConfig,
+    StatisticsConfig,
+    WeightDecayConfig,
+)
+from ._parse import Args, _refuse, number
+
+OWNER = "from_tearfree"
+
+#: ``TearfreeOptions`` fields.
+KEYS = {"grafting_options", "second_order_options", "momentum_options"}
+#: ``grafting.Options`` fields.
+GRAFTING_KEYS = {
+    "grafting_type",
+    "second_moment_decay",
+    "start_preconditioning_step",
+    "epsilon",
+    "skip_preconditioning_any_dim_gt",
+    "skip_preconditioning_rank1",
+    "min_dim_size_to_factor",
+    "multiply_by_parameter_scale",
+    "clipping_threshold",
+}
+#: ``second_order.Options`` fields.
+SECOND_ORDER_KEYS = {"merge_dims", "second_order_type", "shampoo_options", "sketchy_options"}
+#: ``shampoo.Options`` fields.
+SHAMPOO_KEYS = {
+    "block_size",
+    "update_preconditioners_freq",
+    "update_statistics_freq",
+    "second_moment_decay",
+}
+#: ``sketchy.Options`` fields.
+SKETCHY_KEYS = {
+    "epsilon",
+    "rank",
+    "relative_epsilon",
+    "second_moment_decay",
+    "update_freq",
+    "add_ggt",
+    "memory_alloc",
+    "ekfac_svd",
+    "linear_approx_tail",
+}
+#: ``momentum.Options`` fields.
+MOMENTUM_KEYS = {"ema", "nesterov", "momentum_decay", "weight_decay", "weight_decay_after_momentum"}
+
+#: ``grafting.GraftingType``: member name -> value (tearfree's enums have string values).
+GRAFTING_TYPES = {"NONE": "none", "SGD": "sgd", "RMSPROP": "rmsprop", "ADAFACTOR": "adafactor"}
+#: ``second_order.SecondOrderType``: member name -> value.
+SECOND_ORDER_TYPES = {"SHAMPOO": "shampoo", "SKETCHY": "sketchy"}
+
+#: Tearfree's ``_pth_inv_root``: eigenvalues ``w <= 1e-6 * max(w)`` get a zero root.
+RANK_RTOL = 1e-6
+
+
+def from_tearfree(
+    options: Mapping[str, Any],
+    learning_rate: float | Callable[[Any], Any],
+    x64: bool | None = None,
+) -> ShampooConfig:
+    """Config equal to ``tearfree.optimizer.tearfree(learning_rate, TearfreeOptions(**options))``.
+
+    ``options`` is the JSON form of ``TearfreeOptions`` (nested dicts, enums
+    by name or value). ``learning_rate`` is a number, or a callable of the
+    0-based count (an optax schedule, as tearfree takes it): then
+    ``config.learning_rate`` is ``learning_rate(0)`` and the schedule itself
+    goes to the backend (``shampoo_jax.shampoo(config, learning_rate=schedule)``).
+    ``x64``: ``False`` is JAX's default (tearfree in float32:
+    ``factor_dtype="float32"``), ``True`` or ``None`` float64.
+    """
+    a = Args(OWNER, options, KEYS)
+    _no_type_key(OWNER, a, KEYS)
+    if x64 is not None and not isinstance(x64, bool):
+        raise ValueError(f"x64 = {x64!r} is invalid: allowed true, false or None.")
+    lr = _learning_rate(learning_rate)
+    g = _nested(a, "grafting_options", GRAFTING_KEYS)
+    s = _nested(a, "second_order_options", SECOND_ORDER_KEYS)
+    m = _nested(a, "momentum_options", MOMENTUM_KEYS)
+    with g.section():
+        grafting, start, skip_rank_lt, skip_dim_gt = _grafting(g)
+    with s.section():
+        blocking_dims, shampoo = _second_order(s)
+    merge_dims, block_size = blocking_dims
+    with m.section():
+        momentum, weight_decay = _momentum(m)
+    sh = shampoo
+    with sh.section():
+        decay = sh.number("second_moment_decay", 0.999)
+        if not 0.0 <= decay <= 1.0:
+            raise _refuse(sh.prefix + "second_moment_decay", decay, "a number in [0, 1]")
+        statistics = StatisticsConfig(beta2=decay, bias_correction=False, initial_value="zero")
+        schedule = ScheduleConfig(
+            precondition_frequency=sh.integer("update_preconditioners_freq", 1, low=1),
+            statistics_frequency=sh.integer("update_statistics_freq", 1, low=1),
+            start_preconditioning_step=start,
+            period_anchor="start",
+            roots_before_start=True,
+            roots_take_effect="same_step",
+        )
+    return ShampooConfig(
+        learning_rate=lr,
+        statistics=statistics,
+        epsilon=EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=RANK_RTOL,
+                              rank_atol=0.0),
+        root_inverse=EighConfig(),
+        exponents=ExponentConfig(default="preconditioned_dims"),
+        grafting=grafting,
+        gradient_filter=GradientFilterConfig(beta1=0.0),
+        momentum=momentum,
+        weight_decay=weight_decay,
+        blocking=BlockingConfig(
+            max_preconditioner_dim=block_size,
+            merge_dims_up_to=merge_dims,
+            merge_direction="first_to_last",
+            squeeze=True,
+            skip_dim_size_gt=skip_dim_gt,
+            skip_rank_lt=skip_rank_lt,
+            scalar_factor=False,
+        ),
+        schedule=schedule,
+        failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=None),
+        factor_dtype="float32" if x64 is False else "float64",
+    )
+
+
+def _learning_rate(value: Any) -> float:
+    """A finite number >= 0, or ``value(0)`` of a callable (an optax schedule)."""
+    if callable(value):
+        try:
+            first = float(value(0))
+        except (TypeError, ValueError, ArithmeticError) as err:
+            raise ValueError(
+                f"learning_rate(0) failed ({err}): allowed a number or a callable of the "
+                "0-based step count returning one (an optax schedule)."
+            ) from None
+        return _non_negative("learning_rate(0)", first)
+    return _non_negative("learning_rate", number("learning_rate", value))
+
+
+def _non_negative(owner: str, value: float) -> float:
+    x = number(owner, value)
+    if x < 0:
+        raise _refuse(owner, value, "a finite number >= 0 (our step is -lr * update)")
+    return x
+
+
+def _no_type_key(owner: str, a: Args, known: set[str]) -> None:
+    """Tearfree's dataclasses have no ``type`` field (``Args`` lets one pass for Meta's)."""
+    if "type" in a:
+        raise ValueError(f"{owner} has unknown key(s) ['type']: allowed keys are "
+                         f"{sorted(known)}.")
+
+
+def _nested(parent: Args, key: str, known: set[str], *, nullable: bool = False) -> Args:
+    """The nested options object ``key`` of ``parent`` as :class:`Args` (``{}`` when missing)."""
+    owner = parent.prefix + key
+    value = parent.get(key, {})
+    if value is None and nullable:
+        value = {}
+    if not isinstance(value, Mapping):
+        allowed = "null or a JSON object" if nullable else "a JSON object"
+        raise _refuse(owner, value, f"{allowed} with keys {sorted(known)}")
+    args = Args(owner, value, known)
+    _no_type_key(owner, args, known)
+    return args
+
+
+def _enum(owner: str, value: Any, members: Mapping[str, str], enum: str) -> str:
+    """An enum member's value, given by name (``"SGD"``), ``"Enum.NAME"`` or value (``"sgd"``)."""
+    if isinstance(value, str):
+        name = value
+        parts = value.split(".")
+        if len(parts) >= 2 and parts[-2] == enum and all(p.isidentifier() for p in parts):
+            name = parts[-1]
+        if name in members:
+            return members[name]
+        if value in members.values():
+            return value
+    names = ", ".join(f"{n!r}" for n in members)
+    values = ", ".join(f"{v!r}" for v in members.values())
+    raise _refuse(owner, value, f"a {enum} member: one of {names} (or {enum}.NAME, or the "
+                  f"value: {values})")
+
+
+def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
+    """Reads ``grafting_options``: ``(grafting, start step (1-based), skip_rank_lt,
+    skip_dim_size_gt)``. Refuses RMSPROP and ADAFACTOR (NotImplementedError)."""
+    p = g.prefix
+    kind = _enum(p + "grafting_type", g.get("grafting_type", "RMSPROP"), GRAFTING_TYPES,
+                 "GraftingType")
+    decay = g.number("second_moment_decay", 0.999)
+    epsilon = g.number("epsilon", 1e-23)
+    # Tearfree does not check the type (any integer, negatives act as 0).
+    start = g.integer("start_preconditioning_step", 0, low=-MAX_INTEGER, high=MAX_INTEGER - 1)
+    any_dim_gt = g.integer("skip_preconditioning_any_dim_gt", 4096, low=-MAX_INTEGER)
+    rank1 = g.flag("skip_preconditioning_rank1", True)
+    min_dim = g.integer("min_dim_size_to_factor", 128, low=-MAX_INTEGER)
+    # Typed float but used as a bool by optax.adafactor (its default is True).
+    scale = g.get("multiply_by_parameter_scale", True)
+    if not isinstance(scale, bool):
+        number(p + "multiply_by_parameter_scale", scale)
+    clipping = g.number("clipping_threshold", 1.0)
+    # Tearfree's grafting._validate: only for the adaptive grafts.
+    if kind in ("rmsprop", "adafactor") and epsilon < 0:
+        raise _refuse(p + "epsilon", epsilon, f"a number >= 0 for grafting_type {kind.upper()}")
+    if kind == "rmsprop" and not 0.0 < decay <= 1.0:
+        raise _refuse(p + "second_moment_decay", decay, "a number in (0, 1] for grafting_type "
+                      "RMSPROP")
+    if kind == "adafactor":
+        if not 0.0 < decay < 1.0:
+            raise _refuse(p + "second_moment_decay", decay, "a number in (0, 1) for "
+                          "grafting_type ADAFACTOR")
+        if min_dim <= 0:
+            raise _refuse(p + "min_dim_size_to_factor", min_dim, "an integer >= 1 for "
+                          "grafting_type ADAFACTOR")
+        if clipping < 1:
+            raise _refuse(p + "clipping_threshold", clipping, "a number >= 1 for "
+                          "grafting_type ADAFACTOR")
+    if kind == "rmsprop":
+        raise NotImplementedError(
+            f"{OWNER}.{p}grafting_type = 'RMSPROP' is not supported: tearfree's RMSProp "
+            "graft is g * (acc + epsilon)^(-1/2), acc <- decay * acc + (1 - decay) g^2 (a sum "
+            "at decay 1), epsilon inside the square root; our eq. (14c) has "
+            "g / (sqrt(acc) + epsilon) and no placement inside it. Supported: 'SGD', 'NONE'."
+        )
+    if kind == "adafactor":
+        raise NotImplementedError(
+            f"{OWNER}.{p}grafting_type = 'ADAFACTOR' is not supported: tearfree's graft is "
+            "optax.adafactor (factored second moments, update clipping, parameter scale), "
+            "which eq. (14) has no type for. Supported: 'SGD', 'NONE'."
+        )
+    if kind != "none" and any_dim_gt < 1:
+        raise NotImplementedError(
+            f"{OWNER}.{p}skip_preconditioning_any_dim_gt = {any_dim_gt} is not supported: "
+            "below 1 tearfree masks every parameter of rank >= 1 (size-1 dims included) and "
+            "no 0-d one; blocking.skip_dim_size_gt is >= 1. Use a value >= 1."
+        )
+    if kind == "none":
+        # graft() returns the direction itself: no mask, no warm-up, no rescale.
+        return GraftingConfig(type="none"), 1, 0, None
+    return (
+        GraftingConfig(
+            type="sgd",
+            norm_scope="parameter",
+            # Tearfree: base * |graft| / |base|, 0 when |base| = 0 (see the module doc).
+            norm_epsilon=SMALLEST_EPSILON,
+        ),
+        max(start, 0) + 1,
+        2 if rank1 else 0,
+        any_dim_gt,
+    )
+
+
+def _second_order(s: Args) -> tuple[tuple[int, int], Args]:
+    """Reads ``second_order_options``: ``((merge_dims, block_size), shampoo_options)``.
+
+    SKETCHY raises NotImplementedError (after its options are checked).
+    """
+    p = s.prefix
+    merge_dims = s.integer("merge_dims", 1024, low=2)
+    kind = _enum(p + "second_order_type", s.get("second_order_type", "SHAMPOO"),
+                 SECOND_ORDER_TYPES, "SecondOrderType")
+    sketchy = s.get("sketchy_options", None)
+    if sketchy is not None:
+        _sketchy(_nested(s, "sketchy_options", SKETCHY_KEYS, nullable=True))
+    if kind == "sketchy":
+        if sketchy is None:
+            raise _refuse(p + "sketchy_options", None, "a JSON object with second_order_type "
+                          "SKETCHY (tearfree asserts it)")
+        raise NotImplementedError(
+            f"{OWNER}.{p}second_order_type = 'SKETCHY' is not supported: tearfree's Sketchy "
+            "(sketchy.py) keeps sqrt-deflated FD eigenvalues and an escaped-mass tail "
+            "(tail <- decay * tail + cutoff^2) with roots (top + eps)^(-1/p) and "
+            "(tail + eps)^(-1/p) on the complement, not eq. (10d)'s frequent-directions "
+            "root. Supported: 'SHAMPOO'."
+        )
+    if "shampoo_options" in s and s.data["shampoo_options"] is None:
+        raise _refuse(p + "shampoo_options", None, "a JSON object with second_order_type "
+                      "SHAMPOO (tearfree asserts it)")
+    sh = _nested(s, "shampoo_options", SHAMPOO_KEYS)
+    block_size = sh.integer("block_size", 1024, low=2)
+    return (merge_dims, block_size), sh
+
+
+def _sketchy(k: Args) -> None:
+    """Checks ``sketchy_options`` (unused with SHAMPOO, refused with SKETCHY)."""
+    k.number("epsilon", 1e-7)
+    k.integer("rank", 128, low=1)
+    k.flag("relative_epsilon", True)
+    k.number("second_moment_decay", 0.999)
+    k.integer("update_freq", 1, low=1)
+    k.flag("add_ggt", False)
+    alloc = k.get("memory_alloc", None)
+    if alloc is not None and not isinstance(alloc, Mapping):
+        raise _refuse(k.prefix + "memory_alloc", alloc, "null or a JSON object")
+    k.flag("ekfac_svd", False)
+    k.flag("linear_approx_tail", False)
+
+
+def _momentum(m: Args) -> tuple[MomentumConfig, WeightDecayConfig]:
+    """Reads ``momentum_options``: eq. (20) on one buffer, weight decay before
+    (``"direction"``) or after (``"update"``) it. ``momentum_decay = 1`` is refused."""
+    p = m.prefix
+    ema = m.flag("ema", False)
+    nesterov = m.flag("nesterov", True)
+    decay = m.number("momentum_decay", 0.9)
+    if not 0.0 <= decay <= 1.0:
+        raise _refuse(p + "momentum_decay", decay, "a number in [0, 1]")
+    wd = m.number("weight_decay", 0.0)
+    if wd < 0:
+        raise _refuse(p + "weight_decay", wd, "a number >= 0")
+    after = m.flag("weight_decay_after_momentum", True)
+    if decay == 1.0:
+        raise NotImplementedError(
+            f"{OWNER}.{p}momentum_decay = 1.0 is not supported: eq. (20) takes momentum < 1 "
+            "(tearfree's trace then never forgets: M <- M + u)."
+        )
+    return (
+        MomentumConfig(
+            momentum=decay,
+            dampening=decay if ema and decay > 0 else 0.0,
+            nesterov=nesterov if decay > 0 else False,
+            buffers="shared",
+            learning_rate_placement="after_momentum",
+        ),
+        WeightDecayConfig(value=wd, type="update" if after else "direction"),
+    )
