@@ -13,10 +13,11 @@ control, ours imported from the options with the case's option set back
 so the case fails if the option were ignored on both sides.
 
 The learning rate is 0.01 with the SGD graft (steps of the gradient's norm)
-and 0.001 without a graft (the raw Shampoo direction is larger), as in the
-Google file. Tearfree's RMSPROP and ADAFACTOR grafts and its SKETCHY second
-order are refused by ``from_tearfree`` (NotImplementedError; see its module
-doc); :func:`test_refused_options_are_refused` checks the real library accepts
+and 0.001 without a graft (the raw Shampoo direction is larger) or with
+tearfree's RMSPROP graft at decay 0.999 (see its case), as in the Google
+file. Tearfree's ADAFACTOR graft and its SKETCHY second order are refused
+by ``from_tearfree`` (NotImplementedError; see its module doc);
+:func:`test_refused_options_are_refused` checks the real library accepts
 what we refuse (so a refusal is a gap of ours, not an invalid input).
 
 Install: as the Google file (tearfree is part of ``precondition-239a8cd``).
@@ -113,7 +114,7 @@ def _merge(base: Options, case: Options) -> Options:
     return out
 
 
-#: Every case: the SGD graft (tearfree's default RMSPROP is refused), merge_dims 128
+#: Every case: the SGD graft unless it says otherwise, merge_dims 128
 #: and blocks of 64, so that every parameter is one block: (64, 16) and (16, 10)
 #: stay 2-D (root 4), the biases are graft-only (rank 1). Where a parameter splits
 #: into several blocks tearfree's rank cutoff is not ours (:data:`SPLIT`).
@@ -176,6 +177,23 @@ CASES: dict[str, tuple[float, Options, Options]] = {
     # (64, 16) has a dim > 32: graft only.
     "skip_any_dim_gt": (
         0.01, {"grafting_options": {"skip_preconditioning_any_dim_gt": 32}}, {},
+    ),
+    # Tearfree's default graft, RMSPROP: g / sqrt(acc + epsilon) (eq. 14c, epsilon
+    # inside the square root), decay 0.999, epsilon 1e-23. Control: the SGD graft.
+    # At lr 0.001: at 0.01 the first graft steps (|g| / sqrt(0.001 g^2) ~ 32 per entry)
+    # make this run chaotic: tearfree against itself with the weights scaled by
+    # 1 + 1e-15 differs by 2e-3 after 50 steps (ours from tearfree: 2.6e-5).
+    "rmsprop_graft_defaults": (
+        0.001, {"grafting_options": {"grafting_type": "RMSPROP"}}, {},
+    ),
+    # A sum (decay 1: our adagrad) and an epsilon large enough to matter inside the
+    # square root. Control: the same epsilon after the square root is not expressible
+    # in tearfree, so the control is epsilon 1e-23 (the placement's effect is the
+    # reference's closed-form test, reference/tests/test_grafting_epsilon_placement.py).
+    "rmsprop_graft_sum_epsilon": (
+        0.01, {"grafting_options": {"grafting_type": "RMSPROP", "second_moment_decay": 1.0,
+                                    "epsilon": 1e-2}},
+        {"grafting_options": {"grafting_type": "RMSPROP", "second_moment_decay": 1.0}},
     ),
     # No graft: the raw direction, the biases preconditioned, start ignored. Control:
     # the SGD graft.
@@ -256,7 +274,6 @@ def test_tearfree_learning_rate_schedule() -> None:
 
 
 REFUSED: dict[str, Options] = {
-    "rmsprop_graft": {"grafting_options": {"grafting_type": "RMSPROP"}},
     "adafactor_graft": {"grafting_options": {"grafting_type": "ADAFACTOR"}},
     "momentum_decay_1": {"momentum_options": {"momentum_decay": 1.0}},
 }

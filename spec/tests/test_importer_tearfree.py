@@ -108,9 +108,6 @@ def test_sketchy_options_are_checked_and_unused_with_shampoo() -> None:
 @pytest.mark.parametrize(
     ("options", "key", "formula"),
     [
-        ({}, "grafting_options.grafting_type = 'RMSPROP'", "(acc + epsilon)^(-1/2)"),
-        ({"grafting_options": {"grafting_type": "RMSPROP", "second_moment_decay": 1.0}},
-         "grafting_options.grafting_type = 'RMSPROP'", "g / (sqrt(acc) + epsilon)"),
         ({"grafting_options": {"grafting_type": "ADAFACTOR"}},
          "grafting_options.grafting_type = 'ADAFACTOR'", "optax.adafactor"),
         (_with("second_order_options", second_order_type="SKETCHY", sketchy_options={}),
@@ -197,3 +194,15 @@ def test_malformed_x64_and_options_object() -> None:
         from_tearfree(SGD, 0.01, x64="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="allowed a JSON object"):
         from_tearfree([], 0.01)  # type: ignore[arg-type]
+
+
+def test_rmsprop_graft_is_eq_14c_with_epsilon_inside_the_square_root() -> None:
+    """Tearfree's default graft: g * rsqrt(acc + epsilon), acc an EMA (or a sum at 1)."""
+    default = from_tearfree({}, 0.01).grafting
+    assert (default.type, default.beta2, default.epsilon, default.epsilon_placement) == (
+        "rmsprop", 0.999, 1e-23, "inside_sqrt")
+    assert not default.bias_correction and default.norm_scope == "parameter"
+    summed = from_tearfree({"grafting_options": {"second_moment_decay": 1.0}}, 0.01).grafting
+    assert (summed.type, summed.beta2) == ("adagrad", 1.0)
+    with pytest.raises(ValueError, match=r"grafting_options\.epsilon = 0\.0 is invalid"):
+        from_tearfree({"grafting_options": {"epsilon": 0.0}}, 0.01)

@@ -88,6 +88,12 @@ def named_cases() -> list[Case]:
         ),
         Case("sign_graft", _with(grafting=ss.GraftingConfig(type="sign"))),
         Case(
+            # Tearfree's RMSProp graft: epsilon inside the square root (eq. 14c).
+            "rmsprop_graft_epsilon_inside_sqrt",
+            _with(grafting=ss.GraftingConfig(type="rmsprop", beta2=0.9, epsilon=0.01,
+                                             epsilon_placement="inside_sqrt")),
+        ),
+        Case(
             "normalized_grafts",
             _with(grafting=ss.GraftingConfig(type="rmsprop_normalized", beta2=0.9)),
         ),

@@ -38,7 +38,7 @@ def update_state(state: Array, gradient: Array, graft: GraftingConfig) -> Array:
 
 
 def direction(x: Array, state: Array | None, t: Array, graft: GraftingConfig) -> Array:
-    """Eq. (14c): ``graft(X)`` at (traced, 1-based) step t."""
+    """Eq. (14c): ``graft(X)`` at (traced, 1-based) step t (epsilon after or inside the sqrt)."""
     kind = graft.type
     if kind in ("none", "sgd"):
         return x
@@ -50,6 +50,8 @@ def direction(x: Array, state: Array | None, t: Array, graft: GraftingConfig) ->
         # Eq. (14c)'s 1 - beta2^t on the traced step (GraftingConfig.bias_correction_factor).
         bc = 1.0 - jnp.asarray(graft.beta2, x.dtype) ** t.astype(x.dtype)
         state = state / bc
+    if graft.epsilon_placement == "inside_sqrt":
+        return clip(x / jnp.sqrt(state + graft.epsilon), graft)
     return clip(x / (jnp.sqrt(state) + graft.epsilon), graft)
 
 

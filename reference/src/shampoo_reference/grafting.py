@@ -34,7 +34,8 @@ def direction(x: Array, state: Array | None, t: int, graft: GraftingConfig) -> A
     """``graft(X)`` of eq. (14c) at step t.
 
     ``none``/``sgd``: X; ``sign``: sign(X); adaptive types:
-    ``X / (sqrt(V / bc) + epsilon)`` with ``bc = 1 - beta2^t`` when
+    ``X / (sqrt(V / bc) + epsilon)`` (``epsilon_placement="inside_sqrt"``:
+    ``X / sqrt(V / bc + epsilon)``) with ``bc = 1 - beta2^t`` when
     ``bias_correction`` (and beta2 < 1), else 1. Normalised variants apply the
     same division to the normalised X.
     """
@@ -45,7 +46,10 @@ def direction(x: Array, state: Array | None, t: int, graft: GraftingConfig) -> A
         return np.sign(x)
     assert state is not None
     x = graft_input(x, graft)
-    return clip(x / (np.sqrt(state / graft.bias_correction_factor(t)) + graft.epsilon), graft)
+    v = state / graft.bias_correction_factor(t)
+    if graft.epsilon_placement == "inside_sqrt":
+        return clip(x / np.sqrt(v + graft.epsilon), graft)
+    return clip(x / (np.sqrt(v) + graft.epsilon), graft)
 
 
 def clip(u: Array, graft: GraftingConfig) -> Array:

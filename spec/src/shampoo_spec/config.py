@@ -698,7 +698,8 @@ class EigenvalueCorrectionConfig(_MovingAverage):
 class GraftingConfig:
     """The first-order method whose step size Shampoo borrows, eqs. (14), (18).
 
-    ``graft(X) = X / (sqrt(V / bc) + epsilon)`` with
+    ``graft(X) = X / (sqrt(V / bc) + epsilon)`` (``epsilon_placement=
+    "inside_sqrt"``: ``X / sqrt(V / bc + epsilon)``, tearfree's RMSProp) with
     ``V <- beta2 V + w G^2`` (adagrad: beta2 = w = 1; rmsprop/adam:
     w = 1 - beta2, or w = 1 with ``ema_weight="one"``, Meta's
     ``drop_weighting_factor_on_gsquare``; adam bias-corrects with
@@ -722,6 +723,7 @@ class GraftingConfig:
     norm_epsilon: float = 1e-16
     normalize_epsilon: float = 1e-16
     clip_rms: float | None = None
+    epsilon_placement: Literal["after_sqrt", "inside_sqrt"] = "after_sqrt"
 
     def __post_init__(self) -> None:
         o = "grafting"
@@ -746,6 +748,11 @@ class GraftingConfig:
         v.epsilon(o, "norm_epsilon", self.norm_epsilon, zero=self.type == "none")
         v.epsilon(o, "normalize_epsilon", self.normalize_epsilon, zero=not self.normalizes_input)
         v.optional_normal(o, "clip_rms", self.clip_rms, none_means="no clipping")
+        v.choice(o, "epsilon_placement", self.epsilon_placement, ("after_sqrt", "inside_sqrt"))
+        if self.epsilon_placement == "inside_sqrt" and not self.has_state:
+            v.fail(o, "epsilon_placement", self.epsilon_placement,
+                   f"'after_sqrt' for grafting type {self.type!r} (eq. 14c places epsilon "
+                   f"only for the adaptive types: {', '.join(GRAFTING_TYPES_WITH_STATE)})")
         if self.clip_rms is not None and not self.has_state:
             v.fail(o, "clip_rms", self.clip_rms,
                    f"None for grafting type {self.type!r} (eq. 14d clips the adaptive types: "

@@ -558,6 +558,8 @@ def _meta_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
     lacks.same("grafting.normalize_epsilon", g.normalize_epsilon, 1e-16,
                "Meta has no normalized grafts")
     lacks.same("grafting.clip_rms", g.clip_rms, None, "Meta does not clip its graft")
+    lacks.same("grafting.epsilon_placement", g.epsilon_placement, "after_sqrt",
+               "Meta adds its graft epsilon after the square root")
     return _meta_first_order(g, "grafting", lacks)
 
 
@@ -751,6 +753,8 @@ def _google_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "Google's RMSPROP graft weighs g^2 by 1 - beta2")
     lacks.same("grafting.bias_correction", g.bias_correction, False,
                "Google does not bias-correct its graft")
+    lacks.same("grafting.epsilon_placement", g.epsilon_placement, "after_sqrt",
+               "Google adds diagonal_epsilon after the square root")
     lacks.same("grafting.norm_scope", g.norm_scope, "parameter",
                "Google takes graft norms over the whole parameter")
     lacks.same("grafting.norm_epsilon", g.norm_epsilon, 1e-25, "Google's graft norm epsilon")

@@ -61,7 +61,8 @@ def update_state(state: torch.Tensor, g: torch.Tensor, graft: GraftingConfig) ->
 def direction(
     x: torch.Tensor, state: torch.Tensor | None, t: int, graft: GraftingConfig
 ) -> torch.Tensor:
-    """Eq. (14c): X, sign(X), or ``x / (sqrt(V / bc) + epsilon)`` at step t."""
+    """Eq. (14c): X, sign(X), or ``x / (sqrt(V / bc) + epsilon)`` at step t
+    (``epsilon_placement="inside_sqrt"``: ``x / sqrt(V / bc + epsilon)``)."""
     kind = graft.type
     if kind in ("none", "sgd"):
         return x
@@ -71,6 +72,8 @@ def direction(
     x = graft_input(x, graft)
     if graft.corrects_bias:
         state = state / graft.bias_correction_factor(t)
+    if graft.epsilon_placement == "inside_sqrt":
+        return clip(x / torch.sqrt(state + graft.epsilon), graft)
     return clip(x / (torch.sqrt(state) + graft.epsilon), graft)
 
 

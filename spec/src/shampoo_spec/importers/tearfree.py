@@ -12,9 +12,7 @@ allowed. Enums are read by member name (``"SGD"``), ``"GraftingType.SGD"``
 or their value (``"sgd"``).
 
 What our spec cannot state exactly raises ``NotImplementedError`` naming the
-key: the RMSPROP graft (tearfree's ``g * (acc + epsilon)^(-1/2)``, our
-eq. 14c has ``g / (sqrt(acc) + epsilon)``; it is tearfree's default, so
-``grafting_type`` must be given), the ADAFACTOR graft (``optax.adafactor``:
+key: the ADAFACTOR graft (``optax.adafactor``:
 factored second moments, clipping, parameter scale), the SKETCHY second
 order (its escaped-mass tail and epsilon rule differ from eq. 10d) and
 ``momentum_decay = 1`` (eq. 20 takes mu < 1).
@@ -45,6 +43,10 @@ The mapping, rule by rule (each checked against tearfree's source):
   Eq. (18) divides by ``|P| + norm_epsilon``: we take the least epsilon the
   spec allows (2^-126), which a float64 (float32) sum absorbs whenever
   ``|P| >= 2^-72`` (``2^-101``), and which gives 0 when |P| = 0, as tearfree;
+- graft RMSPROP (tearfree's default): ``g * rsqrt(acc + epsilon)``, acc an
+  EMA ``decay acc + (1 - decay) g^2`` from 0 or a sum at decay 1: eq. (14c)
+  with ``epsilon_placement="inside_sqrt"`` (``rmsprop``, or ``adagrad`` at
+  decay 1), no bias correction, norms as SGD's;
 - graft NONE: no mask, no warm-up; tearfree then ignores the mask and start
   options (read and checked all the same);
 - momentum: ``optax.trace(decay, nesterov)`` on one buffer, scaled by
@@ -270,7 +272,11 @@ def _enum(owner: str, value: Any, members: Mapping[str, str], enum: str) -> str:
 
 def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
     """Reads ``grafting_options``: ``(grafting, start step (1-based), skip_rank_lt,
-    skip_dim_size_gt)``. Refuses RMSPROP and ADAFACTOR (NotImplementedError)."""
+    skip_dim_size_gt)``. RMSPROP: ``g / sqrt(acc + epsilon)`` (eq. 14c with
+    ``epsilon_placement="inside_sqrt"``), acc an EMA with weight 1 - decay
+    (``rmsprop``) or a sum at decay 1 (``adagrad``), no bias correction;
+    epsilon 0 refused (tearfree's 0 / 0 for a zero gradient). Refuses
+    ADAFACTOR (NotImplementedError)."""
     p = g.prefix
     kind = _enum(p + "grafting_type", g.get("grafting_type", "RMSPROP"), GRAFTING_TYPES,
                  "GraftingType")
@@ -302,18 +308,14 @@ def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
         if clipping < 1:
             raise _refuse(p + "clipping_threshold", clipping, "a number >= 1 for "
                           "grafting_type ADAFACTOR")
-    if kind == "rmsprop":
-        raise NotImplementedError(
-            f"{OWNER}.{p}grafting_type = 'RMSPROP' is not supported: tearfree's RMSProp "
-            "graft is g * (acc + epsilon)^(-1/2), acc <- decay * acc + (1 - decay) g^2 (a sum "
-            "at decay 1), epsilon inside the square root; our eq. (14c) has "
-            "g / (sqrt(acc) + epsilon) and no placement inside it. Supported: 'SGD', 'NONE'."
-        )
+    if kind == "rmsprop" and epsilon == 0:
+        raise _refuse(p + "epsilon", epsilon, "a number > 0 for grafting_type RMSPROP (with 0 "
+                      "a zero gradient gives 0 / 0 in tearfree; eq. 14c needs epsilon > 0)")
     if kind == "adafactor":
         raise NotImplementedError(
             f"{OWNER}.{p}grafting_type = 'ADAFACTOR' is not supported: tearfree's graft is "
             "optax.adafactor (factored second moments, update clipping, parameter scale), "
-            "which eq. (14) has no type for. Supported: 'SGD', 'NONE'."
+            "which eq. (14) has no type for. Supported: 'SGD', 'RMSPROP', 'NONE'."
         )
     if kind != "none" and any_dim_gt < 1:
         raise NotImplementedError(
@@ -324,9 +326,13 @@ def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
     if kind == "none":
         # graft() returns the direction itself: no mask, no warm-up, no rescale.
         return GraftingConfig(type="none"), 1, 0, None
+    adaptive: dict[str, Any] = {}
+    if kind == "rmsprop":  # rsqrt(acc + epsilon): epsilon inside the square root
+        adaptive = {"type": "adagrad" if decay == 1.0 else "rmsprop", "beta2": decay,
+                    "epsilon": epsilon, "epsilon_placement": "inside_sqrt"}
     return (
         GraftingConfig(
-            type="sgd",
+            **{"type": "sgd", **adaptive},
             norm_scope="parameter",
             # Tearfree: base * |graft| / |base|, 0 when |base| = 0 (see the module doc).
             norm_epsilon=SMALLEST_EPSILON,
