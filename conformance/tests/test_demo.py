@@ -69,7 +69,10 @@ def test_report_config_file_forms(tmp_path: Path, capsys: pytest.CaptureFixture[
     cases = {"meta.json": ({"from_meta": meta}, ss.from_meta(meta)),
              "own.json": (own.to_dict(), own),
              "google.json": ({"from_google": {"learning_rate": 0.1, "block_size": 8}},
-                             ss.from_google({"learning_rate": 0.1, "block_size": 8}))}
+                             ss.from_google({"learning_rate": 0.1, "block_size": 8})),
+             "tearfree.json": ({"from_tearfree": {"learning_rate": 0.1, "options": {
+                 "grafting_options": {"grafting_type": "SGD"}}}},
+                 ss.from_tearfree({"grafting_options": {"grafting_type": "SGD"}}, 0.1))}
     for name, (data, want) in cases.items():
         (tmp_path / name).write_text(json.dumps(data))
         assert S.load_config(tmp_path / name) == want

@@ -41,7 +41,8 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument(
         "--config", metavar="FILE",
         help="a JSON Shampoo config for every backend: ShampooConfig.to_dict() form, or "
-        '{"from_meta": {...}} / {"from_google": {...}} with the library\'s arguments '
+        '{"from_meta": {...}} / {"from_google": {...}} with the library\'s arguments, or '
+        '{"from_tearfree": {"learning_rate": lr, "options": {...}}} '
         "(default: the report's own, shampoo_conformance.report.settings)",
     )
     parser.set_defaults(preset=preset)

@@ -187,14 +187,16 @@ def load_config(path: Path | str) -> ShampooConfig:
 
     The file holds ``ShampooConfig.to_dict()``'s form, or one key
     ``"from_meta"`` (Meta's ``DistributedShampoo`` keyword arguments, JSON
-    form) or ``"from_google"`` (Google's ``distributed_shampoo`` arguments),
-    read by the importers: any preconditioner, graft, averaging or schedule
-    of the spec runs in the report, on every backend that expresses it.
+    form), ``"from_google"`` (Google's ``distributed_shampoo`` arguments) or
+    ``"from_tearfree"`` (``{"learning_rate": lr, "options": {...}}``, Google's
+    ``TearfreeOptions`` in JSON form), read by the importers: any
+    preconditioner, graft, averaging or schedule of the spec runs in the
+    report, on every backend that expresses it.
     Raises ValueError naming the file and what is wrong.
     """
     import json
 
-    from shampoo_spec import from_google, from_meta
+    from shampoo_spec import from_google, from_meta, from_tearfree
 
     try:
         data = json.loads(Path(path).read_text())
@@ -207,6 +209,12 @@ def load_config(path: Path | str) -> ShampooConfig:
             return from_meta(data["from_meta"])
         if set(data) == {"from_google"}:
             return from_google(data["from_google"])
+        if set(data) == {"from_tearfree"}:
+            tearfree = data["from_tearfree"]
+            if not isinstance(tearfree, dict) or set(tearfree) - {"learning_rate", "options"}:
+                raise ValueError("from_tearfree: expected {\"learning_rate\": a number, "
+                                 "\"options\": TearfreeOptions as JSON}")
+            return from_tearfree(tearfree.get("options", {}), tearfree["learning_rate"])
         return ShampooConfig.from_dict(data)
     except (ValueError, TypeError, KeyError, NotImplementedError) as err:
         raise ValueError(f"--config {path}: {err}") from err
