@@ -24,7 +24,7 @@ path, the value and what is allowed (never a bare ``int()``, ``float()`` or
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -256,3 +256,16 @@ def dtype(owner: str, value: Any, prefixes: tuple[str, ...]) -> str:
             return name
     spelled = ", ".join(f'"{p}{FLOAT_DTYPES[2]}"' for p in ("", *prefixes))
     raise _refuse(owner, value, f"a floating dtype, one of {list(FLOAT_DTYPES)} (as {spelled})")
+
+
+def schedule_start(schedule_fn: Callable[[Any], Any]) -> float:
+    """``schedule_fn(0)`` of a callable learning rate (an optax schedule of the 0-based
+    count), as a finite float; else ValueError naming ``learning_rate(0)``."""
+    try:
+        value = float(schedule_fn(0))
+    except (TypeError, ValueError, ArithmeticError) as err:
+        raise ValueError(
+            f"learning_rate(0) failed ({err}): allowed a number or a callable of the "
+            "0-based step count returning one (an optax schedule)."
+        ) from None
+    return number("learning_rate(0)", value)

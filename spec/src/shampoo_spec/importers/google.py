@@ -44,7 +44,7 @@ from ..config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from ._parse import UNBOUNDED, Args, _refuse, choice, dim_limit, number
+from ._parse import UNBOUNDED, Args, _refuse, choice, dim_limit, schedule_start
 
 #: The keyword arguments of ``distributed_shampoo`` (``precondtioner_type``: Google's spelling).
 KEYS = {
@@ -200,7 +200,7 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
     _no_numerical_effect(a)
     lr_value = a.get("learning_rate", None)
     schedule_fn: Callable[[Any], Any] | None = lr_value if callable(lr_value) else None
-    lr = _learning_rate(schedule_fn) if schedule_fn is not None else a.number("learning_rate", None)
+    lr = schedule_start(schedule_fn) if schedule_fn is not None else a.number("learning_rate", None)
     # Shared: beta2 by the statistics (eq. 6) and the RMSPROP graft (eq. 14b);
     # decoupled_learning_rate by the grafting check and the momentum (eq. 20).
     beta2 = a.number("beta2", 0.999)
@@ -237,18 +237,6 @@ def from_google(kwargs: Mapping[str, Any], x64: bool | None = None) -> ShampooCo
             failure=FailureConfig(nonfinite_gradient="raise", max_consecutive_root_failures=None),
             factor_dtype="float32" if x64 is False else "float64",
         )
-
-
-def _learning_rate(schedule_fn: Callable[[Any], Any]) -> float:
-    """``learning_rate(0)`` of a callable learning rate, as a finite float (else ValueError)."""
-    try:
-        value = float(schedule_fn(0))
-    except (TypeError, ValueError, ArithmeticError) as err:
-        raise ValueError(
-            f"learning_rate(0) failed ({err}): allowed a number or a callable of the "
-            "0-based step count returning one (an optax schedule)."
-        ) from None
-    return number("learning_rate(0)", value)
 
 
 def _require(a: Args, key: str) -> None:

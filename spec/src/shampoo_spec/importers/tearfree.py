@@ -90,7 +90,7 @@ from ..config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from ._parse import Args, _refuse, number
+from ._parse import Args, _refuse, number, schedule_start
 
 OWNER = "from_tearfree"
 
@@ -214,14 +214,7 @@ def from_tearfree(
 def _learning_rate(value: Any) -> float:
     """A finite number >= 0, or ``value(0)`` of a callable (an optax schedule)."""
     if callable(value):
-        try:
-            first = float(value(0))
-        except (TypeError, ValueError, ArithmeticError) as err:
-            raise ValueError(
-                f"learning_rate(0) failed ({err}): allowed a number or a callable of the "
-                "0-based step count returning one (an optax schedule)."
-            ) from None
-        return _non_negative("learning_rate(0)", first)
+        return _non_negative("learning_rate(0)", schedule_start(value))
     return _non_negative("learning_rate", number("learning_rate", value))
 
 
