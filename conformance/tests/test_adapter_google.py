@@ -411,6 +411,7 @@ def test_lobpcg_rejects_every_root_of_a_smaller_factor() -> None:
                for a, b in zip(deflated, plain, strict=True) for k in b) > 1e-2
 
 
+@needs_google
 def test_known_crash_predicts_googles_lobpcg_limit() -> None:
     """JAX's lobpcg_standard needs 5k below the (padded) statistic size."""
     small = {"v": np.zeros((10, 10))}
