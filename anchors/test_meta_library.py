@@ -924,13 +924,16 @@ FSDP_CASES: dict[str, tuple[dict[str, Any], int]] = {
                                "param_assignment_strategy": "REPLICATE",
                                "device_mesh": [2, 1]},
     }, 2),
+    # Mesh (1, 2): the ROUND_ROBIN exchange over two shard ranks, the bfloat16 copy of
+    # every block update into the (one-replica) all-gather buffer. A (2, 2) mesh at
+    # world 4 also agrees (1.9e-13) but took over 300 s on 2 cores in CI.
     "hybrid_shard_round_robin_bfloat16_updates": ({
         "grafting_config": ADAGRAD, "epsilon": 1e-6,
         "distributed_config": {"type": "HybridShardDistributedConfig",
                                "param_assignment_strategy": "ROUND_ROBIN",
                                "communication_dtype": "bfloat16",
-                               "device_mesh": [2, 2]},
-    }, 4),
+                               "device_mesh": [1, 2]},
+    }, 2),
 }
 
 
