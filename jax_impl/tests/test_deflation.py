@@ -24,6 +24,11 @@ import pytest
 from jax.experimental.sparse.linalg import lobpcg_standard
 
 import shampoo_spec as ss
+from shampoo_conformance.deflation_factors import (
+    RELATIVE,
+    deflation_factor,
+    google_newton,
+)
 from shampoo_conformance.divergence import first_divergence
 from shampoo_conformance.tolerances import trajectory_bound
 from shampoo_jax.lobpcg import lobpcg_top_k, pth_root_difference, top_k_one
@@ -34,35 +39,6 @@ from shampoo_reference.lobpcg import pth_root_difference as reference_difference
 
 from .helpers import reference_error, stream
 from .sharded_helpers import trajectory
-
-GOOGLE_NEWTON = dict(max_iterations=100, tolerance=1e-6, error_growth_limit=1.2, retries=5,
-                     retry_epsilon_factor=10.0, retry_error_threshold=0.05,
-                     failure_threshold=0.1)
-RELATIVE = ss.EpsilonConfig(value=1e-6, scale="relative", relative_floor=1e-25,
-                            placement="ridge_floor", lambda_max="power_iteration")
-
-
-def _newton(k: int, m: int | None) -> ss.CoupledNewtonConfig:
-    return ss.CoupledNewtonConfig(**GOOGLE_NEWTON, deflation_rank=k,  # type: ignore[arg-type]
-                                  deflation_iterations=m)
-
-
-def _factor(seed: int) -> tuple[np.ndarray, int, int]:
-    """A PSD factor of size n in 11..40, k with 5k < n, and an iteration bound m.
-
-    Even seeds: a Gram matrix G G^T (no gap: LOBPCG runs its m in 1..5
-    iterations); odd seeds: k eigenvalues 1e2..1e3 over a spectrum in
-    [0.5, 5] (a gap: it converges and stops before m in 12..40).
-    """
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(11, 41))
-    k = int(rng.integers(1, (n - 1) // 5 + 1))
-    if seed % 2 == 0:
-        g = rng.standard_normal((n, n + 3)) * rng.uniform(0.1, 3.0, n + 3)
-        return g @ g.T, k, int(rng.integers(1, 6))
-    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
-    lam = np.concatenate([np.geomspace(1e3, 1e2, k), rng.uniform(0.5, 5.0, n - k)])
-    return (q * lam) @ q.T, k, int(rng.integers(12, 41))
 
 
 def _start(n: int, k: int) -> jax.Array:
@@ -79,7 +55,7 @@ def _outer(values: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("seed", range(16))
 def test_reference_port_equals_jax_lobpcg_standard(seed: int) -> None:
     """The oracle check of the reference's port: JAX's routine from Google's X0."""
-    a, k, m = _factor(seed)
+    a, k, m = deflation_factor(seed)
     want = reference_top_k(a, k, m)
     with jax.enable_x64(True):
         theta, v, i = lobpcg_standard(jnp.asarray(a), _start(a.shape[0], k), m)
@@ -153,8 +129,8 @@ def _deflated(a: np.ndarray, root: int, config: ss.CoupledNewtonConfig
 @pytest.mark.parametrize("seed", range(16))
 @pytest.mark.parametrize("root", [2, 4])
 def test_deflated_root_equals_reference(seed: int, root: int) -> None:
-    a, k, m = _factor(seed)
-    config = _newton(k, m)
+    a, k, m = deflation_factor(seed)
+    config = google_newton(k, m)
     want = reference_root(a, root, RELATIVE, config)
     x, error = _deflated(a[None], root, config)
     passes = bool(np.isfinite(want.error) and want.error < 0.1)
@@ -182,7 +158,7 @@ def test_deflated_root_fails_where_unconverged_pairs_leave_a_large_error() -> No
     n, k = 30, 2
     q, _ = np.linalg.qr(rng.standard_normal((n, n)))
     a = (q * np.concatenate([[40.0, 30.0], rng.uniform(0.1, 20.0, n - 2)])) @ q.T
-    config = ss.ShampooConfig(epsilon=RELATIVE, root_inverse=_newton(k, 1))
+    config = ss.ShampooConfig(epsilon=RELATIVE, root_inverse=google_newton(k, 1))
     want = reference_root(a, 2, RELATIVE, config.root_inverse)  # type: ignore[arg-type]
     _, ok = _compute(a[None], 2, config, jnp.float64)
     assert want.error >= 0.1 and not bool(ok[0])
@@ -200,7 +176,7 @@ def test_stack_members_equal_each_alone(dtype: jnp.dtype) -> None:
     a, k = _batch(np.float64)
     n = a.shape[1]
     mats = np.concatenate([a, np.full((1, n, n), np.nan), np.zeros((1, n, n))])
-    config = ss.ShampooConfig(epsilon=RELATIVE, root_inverse=_newton(k, 20))
+    config = ss.ShampooConfig(epsilon=RELATIVE, root_inverse=google_newton(k, 20))
     x, ok = _compute(mats, 2, config, dtype)
     assert ok.tolist() == [True] * 5 + [False, False]
     alone = [_compute(mats[i:i + 1], 2, config, dtype) for i in range(len(mats))]
@@ -235,12 +211,12 @@ CASES: dict[str, ss.ShampooConfig] = {
     "google_rank2": dataclasses.replace(
         ss.from_google({"learning_rate": 0.1, "block_size": 32, "graft_type": "ADAGRAD",
                         "start_preconditioning_step": 2}),
-        root_inverse=_newton(2, None),
+        root_inverse=google_newton(2, None),
         blocking=ss.BlockingConfig(max_preconditioner_dim=32, merge_dims_up_to=None)),
     # Statistics from 0 (rank-deficient factors early on), a root every 2nd step, rank 1
     # by 3 iterations.
     "relative_rank1_every_2": ss.ShampooConfig(
-        learning_rate=0.05, epsilon=RELATIVE, root_inverse=_newton(1, 3),
+        learning_rate=0.05, epsilon=RELATIVE, root_inverse=google_newton(1, 3),
         grafting=ss.GraftingConfig(type="adagrad"),
         blocking=ss.BlockingConfig(merge_dims_up_to=None),
         schedule=ss.ScheduleConfig(precondition_frequency=2)),

@@ -9,19 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shampoo_conformance.deflation_factors import (
+    GOOGLE_NEWTON,
+    RELATIVE,
+    google_newton,
+)
 from shampoo_reference.linalg import (
     effective_epsilon,
     root_inverse_coupled_newton,
     root_inverse_deflated_newton,
 )
 from shampoo_reference.lobpcg import lobpcg_top_k, pth_root_difference
-from shampoo_spec import CoupledNewtonConfig, EpsilonConfig
-
-GOOGLE_NEWTON = dict(max_iterations=100, tolerance=1e-6, error_growth_limit=1.2, retries=5,
-                     retry_epsilon_factor=10.0, retry_error_threshold=0.05,
-                     failure_threshold=0.1)
-RELATIVE = EpsilonConfig(value=1e-6, scale="relative", relative_floor=1e-25,
-                         placement="ridge_floor", lambda_max="power_iteration")
+from shampoo_spec import CoupledNewtonConfig
 
 
 def _psd(rng: np.random.Generator, n: int, spectrum: np.ndarray | None = None) -> np.ndarray:
@@ -99,8 +98,7 @@ def test_deflated_root_of_converged_pairs_is_the_root_itself(p: int, k: int) -> 
     n = 24
     spectrum = np.concatenate([np.geomspace(1e3, 1e2, k), rng.uniform(0.5, 5.0, n - k)])
     a = _psd(rng, n, spectrum)
-    cfg = CoupledNewtonConfig(**{**GOOGLE_NEWTON, "tolerance": 1e-12}, deflation_rank=k,
-                              deflation_iterations=100)
+    cfg = google_newton(k, 100, tolerance=1e-12)
     got = root_inverse_deflated_newton(a, p, RELATIVE, cfg)
     eps = 1e-6 * spectrum.max()
     lam, q = np.linalg.eigh(a)
@@ -115,10 +113,10 @@ def test_unconverged_deflation_differs_from_the_root_and_its_error_says_so() -> 
     rng = np.random.default_rng(3)
     n, k, p = 30, 2, 2
     a = _psd(rng, n, np.concatenate([[40.0, 30.0], rng.uniform(0.1, 20.0, n - 2)]))
-    cfg = CoupledNewtonConfig(**GOOGLE_NEWTON, deflation_rank=k, deflation_iterations=1)
+    cfg = google_newton(k, 1)
     got = root_inverse_deflated_newton(a, p, RELATIVE, cfg)
     plain = root_inverse_coupled_newton(a, p, effective_epsilon(a, RELATIVE),
-                                        CoupledNewtonConfig(**GOOGLE_NEWTON))
+                                        GOOGLE_NEWTON)
     gap = np.abs(got.root - plain.root).max() / np.abs(plain.root).max()
     assert gap > 1e-3
     eps = 1e-6 * lobpcg_top_k(a, k, 1).values.max()
@@ -142,7 +140,7 @@ def test_a_zero_factor_fails_its_deflated_root() -> None:
     (eq. 13 keeps the previous one), as Google's NaN error fails it."""
     from shampoo_reference.optimizer import ReferenceShampoo
     from shampoo_spec import ShampooConfig
-    cfg = ShampooConfig(root_inverse=CoupledNewtonConfig(**GOOGLE_NEWTON, deflation_rank=2),
+    cfg = ShampooConfig(root_inverse=google_newton(2),
                         epsilon=RELATIVE)
     opt = ReferenceShampoo(cfg, {"w": np.zeros(12)})
     assert opt._inverse_root(np.zeros((12, 12)), 2.0) is None

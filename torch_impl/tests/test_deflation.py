@@ -19,14 +19,17 @@ import pytest
 import torch
 
 from shampoo_conformance.adapters.torch import run as torch_run
+from shampoo_conformance.deflation_factors import (
+    RELATIVE,
+    deflation_factor,
+    google_newton,
+)
 from shampoo_reference import run as reference_run
 from shampoo_reference.linalg import root_inverse_deflated_newton as reference_root
 from shampoo_reference.lobpcg import lobpcg_top_k as reference_top_k
 from shampoo_reference.lobpcg import pth_root_difference as reference_difference
 from shampoo_spec import (
     BlockingConfig,
-    CoupledNewtonConfig,
-    EpsilonConfig,
     GraftingConfig,
     ScheduleConfig,
     ShampooConfig,
@@ -36,39 +39,12 @@ from shampoo_torch import Shampoo
 from shampoo_torch.lobpcg import lobpcg_top_k, pth_root_difference
 from shampoo_torch.roots import root_inverse_deflated_newton
 
-GOOGLE_NEWTON = dict(max_iterations=100, tolerance=1e-6, error_growth_limit=1.2, retries=5,
-                     retry_epsilon_factor=10.0, retry_error_threshold=0.05,
-                     failure_threshold=0.1)
-RELATIVE = EpsilonConfig(value=1e-6, scale="relative", relative_floor=1e-25,
-                         placement="ridge_floor", lambda_max="power_iteration")
-
-
-def _newton(k: int, m: int | None) -> CoupledNewtonConfig:
-    return CoupledNewtonConfig(**GOOGLE_NEWTON, deflation_rank=k,  # type: ignore[arg-type]
-                               deflation_iterations=m)
-
-
-def _factor(seed: int) -> tuple[np.ndarray, int, int]:
-    """A PSD factor of size n in 11..40, k with 5k < n, and an iteration bound m.
-
-    Even seeds: a Gram matrix G G^T (no gap: LOBPCG runs its m in 1..5
-    iterations); odd seeds: k eigenvalues 1e2..1e3 over a spectrum in
-    [0.5, 5] (a gap: it converges and stops before m in 12..40).
-    """
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(11, 41))
-    k = int(rng.integers(1, (n - 1) // 5 + 1))
-    if seed % 2 == 0:
-        g = rng.standard_normal((n, n + 3)) * rng.uniform(0.1, 3.0, n + 3)
-        return g @ g.T, k, int(rng.integers(1, 6))
-    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
-    lam = np.concatenate([np.geomspace(1e3, 1e2, k), rng.uniform(0.5, 5.0, n - k)])
-    return (q * lam) @ q.T, k, int(rng.integers(12, 41))
+from .helpers import max_relative_error, stream
 
 
 @pytest.mark.parametrize("seed", range(16))
 def test_lobpcg_equals_reference(seed: int) -> None:
-    a, k, m = _factor(seed)
+    a, k, m = deflation_factor(seed)
     want = reference_top_k(a, k, m)
     got = lobpcg_top_k(torch.tensor(a)[None], k, m)
     assert int(got.iterations[0]) == want.iterations
@@ -96,8 +72,8 @@ def test_pth_root_difference_equals_reference(p: int) -> None:
 @pytest.mark.parametrize("seed", range(16))
 @pytest.mark.parametrize("root", [2, 4])
 def test_deflated_root_equals_reference(seed: int, root: int) -> None:
-    a, k, m = _factor(seed)
-    config = _newton(k, m)
+    a, k, m = deflation_factor(seed)
+    config = google_newton(k, m)
     want = reference_root(a, root, RELATIVE, config)
     x, ok = root_inverse_deflated_newton(torch.tensor(a)[None], root, RELATIVE, config)
     assert bool(ok[0]) == (np.isfinite(want.error) and want.error < 0.1)
@@ -112,7 +88,7 @@ def test_deflated_root_fails_where_unconverged_pairs_leave_a_large_error() -> No
     n, k = 30, 2
     q, _ = np.linalg.qr(rng.standard_normal((n, n)))
     a = (q * np.concatenate([[40.0, 30.0], rng.uniform(0.1, 20.0, n - 2)])) @ q.T
-    config = _newton(k, 1)
+    config = google_newton(k, 1)
     want = reference_root(a, 2, RELATIVE, config)
     _, ok = root_inverse_deflated_newton(torch.tensor(a)[None], 2, RELATIVE, config)
     assert want.error >= 0.1 and not bool(ok[0])
@@ -132,7 +108,7 @@ def test_batch_rows_equal_each_row_alone(dtype: torch.dtype) -> None:
         mats.append((q * lam) @ q.T)
     mats += [np.full((n, n), np.nan), np.zeros((n, n))]
     a = torch.tensor(np.stack(mats), dtype=dtype)
-    config = _newton(k, 20)
+    config = google_newton(k, 20)
     top = lobpcg_top_k(torch.nan_to_num(a[:5]), k, 20)
     assert len(set(top.iterations.tolist())) > 2  # the rows stop at different steps
     x, ok = root_inverse_deflated_newton(a, 2, RELATIVE, config)
@@ -165,12 +141,12 @@ CASES: dict[str, ShampooConfig] = {
     "google_rank2": dataclasses.replace(
         from_google({"learning_rate": 0.1, "block_size": 32, "graft_type": "ADAGRAD",
                      "start_preconditioning_step": 2}),
-        root_inverse=_newton(2, None), blocking=BlockingConfig(max_preconditioner_dim=32,
+        root_inverse=google_newton(2, None), blocking=BlockingConfig(max_preconditioner_dim=32,
                                                               merge_dims_up_to=None)),
     # Statistics from 0 (rank-deficient factors early on), a root every 2nd step, rank 1
     # by 3 iterations.
     "relative_rank1_every_2": ShampooConfig(
-        learning_rate=0.05, epsilon=RELATIVE, root_inverse=_newton(1, 3),
+        learning_rate=0.05, epsilon=RELATIVE, root_inverse=google_newton(1, 3),
         grafting=GraftingConfig(type="adagrad"),
         blocking=BlockingConfig(merge_dims_up_to=None),
         schedule=ScheduleConfig(precondition_frequency=2)),
@@ -178,42 +154,19 @@ CASES: dict[str, ShampooConfig] = {
 STEPS = 10
 
 
-def _stream(seed: int, steps: int = STEPS) -> tuple[dict, list[dict]]:
-    rng = np.random.default_rng(seed)
-    params = {k: rng.standard_normal(s) for k, s in SHAPES.items()}
-    grads = [{k: rng.standard_normal(s) for k, s in SHAPES.items()} for _ in range(steps)]
-    return params, grads
-
-
-def _max_relative_error(params: dict, ours: list[dict], ref: list[dict]) -> float:
-    """test_reference_equality.py's measure: the deviation over the reference's
-    displacement, floored at the largest single step so far."""
-    worst = 0.0
-    previous = dict(params)
-    largest_step = dict.fromkeys(params, 0.0)
-    for mine, theirs in zip(ours, ref, strict=True):
-        for k, w0 in params.items():
-            largest_step[k] = max(largest_step[k], float(np.linalg.norm(theirs[k] - previous[k])))
-            diff = np.linalg.norm(np.asarray(mine[k], dtype=np.float64) - theirs[k])
-            scale = max(float(np.linalg.norm(theirs[k] - w0)), largest_step[k])
-            worst = max(worst, diff / scale if scale > 0 else diff)
-        previous = theirs
-    return worst
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_optimizer_float64_equals_reference(name: str) -> None:
     config = CASES[name]
-    params, grads = _stream(4000 + sorted(CASES).index(name))
+    params, grads = stream(4000 + sorted(CASES).index(name), STEPS, SHAPES)
     ref = reference_run(config, params, grads)
     ours = torch_run(config, params, grads, dtype=np.float64)
-    assert _max_relative_error(params, ours, ref) <= 1e-9
+    assert max_relative_error(params, ours, ref) <= 1e-9
 
 
 def test_resume_is_bit_identical() -> None:
     """Eq. (11d) adds no state: a run saved and restored mid-way equals one that was not."""
     config = CASES["relative_rank1_every_2"]
-    params, grads = _stream(5000)
+    params, grads = stream(5000, STEPS, SHAPES)
 
     def make() -> tuple[list[torch.nn.Parameter], Shampoo]:
         tensors = [torch.nn.Parameter(torch.tensor(v)) for v in params.values()]

@@ -61,8 +61,7 @@ from shampoo_spec import (
 from shampoo_spec import is_root_step as ss_is_root_step
 from shampoo_torch import NonFiniteGradientError, Shampoo
 
-SHAPES = {"w": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": (), "o": (1, 5, 1)}
-STEPS = 20
+from .helpers import SHAPES, STEPS, max_relative_error, stream
 
 BASE = ShampooConfig(
     learning_rate=0.05,
@@ -263,30 +262,6 @@ META_OPTION_CASES: dict[str, ShampooConfig] = {
         schedule=sched(precondition_frequency=2, start_preconditioning_step=13),
     ),
 }
-
-
-def stream(seed: int, steps: int = STEPS, shapes: dict[str, tuple[int, ...]] = SHAPES
-           ) -> tuple[dict, list[dict]]:
-    rng = np.random.default_rng(seed)
-    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
-    grads = [{k: rng.standard_normal(s) for k, s in shapes.items()} for _ in range(steps)]
-    return params, grads
-
-
-def max_relative_error(params: dict, ours: list[dict], ref: list[dict]) -> float:
-    """The module docstring's measure: the deviation over the reference's displacement,
-    floored at the largest single step so far."""
-    worst = 0.0
-    previous = dict(params)
-    largest_step = dict.fromkeys(params, 0.0)
-    for mine, theirs in zip(ours, ref, strict=True):
-        for k, w0 in params.items():
-            largest_step[k] = max(largest_step[k], float(np.linalg.norm(theirs[k] - previous[k])))
-            diff = np.linalg.norm(np.asarray(mine[k], dtype=np.float64) - theirs[k])
-            scale = max(float(np.linalg.norm(theirs[k] - w0)), largest_step[k])
-            worst = max(worst, diff / scale if scale > 0 else diff)
-        previous = theirs
-    return worst
 
 
 def _check_equals_reference(cases: dict[str, ShampooConfig], name: str, seed_base: int,

@@ -1,0 +1,34 @@
+"""Seeded data streams and the deviation measure the torch tests share."""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: The shapes the per-option reference-equality cases run on: a matrix, vectors,
+#: a 3-tensor, a 0-d scalar and size-1 dims.
+SHAPES = {"w": (7, 10), "v": (7,), "t": (3, 4, 5), "u": (12,), "s": (), "o": (1, 5, 1)}
+STEPS = 20
+
+
+def stream(seed: int, steps: int = STEPS, shapes: dict[str, tuple[int, ...]] = SHAPES
+           ) -> tuple[dict, list[dict]]:
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    grads = [{k: rng.standard_normal(s) for k, s in shapes.items()} for _ in range(steps)]
+    return params, grads
+
+
+def max_relative_error(params: dict, ours: list[dict], ref: list[dict]) -> float:
+    """The deviation of ``ours`` from ``ref`` over the reference's displacement from
+    ``params``, floored at the largest single step so far (worst over steps and keys)."""
+    worst = 0.0
+    previous = dict(params)
+    largest_step = dict.fromkeys(params, 0.0)
+    for mine, theirs in zip(ours, ref, strict=True):
+        for k, w0 in params.items():
+            largest_step[k] = max(largest_step[k], float(np.linalg.norm(theirs[k] - previous[k])))
+            diff = np.linalg.norm(np.asarray(mine[k], dtype=np.float64) - theirs[k])
+            scale = max(float(np.linalg.norm(theirs[k] - w0)), largest_step[k])
+            worst = max(worst, diff / scale if scale > 0 else diff)
+        previous = theirs
+    return worst
