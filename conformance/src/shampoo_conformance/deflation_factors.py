@@ -31,10 +31,11 @@ RELATIVE = ss.EpsilonConfig(
 )
 
 
-def google_newton(k: int, m: int | None = None, **changes: float) -> ss.CoupledNewtonConfig:
+def google_newton(k: int, m: int | None = None, tolerance: float = GOOGLE_NEWTON.tolerance
+                  ) -> ss.CoupledNewtonConfig:
     """:data:`GOOGLE_NEWTON` deflating k pairs after at most m LOBPCG steps
-    (None: k), with any other field changed."""
-    return replace(GOOGLE_NEWTON, deflation_rank=k, deflation_iterations=m, **changes)
+    (None: k), its Newton iteration stopped at ``tolerance``."""
+    return replace(GOOGLE_NEWTON, deflation_rank=k, deflation_iterations=m, tolerance=tolerance)
 
 
 def deflation_factor(seed: int) -> tuple[NDArray[np.float64], int, int]:
