@@ -6,7 +6,7 @@
 - :func:`assign_blocks`, :func:`plan_block_costs`: which rank owns which block
   (distributed backends);
 - :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
-  :func:`to_meta`, :func:`to_google`: export a config to them;
+  :func:`to_meta`, :func:`to_google`, :func:`to_tearfree`: export a config to them;
 - :data:`PRESETS`: named configurations;
 - :mod:`errors`: every exception of the project (re-exported by backends);
 - :mod:`limits`: the overflow rule of eq. (3) and the large-block warning.
@@ -67,7 +67,7 @@ from .errors import (
     RootFailureError,
     StepperUnavailable,
 )
-from .exporters import to_google, to_meta
+from .exporters import to_google, to_meta, to_tearfree
 from .importers import from_google, from_meta, from_tearfree
 from .limits import (
     FLOAT16_FACTOR_LIMIT,
@@ -160,5 +160,6 @@ __all__ = [
     "squeeze_shape",
     "to_google",
     "to_meta",
+    "to_tearfree",
     "uses_preconditioner",
 ]

@@ -1,11 +1,13 @@
 """Export a :class:`ShampooConfig` to the anchors' arguments (contract 8.1).
 
 ``to_meta(config)`` gives the keyword arguments of Meta's
-``DistributedShampoo(params, **kwargs)`` and ``to_google(config)`` those of
-Google's ``distributed_shampoo(**kwargs)``, in exactly the JSON form the
-importers take: nested Meta configs as dicts with a ``"type"`` key naming
-Meta's class, enums by member name (``"DECOUPLED"``, ``"ADAGRAD"``), dtypes
-as strings (``"float64"``). Every mapped argument is written, defaults
+``DistributedShampoo(params, **kwargs)``, ``to_google(config)`` those of
+Google's ``distributed_shampoo(**kwargs)`` and ``to_tearfree(config)`` the
+learning rate and ``TearfreeOptions`` of Google's ``precondition.tearfree``,
+in exactly the JSON form the importers take: nested Meta configs as dicts
+with a ``"type"`` key naming Meta's class, enums by member name
+(``"DECOUPLED"``, ``"ADAGRAD"``, ``"RMSPROP"``), dtypes as strings
+(``"float64"``). Every mapped argument is written, defaults
 included, so the dict says everything on its own.
 
 ``from_meta(to_meta(c)) == c`` and ``from_google(to_google(c), x64=...) == c``
@@ -29,7 +31,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ._validate import MAX_INTEGER
+from ._validate import MAX_INTEGER, SMALLEST_EPSILON
 from .config import (
     CoupledNewtonConfig,
     DiagonalPreconditionerConfig,
@@ -41,12 +43,13 @@ from .config import (
     SpectralDescentConfig,
 )
 from .errors import Inexpressible
-from .importers import from_google, from_meta
+from .importers import from_google, from_meta, from_tearfree
 from .importers.google import GRAFTS, SIDES, ConstantSchedule
 from .importers.meta import MAX_ORDER
+from .importers.tearfree import RANK_RTOL as TEARFREE_RANK_RTOL
 from .serialization import _flatten, config_to_dict
 
-__all__ = ["to_google", "to_meta"]
+__all__ = ["to_google", "to_meta", "to_tearfree"]
 
 #: The defaults of the fields of ``CoupledNewtonConfig`` Meta has no argument for.
 _NEWTON_DEFAULTS = CoupledNewtonConfig()
@@ -898,3 +901,139 @@ def _google_schedule(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         out["decay_preconditioning_compute_steps"] = True
         out["end_preconditioning_compute_steps"] = s.precondition_frequency_growth
     return out
+
+
+# ================================================================== tearfree
+def to_tearfree(config: ShampooConfig) -> dict[str, Any]:
+    """``{"learning_rate": lr, "options": TearfreeOptions JSON}`` for ``config``.
+
+    The form ``report --config`` reads under ``"from_tearfree"``:
+    ``from_tearfree(out["options"], out["learning_rate"], x64=config.factor_dtype ==
+    "float64") == config``. Tearfree (``precondition.tearfree``) runs eigh
+    pseudo-inverse roots with a 1e-6 relative cutoff and no epsilon, statistics
+    from 0 without bias correction, one momentum buffer and per-parameter graft
+    norms (the rules in :mod:`shampoo_spec.importers.tearfree`): a config
+    outside them raises one ``ValueError`` naming every field tearfree lacks.
+    Enums are written by member name (``"RMSPROP"``).
+    """
+    c = config
+    lacks = _Lacks("Google's precondition.tearfree")
+    options = {
+        "grafting_options": _tearfree_grafting(c, lacks),
+        "second_order_options": _tearfree_second_order(c, lacks),
+        "momentum_options": _tearfree_momentum(c, lacks),
+    }
+    _tearfree_fixed(c, lacks)
+    lacks.raise_if_any()
+    out: dict[str, Any] = {"learning_rate": c.learning_rate, "options": options}
+    x64 = c.factor_dtype == "float64"
+    _check_round_trip(c, out, lacks,
+                      lambda k: from_tearfree(k["options"], k["learning_rate"], x64=x64))
+    lacks.raise_if_any()
+    return out
+
+
+def _tearfree_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``grafting_options``: SGD, RMSPROP (``rmsprop``/``adagrad`` with epsilon
+    inside the square root, eq. 14c) or NONE; the start step (ours - 1: tearfree counts
+    from 0) and the masks (``blocking.skip_rank_lt`` 0 or 2, ``skip_dim_size_gt``)."""
+    g, b = c.grafting, c.blocking
+    start = c.schedule.start_preconditioning_step
+    if g.type == "none":
+        # graft() returns the direction itself: no warm-up and no masks.
+        lacks.same("schedule.start_preconditioning_step", start, 1,
+                   "without a graft tearfree preconditions from the first step")
+        lacks.same("blocking.skip_rank_lt", b.skip_rank_lt, 0,
+                   "without a graft tearfree masks no parameter")
+        lacks.same("blocking.skip_dim_size_gt", b.skip_dim_size_gt, None,
+                   "without a graft tearfree masks no parameter")
+        return {"grafting_type": "NONE"}
+    kinds = {"sgd": "SGD", "rmsprop": "RMSPROP", "adagrad": "RMSPROP"}
+    lacks.need(g.type in kinds, "grafting.type", g.type,
+               "tearfree grafts SGD or RMSprop (ADAFACTOR is optax's Adafactor)")
+    out: dict[str, Any] = {"grafting_type": kinds.get(g.type, "SGD")}
+    if g.has_state:
+        lacks.same("grafting.epsilon_placement", g.epsilon_placement, "inside_sqrt",
+                   "tearfree's RMSprop is g * rsqrt(acc + epsilon)")
+        out["second_moment_decay"] = g.beta2
+        out["epsilon"] = g.epsilon
+    lacks.same("grafting.norm_scope", g.norm_scope, "parameter",
+               "tearfree rescales each parameter to its graft's norm")
+    lacks.same("grafting.norm_epsilon", g.norm_epsilon, SMALLEST_EPSILON,
+               "tearfree divides by |P| (0 for P = 0); the least epsilon says the same")
+    lacks.need(start is not None, "schedule.start_preconditioning_step", start,
+               "tearfree always starts preconditioning")
+    out["start_preconditioning_step"] = (start if start is not None else 1) - 1
+    lacks.need(b.skip_rank_lt in (0, 2), "blocking.skip_rank_lt", b.skip_rank_lt,
+               "tearfree masks rank <= 1 (skip_preconditioning_rank1) or nothing by rank")
+    out["skip_preconditioning_rank1"] = b.skip_rank_lt == 2
+    lacks.need(b.skip_dim_size_gt is not None, "blocking.skip_dim_size_gt", None,
+               f"tearfree always has a bound; {MAX_INTEGER} (MAX_INTEGER) never skips")
+    out["skip_preconditioning_any_dim_gt"] = b.skip_dim_size_gt or MAX_INTEGER
+    return out
+
+
+def _tearfree_second_order(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``second_order_options``: ``merge_dims``, SHAMPOO and its
+    ``shampoo_options`` (``block_size``, both frequencies, the statistics' decay)."""
+    b, s = c.blocking, c.schedule
+    lacks.need(b.merge_dims_up_to is not None, "blocking.merge_dims_up_to", None,
+               "tearfree always merges small dims")
+    lacks.same("blocking.merge_direction", b.merge_direction, "first_to_last",
+               "tearfree merges from the first dim")
+    lacks.same("blocking.squeeze", b.squeeze, True, "tearfree drops size-1 dims")
+    lacks.same("blocking.scalar_factor", b.scalar_factor, False,
+               "tearfree gives a 0-d parameter no factor")
+    return {
+        "merge_dims": b.merge_dims_up_to if b.merge_dims_up_to is not None else 1024,
+        "second_order_type": "SHAMPOO",
+        "shampoo_options": {
+            "block_size": b.max_preconditioner_dim,
+            "update_preconditioners_freq": s.precondition_frequency,
+            "update_statistics_freq": s.statistics_frequency,
+            "second_moment_decay": c.statistics.beta2,
+        },
+    }
+
+
+def _tearfree_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
+    """Writes ``momentum_options``: optax's ``trace`` on one buffer (``ema``: scaled by
+    1 - decay first, eq. 20 with ``dampening = momentum``), weight decay on the
+    direction or the update."""
+    m, wd = c.momentum, c.weight_decay
+    lacks.same("momentum.buffers", m.buffers, "shared", "tearfree keeps one momentum buffer")
+    ema = m.momentum > 0 and m.dampening == m.momentum
+    lacks.need(m.dampening == 0.0 or ema, "momentum.dampening", m.dampening,
+               "tearfree's ema scales by 1 - momentum, otherwise by 1")
+    lacks.need(wd.type != "l2", "weight_decay.type", wd.type,
+               "tearfree adds decay to the direction or the update, never to the gradient")
+    lacks.same("weight_decay.scale_by_lr_ratio", wd.scale_by_lr_ratio, False,
+               "tearfree's decay does not follow the learning rate's schedule")
+    return {
+        "ema": ema,
+        "nesterov": m.nesterov,
+        "momentum_decay": m.momentum,
+        "weight_decay": wd.value,
+        "weight_decay_after_momentum": wd.type == "update",
+    }
+
+
+def _tearfree_fixed(c: ShampooConfig, lacks: _Lacks) -> None:
+    """Notes the rules tearfree has no option for (each its only value)."""
+    e = c.epsilon
+    lacks.same("epsilon.placement", e.placement, "pseudo_inverse",
+               "tearfree's eigh roots drop eigenvalues <= 1e-6 * max and add no epsilon")
+    lacks.same("epsilon.rank_rtol", e.rank_rtol, TEARFREE_RANK_RTOL,
+               "tearfree's cutoff is 1e-6 times the largest eigenvalue")
+    lacks.need(isinstance(c.root_inverse, EighConfig), "root_inverse",
+               type(c.root_inverse).__name__, "tearfree's roots are eigh roots")
+    lacks.same("exponents.default", c.exponents.default, "preconditioned_dims",
+               "tearfree's root is 2 x the (merged) rank")
+    lacks.same("statistics.initial_value", c.statistics.initial_value, "zero",
+               "tearfree's statistics start at 0")
+    lacks.same("statistics.bias_correction", c.statistics.bias_correction, False,
+               "tearfree does not bias-correct its statistics")
+    lacks.same("gradient_filter.beta1", c.gradient_filter.beta1, 0.0,
+               "tearfree filters no gradient")
+    lacks.same("momentum.learning_rate_placement", c.momentum.learning_rate_placement,
+               "after_momentum", "tearfree scales by the learning rate last")
