@@ -157,12 +157,16 @@ REGISTRY_LIBRARIES = {"pytorch-optimizer": ("pytorch-optimizer",),
 LIBRARIES = (*ANCHOR_LIBRARIES, *REGISTRY_LIBRARIES)
 #: The conformance backends of each library (shampoo_conformance/thirdparty.py).
 LIBRARY_BACKENDS = {
+    # Google's package ships distributed_shampoo and precondition.tearfree.
+    "google": ("google", "tearfree"),
     "pytorch-optimizer": ("pytorch-optimizer", "pytorch-optimizer-shampoo",
                           "pytorch-optimizer-soap"),
     "heavyball": ("heavyball-soap",),
 }
 #: The adapter tests of each library (default: conformance/tests/test_adapter_<library>.py).
 ADAPTER_TESTS = {
+    "google": ("conformance/tests/test_adapter_google.py",
+               "conformance/tests/test_adapter_tearfree.py"),
     "pytorch-optimizer": ("conformance/tests/test_adapter_pytorch_optimizer.py",
                           "conformance/tests/test_adapter_soap.py"),
     "heavyball": ("conformance/tests/test_adapter_soap.py",),

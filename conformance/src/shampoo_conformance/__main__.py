@@ -28,7 +28,7 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument(
         "--backends", nargs="+", metavar="NAME",
         help=f"backends (default: {' '.join(S.DEFAULT_BACKENDS)}; also torch-ddp, torch-fsdp2, "
-        "jax-sharded, and the third-party libraries meta, google, pytorch-optimizer, "
+        "jax-sharded, and the third-party libraries meta, google, tearfree, pytorch-optimizer, "
         "pytorch-optimizer-shampoo, pytorch-optimizer-soap, heavyball-soap)",
     )
     parser.add_argument(
@@ -136,8 +136,8 @@ def _add_run(subparsers: Any) -> None:
         "--backend",
         default="reference",
         help="built-in name (reference, torch, torch-ddp, torch-fsdp2, jax, jax-sharded), a "
-        "third-party library (meta, google, pytorch-optimizer, pytorch-optimizer-shampoo, "
-        "pytorch-optimizer-soap, heavyball-soap), "
+        "third-party library (meta, google, tearfree, pytorch-optimizer, "
+        "pytorch-optimizer-shampoo, pytorch-optimizer-soap, heavyball-soap), "
         "'mutant:NAME', or 'package.module:factory' (default: %(default)s)",
     )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")

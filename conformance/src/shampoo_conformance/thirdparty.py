@@ -102,6 +102,15 @@ THIRD_PARTY: dict[str, ThirdParty] = {
         f"(or {_SNAPSHOTS}/precondition-239a8cd.tar.gz; "
         "nox -s \"thirdparty(library='google')\" installs it)",
     ),
+    "tearfree": ThirdParty(
+        "tearfree", "shampoo_conformance.adapters.tearfree",
+        "precondition-opt (google-research/precondition, import precondition.tearfree)",
+        "pip install --no-deps "
+        "'git+https://github.com/google-research/precondition.git@239a8cd' "
+        "chex flax toolz msgpack rich pyyaml "
+        f"(or {_SNAPSHOTS}/precondition-239a8cd.tar.gz; "
+        "nox -s \"thirdparty(library='google')\" installs it)",
+    ),
     "pytorch-optimizer": ThirdParty(
         "pytorch-optimizer", "shampoo_conformance.adapters.pytorch_optimizer",
         "pytorch-optimizer 4.1.0 (kozistr/pytorch_optimizer, its ScalableShampoo)",

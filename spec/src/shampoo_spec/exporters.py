@@ -1037,3 +1037,26 @@ def _tearfree_fixed(c: ShampooConfig, lacks: _Lacks) -> None:
                "tearfree filters no gradient")
     lacks.same("momentum.learning_rate_placement", c.momentum.learning_rate_placement,
                "after_momentum", "tearfree scales by the learning rate last")
+    for section, what in (("low_rank", "low-rank roots"),
+                          ("frequent_directions", "frequent-directions sketches"),
+                          ("eigenvalue_correction", "eigenvalue correction"),
+                          ("diagonal", "a diagonal preconditioner"),
+                          ("spectral", "spectral descent"),
+                          ("averaging", "iterate averaging")):
+        lacks.same(section, getattr(c, section), None, f"tearfree has no {what}")
+    s, b = c.schedule, c.blocking
+    lacks.same("schedule.period_anchor", s.period_anchor, "start",
+               "tearfree's work is at count % f == 0, count = t - 1")
+    lacks.same("schedule.roots_before_start", s.roots_before_start, True,
+               "tearfree computes roots from the first step")
+    lacks.same("schedule.roots_take_effect", s.roots_take_effect, "same_step",
+               "tearfree applies a root on the step it computes it")
+    lacks.same("schedule.precondition_frequency_growth", s.precondition_frequency_growth,
+               None, "tearfree's root period is fixed")
+    lacks.same("blocking.merge_target_rank", b.merge_target_rank, 1,
+               "tearfree merges down to one dim when the sizes allow")
+    lacks.same("blocking.preconditioned_dims", b.preconditioned_dims, "all",
+               "tearfree preconditions every dim")
+    for dtype in ("inverse_root_dtype", "update_dtype", "factor_storage_dtype"):
+        lacks.same(dtype, getattr(c, dtype), None,
+                   "tearfree stores and applies everything in the parameters' dtype")
