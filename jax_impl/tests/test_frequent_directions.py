@@ -82,6 +82,15 @@ CASES: dict[str, tuple[ss.ShampooConfig, dict[str, tuple[int, ...]]]] = {
     "average_reset_relative_sum": (dataclasses.replace(
         _fd(BASE, rank=3, average_gradients=True, reset_every=4, relative_floor=1e-3),
         schedule=EVERY_3, epsilon=ss.EpsilonConfig(value=1e-4, scale="relative")), SHAPES),
+    # Eq. (10e), tearfree's Sketchy: every factor sketched at min(n, 2), EMA (tail decayed
+    # by sqrt(beta2)), epsilon relative to sigma_1 + sqrt(beta2) rho.
+    "tearfree_ema_relative": (dataclasses.replace(
+        _fd(BASE, rank=2, rule="tearfree"), statistics=ss.StatisticsConfig(beta2=0.9),
+        epsilon=ss.EpsilonConfig(value=1e-3, scale="relative")), SHAPES),
+    # A sum, absolute epsilon, sketches every 3rd step (the last one used in between).
+    "tearfree_every_3_sum": (dataclasses.replace(
+        _fd(BASE, rank=3, rule="tearfree"), schedule=EVERY_3,
+        epsilon=ss.EpsilonConfig(value=1e-2)), SHAPES),
     "blocked": (dataclasses.replace(
         _fd(BASE, reset_every=5), statistics=ss.StatisticsConfig(beta2=0.95),
         blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=None)),
@@ -295,15 +304,18 @@ def test_state_holds_sketches_and_gradient_sum_only_with_the_config() -> None:
     assert shampoo_jax.BlockGroupState._fields[-1] == "sketches"
 
 
-def test_checkpoint_mid_period_resumes_bit_for_bit() -> None:
-    """Saved after step 4 (statistics every 3rd step: S holds step 4's gradient, the
-    sketches two folds), restored into a fresh state: the run goes on bit for bit."""
-    config = dataclasses.replace(CASES["average_reset_relative_sum"][0], learning_rate=0.1)
+@pytest.mark.parametrize("name", ["average_reset_relative_sum", "tearfree_every_3_sum"])
+def test_checkpoint_mid_period_resumes_bit_for_bit(name: str) -> None:
+    """Saved after step 4 (statistics every 3rd step: S, with average_gradients, holds step
+    4's gradient, the sketches two folds), restored into a fresh state: the run goes on
+    bit for bit (eq. 10e's sketches of k = min(n, rank) directions too)."""
+    config = dataclasses.replace(CASES[name][0], learning_rate=0.1)
     params, grads = stream(SHAPES, steps=9, seed=8)
     want, _ = trajectory(config, params, grads, None)
     cut = 4
     first, s = trajectory(config, params, grads[:cut], None)
-    assert any(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(s.gradient_sum))
+    if s.gradient_sum is not None:
+        assert any(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(s.gradient_sum))
     assert any(np.any(np.asarray(sk.lam) > 0) for gs in s.groups
                for sk in (gs.sketches or ()) if sk is not None)
     arrays = shampoo_jax.state_to_arrays(s)
