@@ -257,8 +257,8 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
             failure_threshold=draw(st.sampled_from([None, 1e10])),
             relative_floor=draw(st.sampled_from([None, 1e-6])))
     # Eqs. (6c), (10d): frequent-directions sketches of the factors larger than rank + 2
-    # (eq. 10e: of every factor) in a sixth of the draws that allow them (plain roots, no eq. 6b, 7, 7b or 10c),
-    # statistics on the root steps.
+    # (eq. 10e: of every factor) in a sixth of the draws that allow them (plain roots,
+    # no eq. 6b, 7, 7b or 10c), statistics on the root steps.
     frequent_directions = None
     if (low_rank is None and well_conditioned and not int16 and diagonal is None
             and inverse_root_dtype is None and factor_storage is None and not statistics.kl
