@@ -146,6 +146,15 @@ def test_sketchy_invalid_options(values: dict[str, Any], message: str) -> None:
         from_tearfree(_sketchy(**values), 0.01)
 
 
+def test_shampoo_options_are_checked_and_unused_with_sketchy() -> None:
+    c = from_tearfree(_with("second_order_options", second_order_type="SKETCHY",
+                            sketchy_options={}, shampoo_options={"block_size": 8}), 0.01)
+    assert c == from_tearfree(_sketchy(), 0.01)
+    with pytest.raises(ValueError, match=r"shampoo_options\.block_size = 1 is invalid"):
+        from_tearfree(_with("second_order_options", second_order_type="SKETCHY",
+                            sketchy_options={}, shampoo_options={"block_size": 1}), 0.01)
+
+
 def test_sketchy_options_are_checked_and_unused_with_shampoo() -> None:
     c = from_tearfree(_with("second_order_options", sketchy_options={"rank": 4}), 0.01)
     assert c == from_tearfree(SGD, 0.01)

@@ -375,13 +375,22 @@ def _second_order(s: Args) -> tuple[int, int, Args, bool]:
         if sketchy is None:
             raise _refuse(p + "sketchy_options", None, "a JSON object with second_order_type "
                           "SKETCHY (tearfree asserts it)")
+        if s.get("shampoo_options", None) is not None:  # unused with SKETCHY: checked only
+            _shampoo(_nested(s, "shampoo_options", SHAMPOO_KEYS))
         return merge_dims, MAX_INTEGER, _nested(s, "sketchy_options", SKETCHY_KEYS), True
     if "shampoo_options" in s and s.data["shampoo_options"] is None:
         raise _refuse(p + "shampoo_options", None, "a JSON object with second_order_type "
                       "SHAMPOO (tearfree asserts it)")
     sh = _nested(s, "shampoo_options", SHAMPOO_KEYS)
-    block_size = sh.integer("block_size", 1024, low=2)
-    return merge_dims, block_size, sh, False
+    return merge_dims, _shampoo(sh), sh, False
+
+
+def _shampoo(sh: Args) -> int:
+    """Checks ``shampoo_options``' block size and frequencies; returns the block size."""
+    sh.integer("update_preconditioners_freq", 1, low=1)
+    sh.integer("update_statistics_freq", 1, low=1)
+    sh.number("second_moment_decay", 0.999)
+    return sh.integer("block_size", 1024, low=2)
 
 
 def _sketchy(k: Args) -> None:
