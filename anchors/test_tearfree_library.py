@@ -15,8 +15,11 @@ so the case fails if the option were ignored on both sides.
 The learning rate is 0.01 with the SGD graft (steps of the gradient's norm)
 and 0.001 without a graft (the raw Shampoo direction is larger) or with
 tearfree's RMSPROP graft at decay 0.999 (see its case), as in the Google
-file. Tearfree's ADAFACTOR graft and its SKETCHY second order are refused
-by ``from_tearfree`` (NotImplementedError; see its module doc);
+file. Tearfree's SKETCHY second order runs in :data:`SKETCHY_CASES` (with a
+float64 shim for a never-taken branch of tearfree's, :class:`_SketchyX64Numpy`).
+Tearfree's ADAFACTOR graft and Sketchy's ``ekfac_svd``, ``linear_approx_tail``
+and ``memory_alloc`` are refused by ``from_tearfree`` (NotImplementedError; see
+its module doc);
 :func:`test_refused_options_are_refused` checks the real library accepts
 what we refuse (so a refusal is a gap of ours, not an invalid input).
 
@@ -67,11 +70,13 @@ _g = _google_module()
 
 import jax  # noqa: E402
 import optax  # noqa: E402
+from jax import numpy as jnp  # noqa: E402
 from precondition.tearfree import grafting as tf_grafting  # noqa: E402
 from precondition.tearfree import momentum as tf_momentum  # noqa: E402
 from precondition.tearfree import optimizer as tf_optimizer  # noqa: E402
 from precondition.tearfree import second_order as tf_second_order  # noqa: E402
 from precondition.tearfree import shampoo as tf_shampoo  # noqa: E402
+from precondition.tearfree import sketchy as tf_sketchy  # noqa: E402
 
 import shampoo_jax  # noqa: E402
 from shampoo_spec import from_tearfree  # noqa: E402
@@ -94,6 +99,8 @@ def _tearfree_options(options: Options) -> tf_optimizer.TearfreeOptions:
         s["second_order_type"] = tf_second_order.SecondOrderType[s["second_order_type"]]
     if "shampoo_options" in s:
         s["shampoo_options"] = tf_shampoo.Options(**s["shampoo_options"])
+    if "sketchy_options" in s:
+        s["sketchy_options"] = tf_sketchy.Options(**s["sketchy_options"])
     return tf_optimizer.TearfreeOptions(
         grafting_options=tf_grafting.Options(**g),
         second_order_options=tf_second_order.Options(**s),
@@ -204,6 +211,88 @@ CASES: dict[str, tuple[float, Options, Options]] = {
     ),
 }
 
+#: Tearfree's SKETCHY second order (eqs. 6c, 10e: ``FrequentDirectionsConfig(rule=
+#: "tearfree")``) with the SGD graft, merge_dims 128: the (64, 16) and (16, 10)
+#: weights keep one sketch per dim (k = min(d, rank)), the biases are graft-only.
+#: name -> (learning rate, sketchy_options, the control's sketchy_options).
+SKETCHY_CASES: dict[str, tuple[float, Options, Options]] = {
+    # Tearfree's defaults (relative epsilon 1e-7, decay 0.999, every step) at rank 8
+    # (every dim deflated: a tail from the first step). Control: rank 4.
+    "sketchy_defaults_rank8": (0.01, {"rank": 8}, {"rank": 4}),
+    # Rank 32 >= 16, 10: those dims keep every direction (no tail), the 64-dim deflated.
+    # Control: rank 8.
+    "sketchy_rank_ge_dim": (0.01, {"rank": 32}, {"rank": 8}),
+    # Relative epsilon large enough to matter. Control: the same value absolute.
+    "sketchy_relative_epsilon": (
+        0.01, {"rank": 8, "epsilon": 1e-2}, {"rank": 8, "epsilon": 1e-2,
+                                              "relative_epsilon": False},
+    ),
+    # Absolute epsilon. Control: relative.
+    "sketchy_absolute_epsilon": (
+        0.01, {"rank": 8, "epsilon": 1e-3, "relative_epsilon": False},
+        {"rank": 8, "epsilon": 1e-3},
+    ),
+    # A sum (decay 1: the tail never decays). Control: decay 0.999.
+    "sketchy_decay_1": (0.01, {"rank": 8, "second_moment_decay": 1.0}, {"rank": 8}),
+    # An EMA at 0.9 (tail decayed by sqrt(0.9) = 0.949, values by 0.9). Control: 0.999.
+    "sketchy_decay_09": (0.01, {"rank": 8, "second_moment_decay": 0.9}, {"rank": 8}),
+    # Sketches updated at counts 0, 3, 6, ...; the last one used in between.
+    # Control: every step.
+    "sketchy_update_freq_3": (0.01, {"rank": 8, "update_freq": 3}, {"rank": 8}),
+    # add_ggt only stores EMA(G G^T): ours ignores it. Control: rank 4.
+    "sketchy_add_ggt": (0.01, {"rank": 8, "add_ggt": True}, {"rank": 4}),
+    # merge_dims 1024: (64, 16) a 1024-vector and (16, 10) a 160-vector, one sketch each
+    # (root 2). Control: merge_dims 128.
+    "sketchy_merge_dims_default": (0.01, {"rank": 8, "merge_dims": 1024}, {"rank": 8}),
+    # No graft: the raw direction, the biases sketched too (1-d, root 2), lr 0.001.
+    # Control: the SGD graft.
+    "sketchy_no_graft": (0.001, {"rank": 8, "graft": "NONE"}, {"rank": 8}),
+}
+
+
+class _SketchyX64Numpy:
+    """``jax.numpy`` as tearfree's ``sketchy`` module sees it, with ``float32`` read as
+    ``float64``.
+
+    Under 64-bit JAX tearfree's Sketchy does not trace: ``_safe_svd``'s NaN fallback
+    (the branch of a ``lax.cond`` taken only for a non-finite sketch) builds float32
+    arrays, which the float64 SVD branch's types must match. With this name the
+    fallback is float64 and the taken branch is unchanged. The only other float32 in
+    sketchy.py is ``alpha = -1 / (2 ndim)``, exact in float32 for the 2-d weights here
+    (-0.25): so the numbers compared are tearfree's own.
+    """
+
+    float32 = jnp.float64
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jnp, name)
+
+
+def _sketchy(options: Options) -> Options:
+    """``options``: the sketchy_options, and ``merge_dims`` and ``graft`` (the grafting_type,
+    SGD when absent) of the test."""
+    sketchy = {k: v for k, v in options.items() if k not in ("merge_dims", "graft")}
+    return {"grafting_options": {"grafting_type": options.get("graft", "SGD")},
+            "second_order_options": {"merge_dims": options.get("merge_dims", 128),
+                                     "second_order_type": "SKETCHY",
+                                     "sketchy_options": sketchy}}
+
+
+@pytest.mark.parametrize("name", list(SKETCHY_CASES))
+def test_tearfree_sketchy_matches_shampoo_jax(name: str, monkeypatch: Any) -> None:
+    monkeypatch.setattr(tf_sketchy, "jnp", _SketchyX64Numpy())
+    lr, case, control_case = SKETCHY_CASES[name]
+    options = _sketchy(case)
+    problem = _g._problem()
+    theirs = _run(tf_optimizer.tearfree(lr, _tearfree_options(options)), problem)
+    worst = _g._worst_relative_deviation(theirs, _run(_ours(options, lr), problem))
+    control = _g._worst_relative_deviation(
+        theirs, _run(_ours(_sketchy(control_case), lr), problem))
+    print(f"{name}: worst relative deviation {worst:.2e}; control {control:.2e}")
+    assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
+    assert control > CONTROL_GAP, f"{name}: the control deviates by only {control:.2e}"
+
+
 #: Parameters split into several blocks. Tearfree's ``_pth_inv_root`` cuts
 #: eigenvalues ``w <= 1e-6 * jnp.max(w)`` with the max over the whole stack of the
 #: parameter's blocks (per axis), ours (eq. 10) over each factor: they agree only
@@ -276,12 +365,17 @@ def test_tearfree_learning_rate_schedule() -> None:
 REFUSED: dict[str, Options] = {
     "adafactor_graft": {"grafting_options": {"grafting_type": "ADAFACTOR"}},
     "momentum_decay_1": {"momentum_options": {"momentum_decay": 1.0}},
+    "sketchy_ekfac_svd": _sketchy({"rank": 8, "ekfac_svd": True}),
+    "sketchy_linear_approx_tail": _sketchy({"rank": 8, "linear_approx_tail": True}),
+    "sketchy_memory_alloc": _sketchy({"rank": 8, "memory_alloc": {"w1": [4, 8],
+                                                                  "w2": [8, 4]}}),
 }
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
-def test_refused_options_are_refused(name: str) -> None:
+def test_refused_options_are_refused(name: str, monkeypatch: Any) -> None:
     """What ``from_tearfree`` refuses, tearfree runs: a gap of ours, named by the error."""
+    monkeypatch.setattr(tf_sketchy, "jnp", _SketchyX64Numpy())
     options = _merge(SGD, REFUSED[name])
     tx = tf_optimizer.tearfree(0.01, _tearfree_options(options))
     problem = _g._problem()

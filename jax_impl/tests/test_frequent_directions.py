@@ -30,12 +30,13 @@ import pytest
 import shampoo_jax
 import shampoo_spec as ss
 from shampoo_jax.blocks import make_layout
-from shampoo_jax.roots import frequent_directions_root
+from shampoo_jax.roots import frequent_directions_root, tearfree_sketch_root
 from shampoo_jax.state import Sketch
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 from shampoo_reference.linalg import Sketch as ReferenceSketch
 from shampoo_reference.linalg import frequent_directions_root as reference_root
+from shampoo_reference.linalg import tearfree_sketch_root as reference_tearfree_root
 
 from .helpers import reference_error, relative_error, run_x64, stream
 from .sharded_helpers import assert_bitwise, trajectory, transformation
@@ -82,6 +83,15 @@ CASES: dict[str, tuple[ss.ShampooConfig, dict[str, tuple[int, ...]]]] = {
     "average_reset_relative_sum": (dataclasses.replace(
         _fd(BASE, rank=3, average_gradients=True, reset_every=4, relative_floor=1e-3),
         schedule=EVERY_3, epsilon=ss.EpsilonConfig(value=1e-4, scale="relative")), SHAPES),
+    # Eq. (10e), tearfree's Sketchy: every factor sketched at min(n, 2), EMA (tail decayed
+    # by sqrt(beta2)), epsilon relative to sigma_1 + sqrt(beta2) rho.
+    "tearfree_ema_relative": (dataclasses.replace(
+        _fd(BASE, rank=2, rule="tearfree"), statistics=ss.StatisticsConfig(beta2=0.9),
+        epsilon=ss.EpsilonConfig(value=1e-3, scale="relative")), SHAPES),
+    # A sum, absolute epsilon, sketches every 3rd step (the last one used in between).
+    "tearfree_every_3_sum": (dataclasses.replace(
+        _fd(BASE, rank=3, rule="tearfree"), schedule=EVERY_3,
+        epsilon=ss.EpsilonConfig(value=1e-2)), SHAPES),
     "blocked": (dataclasses.replace(
         _fd(BASE, reset_every=5), statistics=ss.StatisticsConfig(beta2=0.95),
         blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=None)),
@@ -261,6 +271,42 @@ def test_frequent_directions_root_equals_the_reference() -> None:
         np.testing.assert_array_equal(np.asarray(a[4]), np.asarray(b[4]))
 
 
+@pytest.mark.parametrize(("epsilon", "relative"), [(1e-3, True), (1e-2, False), (0.0, True)])
+def test_tearfree_sketch_root_equals_the_reference(epsilon: float, relative: bool) -> None:
+    """Eq. (10e) on a stack: a random sketch with a tail and a random observation, an
+    empty sketch with an observation of rank 4 > k (a tail from the first fold), an
+    empty sketch with a rank-1 observation (rho' = 0: the complement gets 0), a sketch
+    with a zero observation (values decay by beta, the tail by sqrt(beta)), and a
+    non-finite observation (ok False, the sketch kept)."""
+    rng = np.random.default_rng(3)
+    n, k, beta, root = 7, 2, 0.81, 4.0
+    rtol = ss.FrequentDirectionsConfig.zero_rtol(n, "float64")
+    q, _ = np.linalg.qr(rng.standard_normal((n, k)))
+    empty = (np.zeros((n, k)), np.zeros(k), 0.0)
+    held = [(q, np.array([3.0, 1.0]), 0.5), empty, empty, (q, np.array([2.0, 0.5]), 0.3),
+            empty]
+    g = rng.standard_normal((n, 4))
+    observations = [g @ g.T, g @ g.T, np.outer(g[:, 0], g[:, 0]), np.zeros((n, n)),
+                    np.full((n, n), np.nan)]
+    with jax.enable_x64(True):
+        sketch = Sketch(*(jnp.asarray(np.stack(z)) for z in zip(*held, strict=True)))
+        new, x, ok = tearfree_sketch_root(sketch, jnp.asarray(np.stack(observations)), root,
+                                          beta, epsilon, relative, rtol)
+    assert np.asarray(ok).tolist() == [True] * 4 + [False]
+    for j in range(4):
+        want, want_x = reference_tearfree_root(_reference_sketch(*held[j]), observations[j],
+                                               root, beta, epsilon, relative, rtol)
+        u, lam = np.asarray(new.u[j]), np.asarray(new.lam[j])
+        _assert_close(lam, want.lam, f"lambda {j}", 1e-13)
+        _assert_close(new.rho[j], want.rho, f"rho {j}", 1e-13)
+        _assert_close(u * lam @ u.T, want.u * want.lam @ want.u.T, f"U lambda U^T {j}", 1e-13)
+        _assert_close(x[j], want_x, f"X {j}", 1e-13)
+    assert float(new.rho[2]) == 0.0  # rank 1 < k: nothing escaped
+    _assert_close(new.rho[3], 0.9 * 0.3, "sqrt(beta) rho", 1e-15)
+    for a, b in zip(new, sketch, strict=True):  # non-finite: the sketch as it came
+        np.testing.assert_array_equal(np.asarray(a[4]), np.asarray(b[4]))
+
+
 def test_state_holds_sketches_and_gradient_sum_only_with_the_config() -> None:
     """Sketched factors (n > rank + 2) get an empty sketch and X = 0 (eq. 10d, as eq.
     10c's); the others an identity root and no sketch; S (zeros) only with
@@ -295,15 +341,18 @@ def test_state_holds_sketches_and_gradient_sum_only_with_the_config() -> None:
     assert shampoo_jax.BlockGroupState._fields[-1] == "sketches"
 
 
-def test_checkpoint_mid_period_resumes_bit_for_bit() -> None:
-    """Saved after step 4 (statistics every 3rd step: S holds step 4's gradient, the
-    sketches two folds), restored into a fresh state: the run goes on bit for bit."""
-    config = dataclasses.replace(CASES["average_reset_relative_sum"][0], learning_rate=0.1)
+@pytest.mark.parametrize("name", ["average_reset_relative_sum", "tearfree_every_3_sum"])
+def test_checkpoint_mid_period_resumes_bit_for_bit(name: str) -> None:
+    """Saved after step 4 (statistics every 3rd step: S, with average_gradients, holds step
+    4's gradient, the sketches two folds), restored into a fresh state: the run goes on
+    bit for bit (eq. 10e's sketches of k = min(n, rank) directions too)."""
+    config = dataclasses.replace(CASES[name][0], learning_rate=0.1)
     params, grads = stream(SHAPES, steps=9, seed=8)
     want, _ = trajectory(config, params, grads, None)
     cut = 4
     first, s = trajectory(config, params, grads[:cut], None)
-    assert any(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(s.gradient_sum))
+    if s.gradient_sum is not None:
+        assert any(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(s.gradient_sum))
     assert any(np.any(np.asarray(sk.lam) > 0) for gs in s.groups
                for sk in (gs.sketches or ()) if sk is not None)
     arrays = shampoo_jax.state_to_arrays(s)

@@ -544,7 +544,8 @@ def any_config(draw: st.DrawFn) -> ss.ShampooConfig:
             frequent_directions=draw(st.sampled_from([None, None, ss.FrequentDirectionsConfig(
                 rank=2, average_gradients=draw(st.booleans()),
                 reset_every=draw(st.sampled_from([None, 10])),
-                relative_floor=draw(st.sampled_from([1e-6, 1e-16])))])),
+                relative_floor=draw(st.sampled_from([1e-6, 1e-16]))),
+                ss.FrequentDirectionsConfig(rank=2, rule="tearfree")])),
         )
     except ValueError:
         assume(False)
@@ -568,6 +569,19 @@ def test_any_config_exports_exactly_or_names_what_is_lacking(c: ss.ShampooConfig
 
 
 # --------------------------------------------------------- hand-written examples
+def test_tearfree_sketchy_is_named_as_lacking() -> None:
+    """Eq. (10e) (``frequent_directions.rule = "tearfree"``): neither Meta nor Google has it."""
+    c = ss.from_tearfree({"grafting_options": {"grafting_type": "SGD"},
+                          "second_order_options": {"second_order_type": "SKETCHY",
+                                                   "sketchy_options": {"rank": 4}}}, 0.01)
+    with pytest.raises(ValueError, match="Google's distributed_shampoo cannot express") as e:
+        ss.to_google(c)
+    assert "frequent_directions.rule" in _named(e)
+    with pytest.raises(ValueError, match="Meta's DistributedShampoo cannot express") as e:
+        ss.to_meta(c)
+    assert "frequent_directions" in _named(e)
+
+
 def test_meta_default_config() -> None:
     c = ss.from_meta({})
     exported = ss.to_meta(c)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -98,6 +99,62 @@ def test_callable_learning_rate() -> None:
         from_tearfree(SGD, lambda count: "x")
 
 
+def _sketchy(**values: Any) -> dict[str, Any]:
+    return _with("second_order_options", second_order_type="SKETCHY", sketchy_options=values)
+
+
+def test_sketchy_defaults() -> None:
+    """Eq. (10e) (``rule="tearfree"``) on every merged dim, one block per parameter,
+    epsilon 1e-7 relative, decay 0.999 (sketch beta2; tail sqrt(beta2)), every step."""
+    c = from_tearfree(_sketchy(), 0.01)
+    shampoo = from_tearfree(SGD, 0.01)
+    assert c.frequent_directions == ss.FrequentDirectionsConfig(rank=128, rule="tearfree")
+    assert c.epsilon == ss.EpsilonConfig(value=1e-7, scale="relative")
+    assert c.statistics == shampoo.statistics
+    assert c.blocking == replace(shampoo.blocking, max_preconditioner_dim=2**31 - 1)
+    assert c.schedule == shampoo.schedule
+    assert (c.grafting, c.momentum, c.weight_decay) == (
+        shampoo.grafting, shampoo.momentum, shampoo.weight_decay)
+    assert c.exponents.default == "preconditioned_dims"
+
+
+def test_sketchy_options_map() -> None:
+    c = from_tearfree(_sketchy(epsilon=1e-3, rank=5, relative_epsilon=False,
+                               second_moment_decay=0.9, update_freq=3, add_ggt=True), 0.01)
+    assert c.frequent_directions == ss.FrequentDirectionsConfig(rank=5, rule="tearfree")
+    assert c.epsilon == ss.EpsilonConfig(value=1e-3, scale="absolute")
+    assert c.statistics.beta2 == 0.9
+    assert (c.schedule.precondition_frequency, c.schedule.statistics_frequency) == (3, 3)
+    # Epsilon 0: no relative rule (tearfree's "relative_epsilon and epsilon > 0").
+    assert from_tearfree(_sketchy(epsilon=0.0), 0.01).epsilon.scale == "absolute"
+    # add_ggt stores a matrix only: the same config.
+    assert from_tearfree(_sketchy(add_ggt=True), 0.01) == from_tearfree(_sketchy(), 0.01)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"rank": 0}, r"sketchy_options\.rank = 0 is invalid"),
+        ({"update_freq": 0}, r"sketchy_options\.update_freq = 0 is invalid"),
+        ({"second_moment_decay": 1.5}, r"sketchy_options\.second_moment_decay = 1\.5 is invalid"),
+        ({"epsilon": -1.0}, r"sketchy_options\.epsilon = -1\.0 is invalid"),
+        ({"bogus": 1}, r"unknown key"),
+    ],
+)
+def test_sketchy_invalid_options(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        from_tearfree(_sketchy(**values), 0.01)
+
+
+def test_shampoo_options_are_checked_and_unused_with_sketchy() -> None:
+    c = from_tearfree(_with("second_order_options", second_order_type="SKETCHY",
+                            sketchy_options={}, shampoo_options={"block_size": 8}), 0.01)
+    assert c == from_tearfree(_sketchy(), 0.01)
+    with pytest.raises(ValueError, match=r"shampoo_options\.block_size = 1 is invalid"):
+        from_tearfree(_with("second_order_options", second_order_type="SKETCHY",
+                            sketchy_options={}, shampoo_options={"block_size": 1}), 0.01)
+
+
 def test_sketchy_options_are_checked_and_unused_with_shampoo() -> None:
     c = from_tearfree(_with("second_order_options", sketchy_options={"rank": 4}), 0.01)
     assert c == from_tearfree(SGD, 0.01)
@@ -110,8 +167,13 @@ def test_sketchy_options_are_checked_and_unused_with_shampoo() -> None:
     [
         ({"grafting_options": {"grafting_type": "ADAFACTOR"}},
          "grafting_options.grafting_type = 'ADAFACTOR'", "optax.adafactor"),
-        (_with("second_order_options", second_order_type="SKETCHY", sketchy_options={}),
-         "second_order_options.second_order_type = 'SKETCHY'", "eq. (10d)"),
+        (_sketchy(ekfac_svd=True), "second_order_options.sketchy_options.ekfac_svd = True",
+         "EKFAC-SVD"),
+        (_sketchy(linear_approx_tail=True),
+         "second_order_options.sketchy_options.linear_approx_tail = True", "log(rank)"),
+        (_sketchy(memory_alloc={"w": [2, 2]}),
+         "second_order_options.sketchy_options.memory_alloc = {'w': [2, 2]}",
+         "FrequentDirectionsConfig.rank"),
         (_with("momentum_options", momentum_decay=1.0), "momentum_options.momentum_decay = 1.0",
          "momentum < 1"),
         (_with("grafting_options", grafting_type="SGD", skip_preconditioning_any_dim_gt=0),

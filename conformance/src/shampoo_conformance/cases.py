@@ -342,6 +342,24 @@ def named_cases() -> list[Case]:
                   schedule=ss.ScheduleConfig(precondition_frequency=2, statistics_frequency=2)),
         ),
         Case(
+            # Eqs. (6c), (10e), tearfree's Sketchy: every factor sketched at
+            # k = min(n, 2) (the 4 x 4 and 3 x 3 factors deflated, with a tail decayed by
+            # sqrt(beta2); the 2 x 2 and smaller ones whole), epsilon relative.
+            "frequent_directions_tearfree",
+            _with(frequent_directions=ss.FrequentDirectionsConfig(rank=2, rule="tearfree"),
+                  statistics=ss.StatisticsConfig(beta2=0.9),
+                  epsilon=ss.EpsilonConfig(value=1e-3, scale="relative")),
+        ),
+        Case(
+            # Absolute epsilon, a sum (beta2 = 1), sketches updated every 2 steps (the
+            # odd steps reuse the last X, as tearfree's update_freq).
+            "frequent_directions_tearfree_every_2",
+            _with(frequent_directions=ss.FrequentDirectionsConfig(rank=3, rule="tearfree"),
+                  statistics=ss.StatisticsConfig(beta2=1.0),
+                  epsilon=ss.EpsilonConfig(value=1e-2),
+                  schedule=ss.ScheduleConfig(precondition_frequency=2, statistics_frequency=2)),
+        ),
+        Case(
             "meta_preset",
             replace(ss.from_meta({"lr": 0.1, "epsilon": 1e-4}), factor_dtype="float64"),
         ),

@@ -127,6 +127,17 @@ class _SketchValuesLost(ReferenceShampoo):
         return replace(new, lam=np.zeros_like(new.lam)), x
 
 
+class _TearfreeTailDecayedByBeta2(ReferenceShampoo):
+    """Eq. (10e) with the tail decayed by beta2, not tearfree's sqrt(beta2) (the rule of
+    eq. 10d's tail): the sketch comes in with rho scaled by sqrt(beta2) once more."""
+
+    def _sketch_root(self, sketch: Sketch, c: Array, root: float) -> tuple[Sketch, Array]:
+        fd = self.config.frequent_directions
+        if fd is not None and fd.rule == "tearfree":
+            sketch = replace(sketch, rho=sketch.rho * float(np.sqrt(self.config.statistics.beta2)))
+        return super()._sketch_root(sketch, c, root)
+
+
 class _DeflationNotRestored(ReferenceShampoo):
     """Eq. (11d) without its last step: the Newton root of the deflated factor is kept
     as it is, the top-k pairs' root never put back (their directions over-amplified)."""
@@ -183,6 +194,8 @@ MUTANTS: tuple[Mutant, ...] = (
            _SketchValuesLost),
     Mutant("deflation_not_restored", "LOBPCG-deflated root never restored",
            _DeflationNotRestored),
+    Mutant("tearfree_tail_decayed_by_beta2", "tearfree's sketch tail decayed by beta2",
+           _TearfreeTailDecayedByBeta2),
 )
 
 

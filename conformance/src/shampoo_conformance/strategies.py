@@ -257,16 +257,19 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
             failure_threshold=draw(st.sampled_from([None, 1e10])),
             relative_floor=draw(st.sampled_from([None, 1e-6])))
     # Eqs. (6c), (10d): frequent-directions sketches of the factors larger than rank + 2
-    # in a sixth of the draws that allow them (plain roots, no eq. 6b, 7, 7b or 10c),
-    # statistics on the root steps.
+    # (eq. 10e: of every factor) in a sixth of the draws that allow them (plain roots,
+    # no eq. 6b, 7, 7b or 10c), statistics on the root steps.
     frequent_directions = None
     if (low_rank is None and well_conditioned and not int16 and diagonal is None
             and inverse_root_dtype is None and factor_storage is None and not statistics.kl
             and draw(st.sampled_from([False] * 5 + [True]))):
+        # A third of them tearfree's Sketchy (eq. 10e: every factor, no reset or average).
+        tearfree = draw(st.sampled_from([False, False, True]))
         frequent_directions = ss.FrequentDirectionsConfig(
             rank=draw(st.sampled_from([1, 2])),
-            average_gradients=draw(st.booleans()),
-            reset_every=draw(st.sampled_from([None, 2])))
+            average_gradients=not tearfree and draw(st.booleans()),
+            reset_every=None if tearfree else draw(st.sampled_from([None, 2])),
+            rule="tearfree" if tearfree else "google")
         statistics = replace(statistics, bias_correction=False, trace_scaling_exponent=0.0)
         schedule = replace(schedule, statistics_frequency=schedule.precondition_frequency,
                            precondition_frequency_growth=None)

@@ -37,6 +37,7 @@ from .roots import (
     qr_eigenbasis,
     rounded,
     sketch_epsilon,
+    tearfree_sketch_root,
 )
 from .state import (
     BlockGroupState,
@@ -354,16 +355,23 @@ def fold_sketch(
     the (emptied) sketch's lambda_1 (:func:`shampoo_jax.roots.sketch_epsilon`),
     the zero cutoff from the factor dtype (``FrequentDirectionsConfig.zero_rtol``);
     then :func:`shampoo_jax.roots.frequent_directions_root` folds the
-    observation ``c`` (eq. 6c) in.
+    observation ``c`` (eq. 6c) in. With ``frequent_directions.rule = "tearfree"``
+    :func:`shampoo_jax.roots.tearfree_sketch_root` (eq. 10e) does, with
+    ``epsilon.value`` and its scale (no reset).
     """
     fd = config.frequent_directions
     assert fd is not None
+    rtol = fd.zero_rtol(c.shape[-1], config.factor_dtype)
+    beta = config.statistics.beta2
+    if fd.rule == "tearfree":
+        e = config.epsilon
+        return tearfree_sketch_root(sketch, c, root, beta, e.value, e.scale == "relative",
+                                    rtol, active)
     if fd.reset_every is not None:
         empty = Sketch(*(jnp.zeros_like(z) for z in sketch))
         sketch = select_sketch(schedule.on_period(t, fd.reset_every, "start"), empty, sketch)
     eps = sketch_epsilon(sketch.lam, config.epsilon, fd.relative_floor)
-    rtol = fd.zero_rtol(c.shape[-1], config.factor_dtype)
-    return frequent_directions_root(sketch, c, root, config.statistics.beta2, eps, rtol, active)
+    return frequent_directions_root(sketch, c, root, beta, eps, rtol, active)
 
 
 # ------------------------------------------------------------- eq. (17)

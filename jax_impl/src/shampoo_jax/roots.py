@@ -717,6 +717,56 @@ def frequent_directions_root(
     return new, x, finite & all_finite(x)
 
 
+def tearfree_sketch_root(
+    sketch: Sketch, c: Array, root: float, beta: float, epsilon: float, relative: bool,
+    rtol: float, active: Array | None = None,
+) -> tuple[Sketch, Array, Array]:
+    """Eq. (10e), tearfree's Sketchy, per matrix: fold ``c`` (eq. 6c) into ``sketch``:
+    (sketch', X, ok).
+
+    As reference ``linalg.tearfree_sketch_root``, in its order of operations
+    (U ``[b, n, k]``, k = min(n, rank))::
+
+        M = beta U diag(lambda) U^T + C,  V diag(sigma) V^T = eigh(sym M) (descending)
+        sigma_i <- 0 where sigma_i <= rtol max(sigma_1, 0);  cut = sigma_{k+1} (0 if k = n)
+        lambda' = sigma_1..k - cut,  U' = V_1..k,  rho' = sqrt(beta) rho + cut
+        U'_i, lambda'_i <- 0 where lambda'_i <= 0
+        eps = epsilon (sigma_1 + sqrt(beta) rho)  (relative, epsilon > 0), else epsilon
+        X = U' diag((sigma_1..k + sqrt(beta) rho + eps)^(-1/p)) U'^T + t (I - U' U'^T),
+        t = (rho' + eps)^(-1/p), 0 where rho' = 0
+
+    ``ok`` is False for a non-finite X or M (eq. 13); a non-finite M keeps
+    ``sketch`` as it came. ``active``: as :func:`_eigh`.
+    """
+    n, k = sketch.u.shape[-2], sketch.u.shape[-1]
+    scaled = beta * (sketch.u * sketch.lam[..., None, :])
+    m = symmetrize(_matmul(scaled, jnp.swapaxes(sketch.u, -1, -2)) + c)
+    finite = all_finite(m)
+    eye = _eye_like(m)
+    sigma, v = _eigh(jnp.where(finite[..., None, None], m, eye), active)
+    sigma, v = sigma[..., ::-1], v[..., ::-1]  # descending
+    sigma = jnp.where(sigma > rtol * jnp.maximum(sigma[..., :1], 0.0), sigma, 0.0)
+    cut = sigma[..., k] if k < n else jnp.zeros_like(sigma[..., 0])
+    decayed = jnp.sqrt(jnp.asarray(beta, sigma.dtype)) * sketch.rho
+    lam = sigma[..., :k] - cut[..., None]
+    rho = decayed + cut
+    kept = lam > 0
+    lam = jnp.where(kept, lam, 0.0)
+    u = v[..., :k] * kept[..., None, :].astype(v.dtype)
+    undeflated = sigma[..., :k] + decayed[..., None]
+    if relative and epsilon > 0:
+        eps = epsilon * jnp.max(undeflated, axis=-1)
+    else:
+        eps = jnp.full_like(rho, epsilon)
+    # Where not kept (or rho' = 0) the power may be inf: discarded by the where.
+    x = jnp.where(kept, (undeflated + eps[..., None]) ** (-1.0 / root), 0.0)
+    const = jnp.where(rho > 0, (jnp.where(rho > 0, rho, 1.0) + eps) ** (-1.0 / root), 0.0)
+    x = _matmul(u * (x - const[..., None])[..., None, :], jnp.swapaxes(u, -1, -2))
+    x = x + const[..., None, None] * eye
+    new = select_sketch(finite, Sketch(u, lam, rho), sketch)
+    return new, x, finite & all_finite(x)
+
+
 __all__ = [
     "all_finite",
     "compute_inverse_root",
@@ -731,5 +781,6 @@ __all__ = [
     "root_inverse_eigh",
     "sketch_epsilon",
     "symmetrize",
+    "tearfree_sketch_root",
 ]
 

@@ -31,7 +31,8 @@ class Sketch(NamedTuple):
 
     ``u`` ``[nb, n, r]`` (orthonormal or zero columns), ``lam`` ``[nb, r]``
     (descending, >= 0) and the tail ``rho`` ``[nb]``, all 0 at first, in
-    :func:`factor_dtype`; r is ``frequent_directions.rank``.
+    :func:`factor_dtype`; r is ``frequent_directions.sketch_rank(n)`` (``rank``; eq. 10e:
+    ``min(n, rank)``).
     """
 
     u: Array
@@ -316,7 +317,7 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
         lr = config.low_rank
         compressed = sketched(config, n) or (lr is not None and lr.compresses(n))
         inverse_roots.append(jnp.array(0 * eye if compressed else eye, dtype=rdt))
-        sketches.append(init_sketch(nb, n, fd.rank, fdt)
+        sketches.append(init_sketch(nb, n, fd.sketch_rank(n), fdt)
                         if fd is not None and sketched(config, n) else None)
     ec = config.eigenvalue_correction is not None
 

@@ -209,6 +209,47 @@ def frequent_directions_root(
     return new, (u * (x - const)) @ u.T + const * np.eye(n)
 
 
+def tearfree_sketch_root(
+    sketch: Sketch, c: Array, root: float, beta: float, epsilon: float, relative: bool,
+    rtol: float,
+) -> tuple[Sketch, Array]:
+    """Eq. (10e), tearfree's Sketchy: fold ``c`` (eq. 6c) into ``sketch``; the new sketch and X.
+
+    ``M = beta U diag(lambda) U^T + C`` (``U`` n x k, k = min(n, rank)) is
+    decomposed, eigenvalues sigma descending, those at most ``rtol sigma_1``
+    set to 0; ``cut = sigma_{k+1}`` (0 when k = n)::
+
+        lambda' = sigma_1..k - cut,  U' = V_1..k,  rho' = sqrt(beta) rho + cut
+        U'_i, lambda'_i <- 0 where lambda'_i <= 0
+        eps = epsilon (sigma_1 + sqrt(beta) rho)  if relative and epsilon > 0, else epsilon
+        X = U' diag((sigma_1..k + sqrt(beta) rho + eps)^(-1/p)) U'^T
+            + (rho' + eps)^(-1/p) (I - U' U'^T)            ((rho' + eps)^(-1/p) -> 0 if rho' = 0)
+
+    ``sigma_i + sqrt(beta) rho`` is ``lambda'_i + rho'`` (tearfree's
+    ``undeflated``), formed as tearfree does; tearfree's SVD of
+    ``[sqrt(beta) U diag(lambda)^(1/2), G_(k)]`` has the singular values
+    ``sqrt(sigma)`` and the same vectors.
+    """
+    n, k = sketch.u.shape
+    m = beta * (sketch.u * sketch.lam) @ sketch.u.T + c
+    sigma, v = np.linalg.eigh((m + m.T) / 2)
+    sigma, v = sigma[::-1], v[:, ::-1]  # descending
+    sigma = np.where(sigma > rtol * max(sigma[0], 0.0), sigma, 0.0)
+    cut = float(sigma[k]) if k < n else 0.0
+    decayed = float(np.sqrt(beta)) * sketch.rho
+    lam = sigma[:k] - cut
+    rho = decayed + cut
+    kept = lam > 0
+    lam = np.where(kept, lam, 0.0)
+    u = v[:, :k] * kept
+    undeflated = sigma[:k] + decayed
+    eps = epsilon * float(np.max(undeflated)) if relative and epsilon > 0 else epsilon
+    x = np.where(kept, (undeflated + eps) ** (-1.0 / root), 0.0)
+    const = (rho + eps) ** (-1.0 / root) if rho > 0 else 0.0
+    new = Sketch(u, lam, float(rho))
+    return new, (u * (x - const)) @ u.T + const * np.eye(n)
+
+
 @dataclass(frozen=True)
 class EighResult:
     """An eigendecomposition's product (inverse root, eq. 10, or eigenbasis, eq. 17) and

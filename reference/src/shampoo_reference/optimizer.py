@@ -64,6 +64,7 @@ from .linalg import (
     root_inverse_eigh_with_error,
     root_inverse_higher_order,
     round_to,
+    tearfree_sketch_root,
 )
 from .quantization import (
     dequantize_columnwise,
@@ -218,7 +219,7 @@ class ReferenceShampoo:
             fd = cfg.frequent_directions
             for n, r in zip(b.shape, b.roots, strict=True):
                 sketched = r != 0 and fd is not None and fd.compresses(n)
-                sketches.append(Sketch.empty(n, fd.rank) if sketched and fd else None)
+                sketches.append(Sketch.empty(n, fd.sketch_rank(n)) if sketched and fd else None)
                 if r == 0:
                     factors.append(None)
                     inverse_roots.append(None)
@@ -614,9 +615,15 @@ class ReferenceShampoo:
             )
 
     def _sketch_root(self, sketch: Sketch, c: Array, root: float) -> tuple[Sketch, Array]:
-        """Eq. (10d) at step t: reset if due, then fold C into the sketch; its X."""
+        """Eq. (10d) at step t: reset if due, then fold C into the sketch; its X.
+        Eq. (10e) with ``frequent_directions.rule = "tearfree"``."""
         fd = self.config.frequent_directions
         assert fd is not None
+        if fd.rule == "tearfree":
+            e = self.config.epsilon
+            return tearfree_sketch_root(
+                sketch, c, root, self.config.statistics.beta2, e.value, e.scale == "relative",
+                fd.zero_rtol(c.shape[0], self.config.factor_dtype))
         if fd.resets(self.t):
             sketch = Sketch.empty(*sketch.u.shape)
         e = self.config.epsilon

@@ -27,6 +27,7 @@ from .config import (
     EPSILON_PLACEMENTS,
     FACTOR_STORAGE_DTYPES,
     FACTOR_STORAGES,
+    FREQUENT_DIRECTIONS_RULES,
     GRAFTING_TYPES,
     GRAFTING_TYPES_WITH_STATE,
     INVERSE_ROOT_DTYPES,
@@ -90,6 +91,7 @@ from .serialization import config_differences, config_from_dict, config_to_dict
 
 __all__ = [
     "EPSILON_PLACEMENTS",
+    "FREQUENT_DIRECTIONS_RULES",
     "GRAFTING_TYPES",
     "GRAFTING_TYPES_WITH_STATE",
     "FACTOR_STORAGE_DTYPES",

@@ -477,6 +477,10 @@ class LowRankRootConfig:
         return dataclasses.replace(epsilon, relative_floor=self.relative_floor)
 
 
+#: ``FrequentDirectionsConfig.rule``: Google's eq. (10d) or tearfree's Sketchy, eq. (10e).
+FREQUENT_DIRECTIONS_RULES = ("google", "tearfree")
+
+
 @dataclass(frozen=True, kw_only=True)
 class FrequentDirectionsConfig:
     """Frequent-directions sketches of the large factors, eqs. (6c) and (10d).
@@ -504,12 +508,25 @@ class FrequentDirectionsConfig:
     ``round(1 / (1 - beta2))`` steps with beta2 then 1): a root step t with
     ``(t - 1) mod reset_every = 0`` empties the sketch before its update.
     Smaller factors keep eq. (6) and ``root_inverse``.
+
+    ``rule = "tearfree"`` is tearfree's Sketchy (``precondition/tearfree/
+    sketchy.py``), eq. (10e) in place of (10d): EVERY factor is sketched, at
+    rank ``k = min(n, rank)``; ``M = beta2 U diag(lambda) U^T + C`` (no eps in
+    the sketch), ``lambda' = sigma_1..k - sigma_{k+1}`` (sigma_{n+1} = 0),
+    ``rho' = sqrt(beta2) rho + sigma_{k+1}`` (tearfree decays its tail by
+    sqrt(beta2)), ``eps = epsilon.value`` times ``sigma_1 + sqrt(beta2) rho``
+    when relative, and ``X = U' diag((sigma_i + sqrt(beta2) rho + eps)^(-1/p))
+    U'^T + (rho' + eps)^(-1/p) (I - U' U'^T)`` (0 for rho' = 0; directions
+    with lambda' = 0 dropped from U'). It has no reset, no gradient averaging
+    and no floor: ``reset_every``, ``average_gradients`` and ``relative_floor``
+    must keep their defaults.
     """
 
     rank: int
     average_gradients: bool = False
     reset_every: int | None = None
     relative_floor: float = 1e-6
+    rule: Literal["google", "tearfree"] = "google"
 
     def __post_init__(self) -> None:
         o = "frequent_directions"
@@ -518,10 +535,25 @@ class FrequentDirectionsConfig:
         v.optional_integer(o, "reset_every", self.reset_every, low=1,
                            none_means="the sketch is never emptied")
         v.epsilon(o, "relative_floor", self.relative_floor, zero=True)
+        v.choice(o, "rule", self.rule, FREQUENT_DIRECTIONS_RULES)
+        if self.rule == "tearfree":
+            why = "with rule='tearfree' (eq. 10e has no such option)"
+            if self.average_gradients:
+                v.fail(o, "average_gradients", self.average_gradients, f"False {why}")
+            if self.reset_every is not None:
+                v.fail(o, "reset_every", self.reset_every, f"None {why}")
+            if self.relative_floor != 1e-6:
+                v.fail(o, "relative_floor", self.relative_floor, f"1e-6 (the default) {why}")
 
     def compresses(self, n: int) -> bool:
-        """Whether an ``n x n`` factor is sketched (``n > rank + 2``, as eq. 10c)."""
-        return n > self.rank + 2
+        """Whether an ``n x n`` factor is sketched: ``n > rank + 2`` (eq. 10d, as eq. 10c),
+        every factor with ``rule = "tearfree"`` (eq. 10e)."""
+        return self.rule == "tearfree" or n > self.rank + 2
+
+    def sketch_rank(self, n: int) -> int:
+        """The sketch's number of directions for an ``n x n`` factor: ``rank`` (eq. 10d),
+        ``min(n, rank)`` with ``rule = "tearfree"`` (eq. 10e)."""
+        return min(n, self.rank) if self.rule == "tearfree" else self.rank
 
     @staticmethod
     def zero_rtol(n: int, factor_dtype: str) -> float:

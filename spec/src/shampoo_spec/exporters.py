@@ -726,6 +726,10 @@ def _google_sketch(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     must say)."""
     fd = c.frequent_directions
     assert fd is not None
+    lacks.same("frequent_directions.rule", fd.rule, "google",
+               "Google's frequent directions is eq. (10d); tearfree's Sketchy rule (eq. 10e: "
+               "every factor sketched, the tail decayed by sqrt(beta2), its own epsilon) "
+               "has no option there")
     lacks.same("frequent_directions.relative_floor", fd.relative_floor, 1e-6,
                "Google's sketch floors its largest value at 1e-6")
     out: dict[str, Any] = {"frequent_directions": True, "compression_rank": fd.rank,

@@ -172,7 +172,7 @@ class BlockGroup:
             sketched = sketch is not None and sketch.compresses(n)
             if sketched:
                 assert sketch is not None
-                self.sketches[k] = Sketch.zeros(b, n, sketch.rank, dt, dev)
+                self.sketches[k] = Sketch.zeros(b, n, sketch.sketch_rank(n), dt, dev)
             if sketched or (compresses is not None and compresses(n)):
                 self.inverse_roots[k].zero_()
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)

@@ -270,7 +270,8 @@ def _refresh_rows(
 def _fold_sketch(
     bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int
 ) -> torch.Tensor:
-    """Eq. (10d) at root step t for sketched factor k of ``rows``: the sketch, emptied
+    """Eq. (10d) (eq. 10e with ``frequent_directions.rule = "tearfree"``) at root step t
+    for sketched factor k of ``rows``: the sketch, emptied
     first when ``frequent_directions.resets(t)``, takes the observation C_k of eq. (6c)
     (no eq. 7 or 7b: the config refuses them); the new sketch is stored where the row
     steps (``ok``) whatever X is, X by eq. (13) (:func:`_accept`); returns the rows
@@ -279,12 +280,17 @@ def _fold_sketch(
     assert fd is not None
     stored = bg.sketches[k]
     sketch = stored.take(rows)
-    if fd.resets(t):
-        sketch = Sketch(*(torch.zeros_like(x) for x in sketch.tensors()))
-    eps = roots.sketch_epsilon(sketch.lam[:, 0], cfg.epsilon, fd.relative_floor)
     rtol = fd.zero_rtol(bg.shape[k], cfg.factor_dtype)
-    new, x, good = roots.frequent_directions_root(
-        sketch, take(bg.factors[k], rows), bg.roots[k], cfg.statistics.beta2, eps, rtol)
+    c, beta = take(bg.factors[k], rows), cfg.statistics.beta2
+    if fd.rule == "tearfree":  # eq. (10e): no reset, epsilon by its own rule
+        e = cfg.epsilon
+        new, x, good = roots.tearfree_sketch_root(
+            sketch, c, bg.roots[k], beta, e.value, e.scale == "relative", rtol)
+    else:
+        if fd.resets(t):
+            sketch = Sketch(*(torch.zeros_like(x) for x in sketch.tensors()))
+        eps = roots.sketch_epsilon(sketch.lam[:, 0], cfg.epsilon, fd.relative_floor)
+        new, x, good = roots.frequent_directions_root(sketch, c, bg.roots[k], beta, eps, rtol)
     if ok is not None:
         new = stored.take(rows).where(ok, new)
     stored.put(rows, new)

@@ -21,6 +21,7 @@ run once per iteration (at most m per root step).
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import torch
@@ -263,6 +264,57 @@ def frequent_directions_root(
     x = x + const[:, None, None] * eye
     has_zeros = ~kept.all(dim=1) | (new_rho <= 0)
     x = torch.where(has_zeros[:, None, None], eye, x)
+    new = sketch.where(valid, Sketch(new_u, new_lam, new_rho))
+    return new, x, valid & finite_rows(x)
+
+
+def tearfree_sketch_root(
+    sketch: Sketch, c: torch.Tensor, root: float, beta: float, epsilon: float, relative: bool,
+    rtol: float,
+) -> tuple[Sketch, torch.Tensor, torch.Tensor]:
+    """Eq. (10e), tearfree's Sketchy, per row: fold ``c`` (eq. 6c) into the sketch; the new
+    sketch, X and ok (eq. 13).
+
+    As reference ``linalg.tearfree_sketch_root`` (U [B, n, k], k = min(n, rank))::
+
+        M = beta U diag(lambda) U^T + C,  sigma descending, <= rtol sigma_1 set to 0
+        cut = sigma_{k+1} (0 if k = n),  lambda' = sigma_1..k - cut,  U' = V_1..k
+        rho' = sqrt(beta) rho + cut;  U'_i, lambda'_i <- 0 where lambda'_i <= 0
+        eps = epsilon (sigma_1 + sqrt(beta) rho) if relative and epsilon > 0, else epsilon
+        X = U' diag((sigma_1..k + sqrt(beta) rho + eps)^(-1/p)) U'^T + t (I - U' U'^T),
+        t = (rho' + eps)^(-1/p), 0 where rho' = 0
+
+    The powers are taken one row per call (batch invariance). A row whose M is
+    not finite or whose eigh fails keeps its sketch and fails.
+    """
+    u, lam = sketch.u, sketch.lam
+    n, k = u.shape[-2], u.shape[-1]
+    eye = torch.eye(n, dtype=c.dtype, device=c.device)
+    m = torch.matmul(beta * (u * lam[:, None, :]), u.mT) + c
+    m, finite = sanitize(m)
+    values, vectors, ok_eigh = eigh(symmetrize(m))
+    valid = finite & ok_eigh
+    sigma, v = values.flip(-1), vectors.flip(-1).contiguous()  # descending
+    sigma = torch.where(sigma > rtol * torch.clamp_min(sigma[:, :1], 0.0), sigma, 0.0)
+    cut = sigma[:, k] if k < n else torch.zeros_like(sigma[:, 0])
+    decayed = math.sqrt(beta) * sketch.rho
+    new_lam = sigma[:, :k] - cut[:, None]
+    new_rho = decayed + cut
+    kept = new_lam > 0
+    new_lam = torch.where(kept, new_lam, 0.0)
+    new_u = v[:, :, :k] * kept[:, None, :]
+    undeflated = sigma[:, :k] + decayed[:, None]
+    if relative and epsilon > 0:
+        eps = epsilon * undeflated.amax(dim=1)
+    else:
+        eps = torch.full_like(new_rho, epsilon)
+    positive = new_rho > 0
+    powers = rowwise(lambda z: z.pow(-1.0 / root), torch.cat(
+        [undeflated + eps[:, None], (torch.where(positive, new_rho, 1.0) + eps)[:, None]], dim=1))
+    x_kept = torch.where(kept, powers[:, :k], 0.0)
+    const = torch.where(positive, powers[:, k], 0.0)
+    x = torch.matmul(new_u * (x_kept - const[:, None])[:, None, :], new_u.mT)
+    x = x + const[:, None, None] * eye
     new = sketch.where(valid, Sketch(new_u, new_lam, new_rho))
     return new, x, valid & finite_rows(x)
 

@@ -13,8 +13,8 @@ or their value (``"sgd"``).
 
 What our spec cannot state exactly raises ``NotImplementedError`` naming the
 key: the ADAFACTOR graft (``optax.adafactor``:
-factored second moments, clipping, parameter scale), the SKETCHY second
-order (its escaped-mass tail and epsilon rule differ from eq. 10d) and
+factored second moments, clipping, parameter scale), Sketchy's
+``ekfac_svd``, ``linear_approx_tail`` and ``memory_alloc``, and
 ``momentum_decay = 1`` (eq. 20 takes mu < 1).
 
 The mapping, rule by rule (each checked against tearfree's source):
@@ -49,6 +49,22 @@ The mapping, rule by rule (each checked against tearfree's source):
   decay 1), no bias correction, norms as SGD's;
 - graft NONE: no mask, no warm-up; tearfree then ignores the mask and start
   options (read and checked all the same);
+- SKETCHY (``sketchy.py``): the reshaper merges as for Shampoo but pads and
+  blocks nothing (``block_size = 0``): one block per parameter
+  (``max_preconditioner_dim`` unbounded); every merged dim keeps a sketch of
+  ``min(d, rank)`` directions, updated at ``count % update_freq == 0``
+  before that step's direction and used every step: eqs. (6c), (10e)
+  (``FrequentDirectionsConfig(rank, rule="tearfree")``, ``beta2 =
+  second_moment_decay``, both frequencies ``update_freq``), epsilon
+  relative to ``sigma_1 + sqrt(beta2) rho`` when ``relative_epsilon`` and
+  ``epsilon > 0`` (``EpsilonConfig.scale``), p = 2 * (merged) ndim. The
+  graft, mask and start act as with Shampoo. ``add_ggt`` only stores a
+  matrix (no effect on the update). Tearfree's ``alpha`` is a float32
+  constant: at ndim 3 its ``-1/6`` is rounded (about 3e-8 relative on the
+  exponent), ours is not. Where a sketch's M has rank below ``min(d, rank)``
+  and a later gradient (``update_freq > 1``) leaves its range, tearfree's
+  SVD noise values decide which null directions get ``eps^(-1/p)``: eq.
+  (10e) counts them as 0 (docs/spec.md);
 - momentum: ``optax.trace(decay, nesterov)`` on one buffer, scaled by
   ``1 - decay`` first when ``ema`` (eq. 20, ``dampening = decay``);
 - weight decay ``optax.add_decayed_weights`` before momentum
@@ -82,6 +98,7 @@ from ..config import (
     EpsilonConfig,
     ExponentConfig,
     FailureConfig,
+    FrequentDirectionsConfig,
     GradientFilterConfig,
     GraftingConfig,
     MomentumConfig,
@@ -167,19 +184,26 @@ def from_tearfree(
     with g.section():
         grafting, start, skip_rank_lt, skip_dim_gt = _grafting(g)
     with s.section():
-        blocking_dims, shampoo = _second_order(s)
-    merge_dims, block_size = blocking_dims
+        merge_dims, block_size, so, sketchy = _second_order(s)
     with m.section():
         momentum, weight_decay = _momentum(m)
-    sh = shampoo
-    with sh.section():
-        decay = sh.number("second_moment_decay", 0.999)
+    with so.section():
+        decay = so.number("second_moment_decay", 0.999)
         if not 0.0 <= decay <= 1.0:
-            raise _refuse(sh.prefix + "second_moment_decay", decay, "a number in [0, 1]")
+            raise _refuse(so.prefix + "second_moment_decay", decay, "a number in [0, 1]")
         statistics = StatisticsConfig(beta2=decay, bias_correction=False, initial_value="zero")
+        if sketchy:
+            freq = so.integer("update_freq", 1, low=1)
+            statistics_freq = freq
+            fd, epsilon = _sketchy_config(so)
+        else:
+            freq = so.integer("update_preconditioners_freq", 1, low=1)
+            statistics_freq = so.integer("update_statistics_freq", 1, low=1)
+            fd, epsilon = None, EpsilonConfig(value=0.0, placement="pseudo_inverse",
+                                              rank_rtol=RANK_RTOL, rank_atol=0.0)
         schedule = ScheduleConfig(
-            precondition_frequency=sh.integer("update_preconditioners_freq", 1, low=1),
-            statistics_frequency=sh.integer("update_statistics_freq", 1, low=1),
+            precondition_frequency=freq,
+            statistics_frequency=statistics_freq,
             start_preconditioning_step=start,
             period_anchor="start",
             roots_before_start=True,
@@ -188,8 +212,8 @@ def from_tearfree(
     return ShampooConfig(
         learning_rate=lr,
         statistics=statistics,
-        epsilon=EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=RANK_RTOL,
-                              rank_atol=0.0),
+        epsilon=epsilon,
+        frequent_directions=fd,
         root_inverse=EighConfig(),
         exponents=ExponentConfig(default="preconditioned_dims"),
         grafting=grafting,
@@ -336,11 +360,10 @@ def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
     )
 
 
-def _second_order(s: Args) -> tuple[tuple[int, int], Args]:
-    """Reads ``second_order_options``: ``((merge_dims, block_size), shampoo_options)``.
-
-    SKETCHY raises NotImplementedError (after its options are checked).
-    """
+def _second_order(s: Args) -> tuple[int, int, Args, bool]:
+    """Reads ``second_order_options``: ``(merge_dims, block_size, options, sketchy)``,
+    ``options`` the ``shampoo_options`` or, with SKETCHY, the ``sketchy_options``
+    (then ``block_size`` is unbounded: tearfree's reshaper pads nothing)."""
     p = s.prefix
     merge_dims = s.integer("merge_dims", 1024, low=2)
     kind = _enum(p + "second_order_type", s.get("second_order_type", "SHAMPOO"),
@@ -352,24 +375,30 @@ def _second_order(s: Args) -> tuple[tuple[int, int], Args]:
         if sketchy is None:
             raise _refuse(p + "sketchy_options", None, "a JSON object with second_order_type "
                           "SKETCHY (tearfree asserts it)")
-        raise NotImplementedError(
-            f"{OWNER}.{p}second_order_type = 'SKETCHY' is not supported: tearfree's Sketchy "
-            "(sketchy.py) keeps sqrt-deflated FD eigenvalues and an escaped-mass tail "
-            "(tail <- decay * tail + cutoff^2) with roots (top + eps)^(-1/p) and "
-            "(tail + eps)^(-1/p) on the complement, not eq. (10d)'s frequent-directions "
-            "root. Supported: 'SHAMPOO'."
-        )
+        if s.get("shampoo_options", None) is not None:  # unused with SKETCHY: checked only
+            _shampoo(_nested(s, "shampoo_options", SHAMPOO_KEYS))
+        return merge_dims, MAX_INTEGER, _nested(s, "sketchy_options", SKETCHY_KEYS), True
     if "shampoo_options" in s and s.data["shampoo_options"] is None:
         raise _refuse(p + "shampoo_options", None, "a JSON object with second_order_type "
                       "SHAMPOO (tearfree asserts it)")
     sh = _nested(s, "shampoo_options", SHAMPOO_KEYS)
-    block_size = sh.integer("block_size", 1024, low=2)
-    return (merge_dims, block_size), sh
+    return merge_dims, _shampoo(sh), sh, False
+
+
+def _shampoo(sh: Args) -> int:
+    """Checks ``shampoo_options``' block size and frequencies; returns the block size."""
+    sh.integer("update_preconditioners_freq", 1, low=1)
+    sh.integer("update_statistics_freq", 1, low=1)
+    sh.number("second_moment_decay", 0.999)
+    return sh.integer("block_size", 1024, low=2)
 
 
 def _sketchy(k: Args) -> None:
-    """Checks ``sketchy_options`` (unused with SHAMPOO, refused with SKETCHY)."""
-    k.number("epsilon", 1e-7)
+    """Checks ``sketchy_options`` (read whether SHAMPOO or SKETCHY uses them)."""
+    epsilon = k.number("epsilon", 1e-7)
+    if not (epsilon == 0 or epsilon >= SMALLEST_EPSILON):
+        raise _refuse(k.prefix + "epsilon", epsilon, f"0 or a number >= {SMALLEST_EPSILON!r} "
+                      "(2^-126; eq. 10e adds it to nonnegative values before a negative power)")
     k.integer("rank", 128, low=1)
     k.flag("relative_epsilon", True)
     k.number("second_moment_decay", 0.999)
@@ -380,6 +409,39 @@ def _sketchy(k: Args) -> None:
         raise _refuse(k.prefix + "memory_alloc", alloc, "null or a JSON object")
     k.flag("ekfac_svd", False)
     k.flag("linear_approx_tail", False)
+
+
+def _sketchy_config(k: Args) -> tuple[FrequentDirectionsConfig, EpsilonConfig]:
+    """SKETCHY's sketches (eq. 10e) and epsilon from checked ``sketchy_options``.
+
+    ``add_ggt`` only stores ``EMA(G G^T)`` in the state: no effect on the update.
+    Refuses (NotImplementedError) ``ekfac_svd``, ``linear_approx_tail`` and a
+    ``memory_alloc``, which eq. (10e) has no rule for.
+    """
+    p = k.prefix
+    lacking = {
+        "ekfac_svd": (True, "the EKFAC-SVD preconditioner (all m singular pairs of the "
+                      "stacked sketch with the previous tail) is not eq. (10e)"),
+        "linear_approx_tail": (True, "a tail fitted to log(eigenvalue) against log(rank) is "
+                               "not eq. (10e)'s escaped mass"),
+    }
+    for key, (bad, what) in lacking.items():
+        if k.get(key, False) == bad:
+            raise NotImplementedError(
+                f"{OWNER}.{p}{key} = {bad!r} is not supported: {what}. Supported: False.")
+    alloc = k.get("memory_alloc", None)
+    if alloc is not None:
+        raise NotImplementedError(
+            f"{OWNER}.{p}memory_alloc = {alloc!r} is not supported: a rank per parameter "
+            "path and dim; FrequentDirectionsConfig.rank is one rank for every factor. "
+            "Supported: null."
+        )
+    epsilon = k.number("epsilon", 1e-7)
+    relative = k.flag("relative_epsilon", True) and epsilon > 0
+    return (
+        FrequentDirectionsConfig(rank=k.integer("rank", 128, low=1), rule="tearfree"),
+        EpsilonConfig(value=epsilon, scale="relative" if relative else "absolute"),
+    )
 
 
 def _momentum(m: Args) -> tuple[MomentumConfig, WeightDecayConfig]:
