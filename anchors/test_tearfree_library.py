@@ -71,14 +71,11 @@ _g = _google_module()
 import jax  # noqa: E402
 import optax  # noqa: E402
 from jax import numpy as jnp  # noqa: E402
-from precondition.tearfree import grafting as tf_grafting  # noqa: E402
-from precondition.tearfree import momentum as tf_momentum  # noqa: E402
 from precondition.tearfree import optimizer as tf_optimizer  # noqa: E402
-from precondition.tearfree import second_order as tf_second_order  # noqa: E402
-from precondition.tearfree import shampoo as tf_shampoo  # noqa: E402
 from precondition.tearfree import sketchy as tf_sketchy  # noqa: E402
 
 import shampoo_jax  # noqa: E402
+from shampoo_conformance.adapters.tearfree import tearfree_options  # noqa: E402
 from shampoo_spec import from_tearfree  # noqa: E402
 
 assert jax.config.jax_enable_x64
@@ -87,25 +84,6 @@ TOLERANCE = 1e-8
 CONTROL_GAP = 1e-6
 
 Options = dict[str, Any]
-
-
-def _tearfree_options(options: Options) -> tf_optimizer.TearfreeOptions:
-    """The JSON form (enums by name) as tearfree's dataclasses."""
-    g = dict(options.get("grafting_options", {}))
-    if "grafting_type" in g:
-        g["grafting_type"] = tf_grafting.GraftingType[g["grafting_type"]]
-    s = dict(options.get("second_order_options", {}))
-    if "second_order_type" in s:
-        s["second_order_type"] = tf_second_order.SecondOrderType[s["second_order_type"]]
-    if "shampoo_options" in s:
-        s["shampoo_options"] = tf_shampoo.Options(**s["shampoo_options"])
-    if "sketchy_options" in s:
-        s["sketchy_options"] = tf_sketchy.Options(**s["sketchy_options"])
-    return tf_optimizer.TearfreeOptions(
-        grafting_options=tf_grafting.Options(**g),
-        second_order_options=tf_second_order.Options(**s),
-        momentum_options=tf_momentum.Options(**options.get("momentum_options", {})),
-    )
 
 
 def _merge(base: Options, case: Options) -> Options:
@@ -284,7 +262,7 @@ def test_tearfree_sketchy_matches_shampoo_jax(name: str, monkeypatch: Any) -> No
     lr, case, control_case = SKETCHY_CASES[name]
     options = _sketchy(case)
     problem = _g._problem()
-    theirs = _run(tf_optimizer.tearfree(lr, _tearfree_options(options)), problem)
+    theirs = _run(tf_optimizer.tearfree(lr, tearfree_options(options)), problem)
     worst = _g._worst_relative_deviation(theirs, _run(_ours(options, lr), problem))
     control = _g._worst_relative_deviation(
         theirs, _run(_ours(_sketchy(control_case), lr), problem))
@@ -325,7 +303,7 @@ def test_tearfree_library_matches_shampoo_jax(name: str) -> None:
     lr, case, control_case = CASES[name]
     options = _merge(SGD, case)
     problem = _g._problem()
-    theirs = _run(tf_optimizer.tearfree(lr, _tearfree_options(options)), problem)
+    theirs = _run(tf_optimizer.tearfree(lr, tearfree_options(options)), problem)
     worst = _g._worst_relative_deviation(theirs, _run(_ours(options, lr), problem))
     control = _g._worst_relative_deviation(
         theirs, _run(_ours(_merge(SGD, control_case), lr), problem))
@@ -340,7 +318,7 @@ def test_tearfree_split_parameters(name: str) -> None:
     stack-wide cutoff and our per-factor one (:data:`SPLIT`)."""
     options = _merge(SGD, SPLIT[name])
     problem = _g._problem()
-    theirs = _run(tf_optimizer.tearfree(0.01, _tearfree_options(options)), problem)
+    theirs = _run(tf_optimizer.tearfree(0.01, tearfree_options(options)), problem)
     worst = _g._worst_relative_deviation(theirs, _run(_ours(options, 0.01), problem))
     print(f"{name}: worst relative deviation {worst:.2e}")
     if worst > TOLERANCE:
@@ -354,7 +332,7 @@ def test_tearfree_learning_rate_schedule() -> None:
     """
     schedule = optax.cosine_decay_schedule(0.01, _g.STEPS)
     problem = _g._problem()
-    theirs = _run(tf_optimizer.tearfree(schedule, _tearfree_options(SGD)), problem)
+    theirs = _run(tf_optimizer.tearfree(schedule, tearfree_options(SGD)), problem)
     worst = _g._worst_relative_deviation(theirs, _run(_ours(SGD, schedule), problem))
     control = _g._worst_relative_deviation(theirs, _run(_ours(SGD, 0.01), problem))
     print(f"schedule: worst relative deviation {worst:.2e}; control {control:.2e}")
@@ -377,7 +355,7 @@ def test_refused_options_are_refused(name: str, monkeypatch: Any) -> None:
     """What ``from_tearfree`` refuses, tearfree runs: a gap of ours, named by the error."""
     monkeypatch.setattr(tf_sketchy, "jnp", _SketchyX64Numpy())
     options = _merge(SGD, REFUSED[name])
-    tx = tf_optimizer.tearfree(0.01, _tearfree_options(options))
+    tx = tf_optimizer.tearfree(0.01, tearfree_options(options))
     problem = _g._problem()
     params = problem.params
     grads = jax.grad(_g._loss)(params, problem.xs[0], problem.ys[0])

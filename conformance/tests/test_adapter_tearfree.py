@@ -196,6 +196,24 @@ def test_rank_cutoff_is_over_a_parameters_blocks() -> None:
 
 
 @needs_tearfree
+def test_sketchy_does_not_trace_in_float64_and_runs_in_float32() -> None:
+    """DEVIATIONS sketchy_float64_trace_failure: tearfree's Sketchy as shipped raises while
+    tracing under 64-bit JAX; the same options run in float32, within float32 rounding of
+    the reference (eq. 10e)."""
+    options = _with(BASE, second_order_options={
+        "merge_dims": 8, "second_order_type": "SKETCHY", "sketchy_options": {"rank": 2}})
+    params, grads = _problem(4, steps=3)
+    with pytest.raises(TypeError):
+        T.run(from_tearfree(options, 0.1, x64=True), params, grads, np.float64)
+    config = from_tearfree(options, 0.1, x64=False)
+    ours = T.run(config, params, grads, np.float32)
+    ref = reference_run(config, params, grads)
+    for a, b in zip(ours, ref, strict=True):
+        for k in params:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+@needs_tearfree
 def test_known_departure_predicts_the_all_ones_shape_without_graft() -> None:
     none = from_tearfree(_with(BASE, grafting_options={"grafting_type": "NONE"}), 0.1)
     assert T.known_departure(none, {"w": np.zeros((1, 1))}) is not None

@@ -45,6 +45,18 @@ def tearfree_options(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.booleans()):
             shampoo[key] = draw(values)
     second: dict[str, Any] = {"shampoo_options": shampoo}
+    if draw(st.booleans()):  # Sketchy (eq. 10e): the sketchy options replace shampoo's
+        second["second_order_type"] = draw(st.sampled_from(["SKETCHY", "sketchy"]))
+        sketchy: dict[str, Any] = {}
+        for key, values in (("rank", st.integers(1, 256)),
+                            ("epsilon", st.sampled_from([0.0, 1e-7, 1e-3])),
+                            ("relative_epsilon", st.booleans()),
+                            ("second_moment_decay", st.sampled_from([0.0, 0.9, 0.999, 1.0])),
+                            ("update_freq", st.integers(1, 10)),
+                            ("add_ggt", st.booleans())):
+            if draw(st.booleans()):
+                sketchy[key] = draw(values)
+        second["sketchy_options"] = sketchy
     if draw(st.booleans()):
         second["merge_dims"] = draw(st.integers(2, 8192))
     momentum: dict[str, Any] = {}
@@ -92,6 +104,20 @@ def test_defaults_write_tearfrees_defaults() -> None:
     }}
 
 
+def test_sketchy_exports_its_options() -> None:
+    """Eq. (10e)'s sketches export as SKETCHY: rank, epsilon and its scale, the decay, one
+    frequency; the unused shampoo_options are left out."""
+    c = ss.from_tearfree({"second_order_options": {
+        "second_order_type": "SKETCHY", "merge_dims": 16,
+        "sketchy_options": {"rank": 4, "epsilon": 1e-3, "relative_epsilon": False,
+                            "second_moment_decay": 0.9, "update_freq": 3}}}, 0.1)
+    assert ss.to_tearfree(c)["options"]["second_order_options"] == {
+        "merge_dims": 16, "second_order_type": "SKETCHY",
+        "sketchy_options": {"epsilon": 1e-3, "rank": 4, "relative_epsilon": False,
+                            "second_moment_decay": 0.9, "update_freq": 3},
+    }
+
+
 def test_adagrad_graft_exports_as_rmsprop_summing() -> None:
     """Tearfree's RMSPROP at decay 1 is a sum: our ``adagrad`` (eq. 14b)."""
     c = ss.from_tearfree({"grafting_options": {"second_moment_decay": 1.0}}, 0.1)
@@ -123,6 +149,9 @@ MOVES: dict[str, ss.ShampooConfig] = {
         BASE.momentum, dampening=0.5)),
     "blocking.skip_rank_lt": dataclasses.replace(BASE, blocking=dataclasses.replace(
         BASE.blocking, skip_rank_lt=3)),
+    "frequent_directions": dataclasses.replace(
+        BASE, frequent_directions=ss.FrequentDirectionsConfig(rank=2),
+        epsilon=ss.EpsilonConfig(value=1e-6)),
     "gradient_filter.beta1": dataclasses.replace(
         BASE, gradient_filter=ss.GradientFilterConfig(beta1=0.9)),
 }

@@ -978,8 +978,10 @@ def _tearfree_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 
 def _tearfree_second_order(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
-    """Writes ``second_order_options``: ``merge_dims``, SHAMPOO and its
-    ``shampoo_options`` (``block_size``, both frequencies, the statistics' decay)."""
+    """Writes ``second_order_options``: ``merge_dims`` and SHAMPOO with its
+    ``shampoo_options`` (``block_size``, both frequencies, the statistics' decay), or,
+    for eq. (10e)'s sketches, SKETCHY with its ``sketchy_options`` (``rank``,
+    ``epsilon``, ``relative_epsilon``, the decay, ``update_freq``; no blocks)."""
     b, s = c.blocking, c.schedule
     lacks.need(b.merge_dims_up_to is not None, "blocking.merge_dims_up_to", None,
                "tearfree always merges small dims")
@@ -988,8 +990,34 @@ def _tearfree_second_order(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.same("blocking.squeeze", b.squeeze, True, "tearfree drops size-1 dims")
     lacks.same("blocking.scalar_factor", b.scalar_factor, False,
                "tearfree gives a 0-d parameter no factor")
+    merge_dims = b.merge_dims_up_to if b.merge_dims_up_to is not None else 1024
+    fd = c.frequent_directions
+    if fd is not None and fd.rule == "tearfree":
+        lacks.same("blocking.max_preconditioner_dim", b.max_preconditioner_dim, MAX_INTEGER,
+                   "tearfree's Sketchy sketches each merged dim whole (no blocks)")
+        lacks.same("schedule.statistics_frequency", s.statistics_frequency,
+                   s.precondition_frequency, "Sketchy folds each gradient in on its root step")
+        e = c.epsilon
+        return {
+            "merge_dims": merge_dims,
+            "second_order_type": "SKETCHY",
+            "sketchy_options": {
+                "epsilon": e.value,
+                "rank": fd.rank,
+                "relative_epsilon": e.scale == "relative",
+                "second_moment_decay": c.statistics.beta2,
+                "update_freq": s.precondition_frequency,
+            },
+        }
+    lacks.same("frequent_directions", fd, None,
+               "tearfree sketches only with its own rule (frequent_directions.rule='tearfree')")
+    e = c.epsilon
+    lacks.same("epsilon.placement", e.placement, "pseudo_inverse",
+               "tearfree's eigh roots drop eigenvalues <= 1e-6 * max and add no epsilon")
+    lacks.same("epsilon.rank_rtol", e.rank_rtol, TEARFREE_RANK_RTOL,
+               "tearfree's cutoff is 1e-6 times the largest eigenvalue")
     return {
-        "merge_dims": b.merge_dims_up_to if b.merge_dims_up_to is not None else 1024,
+        "merge_dims": merge_dims,
         "second_order_type": "SHAMPOO",
         "shampoo_options": {
             "block_size": b.max_preconditioner_dim,
@@ -1024,11 +1052,6 @@ def _tearfree_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
 
 def _tearfree_fixed(c: ShampooConfig, lacks: _Lacks) -> None:
     """Notes the rules tearfree has no option for (each its only value)."""
-    e = c.epsilon
-    lacks.same("epsilon.placement", e.placement, "pseudo_inverse",
-               "tearfree's eigh roots drop eigenvalues <= 1e-6 * max and add no epsilon")
-    lacks.same("epsilon.rank_rtol", e.rank_rtol, TEARFREE_RANK_RTOL,
-               "tearfree's cutoff is 1e-6 times the largest eigenvalue")
     lacks.need(isinstance(c.root_inverse, EighConfig), "root_inverse",
                type(c.root_inverse).__name__, "tearfree's roots are eigh roots")
     lacks.same("exponents.default", c.exponents.default, "preconditioned_dims",
@@ -1042,7 +1065,6 @@ def _tearfree_fixed(c: ShampooConfig, lacks: _Lacks) -> None:
     lacks.same("momentum.learning_rate_placement", c.momentum.learning_rate_placement,
                "after_momentum", "tearfree scales by the learning rate last")
     for section, what in (("low_rank", "low-rank roots"),
-                          ("frequent_directions", "frequent-directions sketches"),
                           ("eigenvalue_correction", "eigenvalue correction"),
                           ("diagonal", "a diagonal preconditioner"),
                           ("spectral", "spectral descent"),
