@@ -234,13 +234,12 @@ class ReferenceShampoo:
                     compressed = sketched or (lr is not None and lr.compresses(n))
                     inverse_roots.append(np.zeros((n, n)) if compressed else np.eye(n))
             corrected = np.zeros(b.shape) if cfg.eigenvalue_correction is not None else None
-            qr = isinstance(cfg.root_inverse, EighConfig) and cfg.root_inverse.qr
             bs = BlockState(
                 factors=factors,
                 inverse_roots=inverse_roots,
                 corrected_second_moment=corrected,
                 sketches=sketches,
-                eigenbases=[np.eye(f.shape[0]) if qr and f is not None else None
+                eigenbases=[np.eye(f.shape[0]) if cfg.root_inverse_qr and f is not None else None
                             for f in factors],
             )
             if cfg.statistics.quantized:  # eq. (20c): the initial eps I and I are stored too

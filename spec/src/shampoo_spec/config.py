@@ -1609,6 +1609,12 @@ class ShampooConfig:
                    "epsilon rounds to 0 in float16: an infinite root, eq. 11b)")
 
     @property
+    def root_inverse_qr(self) -> bool:
+        """Whether the inverse roots are eq. (10e)'s QR roots (a stored eigenbasis per
+        factor beside each root)."""
+        return isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr
+
+    @property
     def stores_factors_rounded(self) -> bool:
         """Whether eq. (11b) stores the factors, and computes their roots, in
         ``factor_storage_dtype``."""
