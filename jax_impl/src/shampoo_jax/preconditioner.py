@@ -302,7 +302,8 @@ def refresh_inverse_roots(
         # Eq. (13): keep the previous inverse root where the new one failed.
         new, failures = [], []
         for gi, (gs, ok) in enumerate(zip(groups, block_ok, strict=False)):
-            inverse_roots, eigenbases = [], []
+            inverse_roots: list[Array] = []
+            eigenbases: list[Array] = []
             # zeros_like(ok): under shard_map they then vary over the mesh axis as
             # ok does, also for a group without factors (as keep's zeros do).
             any_failed = jnp.zeros_like(ok, bool)

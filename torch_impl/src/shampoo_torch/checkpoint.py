@@ -513,7 +513,8 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
 
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
-_INT_KEYED = ("factors", "inverse_roots", "sketches", "eigenbases")  # a block's dicts keyed by block dim k
+#: A block's dicts keyed by block dim k.
+_INT_KEYED = ("factors", "inverse_roots", "sketches", "eigenbases")
 
 
 def _ints(tree: Any) -> Any:
