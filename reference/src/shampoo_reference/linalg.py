@@ -358,9 +358,8 @@ def basis_still_fits(basis: Array, matrix: Array, eps: float, tolerance: float) 
 def off_diagonal_fits(b: Array, tolerance: float) -> bool:
     """Eqs. (17b), (17c): ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F`` (False
     where the difference of squares rounds below 0: its root is NaN)."""
-    with np.errstate(over="ignore"):  # an overflowing norm: not fitting (NaN below)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow: NaN, not fitting
         norm = float(np.linalg.norm(b))
-    with np.errstate(invalid="ignore"):
         off = float(np.sqrt(np.float64(norm**2 - float(np.linalg.norm(np.diag(b))) ** 2)))
     return off <= tolerance * norm
 
