@@ -299,7 +299,7 @@ def test_checkpoint_written_before_the_inverse_roots_rename_loads() -> None:
     # Checkpoints are positional (tree order), so the field's old name does not matter.
     assert shampoo_jax.BlockGroupState._fields == (
         "factors", "inverse_roots", "statistics_updates", "consecutive_failures",
-        "corrected_moment", "corrected_updates", "sketches",
+        "corrected_moment", "corrected_updates", "sketches", "eigenbases",
     )
     opt, step = _make_step(CONFIG)
     params, grads = stream(SHAPES, steps=3)
@@ -307,8 +307,9 @@ def test_checkpoint_written_before_the_inverse_roots_rename_loads() -> None:
     s = opt.init(p)
     for g in grads:
         p, s = step(p, s, _jnp(g))
-    # The sketches (eq. 10d, added after the rename) are None here: no arrays.
-    assert all(gs.sketches is None for gs in s.groups)
+    # The sketches (eq. 10d) and QR eigenbases (eq. 10e), added after the rename, are
+    # None here: no arrays.
+    assert all(gs.sketches is None and gs.eigenbases is None for gs in s.groups)
     old = s._replace(groups=tuple(_GroupBeforeRename(*gs[:6]) for gs in s.groups))
     arrays = shampoo_jax.state_to_arrays(old)
     restored = shampoo_jax.state_from_arrays(arrays, like=opt.init(p))
