@@ -292,7 +292,8 @@ def test_state_holds_sketches_and_gradient_sum_only_with_the_config() -> None:
     unaveraged = shampoo_jax.shampoo(_fd(config, average_gradients=False)).init(p)
     assert unaveraged.gradient_sum is None
     assert shampoo_jax.ShampooState._fields[-1] == "gradient_sum"
-    assert shampoo_jax.BlockGroupState._fields[-1] == "sketches"
+    # After the sketches only eq. (10e)'s eigenbases (None here: no arrays).
+    assert shampoo_jax.BlockGroupState._fields[-2:] == ("sketches", "eigenbases")
 
 
 def test_checkpoint_mid_period_resumes_bit_for_bit() -> None:
