@@ -225,6 +225,11 @@ QR_ROOT_CASES = {
         blocking=ss.BlockingConfig(merge_dims_up_to=None),
         root_inverse=ss.EighConfig(eigenbasis_method="qr"),
         schedule=ss.ScheduleConfig(start_preconditioning_step=13)),
+    "qr_relative_epsilon": ss.ShampooConfig(
+        learning_rate=0.05, epsilon=ss.EpsilonConfig(value=1e-4, scale="relative"),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        root_inverse=ss.EighConfig(eigenbasis_method="qr", qr_max_iterations=3),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=13)),
     "qr_iterations_tolerance_shift_after_kl": ss.ShampooConfig(
         learning_rate=0.05, epsilon=ss.EpsilonConfig(value=1e-6, placement="shift_after"),
         blocking=ss.BlockingConfig(merge_dims_up_to=None),

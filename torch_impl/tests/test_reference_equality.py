@@ -277,6 +277,10 @@ QR_ROOT_CASES: dict[str, ShampooConfig] = {
         statistics=StatisticsConfig(beta2=0.9, bias_correction=True),
         schedule=sched(precondition_frequency=2, start_preconditioning_step=14),
         grafting=ADAGRAD),
+    "qr_relative_epsilon": cfg(
+        root_inverse=EighConfig(eigenbasis_method="qr", qr_max_iterations=3),
+        epsilon=EpsilonConfig(value=1e-4, scale="relative"),
+        schedule=sched(start_preconditioning_step=13)),
     "qr_meta_eigendecomposed": from_meta({
         # Factors of at most 8 (Meta merges dims: a 70 x 70 factor has rank <= 13).
         "lr": 0.01, "epsilon": 1e-6, "start_preconditioning_step": 13,
