@@ -684,8 +684,7 @@ class ReferenceShampoo:
         if not np.all(np.isfinite(a)):
             return None, None
         e = self.config.epsilon
-        rank = (e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype), e.rank_atol) if (
-            e.pseudo_inverse) else None
+        rank = self._rank_cutoff(a, e)
         result = root_inverse_qr(basis, a, root, effective_epsilon(a, e), e.placement,
                                  method.qr_max_iterations, method.qr_tolerance, rank)
         return (None, None) if result is None else result
@@ -755,8 +754,7 @@ class ReferenceShampoo:
         ``a``; None when eigh raises or, with ``tau`` = fl32(tau), eq. (10b) fails it
         (e is computed only then)."""
         eps = effective_epsilon(a, e)
-        rank = (e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype), e.rank_atol) if (
-            e.pseudo_inverse) else None
+        rank = self._rank_cutoff(a, e)
         try:
             if tau is None:
                 return root_inverse_eigh(a, root, eps, e.placement, rank, low_rank)
@@ -764,6 +762,12 @@ class ReferenceShampoo:
         except np.linalg.LinAlgError:
             return None
         return None if eigh_fails(checked.error, tau) else checked.root
+
+    def _rank_cutoff(self, a: Array, e: EpsilonConfig) -> tuple[float, float] | None:
+        """``(rtol, atol)`` of eq. (10)'s ``"pseudo_inverse"`` rank cutoff for ``a``; else None."""
+        if not e.pseudo_inverse:
+            return None
+        return e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype), e.rank_atol
 
     # -------------------------------------------- eq. (17) eigenvalue-corrected
     def _rotate(self, bs: BlockState, x: Array, transpose: bool) -> Array:
