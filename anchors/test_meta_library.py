@@ -99,7 +99,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 
 from shampoo_conformance.adapters.meta import meta_kwargs  # noqa: E402
 from shampoo_conformance.anchor_cases import ADAGRAD, EIGEN64, META_CASES  # noqa: E402
-from shampoo_spec import from_meta  # noqa: E402
+from shampoo_spec import EighConfig, from_meta  # noqa: E402
 from shampoo_torch import Shampoo  # noqa: E402
 from shampoo_torch.blocks import mode_product_in  # noqa: E402
 
@@ -446,6 +446,28 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
             "amortized_computation_config": {
                 "type": "EighEigendecompositionConfig", "rank_deficient_stability_config": {
                     "type": "PseudoInverseConfig", "rank_rtol": 1e-8}}}},
+    # QREigendecompositionConfig with Eigendecomposed Shampoo (eq. 10f): each root
+    # step's eigenvectors are one QR step (Meta's default) from the stored ones (the
+    # identity before the first), the eigenvalues B's diagonal, the root Q f(lambda) Q^T.
+    # Blocks of at most 8 and roots every 9 steps: the factors then have full rank, so
+    # no repeated eigenvalue leaves the sorted order to rounding (eq. 17c).
+    "eigendecomposed_qr": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "max_preconditioner_dim": 8,
+        "precondition_frequency": 9,
+        "preconditioner_config": {
+            "type": "EigendecomposedShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "QREigendecompositionConfig"}}},
+    # Up to four QR steps, stopping once the off-diagonal part is <= 1e-2 of B, with
+    # epsilon after the decomposition (perturb_before_computation=False: QR on A).
+    "eigendecomposed_qr_tolerance": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "max_preconditioner_dim": 8,
+        "precondition_frequency": 9,
+        "preconditioner_config": {
+            "type": "EigendecomposedShampooPreconditionerConfig",
+            "amortized_computation_config": {
+                "type": "QREigendecompositionConfig", "max_iterations": 4, "tolerance": 1e-2,
+                "rank_deficient_stability_config": {
+                    "type": "PerturbationConfig", "perturb_before_computation": False}}}},
     # KL-Shampoo (eq. 6b): each factor from the gradient preconditioned on the other
     # dims by the roots held so far; RootInv's and Eigendecomposed's roots.
     "kl_shampoo": {
@@ -458,6 +480,15 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
     "kl_shampoo_eigendecomposed": {
         "grafting_config": ADAGRAD, "epsilon": 1e-6, "precondition_frequency": 3,
         "preconditioner_config": {"type": "EigendecomposedKLShampooPreconditionerConfig"}},
+    # Eq. (6b) with eq. (10f)'s QR roots (two QR steps per root step; blocks of at most
+    # 8 and roots every 9 steps, as eigendecomposed_qr).
+    "kl_shampoo_eigendecomposed_qr": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "max_preconditioner_dim": 8,
+        "precondition_frequency": 9,
+        "preconditioner_config": {
+            "type": "EigendecomposedKLShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "QREigendecompositionConfig",
+                                             "max_iterations": 2}}},
     # Eq. (16b): Meta's first-order classes as preconditioner_config (no factors).
     # Without a graft each is that first-order method from step 1.
     "diagonal_adagrad": {"preconditioner_config": {"type": "AdaGradPreconditionerConfig",
@@ -1264,6 +1295,24 @@ def test_meta_train_and_eval_switch_like_shampoo_torch(problem: tuple[Batches, D
     for opt in optimizers:
         with pytest.raises(RuntimeError, match="train"):
             opt.step()
+
+
+@pytest.mark.parametrize("name", ["eigendecomposed_qr", "eigendecomposed_qr_tolerance",
+                                  "kl_shampoo_eigendecomposed_qr"])
+def test_meta_eigendecomposed_qr_needs_eq_10f(name: str, problem: tuple[Batches, Data]) -> None:
+    """The QR cases against our run with eigh's root (the same config, eigenbasis_method
+    "eigh"): eq. (10f)'s QR estimate from the stored basis is what matches."""
+    kwargs = _float64_kwargs(EXTRA_CASES[name], float32_lr=True)
+    batches, data = problem
+    with _float64_default_dtype():
+        theirs, _ = _train(lambda p: distributed_shampoo.DistributedShampoo(
+            p, **meta_kwargs(kwargs)), batches, data)
+    config = from_meta(kwargs)
+    plain = dataclasses.replace(config, root_inverse=EighConfig())
+    ours, _ = _train(lambda p: Shampoo(p, plain), batches, data)
+    gap = _worst_deviation(theirs, ours)[0]
+    print(f"{name} against eigh's root: {gap:.2e}")
+    assert gap > 1e-6, f"eq. (10f) made no difference here ({gap:.2e})"
 
 
 def test_meta_kl_shampoo_needs_eq_6b(problem: tuple[Batches, Data]) -> None:

@@ -338,7 +338,8 @@ def test_state_holds_sketches_and_gradient_sum_only_with_the_config() -> None:
     unaveraged = shampoo_jax.shampoo(_fd(config, average_gradients=False)).init(p)
     assert unaveraged.gradient_sum is None
     assert shampoo_jax.ShampooState._fields[-1] == "gradient_sum"
-    assert shampoo_jax.BlockGroupState._fields[-1] == "sketches"
+    # After the sketches only eq. (10f)'s eigenbases (None here: no arrays).
+    assert shampoo_jax.BlockGroupState._fields[-2:] == ("sketches", "eigenbases")
 
 
 @pytest.mark.parametrize("name", ["average_reset_relative_sum", "tearfree_every_3_sum"])

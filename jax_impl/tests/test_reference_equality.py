@@ -217,6 +217,37 @@ CASES: dict[str, ss.ShampooConfig] = {
 }
 
 
+#: Eq. (10f): QR roots from the stored eigenbases, from step 13 (every factor of SHAPES
+#: full rank: a repeated eigenvalue's sorted order is rounding's, docs/spec.md eq. 17c).
+QR_ROOT_CASES = {
+    "qr_one_iteration": ss.ShampooConfig(
+        learning_rate=0.05, epsilon=ss.EpsilonConfig(value=1e-6),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        root_inverse=ss.EighConfig(eigenbasis_method="qr"),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=13)),
+    "qr_relative_epsilon": ss.ShampooConfig(
+        learning_rate=0.05, epsilon=ss.EpsilonConfig(value=1e-4, scale="relative"),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        root_inverse=ss.EighConfig(eigenbasis_method="qr", qr_max_iterations=3),
+        schedule=ss.ScheduleConfig(start_preconditioning_step=13)),
+    "qr_iterations_tolerance_shift_after_kl": ss.ShampooConfig(
+        learning_rate=0.05, epsilon=ss.EpsilonConfig(value=1e-6, placement="shift_after"),
+        blocking=ss.BlockingConfig(merge_dims_up_to=None),
+        root_inverse=ss.EighConfig(eigenbasis_method="qr", qr_max_iterations=4,
+                                   qr_tolerance=0.05),
+        statistics=ss.StatisticsConfig(beta2=0.9, bias_correction=True, kl=True),
+        schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=14),
+        grafting=ss.GraftingConfig(type="adagrad")),
+}
+
+
+@pytest.mark.parametrize("name", list(QR_ROOT_CASES))
+def test_qr_root_float64_equals_reference(name: str) -> None:
+    params, grads = stream()
+    err, where = _float64_error(QR_ROOT_CASES[name], params, grads)
+    assert err <= 1e-9, f"{name}: relative error {err:.3e} at {where}"
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_float64_equals_reference(name: str) -> None:
     config = CASES[name]

@@ -135,3 +135,31 @@ def test_low_rank_roots_equal_the_reference_above_rank_plus_two(keep: str) -> No
         x, _ = compute_inverse_root(jnp.asarray(small[None]), 4, config)
         want = np.real(scipy.linalg.fractional_matrix_power(small + 1e-3 * np.eye(5), -0.25))
         assert np.linalg.norm(x[0] - want) / np.linalg.norm(want) < 1e-10
+
+
+@pytest.mark.parametrize("placement", ["ridge", "shift_after"])
+@pytest.mark.parametrize("iterations", [0, 1, 3])
+def test_qr_root_equals_the_reference(placement: str, iterations: int) -> None:
+    """Eq. (10f) on a stack: X as reference ``linalg.root_inverse_qr`` (X does not depend
+    on the columns' signs; the basis equals it up to them), per matrix, with and without
+    the early stop."""
+    from shampoo_jax.roots import root_inverse_qr
+    from shampoo_reference.linalg import root_inverse_qr as reference_root
+
+    rng = np.random.default_rng(10 + iterations)
+    mats = [spd(6, 1e2, seed=s) for s in (3, 4)]
+    bases = [np.linalg.qr(rng.standard_normal((6, 6)))[0] for _ in mats]
+    eps = ss.EpsilonConfig(value=1e-3, placement=placement)  # type: ignore[arg-type]
+    for tolerance in (0.0, 0.05):
+        with jax.enable_x64(True):
+            x, q, ok = root_inverse_qr(jnp.asarray(np.stack(bases)), jnp.asarray(np.stack(mats)),
+                                       4.0, eps, iterations, tolerance)
+        assert bool(np.all(np.asarray(ok)))
+        for k, (a, b) in enumerate(zip(mats, bases, strict=True)):
+            want = reference_root(b, a, 4.0, 1e-3, placement, iterations, tolerance)
+            assert want is not None
+            # A few QR steps' rounding, O(u ||B|| / gap) (kappa 1e2): as the test above.
+            np.testing.assert_allclose(np.asarray(x[k]), want[0], rtol=0, atol=1e-10)
+            got = np.asarray(q[k])
+            signs = np.sign(np.sum(got * want[1], axis=0))
+            np.testing.assert_allclose(got * signs, want[1], atol=1e-9)

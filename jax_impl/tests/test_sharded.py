@@ -155,6 +155,10 @@ CONFIGS = {
         BASE, momentum=ss.MomentumConfig(),
         averaging=ss.IterateAveragingConfig(type="schedule_free", train_interp=0.8),
         weight_decay=ss.WeightDecayConfig(value=0.01)),
+    # Eq. (10f): QR roots from the stored eigenbases (padded with I, sharded, saved).
+    "qr_root": dataclasses.replace(
+        BASE, root_inverse=ss.EighConfig(eigenbasis_method="qr", qr_max_iterations=2,
+                                         qr_tolerance=0.01)),
     # Eqs. (6c), (10d): frequent-directions sketches of the factors of 4 (rank 1),
     # the averaged gradient sum (placed like the parameters), a reset at step 6,
     # relative epsilon; statistics with the roots, every 3rd step.
@@ -334,7 +338,7 @@ def test_padded_blocks_are_not_failures_nor_skipped() -> None:
 @pytest.mark.parametrize(("before", "after", "name"),
                          [(2, 3, "eigh"), (4, 1, "eigh"), (None, 4, "eigh"),
                           (3, 2, "int8_momentum"), (2, 3, "diagonal"),
-                          (2, 3, "frequent_directions")])
+                          (2, 3, "frequent_directions"), (3, 2, "qr_root")])
 def test_checkpoint_restores_onto_another_device_count(before, after, name, data) -> None:  # noqa: ANN001
     config = CONFIGS[name]
     params, grads = data

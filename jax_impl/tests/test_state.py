@@ -233,6 +233,26 @@ def test_checkpoint_keeps_the_diagonal_state(tmp_path) -> None:  # noqa: ANN001
         shampoo_jax.state_from_arrays(plain, like=opt.init(p))
 
 
+def test_checkpoint_keeps_the_qr_eigenbases(tmp_path) -> None:  # noqa: ANN001
+    """Eq. (10f): the stored eigenbases (the last field of each block group) are saved,
+    load bit for bit through numpy.savez and resume exactly; reset to I they change the
+    next root step (they are not recomputed)."""
+    config = dataclasses.replace(CONFIG, root_inverse=ss.EighConfig(eigenbasis_method="qr"))
+    opt, step, p, s, rest = _four_steps(config)
+    bases = [q for gs in s.groups for q in (gs.eigenbases or ())]
+    assert all(not np.array_equal(np.asarray(q)[0], np.eye(q.shape[-1]))
+               for q in bases if q.shape[-1] > 1)  # a 1 x 1 basis is +-1
+    _savez_load_and_resume(tmp_path, opt, step, p, s, rest)
+    reset = s._replace(groups=tuple(gs._replace(eigenbases=tuple(
+        jnp.broadcast_to(jnp.eye(q.shape[-1], dtype=q.dtype), q.shape) for q in gs.eigenbases))
+        for gs in s.groups))
+    p1, p2 = p, p
+    for g in rest[:2]:  # steps 5 (a root step: frequency 3, from 2) and 6
+        p1, s = step(p1, s, _jnp(g))
+        p2, reset = step(p2, reset, _jnp(g))
+    assert not np.array_equal(np.asarray(p1["w"]), np.asarray(p2["w"]))
+
+
 @pytest.mark.parametrize("averaging", ["gpa", "schedule_free"])
 def test_checkpoint_keeps_the_averaging_state(tmp_path, averaging: str) -> None:  # noqa: ANN001
     """Eq. (20d): the base sequence Z and Schedule-Free's S are saved (the last arrays,
@@ -279,7 +299,7 @@ def test_checkpoint_written_before_the_inverse_roots_rename_loads() -> None:
     # Checkpoints are positional (tree order), so the field's old name does not matter.
     assert shampoo_jax.BlockGroupState._fields == (
         "factors", "inverse_roots", "statistics_updates", "consecutive_failures",
-        "corrected_moment", "corrected_updates", "sketches",
+        "corrected_moment", "corrected_updates", "sketches", "eigenbases",
     )
     opt, step = _make_step(CONFIG)
     params, grads = stream(SHAPES, steps=3)
@@ -287,8 +307,9 @@ def test_checkpoint_written_before_the_inverse_roots_rename_loads() -> None:
     s = opt.init(p)
     for g in grads:
         p, s = step(p, s, _jnp(g))
-    # The sketches (eq. 10d, added after the rename) are None here: no arrays.
-    assert all(gs.sketches is None for gs in s.groups)
+    # The sketches (eq. 10d) and QR eigenbases (eq. 10f), added after the rename, are
+    # None here: no arrays.
+    assert all(gs.sketches is None and gs.eigenbases is None for gs in s.groups)
     old = s._replace(groups=tuple(_GroupBeforeRename(*gs[:6]) for gs in s.groups))
     arrays = shampoo_jax.state_to_arrays(old)
     restored = shampoo_jax.state_from_arrays(arrays, like=opt.init(p))

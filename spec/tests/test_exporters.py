@@ -80,6 +80,7 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             kwargs["grafting_config"]["beta2"] = draw(st.floats(0.5, 0.999))
             kwargs["grafting_config"]["drop_weighting_factor_on_gsquare"] = draw(st.booleans())
     corrected = draw(st.booleans())
+    method = ""  # RootInv's root method (drawn below)
     pc: dict[str, Any] = {
         "drop_weighting_factor_on_gsquare": draw(st.booleans()),
         "factor_matrix_dtype": draw(st.sampled_from(["float32", "torch.float64", "float64"])),
@@ -122,7 +123,8 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
                                     "torch.float32", "torch.bfloat16"]))
         if inv is not None:
             pc["inv_factor_matrix_dtype"] = inv
-        method = draw(st.sampled_from(["newton", "higher_order", "eigen"]))
+        method = draw(st.sampled_from(["newton", "higher_order", "eigen",
+                                            "eigendecomposed_qr"]))
         if method == "higher_order":  # eq. (11c), any root (fractional ones too)
             pc["amortized_computation_config"] = {
                 "type": "CoupledHigherOrderConfig", "rel_epsilon": draw(small),
@@ -167,6 +169,23 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
             pc["type"] = "RootInvShampooPreconditionerConfig"
         else:
             pc["inv_factor_matrix_dtype"] = pc["factor_matrix_dtype"]
+    stab = pc.get("amortized_computation_config", {}).get("rank_deficient_stability_config", {})
+    if (method == "eigendecomposed_qr"
+            and pc.get("factor_matrix_dtype") not in ("bfloat16", "torch.float16")
+            # Eigendecomposed with epsilon after: refused before the first root step
+            # without a graft (Meta's stored eigenvalues 1), and always with KL.
+            and stab.get("perturb_before_computation") is not False):
+        # Eq. (10f): Eigendecomposed (KL) Shampoo with Meta's QR config, the same
+        # stability rule; its eigendecomposition stored in the factor dtype.
+        kl = "KL" if "KL" in pc["type"] else ""
+        pc["type"] = f"Eigendecomposed{kl}ShampooPreconditionerConfig"
+        pc["amortized_computation_config"] = {
+            "type": "QREigendecompositionConfig", "max_iterations": draw(st.integers(0, 5)),
+            "tolerance": draw(st.sampled_from([0.0, 0.01, 0.5])),
+            "rank_deficient_stability_config": stab}
+        pc.pop("inv_factor_matrix_dtype", None)
+        for key in ("factor_matrix_eigenvectors_dtype", "factor_matrix_eigenvalues_dtype"):
+            pc[key] = pc["factor_matrix_dtype"]
     if draw(st.sampled_from([False] * 7 + [True])):  # eq. (16c): spectral descent
         oc = draw(st.sampled_from([
             None, {"type": "SVDOrthogonalizationConfig"},

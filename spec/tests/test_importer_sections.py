@@ -552,8 +552,8 @@ def test_meta_spectral_descent() -> None:
 
 def test_meta_eigendecomposed_shampoo_is_the_eigh_root() -> None:
     """EigendecomposedShampooPreconditionerConfig: eq. (10)'s root from a stored
-    eigendecomposition, read as RootInv's eigh root; its QR refresh and narrower
-    eigendecomposition dtypes are refused, naming the key."""
+    eigendecomposition, read as RootInv's eigh root; narrower eigendecomposition dtypes
+    are refused, naming the key (its QR refresh: the next test)."""
     kind = "EigendecomposedShampooPreconditionerConfig"
     stab = {"type": "PerturbationConfig", "perturb_before_computation": False}
     for extra in ({}, {"inverse_exponent_override": {2: 0.25}},
@@ -565,9 +565,6 @@ def test_meta_eigendecomposed_shampoo_is_the_eigh_root() -> None:
                 "type": "EigenConfig", "rank_deficient_stability_config": stab}
         assert (ss.from_meta({"preconditioner_config": {**extra, "type": kind}})
                 == ss.from_meta({"preconditioner_config": root_inv}))
-    with pytest.raises(NotImplementedError, match="QREigendecompositionConfig"):
-        ss.from_meta({"preconditioner_config": {
-            "type": kind, "amortized_computation_config": {"type": "QREigendecompositionConfig"}}})
     with pytest.raises(NotImplementedError, match=r"factor_matrix_eigenvectors_dtype = 'float32'"):
         ss.from_meta({"preconditioner_config": {"type": kind, "factor_matrix_dtype": "float64"}})
     with pytest.raises(ValueError, match=r"factor_matrix_eigenvalues_dtype = 'float64' is invalid"):
@@ -577,6 +574,74 @@ def test_meta_eigendecomposed_shampoo_is_the_eigh_root() -> None:
     with pytest.raises(ValueError, match=r"inv_factor_matrix_dtype = 'float64' is invalid"):
         ss.from_meta({"preconditioner_config": {"type": kind,
                                                 "inv_factor_matrix_dtype": "float64"}})
+
+
+def test_meta_eigendecomposed_qr_is_the_qr_root() -> None:
+    """QREigendecompositionConfig with Eigendecomposed (and KL) Shampoo: the eigh root with
+    ``eigenbasis_method="qr"`` (eq. 10f), its max_iterations and tolerance, the epsilon
+    rule read as eigh's; to_meta writes it back; to_google names it as lacking."""
+    kind = "EigendecomposedShampooPreconditionerConfig"
+    qr = {"type": "QREigendecompositionConfig", "max_iterations": 4, "tolerance": 0.02}
+    got = ss.from_meta({"preconditioner_config": {"type": kind,
+                                                  "amortized_computation_config": qr}})
+    plain = ss.from_meta({"preconditioner_config": {"type": kind}})
+    assert got == dataclasses.replace(plain, root_inverse=ss.EighConfig(
+        eigenbasis_method="qr", qr_max_iterations=4, qr_tolerance=0.02))
+    assert ss.from_meta({"preconditioner_config": {"type": kind, "amortized_computation_config": {
+        "type": "QREigendecompositionConfig"}}}).root_inverse == ss.EighConfig(
+            eigenbasis_method="qr")  # Meta's defaults: 1 iteration, tolerance 0
+    after = {**qr, "rank_deficient_stability_config": {
+        "type": "PerturbationConfig", "perturb_before_computation": False}}
+    shifted = ss.from_meta({"preconditioner_config": {"type": kind,
+                                                      "amortized_computation_config": after}})
+    assert shifted.epsilon.placement == "shift_after" and shifted.root_inverse.qr
+    pseudo = {**qr, "rank_deficient_stability_config": {"type": "PseudoInverseConfig"}}
+    pinv = ss.from_meta({"epsilon": 0.0, "preconditioner_config": {
+        "type": kind, "amortized_computation_config": pseudo}})
+    assert pinv.epsilon.placement == "pseudo_inverse" and pinv.root_inverse.qr
+    kl = ss.from_meta({"preconditioner_config": {
+        "type": "EigendecomposedKLShampooPreconditionerConfig",
+        "amortized_computation_config": qr}})
+    assert kl.statistics.kl and kl.root_inverse == got.root_inverse
+    for config in (got, shifted, pinv, kl):
+        exported = ss.to_meta(config)
+        assert exported["preconditioner_config"]["amortized_computation_config"]["type"] == (
+            "QREigendecompositionConfig")
+        assert ss.from_meta(exported) == config
+    assert ss.to_meta(kl)["preconditioner_config"]["type"] == (
+        "EigendecomposedKLShampooPreconditionerConfig")
+    with pytest.raises(ss.Inexpressible, match=r"root_inverse\.eigenbasis_method = 'qr'"):
+        ss.to_google(got)
+    with pytest.raises(ValueError, match=r"tolerance = 2\.0 is invalid"):
+        ss.from_meta({"preconditioner_config": {"type": kind, "amortized_computation_config": {
+            "type": "QREigendecompositionConfig", "tolerance": 2}}})
+    with pytest.raises(ValueError, match=r"max_iterations = -1"):
+        ss.from_meta({"preconditioner_config": {"type": kind, "amortized_computation_config": {
+            "type": "QREigendecompositionConfig", "max_iterations": -1}}})
+
+
+def test_qr_root_config_rules() -> None:
+    """Eq. (10f)'s fields are refused, by name, where they mean nothing or are not
+    specified."""
+    qr = ss.EighConfig(eigenbasis_method="qr")
+    with pytest.raises(ValueError, match=r"root_inverse\.qr_max_iterations = 3"):
+        ss.EighConfig(qr_max_iterations=3)
+    with pytest.raises(ValueError, match=r"root_inverse\.qr_tolerance = 0\.1"):
+        ss.EighConfig(qr_tolerance=0.1)
+    with pytest.raises(ValueError, match=r"root_inverse\.failure_threshold = 0\.1"):
+        ss.EighConfig(eigenbasis_method="qr", failure_threshold=0.1)
+    with pytest.raises(ValueError, match=r"root_inverse\.eigenbasis_method = 'lanczos'"):
+        ss.EighConfig(eigenbasis_method="lanczos")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"ShampooConfig\.eigenvalue_correction"):
+        ss.ShampooConfig(root_inverse=qr, eigenvalue_correction=ss.EigenvalueCorrectionConfig())
+    with pytest.raises(ValueError, match=r"ShampooConfig\.inverse_root_dtype = 'bfloat16'"):
+        ss.ShampooConfig(root_inverse=qr, inverse_root_dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"ShampooConfig\.low_rank"):
+        ss.ShampooConfig(root_inverse=qr, low_rank=ss.LowRankRootConfig(rank=2))
+    with pytest.raises(ValueError, match=r"epsilon\.placement = 'ridge_floor'"):
+        ss.ShampooConfig(root_inverse=qr, epsilon=ss.EpsilonConfig(placement="ridge_floor"))
+    config = ss.ShampooConfig(root_inverse=qr)
+    assert config.root_inverse_qr and ss.ShampooConfig.from_dict(config.to_dict()) == config
 
 
 def test_meta_kl_shampoo() -> None:

@@ -21,6 +21,7 @@ from shampoo_spec import (
     CoupledNewtonConfig,
     DiagonalPreconditionerConfig,
     EigenvalueCorrectionConfig,
+    EighConfig,
     EpsilonConfig,
     FailureConfig,
     FrequentDirectionsConfig,
@@ -66,6 +67,14 @@ RESUME_CASES = {
                             eigenvalue_correction=EigenvalueCorrectionConfig(
                                 eigenvectors_dtype="bfloat16",
                                 corrected_eigenvalues_dtype="float32")),
+        torch.float64,
+    ),
+    # Eq. (10f): QR roots from the stored eigenbases (saved, so the resumed run's first
+    # root step starts from the same basis), blocks skipped too.
+    "qr_root_skip_block_float64": (
+        dataclasses.replace(RICH, factor_dtype="float64",
+                            root_inverse=EighConfig(eigenbasis_method="qr", qr_max_iterations=2),
+                            failure=FailureConfig(nonfinite_gradient="skip_block")),
         torch.float64,
     ),
     # Eq. (11a): float64 factors, roots stored in bfloat16.

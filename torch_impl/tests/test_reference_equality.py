@@ -264,6 +264,40 @@ META_OPTION_CASES: dict[str, ShampooConfig] = {
 }
 
 
+#: Eq. (10f): QR roots from the stored eigenbases, in a dict of their own (seeds). From
+#: step 13 (every factor of SHAPES full rank: a rank-deficient one's repeated eigenvalue
+#: eps leaves its sorted order to rounding, docs/spec.md eq. 17c).
+QR_ROOT_CASES: dict[str, ShampooConfig] = {
+    "qr_one_iteration": cfg(root_inverse=EighConfig(eigenbasis_method="qr"),
+                            schedule=sched(start_preconditioning_step=13)),
+    "qr_iterations_tolerance_shift_after": cfg(
+        root_inverse=EighConfig(eigenbasis_method="qr", qr_max_iterations=4, qr_tolerance=0.05),
+        epsilon=EpsilonConfig(value=1e-6, placement="shift_after"),
+        statistics=StatisticsConfig(beta2=0.9, bias_correction=True),
+        schedule=sched(precondition_frequency=2, start_preconditioning_step=14),
+        grafting=ADAGRAD),
+    "qr_relative_epsilon": cfg(
+        root_inverse=EighConfig(eigenbasis_method="qr", qr_max_iterations=3),
+        epsilon=EpsilonConfig(value=1e-4, scale="relative"),
+        schedule=sched(start_preconditioning_step=13)),
+    "qr_meta_eigendecomposed": from_meta({
+        # Factors of at most 8 (Meta merges dims: a 70 x 70 factor has rank <= 13).
+        "lr": 0.01, "epsilon": 1e-6, "start_preconditioning_step": 13,
+        "max_preconditioner_dim": 8,
+        "preconditioner_config": {
+            "type": "EigendecomposedShampooPreconditionerConfig",
+            "amortized_computation_config": {"type": "QREigendecompositionConfig",
+                                             "max_iterations": 2, "tolerance": 0.01},
+            "factor_matrix_dtype": "float64", "factor_matrix_eigenvectors_dtype": "float64",
+            "factor_matrix_eigenvalues_dtype": "float64"}}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QR_ROOT_CASES))
+def test_qr_root_float64_equals_reference(name: str) -> None:
+    _check_equals_reference(QR_ROOT_CASES, name, 3000)
+
+
 def _check_equals_reference(cases: dict[str, ShampooConfig], name: str, seed_base: int,
                             shapes: dict[str, tuple[int, ...]] = SHAPES) -> None:
     """Case ``name`` on its own seeded stream (the seed: ``seed_base`` plus its sorted

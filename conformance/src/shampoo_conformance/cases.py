@@ -315,6 +315,33 @@ def named_cases() -> list[Case]:
             steps=12,
         ),
         Case(
+            # Meta's Eigendecomposed Shampoo with QREigendecompositionConfig (eq. 10f): the
+            # inverse roots from two QR steps from the stored basis per root step, stopping
+            # early at tolerance 1e-3; first root at step 6, once every <= 4-dim block
+            # factor has full rank (a repeated eigenvalue's sorted order is rounding's).
+            "eigh_qr_root",
+            _with(
+                root_inverse=ss.EighConfig(eigenbasis_method="qr", qr_max_iterations=2,
+                                           qr_tolerance=1e-3),
+                schedule=ss.ScheduleConfig(precondition_frequency=2,
+                                           start_preconditioning_step=6),
+            ),
+            steps=12,
+        ),
+        Case(
+            # Eq. (10f) with Meta's perturb_before_computation=False (QR on A, epsilon
+            # after) and the KL statistics of eq. (6b) preconditioned by the QR roots.
+            "eigh_qr_root_shift_after_kl",
+            _with(
+                root_inverse=ss.EighConfig(eigenbasis_method="qr"),
+                epsilon=ss.EpsilonConfig(value=1e-3, placement="shift_after"),
+                statistics=ss.StatisticsConfig(beta2=0.95, bias_correction=True, kl=True),
+                schedule=ss.ScheduleConfig(precondition_frequency=1,
+                                           start_preconditioning_step=5),
+            ),
+            steps=12,
+        ),
+        Case(
             # Meta's per-order inverse_exponent_override: 1-d blocks root 4, 3-d blocks
             # root 1, every other order the default 2.
             "eigenvalue_corrected_roots_by_order",

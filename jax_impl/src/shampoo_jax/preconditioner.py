@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jax import Array, lax
 
-from shampoo_spec import ShampooConfig, SpectralDescentConfig
+from shampoo_spec import EighConfig, ShampooConfig, SpectralDescentConfig
 
 from . import blocks as B
 from . import grafting, schedule
@@ -35,6 +35,7 @@ from .roots import (
     compute_inverse_root,
     frequent_directions_root,
     qr_eigenbasis,
+    root_inverse_qr,
     rounded,
     sketch_epsilon,
     tearfree_sketch_root,
@@ -189,6 +190,20 @@ def _kl_preconditioned(
 
 
 # ------------------------------------------------------- eqs. (7), (9)-(13)
+def _qr_root(gs: BlockGroupState, i: int, a: Array, root: float, ok: Array,
+             config: ShampooConfig, eigenbases: list[Array]) -> tuple[Array, Array]:
+    """Eq. (10f) for the i-th factor ``a`` (bias corrected, eq. 7b applied) of a block
+    group: the QR root from the stored eigenbasis; the new basis is appended to
+    ``eigenbases`` where the root is accepted (good and ``ok``, eq. 13). (X, good)."""
+    method = config.root_inverse
+    assert isinstance(method, EighConfig) and gs.eigenbases is not None
+    prev = gs.eigenbases[i]
+    x, q, good = root_inverse_qr(prev, a, root, config.epsilon,
+                                 method.qr_max_iterations, method.qr_tolerance)
+    eigenbases.append(jnp.where((ok & good)[:, None, None], q, prev))
+    return x, good
+
+
 def refresh_inverse_roots(
     groups: Groups,
     layout: B.Layout,
@@ -256,7 +271,8 @@ def refresh_inverse_roots(
         token: Array | None = None
         ec = config.eigenvalue_correction
         qr = ec is not None and ec.eigenbasis_method == "qr"  # eq. (17c): below, per factor
-        for key, items in ({} if qr else batches).items():
+        qr_root = config.root_inverse_qr  # eq. (10f): below, per factor, with its basis
+        for key, items in ({} if qr or qr_root else batches).items():
             root = key[1]
             a = jnp.concatenate([a for _, _, a in items])
             # Blocks masked this step (eq. 3; padding when sharded) keep their
@@ -287,7 +303,8 @@ def refresh_inverse_roots(
         # Eq. (13): keep the previous inverse root where the new one failed.
         new, failures = [], []
         for gi, (gs, ok) in enumerate(zip(groups, block_ok, strict=False)):
-            inverse_roots = []
+            inverse_roots: list[Array] = []
+            eigenbases: list[Array] = []
             # zeros_like(ok): under shard_map they then vary over the mesh axis as
             # ok does, also for a group without factors (as keep's zeros do).
             any_failed = jnp.zeros_like(ok, bool)
@@ -298,6 +315,11 @@ def refresh_inverse_roots(
                     a = factors_in[(gi, i)]
                     x, good = qr_eigenbasis(xk.astype(a.dtype), a, config.epsilon,
                                             ec.qr_max_iterations, ec.basis_reuse_tolerance)
+                elif qr_root:
+                    grp = layout.groups[gi]
+                    x, good = _qr_root(gs, i, factors_in[(gi, i)],
+                                       grp.roots[grp.preconditioned_dims[i]], ok, config,
+                                       eigenbases)
                 else:
                     x, good = results[(gi, i)]
                 if x.dtype != xk.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
@@ -327,7 +349,8 @@ def refresh_inverse_roots(
                     None if old is None else select_sketch(ok, sketches[(gi, i)], old)
                     for i, old in enumerate(gs.sketches))
             new.append(gs._replace(inverse_roots=tuple(inverse_roots),
-                                   consecutive_failures=consecutive, sketches=new_sketches))
+                                   consecutive_failures=consecutive, sketches=new_sketches,
+                                   eigenbases=tuple(eigenbases) if qr_root else gs.eigenbases))
             failures.append(failed_factors)
         return tuple(new), failures
 

@@ -159,9 +159,31 @@ def _off_diagonal_fits(b: Array, tolerance: float) -> Array:
 def qr_eigenbasis(
     q: Array, a: Array, eps: EpsilonConfig, max_iterations: int, tolerance: float
 ) -> tuple[Array, Array]:
-    """Eq. (17c) per matrix: Meta's QR algorithm from the stored eigenbasis ``q``; (Q, ok).
+    """Eq. (17c) per matrix: the eigenbasis of :func:`qr_eigendecomposition`; (Q, ok)."""
+    _, q, ok = qr_eigendecomposition(q, a, eps, max_iterations, tolerance)
+    return q, ok
 
-    As reference ``linalg.qr_eigenbasis``: ``B = (Q^T (A + eps I)) Q`` (eps
+
+def root_inverse_qr(
+    q: Array, a: Array, root: float, eps: EpsilonConfig, max_iterations: int, tolerance: float
+) -> tuple[Array, Array, Array]:
+    """Eq. (10f) per matrix: eq. (10)'s root from the QR estimate ``(lambda, Q')`` of
+    :func:`qr_eigendecomposition` from the stored basis ``q``, as reference
+    ``linalg.root_inverse_qr``; ``(X, Q', ok)`` (ok: a finite A, B, Q' and X)."""
+    lam, q, ok = qr_eigendecomposition(q, a, eps, max_iterations, tolerance)
+    a = jnp.where(all_finite(a)[..., None, None], a, _eye_like(a))
+    x = root_from_eigendecomposition(lam, q, root, effective_epsilon(a, eps), eps.placement,
+                                     _rank_cutoff(a, eps))
+    return x, q, ok & all_finite(x)
+
+
+def qr_eigendecomposition(
+    q: Array, a: Array, eps: EpsilonConfig, max_iterations: int, tolerance: float
+) -> tuple[Array, Array, Array]:
+    """Eqs. (17c), (10f) per matrix: Meta's QR algorithm from the stored eigenbasis ``q``;
+    (lambda ascending, Q, ok).
+
+    As reference ``linalg.qr_eigendecomposition``: ``B = (Q^T (A + eps I)) Q`` (eps
     of eq. 9 with the ridge placement, else 0), QR steps ``B = Q' R``,
     ``B <- R Q'``, ``Q <- Q Q'`` while a matrix fails the off-diagonal
     criterion (at most ``max_iterations``, a static count; stopped matrices
@@ -194,9 +216,10 @@ def qr_eigenbasis(
         return b, q, running, done + running.astype(jnp.int32)
 
     b, q, _, _ = lax.while_loop(cond, body, carry)
-    order = jnp.argsort(jnp.diagonal(b, axis1=-2, axis2=-1), axis=-1, stable=True)
+    diag = jnp.diagonal(b, axis1=-2, axis2=-1)
+    order = jnp.argsort(diag, axis=-1, stable=True)
     q = jnp.take_along_axis(q, order[..., None, :], axis=-1)
-    return q, ok & all_finite(q)
+    return jnp.take_along_axis(diag, order, axis=-1), q, ok & all_finite(q)
 
 
 def power_iteration_lambda_max(a: Array, steps: int, tolerance: float) -> Array:
@@ -307,12 +330,22 @@ def root_inverse_eigh(
         a = a + eps[..., None, None] * _eye_like(a)
     lam, q = _eigh(a, active)
     passes = eigh_passes(a, lam, q, failure_threshold)
+    return root_from_eigendecomposition(lam, q, root, eps, placement, rank, low_rank), passes
+
+
+def root_from_eigendecomposition(
+    lam: Array, q: Array, root: float, eps: Array, placement: str,
+    rank: tuple[float, float] | None = None, low_rank: tuple[int, str] | None = None,
+) -> Array:
+    """Eq. (10)'s ``X = Q diag(lambda'^(-1/root)) Q^T`` per matrix from ``B = Q diag(lambda)
+    Q^T`` (lambda ascending, ``eps`` eq. 9's per matrix): eigh's, or eq. (10f)'s QR
+    estimate (:func:`root_inverse_qr`)."""
     lam = regularized_eigenvalues(lam, eps, placement)
     values = inverse_root_eigenvalues(lam, root, rank)
     if low_rank is not None:
         values = low_rank_eigenvalues(values, low_rank)
-    x = _matmul(q * values[..., None, :], jnp.swapaxes(q, -1, -2))
-    return x, passes
+    x: Array = _matmul(q * values[..., None, :], jnp.swapaxes(q, -1, -2))
+    return x
 
 
 def root_inverse_eigh_stored(

@@ -195,6 +195,8 @@ def pad_group(gs: BlockGroupState, size: int, slots: tuple[int, ...]) -> BlockGr
         corrected_moment=opt(gs.corrected_moment, 0.0),
         corrected_updates=opt(gs.corrected_updates, 0),
         sketches=sketches,
+        eigenbases=None if gs.eigenbases is None else tuple(
+            _spread(q, size, _eye_fill(q), slots) for q in gs.eigenbases),  # eq. (10f)
     )
 
 

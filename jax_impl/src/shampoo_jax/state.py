@@ -53,7 +53,11 @@ class BlockGroupState(NamedTuple):
     observation C of eq. 6c, not a running sum) and None for the others;
     ``sketches`` is None without ``frequent_directions``. The field comes
     last, so the arrays of every state without sketches keep their
-    positions (:mod:`shampoo_jax.checkpoint`).
+    positions (:mod:`shampoo_jax.checkpoint`). With
+    ``root_inverse.eigenbasis_method="qr"`` ``eigenbases[i]`` is the
+    eigenbasis Q_k the i-th factor's next QR root starts from (eq. 10f, in
+    :func:`factor_dtype`; I before the first root step); None otherwise. It
+    comes after ``sketches``, so every other state keeps its layout.
     """
 
     factors: tuple[Array, ...]
@@ -63,6 +67,7 @@ class BlockGroupState(NamedTuple):
     corrected_moment: Array | None
     corrected_updates: Array | None
     sketches: tuple[Sketch | None, ...] | None = None
+    eigenbases: tuple[Array, ...] | None = None
 
     def sketch(self, i: int) -> Sketch | None:
         """The sketch of the i-th preconditioned dim's factor (eq. 10d), None if not sketched."""
@@ -332,6 +337,10 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
         corrected_moment=jnp.zeros((nb, *grp.shape), corrected_dtype(config)) if ec else None,
         corrected_updates=zeros_i() if ec else None,
         sketches=None if fd is None else tuple(sketches),
+        eigenbases=tuple(
+            jnp.array(jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt),
+                                       (nb, grp.shape[k], grp.shape[k])))
+            for k in grp.preconditioned_dims) if config.root_inverse_qr else None,
     )
 
 

@@ -298,12 +298,22 @@ def _root_inverse_eigh(
     b = eigh_input(matrix, eps, placement)
     lam, q = np.linalg.eigh(b)
     error = eigh_error(b, lam, q) if with_error else math.nan
+    return EighResult(root_from_eigendecomposition(lam, q, root, eps, placement, rank, low_rank),
+                      error)
+
+
+def root_from_eigendecomposition(
+    lam: Array, q: Array, root: float, eps: float, placement: str,
+    rank: tuple[float, float] | None = None, low_rank: tuple[int, str] | None = None,
+) -> Array:
+    """Eq. (10)'s ``X = Q diag(lambda'^(-1/root)) Q^T`` from a decomposition
+    ``B = Q diag(lambda) Q^T`` (lambda ascending): eigh's, or eq. (10f)'s QR estimate."""
     lam_reg = regularized_eigenvalues(lam, eps, placement)
     x = inverse_root_eigenvalues(lam_reg, root, rank)
     if low_rank is not None:
         x = low_rank_eigenvalues(x, low_rank)
     root_inverse: Array = (q * x) @ q.T
-    return EighResult(root_inverse, error)
+    return root_inverse
 
 
 def root_inverse_eigh(
@@ -389,16 +399,17 @@ def basis_still_fits(basis: Array, matrix: Array, eps: float, tolerance: float) 
 def off_diagonal_fits(b: Array, tolerance: float) -> bool:
     """Eqs. (17b), (17c): ``sqrt(||B||_F^2 - ||diag B||^2) <= tolerance ||B||_F`` (False
     where the difference of squares rounds below 0: its root is NaN)."""
-    norm = float(np.linalg.norm(b))
-    with np.errstate(invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow: NaN, not fitting
+        norm = float(np.linalg.norm(b))
         off = float(np.sqrt(np.float64(norm**2 - float(np.linalg.norm(np.diag(b))) ** 2)))
     return off <= tolerance * norm
 
 
-def qr_eigenbasis(
+def qr_eigendecomposition(
     basis: Array, matrix: Array, eps: float, max_iterations: int, tolerance: float
-) -> Array | None:
-    """Eq. (17c): Meta's QR algorithm from the stored eigenbasis Q (None: B or Q non-finite).
+) -> tuple[Array, Array] | None:
+    """Eqs. (17c), (10f): Meta's QR algorithm from the stored eigenbasis Q; the estimated
+    eigenvalues (diag B, ascending) and eigenvectors, or None (B or Q non-finite).
 
     ``B = (Q^T (A + eps I)) Q``; while fewer than ``max_iterations`` steps and
     B fails the off-diagonal criterion at ``tolerance``: ``B = Q' R`` (QR,
@@ -414,11 +425,38 @@ def qr_eigenbasis(
         if off_diagonal_fits(b, tolerance):
             break
         step, r = np.linalg.qr(b)
-        b = r @ step
-        q = q @ step
+        with np.errstate(all="ignore"):  # overflow: a non-finite B, a failed root
+            b = r @ step
+            q = q @ step
     order = np.argsort(np.diag(b), kind="stable")
     out: Array = q[:, order]
-    return out if bool(np.all(np.isfinite(out))) else None
+    if not bool(np.all(np.isfinite(out))):
+        return None
+    lam: Array = np.diag(b)[order]
+    return lam, out
+
+
+def qr_eigenbasis(
+    basis: Array, matrix: Array, eps: float, max_iterations: int, tolerance: float
+) -> Array | None:
+    """Eq. (17c): the eigenbasis of :func:`qr_eigendecomposition` (None: failed)."""
+    result = qr_eigendecomposition(basis, matrix, eps, max_iterations, tolerance)
+    return None if result is None else result[1]
+
+
+def root_inverse_qr(
+    basis: Array, matrix: Array, root: float, eps: float, placement: str,
+    max_iterations: int, tolerance: float, rank: tuple[float, float] | None = None,
+) -> tuple[Array, Array] | None:
+    """Eq. (10f): ``(X, Q)``, eq. (10)'s root from the QR estimate ``(lambda, Q)`` of
+    :func:`qr_eigendecomposition` on ``A + eps I`` (``"ridge"``) or A (``"shift_after"``,
+    ``"pseudo_inverse"``) from the stored ``basis``; None when the estimate is not finite."""
+    ridge = eps if placement == "ridge" else 0.0
+    result = qr_eigendecomposition(basis, matrix, ridge, max_iterations, tolerance)
+    if result is None:
+        return None
+    lam, q = result
+    return root_from_eigendecomposition(lam, q, root, eps, placement, rank), q
 
 
 def eigenbasis_with_error(matrix: Array) -> EighResult:

@@ -63,6 +63,7 @@ from .linalg import (
     root_inverse_eigh_stored,
     root_inverse_eigh_with_error,
     root_inverse_higher_order,
+    root_inverse_qr,
     round_to,
     tearfree_sketch_root,
 )
@@ -88,6 +89,9 @@ class BlockState:
     corrected_updates: int = 0
     #: Eq. (10d): the sketch of each sketched factor (None for the others).
     sketches: list[Sketch | None] = field(default_factory=list)
+    #: Eq. (10f): the eigenbasis each factor's QR root starts from (I before the first
+    #: root step; None for the others and without ``root_inverse.eigenbasis_method="qr"``).
+    eigenbases: list[Array | None] = field(default_factory=list)
     #: Eq. (20c), int16 storage: the stored (integers, scales, diagonal) of each factor
     #: ("factor", k) and inverse root ("root", k); ``factors``/``inverse_roots`` then
     #: hold their read-back values.
@@ -236,6 +240,8 @@ class ReferenceShampoo:
                 inverse_roots=inverse_roots,
                 corrected_second_moment=corrected,
                 sketches=sketches,
+                eigenbases=[np.eye(f.shape[0]) if cfg.root_inverse_qr and f is not None else None
+                            for f in factors],
             )
             if cfg.statistics.quantized:  # eq. (20c): the initial eps I and I are stored too
                 for k in range(len(factors)):
@@ -586,6 +592,10 @@ class ReferenceShampoo:
                 new = self._qr_basis(bs.inverse_roots[k], a)  # eq. (17c)
             elif self._basis_still_fits(bs.inverse_roots[k], a):
                 continue  # eq. (17b): the eigenbasis is kept (not a failure)
+            elif bs.eigenbases[k] is not None:
+                new, basis = self._qr_root(bs.eigenbases[k], a, roots[k])  # eq. (10f)
+                if basis is not None and new is not None and np.all(np.isfinite(new)):
+                    bs.eigenbases[k] = basis  # kept with its root (eq. 13)
             else:
                 new = self._inverse_root(a, roots[k])
             stored = self._stored_root_dtype
@@ -672,6 +682,20 @@ class ReferenceShampoo:
         ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else 0.0
         return qr_eigenbasis(basis, a, ridge, ec.qr_max_iterations, ec.basis_reuse_tolerance)
 
+    def _qr_root(self, basis: Array | None, a: Array, root: float
+                 ) -> tuple[Array | None, Array | None]:
+        """Eq. (10f): eq. (10)'s root from eq. (17c)'s QR steps on ``a`` (plus eps I with the
+        ridge) from the stored ``basis``; ``(X, Q)``, ``(None, None)`` when it failed."""
+        method = self.config.root_inverse
+        assert isinstance(method, EighConfig) and basis is not None
+        if not np.all(np.isfinite(a)):
+            return None, None
+        e = self.config.epsilon
+        rank = self._rank_cutoff(a, e)
+        result = root_inverse_qr(basis, a, root, effective_epsilon(a, e), e.placement,
+                                 method.qr_max_iterations, method.qr_tolerance, rank)
+        return (None, None) if result is None else result
+
     @property
     def _stored_root_dtype(self) -> str | None:
         """The dtype roots are stored rounded to: ``inverse_root_dtype`` (eq. 11a), or
@@ -737,8 +761,7 @@ class ReferenceShampoo:
         ``a``; None when eigh raises or, with ``tau`` = fl32(tau), eq. (10b) fails it
         (e is computed only then)."""
         eps = effective_epsilon(a, e)
-        rank = (e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype), e.rank_atol) if (
-            e.pseudo_inverse) else None
+        rank = self._rank_cutoff(a, e)
         try:
             if tau is None:
                 return root_inverse_eigh(a, root, eps, e.placement, rank, low_rank)
@@ -746,6 +769,12 @@ class ReferenceShampoo:
         except np.linalg.LinAlgError:
             return None
         return None if eigh_fails(checked.error, tau) else checked.root
+
+    def _rank_cutoff(self, a: Array, e: EpsilonConfig) -> tuple[float, float] | None:
+        """``(rtol, atol)`` of eq. (10)'s ``"pseudo_inverse"`` rank cutoff for ``a``; else None."""
+        if not e.pseudo_inverse:
+            return None
+        return e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype), e.rank_atol
 
     # -------------------------------------------- eq. (17) eigenvalue-corrected
     def _rotate(self, bs: BlockState, x: Array, transpose: bool) -> Array:

@@ -284,20 +284,55 @@ class EighConfig:
     eq. (17); lambda before eq. (10)'s epsilon rule. A failed root keeps the
     previous one and is counted (eq. 13). tau is at least 2^-126 (float32's
     smallest normal, so no backend flushes it to 0).
+
+    ``eigenbasis_method="qr"`` (Meta's Eigendecomposed Shampoo with
+    ``QREigendecompositionConfig``, eq. 10f): the decomposition of eq. (10)
+    is not eigh's but eq. (17c)'s QR algorithm, at most
+    ``qr_max_iterations`` steps from the factor's stored eigenbasis (I
+    before the first root step) on B of eq. (10), stopping early when
+    ``sqrt(||B||_F^2 - ||diag B||^2) <= qr_tolerance ||B||_F``; lambda is the
+    diagonal of the last B, sorted ascending with the basis, and eq. (10)'s
+    epsilon rule and root follow. The basis is new per-factor state (kept
+    between root steps, checkpointed). No ``failure_threshold`` (no
+    eigendecomposition to judge).
     """
 
     method: Literal["eigh"] = "eigh"
     failure_threshold: float | None = None
+    eigenbasis_method: Literal["eigh", "qr"] = "eigh"
+    qr_max_iterations: int = 1
+    qr_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         o = "root_inverse"
         v.choice(o, "method", self.method, ("eigh",))
+        v.choice(o, "eigenbasis_method", self.eigenbasis_method, ("eigh", "qr"))
+        v.integer(o, "qr_max_iterations", self.qr_max_iterations, low=0,
+                  high=MAX_NEWTON_ITERATIONS)
+        v.real(o, "qr_tolerance", self.qr_tolerance, low=0.0, high=1.0)
+        if self.eigenbasis_method == "eigh":
+            if self.qr_max_iterations != 1:
+                v.fail(o, "qr_max_iterations", self.qr_max_iterations,
+                       "1 (the default) unless eigenbasis_method is 'qr'")
+            if self.qr_tolerance != 0.0:
+                v.fail(o, "qr_tolerance", self.qr_tolerance,
+                       "0.0 (the default) unless eigenbasis_method is 'qr'")
+        elif self.failure_threshold is not None:
+            # Eq. (10b) judges an eigendecomposition's error; eq. (10f) makes none.
+            v.fail(o, "failure_threshold", self.failure_threshold,
+                   "None with eigenbasis_method='qr' (no eigendecomposition to judge, "
+                   "eq. 10f)")
         # >= 2^-126, not just > 0: tau is compared in float32 (eq. 10b), where a
         # smaller one is subnormal and XLA on CPU flushes it to 0.
         v.optional_normal(
             o, "failure_threshold", self.failure_threshold,
             none_means="an eigh root fails only when non-finite",
         )
+
+    @property
+    def qr(self) -> bool:
+        """Whether eq. (10f)'s QR eigenbasis replaces eigh (a stored basis per factor)."""
+        return self.eigenbasis_method == "qr"
 
     @property
     def failure_threshold_float32(self) -> float | None:
@@ -1438,6 +1473,8 @@ class ShampooConfig:
             self._check_kl()
         if self.low_rank is not None:
             self._check_low_rank()
+        if isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr:
+            self._check_qr_root()
         if self.frequent_directions is not None:
             self._check_frequent_directions()
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
@@ -1473,6 +1510,22 @@ class ShampooConfig:
         """Eq. (10c) compresses an eigh inverse root of the factors, kept in ``factor_dtype``
         (Google turns its int16 storage off with it too)."""
         self._require_plain_roots("with low_rank (eq. 10c compresses eq. 10's inverse roots)")
+
+    def _check_qr_root(self) -> None:
+        """Eq. (10f) is specified for eq. (10)'s inverse roots with Meta's epsilon rules,
+        stored unrounded in ``factor_dtype`` (the basis beside them)."""
+        why = "with root_inverse.eigenbasis_method='qr' (eq. 10f)"
+        if self.eigenvalue_correction is not None:
+            v.fail("ShampooConfig", "eigenvalue_correction", "set",
+                   f"None {why}; eigenvalue correction's QR eigenbasis is "
+                   "eigenvalue_correction.eigenbasis_method='qr' (eq. 17c)")
+        self._require_plain_roots(why)
+        for name in ("low_rank", "frequent_directions"):
+            if getattr(self, name) is not None:
+                v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
+        if self.epsilon.placement not in ("ridge", "shift_after", "pseudo_inverse"):
+            v.fail("epsilon", "placement", self.epsilon.placement,
+                   f"'ridge', 'shift_after' or 'pseudo_inverse' {why}: Meta's rules")
 
     def _check_frequent_directions(self) -> None:
         """Eqs. (6c), (10d): the sketch replaces the large factors' statistics and roots.
@@ -1586,6 +1639,12 @@ class ShampooConfig:
             v.fail("epsilon", "value", eps.value,
                    f">= {_SMALLEST_POSITIVE[s][1]} with factor_storage_dtype={s!r} (a smaller "
                    "epsilon rounds to 0 in float16: an infinite root, eq. 11b)")
+
+    @property
+    def root_inverse_qr(self) -> bool:
+        """Whether the inverse roots are eq. (10f)'s QR roots (a stored eigenbasis per
+        factor beside each root)."""
+        return isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr
 
     @property
     def stores_factors_rounded(self) -> bool:

@@ -251,11 +251,13 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.same("frequent_directions", c.frequent_directions, None,
                "Meta has no frequent-directions sketches (eqs. 6c, 10d)")
     corrected = c.eigenvalue_correction is not None
+    qr = c.root_inverse_qr  # eq. (10f): Eigendecomposed Shampoo with its QR config
+    kl = "KL" if c.statistics.kl else ""  # eq. (6b)
     out: dict[str, Any] = {
         "type": (
             "EigenvalueCorrectedShampooPreconditionerConfig" if corrected
-            else "RootInvKLShampooPreconditionerConfig" if c.statistics.kl  # eq. (6b)
-            else "RootInvShampooPreconditionerConfig"
+            else f"Eigendecomposed{kl}ShampooPreconditionerConfig" if qr
+            else f"RootInv{kl}ShampooPreconditionerConfig"
         ),
         "amortized_computation_config": _meta_root_inverse(c, lacks),
         "factor_matrix_dtype": _meta_factor_dtype(c, lacks),
@@ -263,6 +265,12 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     }
     if corrected:
         out.update(_meta_eigenvalue_correction(c, lacks))
+    elif qr:
+        # Meta's stored eigendecomposition in the factor dtype: eq. (10f) unrounded
+        # (the config refuses inverse_root_dtype with it).
+        for key in ("factor_matrix_eigenvectors_dtype", "factor_matrix_eigenvalues_dtype"):
+            out[key] = out["factor_matrix_dtype"]
+        out["inverse_exponent_override"] = _meta_exponents(c, lacks)
     else:
         out["inv_factor_matrix_dtype"] = _meta_inverse_root_dtype(c, lacks)
         out["inverse_exponent_override"] = _meta_exponents(c, lacks)
@@ -317,8 +325,9 @@ def _meta_inverse_root_dtype(c: ShampooConfig, lacks: _Lacks) -> str:
 
 def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     """Writes ``amortized_computation_config``: EigenConfig (or EighEigendecompositionConfig
-    for eigenvalue correction), with perturb-after for ``"shift_after"`` or the
-    pseudo-inverse; CoupledNewtonConfig; CoupledHigherOrderConfig."""
+    for eigenvalue correction; QREigendecompositionConfig for eq. 10f's or 17c's QR
+    eigenbasis), with perturb-after for ``"shift_after"`` or the pseudo-inverse;
+    CoupledNewtonConfig; CoupledHigherOrderConfig."""
     placement = c.epsilon.placement
     if isinstance(c.root_inverse, EighConfig):
         lacks.same("root_inverse.failure_threshold", c.root_inverse.failure_threshold, None,
@@ -340,7 +349,15 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                 "rank_rtol": c.epsilon.rank_rtol, "rank_atol": c.epsilon.rank_atol,
             }
         ec = c.eigenvalue_correction
-        if ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
+        if c.root_inverse.qr:  # eq. (10f): EigendecomposedShampooPreconditionerConfig's
+            lacks.need(not (c.statistics.kl and placement == "shift_after"),
+                       "epsilon.placement", placement,
+                       "Meta's EigendecomposedKLShampoo starts from stored eigenvalues 1, "
+                       "whose root with epsilon after is not the identity eq. (6b) takes")
+            out["type"] = "QREigendecompositionConfig"
+            out["max_iterations"] = c.root_inverse.qr_max_iterations
+            out["tolerance"] = c.root_inverse.qr_tolerance
+        elif ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
             out["type"] = "QREigendecompositionConfig"
             out["max_iterations"] = ec.qr_max_iterations
             out["tolerance"] = ec.basis_reuse_tolerance
@@ -701,6 +718,10 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         lacks.need(False, "root_inverse.method", c.root_inverse.method,
                    "Google's roots are eigh or its coupled Newton")
         return out
+    if isinstance(c.root_inverse, EighConfig):
+        lacks.same("root_inverse.eigenbasis_method", c.root_inverse.eigenbasis_method, "eigh",
+                   "Google's eigh root decomposes each factor afresh (no QR refresh from "
+                   "a stored eigenbasis, eq. 10f)")
     # Eq. (11) for Newton, eq. (13) for eigh: Google judges both by the one threshold.
     threshold = c.root_inverse.failure_threshold
     lacks.need(threshold is not None, "root_inverse.failure_threshold", None,

@@ -20,7 +20,8 @@ Layout (version 2)::
                        "blocks": [{"factors": {k: T}, "inverse_roots": {k: T},
                                    "statistics_updates": T, "consecutive_failures": T,
                                    ["corrected": T, "corrected_updates": T],
-                                   ["sketches": {k: {"u": T, "lam": T, "rho": T}}]},
+                                   ["sketches": {k: {"u": T, "lam": T, "rho": T}}],
+                                   ["eigenbases": {k: T}]},
                                   ...]}},
      "param_groups": [{"lr": float, "config": dict, "params": [index, ...], ...}],
      "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
@@ -30,6 +31,8 @@ sketch of each sketched dim k (U, lambda, rho in ``factor_dtype``; its
 ``"factors"`` entry the last observation C_k), and with ``average_gradients``
 each parameter's ``"gradient_sum"`` the gradients summed since the last
 statistics step (merged shape), so a run resumed mid-period continues bit for bit.
+With ``root_inverse.eigenbasis_method="qr"`` (eq. 10f) a block's ``"eigenbases"``
+hold the eigenbasis Q_k each dim's next QR root starts from (``factor_dtype``).
 
 Tensors keep the optimizer's dtypes: factors in ``factor_dtype``, inverse
 roots (eigenbases) in ``config.root_dtype`` (``inverse_root_dtype`` or
@@ -58,7 +61,8 @@ it holds every block, keyed by parameter name and block index::
                                                "statistics_updates": T,
                                                "consecutive_failures": T,
                                                ["corrected": T, "corrected_updates": T],
-                                               ["sketches": {k: {...}}]}}}},
+                                               ["sketches": {k: {...}}],
+                                               ["eigenbases": {k: T}]}}}},
      "param_groups": [{"lr": float, "config": dict, "params": [name, ...], ...}],
      "metrics": {"root_failures": int, "skipped_blocks": int, "withheld_updates": int}}
 
@@ -509,7 +513,8 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
 
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
-_INT_KEYED = ("factors", "inverse_roots", "sketches")  # a block's dicts keyed by block dim k
+#: A block's dicts keyed by block dim k.
+_INT_KEYED = ("factors", "inverse_roots", "sketches", "eigenbases")
 
 
 def _ints(tree: Any) -> Any:

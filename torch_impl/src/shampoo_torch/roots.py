@@ -205,12 +205,22 @@ def root_inverse_eigh(
     lam, q, ok_eigh = eigh(a)
     if failure_threshold is not None:
         ok = ok & eigh_passes(a, lam, q, failure_threshold)
+    x = root_from_eigendecomposition(lam, q, root, e, eps, low_rank)
+    return x, ok & ok_eigh & finite_rows(x)
+
+
+def root_from_eigendecomposition(
+    lam: torch.Tensor, q: torch.Tensor, root: float, e: torch.Tensor, eps: EpsilonConfig,
+    low_rank: tuple[int, str] | None = None,
+) -> torch.Tensor:
+    """Eq. (10)'s ``X = Q diag(lambda'^(-1/root)) Q^T`` per row from ``B = Q diag(lambda)
+    Q^T`` (lambda ascending; ``e`` [B] eq. 9's epsilon): eigh's, or eq. (10f)'s QR
+    estimate (:func:`root_inverse_qr`)."""
     lam = regularized_eigenvalues(lam, e, eps.placement)
     values = inverse_root_eigenvalues(lam, root, eps)
     if low_rank is not None:
         values = low_rank_eigenvalues(values, low_rank)
-    x = torch.matmul(q * values.unsqueeze(1), q.transpose(1, 2))
-    return x, ok & ok_eigh & finite_rows(x)
+    return torch.matmul(q * values.unsqueeze(1), q.transpose(1, 2))
 
 
 def sketch_epsilon(lam_1: torch.Tensor, eps: EpsilonConfig, relative_floor: float
@@ -406,8 +416,31 @@ def _off_diagonal_fits(b: torch.Tensor, tolerance: float) -> torch.Tensor:
 def qr_eigenbasis(
     pair: torch.Tensor, eps: EpsilonConfig, max_iterations: int, tolerance: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. (17c) per row of ``pair = stack([Q, A], 1)``: Meta's QR algorithm from the
-    stored eigenbasis, as reference ``linalg.qr_eigenbasis``; (Q, ok).
+    """Eq. (17c) per row of ``pair = stack([Q, A], 1)``: the eigenbasis of
+    :func:`qr_eigendecomposition`; (Q, ok)."""
+    _, q, ok = qr_eigendecomposition(pair, eps, max_iterations, tolerance)
+    return q, ok
+
+
+def root_inverse_qr(
+    pair: torch.Tensor, root: float, eps: EpsilonConfig, max_iterations: int, tolerance: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (10f) per row of ``pair = stack([Q, A], 1)``: eq. (10)'s root from the QR
+    estimate ``(lambda, Q)`` of :func:`qr_eigendecomposition` from the stored basis Q, as
+    reference ``linalg.root_inverse_qr``; returns ``stack([X, Q'], 1)`` (root and new
+    basis) and ok (eq. 13: a finite A, B, Q' and X)."""
+    lam, q, ok = qr_eigendecomposition(pair, eps, max_iterations, tolerance)
+    e = effective_epsilon(sanitize(pair[:, 1])[0], eps)
+    x = root_from_eigendecomposition(lam, q, root, e, eps)
+    return torch.stack([x, q], dim=1), ok & finite_rows(x)
+
+
+def qr_eigendecomposition(
+    pair: torch.Tensor, eps: EpsilonConfig, max_iterations: int, tolerance: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eqs. (17c), (10f) per row of ``pair = stack([Q, A], 1)``: Meta's QR algorithm from
+    the stored eigenbasis, as reference ``linalg.qr_eigendecomposition``; (lambda
+    ascending, Q, ok).
 
     ``B = (Q^T (A + eps I)) Q`` (eps of eq. 9 with the ridge placement, else
     0); each row takes QR steps ``B = Q' R``, ``B <- R Q'``, ``Q <- Q Q'``
@@ -433,9 +466,9 @@ def qr_eigenbasis(
         sel = running[:, None, None]
         b = torch.where(sel, r @ step, b)
         q = torch.where(sel, q @ step, q)
-    order = torch.sort(torch.diagonal(b, dim1=-2, dim2=-1), dim=-1, stable=True).indices
+    lam, order = torch.sort(torch.diagonal(b, dim1=-2, dim2=-1), dim=-1, stable=True)
     q = torch.take_along_dim(q, order[:, None, :].expand_as(q), dim=2)
-    return q, ok & finite_rows(q)
+    return lam, q, ok & finite_rows(q)
 
 
 def _check_every(device: torch.device) -> int:

@@ -158,7 +158,7 @@ def build_param_group_plan(
     for bg in block_groups:
         bg.allocate(init_scale, cfg.eigenvalue_correction is not None,
                     None if cfg.low_rank is None else cfg.low_rank.compresses,
-                    cfg.frequent_directions)
+                    cfg.frequent_directions, cfg.root_inverse_qr)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]
@@ -208,6 +208,9 @@ class BlockView:
             ``(U, lambda, rho)`` (eq. 10d; ``factors[k]`` then holds the last
             observation C_k, eq. 6c), or None where dim k is not sketched;
             None without sketches or when another rank holds the block.
+        eigenbases: with ``root_inverse.eigenbasis_method="qr"``, per block dim
+            k the eigenbasis Q_k its next QR root starts from (eq. 10f), or None
+            where ``r_k = 0``; None otherwise or when another rank holds the block.
 
     The counters are None when another rank holds the block. The tensors
     are the optimizer's own (no copy, on its device, in ``factor_dtype``;
@@ -230,6 +233,7 @@ class BlockView:
     corrected: torch.Tensor | None = None
     corrected_updates: int | None = None
     sketches: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, ...] | None = None
+    eigenbases: tuple[torch.Tensor | None, ...] | None = None
 
     @property
     def held(self) -> bool:
@@ -271,6 +275,7 @@ def _held_view(view: BlockView, bg: BlockGroup, row: int) -> BlockView:
     return replace(
         view, factors=per_dim(st["factors"]), inverse_roots=per_dim(st["inverse_roots"]),
         sketches=sketches,
+        eigenbases=per_dim(st["eigenbases"]) if "eigenbases" in st else None,
         statistics_updates=int(st["statistics_updates"]),
         consecutive_failures=int(st["consecutive_failures"]), corrected=st.get("corrected"),
         corrected_updates=None if corrected_updates is None else int(corrected_updates),

@@ -576,6 +576,7 @@ def _preconditioner(a: Args, shared: Shared) -> Preconditioner:
             )
     root_inverse, rule, basis = _root_inverse(
         amortized, corrected=kind == "EigenvalueCorrectedShampooPreconditionerConfig",
+        eigendecomposed=eigendecomposed,
     )
     placement = rule["placement"]
     if (placement == "pseudo_inverse") != (shared.epsilon == 0):
@@ -713,19 +714,14 @@ def _eigendecomposition(cfg: Any) -> dict[str, Any]:
     Meta applies ``Q diag(f(lambda)) Q^T`` each step, computed from the stored
     Q and lambda, which is the root eq. (10) computes on the root step, so
     ``EighEigendecompositionConfig`` (its default) reads as RootInv's eigh
-    root (:func:`_root_inverse`, ``tolerance`` 0). Its QR refresh from the
-    previous eigenbasis is refused (not specified for inverse roots).
+    root (:func:`_root_inverse`, ``tolerance`` 0), and
+    ``QREigendecompositionConfig`` as the eigh root with
+    ``eigenbasis_method="qr"`` (eq. 10f: Meta's QR refresh from the stored
+    eigenvectors, its estimated eigenvalues in place of eigh's).
     """
     owner = "preconditioner_config.amortized_computation_config"
     kind = type_of(owner, cfg) or "EighEigendecompositionConfig"
-    if kind == "QREigendecompositionConfig":
-        raise NotImplementedError(
-            f"{owner}.type = 'QREigendecompositionConfig' with "
-            "EigendecomposedShampooPreconditionerConfig is not supported yet (a QR refresh "
-            "of the inverse root's eigenbasis; eq. 17c specifies it for eigenvalue "
-            "correction)."
-        )
-    if kind != "EighEigendecompositionConfig":
+    if kind not in ("EighEigendecompositionConfig", "QREigendecompositionConfig"):
         raise ValueError(
             f"{owner}.type = {kind!r} is invalid: allowed 'EighEigendecompositionConfig' or "
             "'QREigendecompositionConfig' with EigendecomposedShampooPreconditionerConfig (an "
@@ -780,7 +776,7 @@ def _storage_dtype(p: Args, kind: str, key: str, factor_dtype: str) -> InverseRo
 
 
 def _root_inverse(
-    cfg: Any, corrected: bool = False
+    cfg: Any, corrected: bool = False, eigendecomposed: bool = False
 ) -> tuple[RootInverseConfig, dict[str, Any], dict[str, Any]]:
     """Reads ``preconditioner_config.amortized_computation_config``.
 
@@ -795,9 +791,11 @@ def _root_inverse(
     ``EighEigendecompositionConfig.tolerance`` in [0, 1] is
     ``eigenvalue_correction.basis_reuse_tolerance`` (eq. 17b) with
     eigenvalue correction (``corrected``); > 0 is refused otherwise.
-    ``QREigendecompositionConfig`` (eigenvalue correction only) is
-    ``eigenbasis_method="qr"`` with its ``max_iterations`` and ``tolerance``
-    (eq. 17c).
+    ``QREigendecompositionConfig`` is ``eigenbasis_method="qr"`` with its
+    ``max_iterations`` and ``tolerance``: eigenvalue correction's (eq. 17c), or
+    with Eigendecomposed Shampoo (``eigendecomposed``) the eigh root's
+    (``qr_max_iterations``, ``qr_tolerance``, eq. 10f), its epsilon rule as
+    eigh's.
     """
     kind = type_of("amortized_computation_config", cfg) or "EigenConfig"
     args = Args("preconditioner_config.amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
@@ -809,28 +807,14 @@ def _root_inverse(
             args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal "
                              "criterion, supported with eigenvalue correction's "
                              "EighEigendecompositionConfig")
-        where = "preconditioner_config.amortized_computation_config.rank_deficient_stability_config"
-        stab = args.get("rank_deficient_stability_config", None)
-        stab_kind = type_of(where, stab) or "PerturbationConfig"
-        if stab_kind == "PseudoInverseConfig":
-            pseudo = Args(where, stab, {"rank_atol", "rank_rtol"})
-            rtol = pseudo.get("rank_rtol", 0.0)
-            return EighConfig(), {
-                "placement": "pseudo_inverse",
-                "rank_rtol": None if rtol is None else number(f"{where}.rank_rtol", rtol),
-                "rank_atol": pseudo.number("rank_atol", 0.0),
-            }, {"basis_reuse_tolerance": reuse}
-        if stab_kind != "PerturbationConfig":
-            raise ValueError(
-                f"{where}.type = {stab_kind!r} is invalid: allowed 'PerturbationConfig' or "
-                "'PseudoInverseConfig'."
-            )
-        before = boolean(
-            f"{where}.perturb_before_computation",
-            (stab or {}).get("perturb_before_computation", True),
-        )
-        return (EighConfig(), {"placement": "ridge" if before else "shift_after"},
-                {"basis_reuse_tolerance": reuse})
+        return EighConfig(), _stability(args), {"basis_reuse_tolerance": reuse}
+    if kind == "QREigendecompositionConfig" and eigendecomposed:
+        return EighConfig(
+            eigenbasis_method="qr",
+            qr_max_iterations=args.integer("max_iterations", 1, low=0,
+                                           high=MAX_NEWTON_ITERATIONS),
+            qr_tolerance=_tolerance(args),
+        ), _stability(args), {}
     if kind == "CoupledNewtonConfig":
         return (
             CoupledNewtonConfig(
@@ -847,7 +831,8 @@ def _root_inverse(
             raise ValueError(
                 "preconditioner_config.amortized_computation_config.type = "
                 "'QREigendecompositionConfig' is invalid: allowed only with "
-                "EigenvalueCorrectedShampooPreconditionerConfig (an eigendecomposition "
+                "EigenvalueCorrectedShampooPreconditionerConfig or "
+                "EigendecomposedShampooPreconditionerConfig (an eigendecomposition "
                 "config; RootInv Shampoo takes EigenConfig, CoupledNewtonConfig or "
                 "CoupledHigherOrderConfig)."
             )
@@ -895,6 +880,34 @@ def _root_inverse(
         "(supported: EigenConfig, EighEigendecompositionConfig, QREigendecompositionConfig, "
         "CoupledNewtonConfig, CoupledHigherOrderConfig)."
     )
+
+
+def _stability(args: Args) -> dict[str, Any]:
+    """An eigendecomposition config's ``rank_deficient_stability_config``: the
+    ``EpsilonConfig`` fields of eq. (10)'s rule (``"ridge"``; ``"shift_after"`` when
+    ``perturb_before_computation`` is False; ``"pseudo_inverse"`` with its rank
+    tolerances for ``PseudoInverseConfig``)."""
+    where = "preconditioner_config.amortized_computation_config.rank_deficient_stability_config"
+    stab = args.get("rank_deficient_stability_config", None)
+    stab_kind = type_of(where, stab) or "PerturbationConfig"
+    if stab_kind == "PseudoInverseConfig":
+        pseudo = Args(where, stab, {"rank_atol", "rank_rtol"})
+        rtol = pseudo.get("rank_rtol", 0.0)
+        return {
+            "placement": "pseudo_inverse",
+            "rank_rtol": None if rtol is None else number(f"{where}.rank_rtol", rtol),
+            "rank_atol": pseudo.number("rank_atol", 0.0),
+        }
+    if stab_kind != "PerturbationConfig":
+        raise ValueError(
+            f"{where}.type = {stab_kind!r} is invalid: allowed 'PerturbationConfig' or "
+            "'PseudoInverseConfig'."
+        )
+    before = boolean(
+        f"{where}.perturb_before_computation",
+        (stab or {}).get("perturb_before_computation", True),
+    )
+    return {"placement": "ridge" if before else "shift_after"}
 
 
 def _tolerance(args: Args) -> float:
