@@ -219,11 +219,10 @@ def anchors(session: nox.Session, library: str) -> None:
 def anchors_tearfree(session: nox.Session) -> None:
     """Google's ``precondition.tearfree`` against ``from_tearfree`` + shampoo_jax (anchors/).
 
-    Outside CI for now: tearfree's compiled 50-step run of a vector split into
-    32 blocks hung twice in four runs on a 2-core machine (inside XLA's
-    execute; cause not found, that case left out), so this session runs by
-    hand until that is understood. Installs Google's library as ``anchors``
-    does; args go to pytest.
+    Tearfree runs with each stack's eigh one matrix per call (jaxlib's batched
+    CPU eigh deadlocks tearfree's program on 2 cores;
+    ``shampoo_conformance.adapters.tearfree.sequential_eigh``, bitwise the same
+    numbers). Installs Google's library as ``anchors`` does; args go to pytest.
     """
     install_library(session, "google")
     env = hypothesis_env("ci")

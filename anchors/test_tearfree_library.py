@@ -75,7 +75,11 @@ from precondition.tearfree import optimizer as tf_optimizer  # noqa: E402
 from precondition.tearfree import sketchy as tf_sketchy  # noqa: E402
 
 import shampoo_jax  # noqa: E402
-from shampoo_conformance.adapters.tearfree import tearfree_options  # noqa: E402
+from shampoo_conformance.adapters.tearfree import (  # noqa: E402
+    eigh_one_matrix_at_a_time,
+    sequential_eigh,
+    tearfree_options,
+)
 from shampoo_spec import from_tearfree  # noqa: E402
 
 assert jax.config.jax_enable_x64
@@ -246,6 +250,28 @@ class _SketchyX64Numpy:
         return getattr(jnp, name)
 
 
+@pytest.fixture(autouse=True)
+def _tearfree_eigh_one_matrix_at_a_time() -> Any:
+    """Every test here runs tearfree with its stacks' eigh one matrix per call
+    (``shampoo_conformance.adapters.tearfree.sequential_eigh``: jaxlib's batched CPU
+    eigh deadlocks tearfree's program; the numbers are unchanged)."""
+    with sequential_eigh():
+        yield
+
+
+def test_eigh_shim_is_bitwise_the_batched_eigh() -> None:
+    """The shim changes no number: a stack of 32 PSD 32 x 32 matrices (one batched call
+    alone cannot deadlock) decomposes bitwise as the batched call does."""
+    g = jax.random.normal(jax.random.PRNGKey(0), (32, 32, 40), dtype=jnp.float64)
+    stack = g @ jnp.swapaxes(g, -1, -2)
+    for symmetrize in (True, False):
+        want = jax.jit(lambda a, s=symmetrize: jnp.linalg.eigh(a, symmetrize_input=s))(stack)
+        got = jax.jit(lambda a, s=symmetrize: eigh_one_matrix_at_a_time(
+            a, symmetrize_input=s))(stack)
+        for w, x in zip(want, got, strict=True):
+            assert jnp.array_equal(w, x)
+
+
 def _sketchy(options: Options) -> Options:
     """``options``: the sketchy_options, and ``merge_dims`` and ``graft`` (the grafting_type,
     SGD when absent) of the test."""
@@ -282,10 +308,11 @@ SPLIT: dict[str, Options] = {
     # Block 12: both dims of (64, 16) are large (72 = 6 x 12, 24 = 2 x 12), and 16 of
     # (16, 10): 12 blocks and 2, each with a padded last block.
     "two_large_dims": {"second_order_options": {"shampoo_options": {"block_size": 12}}},
-    # Not here: the (64, 16) weight merged into a 1024-vector in 32 blocks of 32
-    # (2e-2 from step 18: a block's eigenvalue at 9e-6 of its own largest, below 1e-6
-    # of the stack's). Tearfree's compiled 50-step scan of that case intermittently
-    # hung on this CPU (a sleeping XLA execute, twice in four runs).
+    # The (64, 16) weight merged into a 1024-vector in 32 blocks of 32 (6e-2: a
+    # block's eigenvalue at 9e-6 of its own largest, below 1e-6 of the stack's).
+    # Without sequential_eigh tearfree's program deadlocks on it.
+    "vector_in_32_blocks": {"second_order_options": {
+        "merge_dims": 1024, "shampoo_options": {"block_size": 32}}},
 }
 
 

@@ -68,7 +68,12 @@ def _eigh(a: Array, active: Array | None = None) -> tuple[Array, Array]:
     jaxlib's CPU kernel spreads a batch over XLA's thread pool and calls the
     (scipy-bundled) OpenBLAS from several threads at once; with a
     multithreaded OpenBLAS that deadlocks on large matrices (jaxlib 0.10.2, 2
-    cores). One call at a time is safe and LAPACK still threads inside it.
+    cores). It also deadlocks with one OpenBLAS thread: the kernel waits, on a
+    thread of XLA's intra-op pool, for the batch it gave that pool, and when
+    independent batched calls run at once on every thread of the pool none can
+    finish (Google's tearfree meets it: docs/third-party.md,
+    ``batched_cpu_eigh_deadlock``). One matrix per call does not use the pool;
+    it is safe and LAPACK still threads inside it.
 
     ``active`` (``[b]`` bools, optional): on the one-at-a-time path a matrix
     with ``active = False`` is not decomposed (``lax.cond``); it gets

@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Mapping
+import types
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import jax
@@ -43,6 +44,55 @@ from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_
 from shampoo_conformance.adapters.jax import Stepper, adamw
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig, from_tearfree, to_tearfree
+
+
+def eigh_one_matrix_at_a_time(a: jax.Array, *args: Any, **kwargs: Any) -> Any:
+    """``jnp.linalg.eigh`` of a stack, one matrix per call (``lax.map``): bitwise the
+    batched call's result (the same LAPACK routine per matrix,
+    anchors/test_tearfree_library.py::test_eigh_shim_is_bitwise_the_batched_eigh)."""
+    if a.ndim == 2:
+        return jnp.linalg.eigh(a, *args, **kwargs)
+    flat = a.reshape((-1, *a.shape[-2:]))
+    w, v = jax.lax.map(lambda m: jnp.linalg.eigh(m, *args, **kwargs), flat)
+    return w.reshape(a.shape[:-1]), v.reshape(a.shape)
+
+
+class _SequentialEighNumpy:
+    """``jax.numpy`` as tearfree's ``shampoo`` module sees it, with a stack's ``eigh``
+    one matrix at a time.
+
+    jaxlib's CPU ``eigh`` of a stack spreads the stack over XLA's intra-op thread
+    pool (``ParallelBatchMap``) from a thread of that same pool and waits for it.
+    Tearfree's ``_pth_inv_root`` calls it once per parameter and axis, and XLA runs
+    independent calls at once: when as many run as the pool has threads (2 on a
+    2-core machine), every thread waits for work only the pool can do and the
+    program never finishes (gdb: two threads in ``ParallelBatchMap``'s
+    ``BlockingCounter::Wait`` under ``lapack_dsyevd_ffi``; the anchors' (64, 16)
+    weight in 32 blocks of 32 hung in 8 of 8 runs, and 0 of 10 with this shim,
+    on 2 cores). One matrix per call does not use the pool
+    (``shampoo_jax.roots._eigh`` does the same). Tearfree's numbers are unchanged.
+    """
+
+    linalg = types.SimpleNamespace(**{
+        **{k: getattr(jnp.linalg, k) for k in dir(jnp.linalg) if not k.startswith("_")},
+        "eigh": eigh_one_matrix_at_a_time,
+    })
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jnp, name)
+
+
+@contextlib.contextmanager
+def sequential_eigh() -> Iterator[None]:
+    """Tearfree traced with :class:`_SequentialEighNumpy` as its ``shampoo`` module's
+    ``jnp`` (programs traced inside keep it; the module is restored on exit)."""
+    saved = tf_shampoo.jnp
+    tf_shampoo.jnp = _SequentialEighNumpy()
+    try:
+        yield
+    finally:
+        tf_shampoo.jnp = saved
+
 
 #: Parameter dtypes this backend runs: float64 under 64-bit JAX, float32 without it.
 dtypes = (np.float64, np.float32)
@@ -143,6 +193,21 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "lax.cond, whose branches must have equal types (TypeError). In float32 it runs; "
         "anchors/test_tearfree_library.py gives the never-taken fallback float64 "
         "(_SketchyX64Numpy) and then matches spec eq. (10e) to 7.3e-13 over 50 steps",
+        kind="defect",
+    ),
+    Deviation(
+        name="batched_cpu_eigh_deadlock",
+        config=None,
+        # No pattern: run() and stepper() trace tearfree with sequential_eigh.
+        tests=(),
+        cause="on CPU tearfree's program can deadlock: _pth_inv_root (shampoo.py) calls "
+        "jnp.linalg.eigh on each parameter's stack of blocks, jaxlib's CPU kernel spreads a "
+        "stack over XLA's intra-op pool from a thread of that pool and waits, and XLA runs "
+        "the calls of independent parameters at once; with as many calls as pool threads "
+        "none can finish (a jaxlib defect tearfree meets; seen on 2 cores with a parameter "
+        "in 32 blocks: 8 hangs in 8 runs). This backend traces tearfree with each stack's "
+        "eigh one matrix per call (sequential_eigh: bitwise the same numbers, "
+        "anchors/test_tearfree_library.py::test_eigh_shim_is_bitwise_the_batched_eigh)",
         kind="defect",
     ),
     Deviation(
@@ -292,7 +357,7 @@ def run(
         # A documented shape-level departure (DEVIATIONS): a property drawing it skips
         # the example; anywhere else tearfree runs as its users see it.
         reject()
-    with _precision(key):
+    with _precision(key), sequential_eigh():
         init, step = _jitted_step(config, key)
         p = {n: jnp.asarray(np.asarray(params[n], dtype=key)) for n in names}
         s = init(p)
@@ -348,7 +413,7 @@ def stepper(
         reason = expressible(config, key)
         if reason is not None:
             raise Inexpressible(f"backend 'tearfree': {reason}")
-    with _precision(key):
+    with _precision(key), sequential_eigh():
         p = {k: jnp.asarray(np.asarray(params[k], dtype=key)) for k in sorted(params)}
         tx = _tearfree_or_adamw(optimizer, config, key, lr, weight_decay)
         state = tx.init(p)
