@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -163,6 +164,46 @@ def test_stepper_is_run_closed_loop() -> None:
             np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-14)
     with pytest.raises(Inexpressible, match="epsilon.placement"):
         T.stepper("shampoo", params, lr=0.1, config=ss.ShampooConfig())
+
+
+def _eigh_operand_ranks(jaxpr: Any) -> list[int]:
+    """The rank of every eigh operand in ``jaxpr`` and its sub-jaxprs (loops, conds)."""
+    ranks = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "eigh":
+            ranks.append(eqn.invars[0].aval.ndim)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            ranks += _eigh_operand_ranks(sub)
+    return ranks
+
+
+@needs_tearfree
+def test_tearfree_is_traced_with_one_matrix_per_eigh() -> None:
+    """DEVIATIONS batched_cpu_eigh_deadlock: ``run``'s step and the stepper's update
+    trace tearfree's roots with 2-d eigh operands only (no batched CPU eigh), even when
+    traced outside ``run`` / ``stepper``; a parameter in 2 blocks of 4 gives a stack."""
+    options = _with(BASE, second_order_options={
+        "merge_dims": 8, "shampoo_options": {"block_size": 4}})
+    config = from_tearfree(options, 0.1)
+    params = {"v": np.ones(8), "w": np.ones((8, 4))}
+    grads = {k: np.full_like(v, 0.5) for k, v in params.items()}
+    with jax.enable_x64(True):
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        g = {k: jnp.asarray(v) for k, v in grads.items()}
+        init, step = T._jitted_step(config, np.dtype(np.float64))
+        traced = jax.make_jaxpr(step)(p, init(p), g).jaxpr
+        update = T._jitted_update("shampoo", config, np.dtype(np.float64))
+        lr = jnp.asarray(0.1)
+        state = T._tearfree_or_adamw("shampoo", config, np.dtype(np.float64), lr, lr).init(p)
+        traced_update = jax.make_jaxpr(update)(p, state, g, lr, lr).jaxpr
+    for jaxpr in (traced, traced_update):
+        ranks = _eigh_operand_ranks(jaxpr)
+        assert ranks and set(ranks) == {2}, ranks
+    # Unpatched, tearfree decomposes the (2, 4, 4) stack in one batched call.
+    with jax.enable_x64(True):
+        tx = tf_optimizer.tearfree(0.1, T.tearfree_options(ss.to_tearfree(config)["options"]))
+        raw = jax.make_jaxpr(lambda p, s, g: tx.update(g, s, p))(p, tx.init(p), g).jaxpr
+    assert 3 in _eigh_operand_ranks(raw)
 
 
 # ------------------------------------------------------------------ deviations

@@ -324,7 +324,8 @@ def _jitted_step(config: ShampooConfig, dtype: np.dtype[Any]) -> tuple[Any, Any]
     tx = transformation(config, dtype)
 
     def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
-        u, s = tx.update(g, s, p)
+        with sequential_eigh():  # traced on the first call, wherever that is
+            u, s = tx.update(g, s, p)
         return optax.apply_updates(p, u), s
 
     return tx.init, jax.jit(step)
@@ -373,8 +374,10 @@ def _jitted_update(optimizer: str, config: ShampooConfig | None, dtype: np.dtype
     """One jitted ``(params, state, grads, lr, weight_decay) -> (params, state)`` per config."""
 
     def update(p: Any, s: Any, g: Any, lr: Any, weight_decay: Any) -> tuple[Any, Any]:
-        tx = _tearfree_or_adamw(optimizer, config, dtype, lr, weight_decay)
-        u, s = tx.update(g, s, p)
+        # Traced at the stepper's first step, outside stepper(): the shim must be on here.
+        with sequential_eigh():
+            tx = _tearfree_or_adamw(optimizer, config, dtype, lr, weight_decay)
+            u, s = tx.update(g, s, p)
         return optax.apply_updates(p, u), s
 
     return jax.jit(update)
