@@ -192,10 +192,9 @@ def test_tearfree_is_traced_with_one_matrix_per_eigh() -> None:
         g = {k: jnp.asarray(v) for k, v in grads.items()}
         init, step = T._jitted_step(config, np.dtype(np.float64))
         traced = jax.make_jaxpr(step)(p, init(p), g).jaxpr
-        update = T._jitted_update("shampoo", config, np.dtype(np.float64))
+        stepper = T.stepper("shampoo", params, lr=0.1, config=config)
         lr = jnp.asarray(0.1)
-        state = T._tearfree_or_adamw("shampoo", config, np.dtype(np.float64), lr, lr).init(p)
-        traced_update = jax.make_jaxpr(update)(p, state, g, lr, lr).jaxpr
+        traced_update = jax.make_jaxpr(stepper._update)(p, stepper._state, g, lr, lr).jaxpr
     for jaxpr in (traced, traced_update):
         ranks = _eigh_operand_ranks(jaxpr)
         assert ranks and set(ranks) == {2}, ranks

@@ -43,8 +43,8 @@ from hypothesis import currently_in_test_context, reject
 from hypothesis import strategies as st
 from precondition import distributed_shampoo as ds
 
-from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
-from shampoo_conformance.adapters.jax import Stepper, adamw
+from shampoo_conformance.adapters.inputs import check_run_inputs
+from shampoo_conformance.adapters.jax import Stepper, adamw, library_stepper, library_steps
 from shampoo_conformance.anchor_cases import GOOGLE_CASES
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig, from_google, to_google
@@ -480,7 +480,6 @@ def run(
     """The parameters (as ``dtype`` arrays) after each step of ``grads``, Google stepping."""
     key = np.dtype(dtype)
     check_run_inputs("google", params, grads, key.name)
-    names = sorted(params)
     kwargs, _ = _kwargs_or_reason(config, key)
     if kwargs is not None and known_crash(kwargs, params) and currently_in_test_context():
         # Google crashes on this input (DEVIATIONS): a property drawing it skips the
@@ -494,25 +493,7 @@ def run(
             u, s = tx.update(g, s, p)
             return optax.apply_updates(p, u), s
 
-        p = {n: jnp.asarray(np.asarray(params[n], dtype=key)) for n in names}
-        s = _init(tx, p, key)
-        out = []
-        for g in grads:
-            p, s = step(p, s, {n: jnp.asarray(np.asarray(g[n], dtype=key)) for n in names})
-            out.append({n: np.array(v) for n, v in p.items()})
-    return out
-
-
-@functools.lru_cache(maxsize=32)
-def _jitted_update(optimizer: str, config: ShampooConfig | None, dtype: np.dtype[Any]) -> Any:
-    """One jitted ``(params, state, grads, lr, weight_decay) -> (params, state)`` per config."""
-
-    def update(p: Any, s: Any, g: Any, lr: Any, weight_decay: Any) -> tuple[Any, Any]:
-        tx = _adamw_or_shampoo(optimizer, config, dtype, lr, weight_decay)
-        u, s = tx.update(g, s, p)
-        return optax.apply_updates(p, u), s
-
-    return jax.jit(update)
+        return library_steps(lambda p: _init(tx, p, key), step, params, grads, key)
 
 
 def _adamw_or_shampoo(optimizer: str, config: ShampooConfig | None, dtype: np.dtype[Any],
@@ -535,19 +516,6 @@ def stepper(
     """A closed-loop :class:`~shampoo_conformance.adapters.jax.Stepper`: Google's
     ``distributed_shampoo`` from ``config`` with learning rate ``lr`` (its
     weight decay is the config's), or ``optax.adamw`` (as the jax backend's)."""
-    key = np.dtype(dtype)
-    check_run_inputs("google", params, [], key.name)
-    check_stepper_arguments(optimizer, config, weight_decay)
-    if optimizer == "shampoo":
-        config = dataclasses.replace(ShampooConfig() if config is None else config,
-                                     learning_rate=lr)
-        reason = expressible(config, key)
-        if reason is not None:
-            raise Inexpressible(f"backend 'google': {reason}")
-    with _precision(key):
-        p = {k: jnp.asarray(np.asarray(params[k], dtype=key)) for k in sorted(params)}
-        tx = _adamw_or_shampoo(optimizer, config, key, lr, weight_decay)
-        state = _init(tx, p, key) if optimizer == "shampoo" else jax.jit(tx.init)(p)
-        hyper = (jnp.asarray(lr, dtype=key), jnp.asarray(weight_decay, dtype=key))
-    # config=None: the jax Stepper checks shampoo_jax's state, not Google's.
-    return Stepper(_jitted_update(optimizer, config, key), state, p, hyper, key, None)
+    return library_stepper("google", optimizer, params, lr=lr, config=config,
+                           weight_decay=weight_decay, dtype=dtype, expressible=expressible,
+                           make=_adamw_or_shampoo, init=_init, precision=_precision)

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
@@ -26,7 +27,7 @@ import optax
 
 from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
 from shampoo_jax import check_state, shampoo
-from shampoo_spec import ShampooConfig
+from shampoo_spec import Inexpressible, ShampooConfig
 
 _DTYPES: dict[np.dtype[Any], Literal["float32", "float64"]] = {
     np.dtype(np.float32): "float32",
@@ -109,7 +110,7 @@ class Stepper:
                     f"gradient of {k!r} has shape {np.shape(grads[k])}, parameter has "
                     f"{np.shape(self._params[k])}."
                 )
-        with _precision(self._dtype):
+        with cpu_precision(self._dtype):
             g = {k: jax.numpy.asarray(np.asarray(grads[k], dtype=self._dtype)) for k in names}
             jax.block_until_ready(g)
             start = time.perf_counter()
@@ -140,7 +141,7 @@ class Stepper:
         steps too. None where the platform gives no analysis.
         """
         if self._peak is None:
-            with _precision(self._dtype):
+            with cpu_precision(self._dtype):
                 g = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in self._params.items()}
                 compiled = self._update.lower(self._params, self._state, g, *self._hyper).compile()
                 stats = compiled.memory_analysis()
@@ -157,7 +158,7 @@ def _nbytes(tree: Any) -> int:
     return int(sum(leaf.nbytes for leaf in jax.tree.leaves(tree)))
 
 
-def _precision(dt: np.dtype[Any]) -> Any:
+def cpu_precision(dt: np.dtype[Any]) -> contextlib.ExitStack:
     """x64 on for float64 (as :func:`run`), arrays on the CPU."""
     stack = contextlib.ExitStack()
     stack.enter_context(jax.enable_x64(dt == np.float64))
@@ -217,11 +218,86 @@ def stepper(
     if optimizer == "shampoo":
         config = ShampooConfig() if config is None else config
         config = dataclasses.replace(config, factor_dtype=_DTYPES[dt])
-    with _precision(dt):
+    with cpu_precision(dt):
         p = {k: jax.numpy.asarray(np.asarray(params[k], dtype=dt)) for k in sorted(params)}
         state = jax.jit(_transformation(optimizer, config, lr, weight_decay).init)(p)
         hyper = (jax.numpy.asarray(lr, dtype=dt), jax.numpy.asarray(weight_decay, dtype=dt))
     return Stepper(_jitted_update(optimizer, config), state, p, hyper, dt, config)
 
 
-__all__ = ["Stepper", "run", "stepper"]
+# ------------------------------------------- shared by the optax libraries' adapters
+#: ``(optimizer, config, dtype, lr, weight_decay) -> transformation``: a library's
+#: Shampoo (rate ``lr``, traced) for ``"shampoo"``, :func:`adamw` for ``"adamw"``.
+MakeTransformation = Callable[[str, ShampooConfig | None, np.dtype[Any], Any, Any], Any]
+
+
+def library_steps(
+    init: Callable[[dict[str, Any]], Any],
+    step: Callable[[Any, Any, Any], tuple[Any, Any]],
+    params: dict[str, np.ndarray],
+    grads: list[dict[str, np.ndarray]],
+    dtype: np.dtype[Any],
+) -> list[dict[str, np.ndarray]]:
+    """An optax library's open loop (contract 8.2): ``state = init(params)``, then
+    ``params, state = step(params, state, grads)`` per step, in ``dtype`` arrays;
+    the parameters after each step as NumPy. Call inside the library's precision."""
+    names = sorted(params)
+    p = {n: jax.numpy.asarray(np.asarray(params[n], dtype=dtype)) for n in names}
+    s = init(p)
+    out = []
+    for g in grads:
+        p, s = step(p, s, {n: jax.numpy.asarray(np.asarray(g[n], dtype=dtype)) for n in names})
+        out.append({n: np.array(v) for n, v in p.items()})
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _library_update(make: MakeTransformation, optimizer: str, config: ShampooConfig | None,
+                    dtype: np.dtype[Any]) -> Any:
+    """One jitted ``(params, state, grads, lr, weight_decay) -> (params, state)`` per
+    library, optimizer, config and dtype."""
+
+    def update(p: Any, s: Any, g: Any, lr: Any, weight_decay: Any) -> tuple[Any, Any]:
+        u, s = make(optimizer, config, dtype, lr, weight_decay).update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    return jax.jit(update)
+
+
+def library_stepper(
+    backend: str,
+    optimizer: str,
+    params: dict[str, np.ndarray],
+    *,
+    lr: float,
+    config: ShampooConfig | None,
+    weight_decay: float,
+    dtype: Any,
+    expressible: Callable[[ShampooConfig, np.dtype[Any]], str | None],
+    make: MakeTransformation,
+    init: Callable[[Any, dict[str, Any], np.dtype[Any]], Any],
+    precision: Callable[[np.dtype[Any]], Any] = cpu_precision,
+) -> Stepper:
+    """A closed-loop :class:`Stepper` over an optax library's Shampoo (``make``, with
+    ``config`` at rate ``lr``; its weight decay is the config's) or :func:`adamw`;
+    ``init(tx, params, dtype)`` builds the library's state. Raises
+    :class:`~shampoo_spec.Inexpressible` with ``expressible``'s reason."""
+    key = np.dtype(dtype)
+    check_run_inputs(backend, params, [], key.name)
+    check_stepper_arguments(optimizer, config, weight_decay)
+    if optimizer == "shampoo":
+        config = dataclasses.replace(ShampooConfig() if config is None else config,
+                                     learning_rate=lr)
+        reason = expressible(config, key)
+        if reason is not None:
+            raise Inexpressible(f"backend {backend!r}: {reason}")
+    with precision(key):
+        p = {k: jax.numpy.asarray(np.asarray(params[k], dtype=key)) for k in sorted(params)}
+        tx = make(optimizer, config, key, lr, weight_decay)
+        state = init(tx, p, key) if optimizer == "shampoo" else jax.jit(tx.init)(p)
+        hyper = (jax.numpy.asarray(lr, dtype=key), jax.numpy.asarray(weight_decay, dtype=key))
+    # config=None: the Stepper checks shampoo_jax's state, not the library's.
+    return Stepper(_library_update(make, optimizer, config, key), state, p, hyper, key, None)
+
+
+__all__ = ["Stepper", "cpu_precision", "library_stepper", "library_steps", "run", "stepper"]

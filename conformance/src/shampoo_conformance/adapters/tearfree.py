@@ -40,8 +40,14 @@ from precondition.tearfree import second_order as tf_second_order
 from precondition.tearfree import shampoo as tf_shampoo
 from precondition.tearfree import sketchy as tf_sketchy
 
-from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
-from shampoo_conformance.adapters.jax import Stepper, adamw
+from shampoo_conformance.adapters.inputs import check_run_inputs
+from shampoo_conformance.adapters.jax import (
+    Stepper,
+    adamw,
+    cpu_precision,
+    library_stepper,
+    library_steps,
+)
 from shampoo_conformance.thirdparty import Deviation
 from shampoo_spec import Inexpressible, ShampooConfig, from_tearfree, to_tearfree
 
@@ -301,21 +307,38 @@ def configs() -> st.SearchStrategy[ShampooConfig]:
 
 
 # ---------------------------------------------------------------------- running
-def _precision(dtype: np.dtype[Any]) -> contextlib.ExitStack:
-    """64-bit JAX on exactly for float64, arrays on the CPU."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(jax.enable_x64(bool(dtype == np.float64)))
-    stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
-    return stack
+def _traced_with_sequential_eigh(tx: Any) -> optax.GradientTransformation:
+    """``tx`` whose update is traced under :func:`sequential_eigh`, wherever it is first
+    called (a jitted step, the report's stepper): the shim belongs to the
+    transformation, not to its callers."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> Any:
+        with sequential_eigh():
+            return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(tx.init, update)
 
 
-def transformation(config: ShampooConfig, dtype: Any = np.float64) -> Any:
-    """Tearfree's transformation for ``config`` (raises Inexpressible with the reason)."""
+def transformation(config: ShampooConfig, dtype: Any = np.float64, learning_rate: Any = None
+                   ) -> Any:
+    """Tearfree's transformation for ``config`` (raises Inexpressible with the reason),
+    at ``learning_rate`` (a number or a schedule; None: the config's)."""
     exported, reason = _exported_or_reason(config, dtype)
     if exported is None:
         raise Inexpressible(f"backend 'tearfree': {reason}")
-    return tf_optimizer.tearfree(exported["learning_rate"],
-                                 tearfree_options(exported["options"]))
+    rate = exported["learning_rate"] if learning_rate is None else learning_rate
+    return _traced_with_sequential_eigh(
+        tf_optimizer.tearfree(rate, tearfree_options(exported["options"])))
+
+
+def _tearfree_or_adamw(optimizer: str, config: ShampooConfig | None, dtype: np.dtype[Any],
+                       lr: Any, weight_decay: Any) -> Any:
+    """The stepper's transformation: tearfree at a schedule of the (traced) rate ``lr``,
+    so one compiled program serves a learning-rate grid, or :func:`adamw`."""
+    if optimizer != "shampoo":
+        return adamw(lr, weight_decay)  # the jax backend's
+    assert config is not None
+    return transformation(config, dtype, learning_rate=lambda count: lr)
 
 
 @functools.lru_cache(maxsize=32)
@@ -324,8 +347,7 @@ def _jitted_step(config: ShampooConfig, dtype: np.dtype[Any]) -> tuple[Any, Any]
     tx = transformation(config, dtype)
 
     def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
-        with sequential_eigh():  # traced on the first call, wherever that is
-            u, s = tx.update(g, s, p)
+        u, s = tx.update(g, s, p)
         return optax.apply_updates(p, u), s
 
     return tx.init, jax.jit(step)
@@ -353,46 +375,13 @@ def run(
     """The parameters (as ``dtype`` arrays) after each step of ``grads``, tearfree stepping."""
     key = np.dtype(dtype)
     check_run_inputs("tearfree", params, grads, key.name)
-    names = sorted(params)
     if known_departure(config, params) and currently_in_test_context():
         # A documented shape-level departure (DEVIATIONS): a property drawing it skips
         # the example; anywhere else tearfree runs as its users see it.
         reject()
-    with _precision(key), sequential_eigh():
+    with cpu_precision(key):
         init, step = _jitted_step(config, key)
-        p = {n: jnp.asarray(np.asarray(params[n], dtype=key)) for n in names}
-        s = init(p)
-        out = []
-        for g in grads:
-            p, s = step(p, s, {n: jnp.asarray(np.asarray(g[n], dtype=key)) for n in names})
-            out.append({n: np.array(v) for n, v in p.items()})
-    return out
-
-
-@functools.lru_cache(maxsize=32)
-def _jitted_update(optimizer: str, config: ShampooConfig | None, dtype: np.dtype[Any]) -> Any:
-    """One jitted ``(params, state, grads, lr, weight_decay) -> (params, state)`` per config."""
-
-    def update(p: Any, s: Any, g: Any, lr: Any, weight_decay: Any) -> tuple[Any, Any]:
-        # Traced at the stepper's first step, outside stepper(): the shim must be on here.
-        with sequential_eigh():
-            tx = _tearfree_or_adamw(optimizer, config, dtype, lr, weight_decay)
-            u, s = tx.update(g, s, p)
-        return optax.apply_updates(p, u), s
-
-    return jax.jit(update)
-
-
-def _tearfree_or_adamw(optimizer: str, config: ShampooConfig | None, dtype: np.dtype[Any],
-                       lr: Any, weight_decay: Any) -> Any:
-    if optimizer == "shampoo":
-        assert config is not None
-        exported, reason = _exported_or_reason(config, dtype)
-        if exported is None:
-            raise Inexpressible(f"backend 'tearfree': {reason}")
-        # A schedule of the traced rate: one compiled program serves a learning-rate grid.
-        return tf_optimizer.tearfree(lambda count: lr, tearfree_options(exported["options"]))
-    return adamw(lr, weight_decay)  # the jax backend's
+        return library_steps(init, step, params, grads, key)
 
 
 def stepper(
@@ -407,19 +396,6 @@ def stepper(
     """A closed-loop :class:`~shampoo_conformance.adapters.jax.Stepper`: tearfree from
     ``config`` with learning rate ``lr`` (its weight decay is the config's), or
     ``optax.adamw`` (as the jax backend's)."""
-    key = np.dtype(dtype)
-    check_run_inputs("tearfree", params, [], key.name)
-    check_stepper_arguments(optimizer, config, weight_decay)
-    if optimizer == "shampoo":
-        config = dataclasses.replace(ShampooConfig() if config is None else config,
-                                     learning_rate=lr)
-        reason = expressible(config, key)
-        if reason is not None:
-            raise Inexpressible(f"backend 'tearfree': {reason}")
-    with _precision(key), sequential_eigh():
-        p = {k: jnp.asarray(np.asarray(params[k], dtype=key)) for k in sorted(params)}
-        tx = _tearfree_or_adamw(optimizer, config, key, lr, weight_decay)
-        state = tx.init(p)
-        hyper = (jnp.asarray(lr, dtype=key), jnp.asarray(weight_decay, dtype=key))
-    # config=None: the jax Stepper checks shampoo_jax's state, not tearfree's.
-    return Stepper(_jitted_update(optimizer, config, key), state, p, hyper, key, None)
+    return library_stepper("tearfree", optimizer, params, lr=lr, config=config,
+                           weight_decay=weight_decay, dtype=dtype, expressible=expressible,
+                           make=_tearfree_or_adamw, init=lambda tx, p, key: tx.init(p))
