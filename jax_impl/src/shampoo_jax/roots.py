@@ -705,6 +705,21 @@ def sketch_epsilon(lam: Array, eps: EpsilonConfig, relative_floor: float) -> Arr
     return out
 
 
+def _folded_spectrum(u: Array, values: Array, c: Array, beta: float, rtol: float,
+                     active: Array | None) -> tuple[Array, Array, Array]:
+    """The decomposition eqs. (10d) and (10e) share, per matrix: ``M = beta U
+    diag(values) U^T + C``, its eigenvalues sigma descending (with their eigenvectors),
+    those at most ``rtol sigma_1`` set to 0; and whether M is finite (a non-finite M
+    is decomposed as I). ``active``: as :func:`_eigh`."""
+    scaled = beta * (u * values[..., None, :])
+    m = symmetrize(_matmul(scaled, jnp.swapaxes(u, -1, -2)) + c)
+    finite = all_finite(m)
+    sigma, v = _eigh(jnp.where(finite[..., None, None], m, _eye_like(m)), active)
+    sigma, v = sigma[..., ::-1], v[..., ::-1]  # descending
+    sigma = jnp.where(sigma > rtol * jnp.maximum(sigma[..., :1], 0.0), sigma, 0.0)
+    return sigma, v, finite
+
+
 def frequent_directions_root(
     sketch: Sketch, c: Array, root: float, beta: float, eps: Array, rtol: float,
     active: Array | None = None,
@@ -731,13 +746,9 @@ def frequent_directions_root(
     out) also keeps ``sketch`` as it came, so the stored state stays finite.
     """
     rank = sketch.u.shape[-1]
-    scaled = beta * (sketch.u * (sketch.lam + eps[..., None])[..., None, :])
-    m = symmetrize(_matmul(scaled, jnp.swapaxes(sketch.u, -1, -2)) + c)
-    finite = all_finite(m)
-    eye = _eye_like(m)
-    sigma, v = _eigh(jnp.where(finite[..., None, None], m, eye), active)
-    sigma, v = sigma[..., ::-1], v[..., ::-1]  # descending
-    sigma = jnp.where(sigma > rtol * jnp.maximum(sigma[..., :1], 0.0), sigma, 0.0)
+    sigma, v, finite = _folded_spectrum(sketch.u, sketch.lam + eps[..., None], c, beta, rtol,
+                                        active)
+    eye = _eye_like(c)
     cut = sigma[..., rank]
     decayed = beta * sketch.rho
     rho = jnp.maximum(decayed + cut, 0.0)
@@ -777,13 +788,8 @@ def tearfree_sketch_root(
     ``sketch`` as it came. ``active``: as :func:`_eigh`.
     """
     n, k = sketch.u.shape[-2], sketch.u.shape[-1]
-    scaled = beta * (sketch.u * sketch.lam[..., None, :])
-    m = symmetrize(_matmul(scaled, jnp.swapaxes(sketch.u, -1, -2)) + c)
-    finite = all_finite(m)
-    eye = _eye_like(m)
-    sigma, v = _eigh(jnp.where(finite[..., None, None], m, eye), active)
-    sigma, v = sigma[..., ::-1], v[..., ::-1]  # descending
-    sigma = jnp.where(sigma > rtol * jnp.maximum(sigma[..., :1], 0.0), sigma, 0.0)
+    sigma, v, finite = _folded_spectrum(sketch.u, sketch.lam, c, beta, rtol, active)
+    eye = _eye_like(c)
     cut = sigma[..., k] if k < n else jnp.zeros_like(sigma[..., 0])
     decayed = jnp.sqrt(jnp.asarray(beta, sigma.dtype)) * sketch.rho
     lam = sigma[..., :k] - cut[..., None]

@@ -177,6 +177,17 @@ class Sketch:
         return cls(np.zeros((n, rank)), np.zeros(rank), 0.0)
 
 
+def _folded_spectrum(u: Array, values: Array, c: Array, beta: float, rtol: float
+                     ) -> tuple[Array, Array]:
+    """The decomposition eqs. (10d) and (10e) share: ``M = beta U diag(values) U^T + C``,
+    its eigenvalues sigma descending (with their eigenvectors), those at most ``rtol``
+    times the largest set to 0 (the rounding noise of M's null space)."""
+    m = beta * (u * values) @ u.T + c
+    sigma, v = np.linalg.eigh((m + m.T) / 2)
+    sigma, v = sigma[::-1], v[:, ::-1]  # descending
+    return np.where(sigma > rtol * max(sigma[0], 0.0), sigma, 0.0), v
+
+
 def frequent_directions_root(
     sketch: Sketch, c: Array, root: float, beta: float, eps: float, rtol: float
 ) -> tuple[Sketch, Array]:
@@ -189,10 +200,7 @@ def frequent_directions_root(
     U'^T + rho'^(-1/p) (I - U' U'^T)``, or I while a lambda' or rho' is 0.
     """
     n, rank = sketch.u.shape
-    m = beta * (sketch.u * (sketch.lam + eps)) @ sketch.u.T + c
-    sigma, v = np.linalg.eigh((m + m.T) / 2)
-    sigma, v = sigma[::-1], v[:, ::-1]  # descending
-    sigma = np.where(sigma > rtol * max(sigma[0], 0.0), sigma, 0.0)
+    sigma, v = _folded_spectrum(sketch.u, sketch.lam + eps, c, beta, rtol)
     cut = float(sigma[rank])
     lam = sigma[:rank] - cut
     decayed = beta * sketch.rho
@@ -231,10 +239,7 @@ def tearfree_sketch_root(
     ``sqrt(sigma)`` and the same vectors.
     """
     n, k = sketch.u.shape
-    m = beta * (sketch.u * sketch.lam) @ sketch.u.T + c
-    sigma, v = np.linalg.eigh((m + m.T) / 2)
-    sigma, v = sigma[::-1], v[:, ::-1]  # descending
-    sigma = np.where(sigma > rtol * max(sigma[0], 0.0), sigma, 0.0)
+    sigma, v = _folded_spectrum(sketch.u, sketch.lam, c, beta, rtol)
     cut = float(sigma[k]) if k < n else 0.0
     decayed = float(np.sqrt(beta)) * sketch.rho
     lam = sigma[:k] - cut

@@ -232,6 +232,19 @@ def sketch_epsilon(lam_1: torch.Tensor, eps: EpsilonConfig, relative_floor: floa
     return eps.value * torch.clamp_min(lam_1, relative_floor)
 
 
+def _folded_spectrum(u: torch.Tensor, values: torch.Tensor, c: torch.Tensor, beta: float,
+                     rtol: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decomposition eqs. (10d) and (10e) share, per row: ``M = beta U diag(values)
+    U^T + C``, its eigenvalues sigma descending (with their eigenvectors), those at most
+    ``rtol sigma_1`` set to 0; and whether the row's M is finite and its eigh succeeded."""
+    m = torch.matmul(beta * (u * values[:, None, :]), u.mT) + c
+    m, finite = sanitize(m)
+    w, vectors, ok_eigh = eigh(symmetrize(m))
+    sigma, v = w.flip(-1), vectors.flip(-1).contiguous()  # descending
+    sigma = torch.where(sigma > rtol * torch.clamp_min(sigma[:, :1], 0.0), sigma, 0.0)
+    return sigma, v, finite & ok_eigh
+
+
 def frequent_directions_root(
     sketch: Sketch, c: torch.Tensor, root: float, beta: float, eps: torch.Tensor, rtol: float,
 ) -> tuple[Sketch, torch.Tensor, torch.Tensor]:
@@ -254,12 +267,7 @@ def frequent_directions_root(
     """
     u, lam, rank = sketch.u, sketch.lam, sketch.u.shape[-1]
     eye = torch.eye(c.shape[-1], dtype=c.dtype, device=c.device)
-    m = torch.matmul(beta * (u * (lam + eps[:, None])[:, None, :]), u.mT) + c
-    m, finite = sanitize(m)
-    values, vectors, ok_eigh = eigh(symmetrize(m))
-    valid = finite & ok_eigh
-    sigma, v = values.flip(-1), vectors.flip(-1).contiguous()  # descending
-    sigma = torch.where(sigma > rtol * torch.clamp_min(sigma[:, :1], 0.0), sigma, 0.0)
+    sigma, v, valid = _folded_spectrum(u, lam + eps[:, None], c, beta, rtol)
     cut = sigma[:, rank]
     new_lam = sigma[:, :rank] - cut[:, None]
     decayed = beta * sketch.rho
@@ -300,12 +308,7 @@ def tearfree_sketch_root(
     u, lam = sketch.u, sketch.lam
     n, k = u.shape[-2], u.shape[-1]
     eye = torch.eye(n, dtype=c.dtype, device=c.device)
-    m = torch.matmul(beta * (u * lam[:, None, :]), u.mT) + c
-    m, finite = sanitize(m)
-    values, vectors, ok_eigh = eigh(symmetrize(m))
-    valid = finite & ok_eigh
-    sigma, v = values.flip(-1), vectors.flip(-1).contiguous()  # descending
-    sigma = torch.where(sigma > rtol * torch.clamp_min(sigma[:, :1], 0.0), sigma, 0.0)
+    sigma, v, valid = _folded_spectrum(u, lam, c, beta, rtol)
     cut = sigma[:, k] if k < n else torch.zeros_like(sigma[:, 0])
     decayed = math.sqrt(beta) * sketch.rho
     new_lam = sigma[:, :k] - cut[:, None]
