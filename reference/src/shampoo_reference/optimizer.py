@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shampoo_spec import (
+    BlockPlan,
     CoupledNewtonConfig,
     EighConfig,
     EpsilonConfig,
@@ -65,6 +66,7 @@ from .linalg import (
     root_inverse_higher_order,
     root_inverse_qr,
     round_to,
+    symmetrize,
     tearfree_sketch_root,
 )
 from .quantization import (
@@ -408,9 +410,13 @@ class ReferenceShampoo:
                     if finite[b.slices].all()]
         lagged = cfg.schedule.roots_take_effect == "next_step" and self._root_step()
         observed = self._statistics_gradient(st, g, finite)
+        # Eq. (10g): every block's factors first, then the roots, which share a cutoff.
+        per_parameter = cfg.epsilon.cuts_rank_per_parameter
         for b, bs in admitted:
             self._update_block(name, b.roots, bs, g[b.slices], observed[b.slices],
-                               roots_now=not lagged)
+                               roots_now=not lagged and not per_parameter)
+        if per_parameter and not lagged and self._root_step():
+            self._refresh_parameter_roots(name, admitted)
 
         # Eq. (14c): the graft direction (whole parameter, elementwise).
         graft_dir = grafting.direction(filtered, st.graft, t, cfg.grafting)
@@ -426,8 +432,11 @@ class ReferenceShampoo:
         if lagged:
             # Eq. (8), roots_take_effect="next_step": this step's direction used the
             # roots held before it; the roots refreshed now take effect from t + 1.
-            for b, bs in admitted:
-                self._refresh_inverse_roots(name, b.roots, bs)
+            if per_parameter:
+                self._refresh_parameter_roots(name, admitted)
+            else:
+                for b, bs in admitted:
+                    self._refresh_inverse_roots(name, b.roots, bs)
 
         # Eqs. (19)-(21): weight decay, momentum, update.
         buffers = (st.momentum, st.graft_momentum)
@@ -565,24 +574,55 @@ class ReferenceShampoo:
             # Eq. (17): the corrected second moment sees this step's (refreshed) basis.
             self._update_corrected_moment(bs, gb)
 
-    def _refresh_inverse_roots(self, name: str, roots: tuple[float, ...], bs: BlockState) -> None:
+    def _refresh_parameter_roots(self, name: str, admitted: list[tuple[BlockPlan, BlockState]]
+                                 ) -> None:
+        """Eq. (10g): the admitted blocks' roots, each factor's rank cutoff scaled by
+        Lambda_k, the largest eigenvalue of dim k's finite factors over those blocks."""
+        scales: dict[int, float] = {}
+        for _, bs in admitted:
+            for k, lk in enumerate(bs.factors):
+                if lk is None:
+                    continue
+                a = self._root_input(bs, k)
+                if not np.all(np.isfinite(a)):
+                    continue
+                try:
+                    top = float(np.linalg.eigvalsh(symmetrize(a))[-1])
+                except np.linalg.LinAlgError:
+                    continue
+                scales[k] = max(scales.get(k, -math.inf), top)
+        for b, bs in admitted:
+            self._refresh_inverse_roots(name, b.roots, bs, scales)
+
+    def _root_input(self, bs: BlockState, k: int) -> Array:
+        """A of eq. (10) for factor k: bias-corrected (eq. 7), eq. (7b) applied."""
+        cfg = self.config
+        lk = bs.factors[k]
+        assert lk is not None
+        bc = cfg.statistics.bias_correction_factor(bs.statistics_updates)  # eq. (7)
+        s = cfg.factor_storage_dtype
+        # Eq. (11b): in s the division takes bc in float32 and rounds.
+        a = lk / bc if s is None else round_to(lk / _scalar_in(bc, s), s)
+        tau = cfg.statistics.trace_scaling_exponent
+        if tau > 0:  # eq. (7b)
+            a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
+        return a
+
+    def _refresh_inverse_roots(self, name: str, roots: tuple[float, ...], bs: BlockState,
+                               scales: dict[int, float] | None = None) -> None:
         """Eqs. (7), (9)-(13): recompute every factor's root; count block failures.
 
+        ``scales`` (eq. 10g): Lambda_k per dim k, which scales the rank cutoff
+        of factor k in place of its own lambda_max.
         A block over ``failure.max_consecutive_root_failures`` is recorded;
         :meth:`step` raises :class:`RootFailureError` once the step is complete.
         """
         cfg, t = self.config, self.t
-        bc = cfg.statistics.bias_correction_factor(bs.statistics_updates)  # eq. (7)
         failed = []
         for k, lk in enumerate(bs.factors):
             if lk is None:
                 continue
-            s = cfg.factor_storage_dtype
-            # Eq. (11b): in s the division takes bc in float32 and rounds.
-            a = lk / bc if s is None else round_to(lk / _scalar_in(bc, s), s)
-            tau = cfg.statistics.trace_scaling_exponent
-            if tau > 0:  # eq. (7b)
-                a = a * max(float(np.trace(a)), cfg.epsilon.value) ** -tau
+            a = self._root_input(bs, k)
             ec = cfg.eigenvalue_correction
             sketch = bs.sketches[k]
             new: Array | None
@@ -597,7 +637,7 @@ class ReferenceShampoo:
                 if basis is not None and new is not None and np.all(np.isfinite(new)):
                     bs.eigenbases[k] = basis  # kept with its root (eq. 13)
             else:
-                new = self._inverse_root(a, roots[k])
+                new = self._inverse_root(a, roots[k], None if scales is None else scales.get(k))
             stored = self._stored_root_dtype
             if new is not None and stored is not None:
                 # Eq. (11a) (eq. 17a for eigenbases): the root is stored rounded;
@@ -703,8 +743,10 @@ class ReferenceShampoo:
         ec = self.config.eigenvalue_correction
         return self.config.inverse_root_dtype if ec is None else ec.eigenvectors_dtype
 
-    def _inverse_root(self, a: Array, root: float) -> Array | None:
-        """Eq. (10) or (11) for one factor: ``A^(-1/root)`` (or its eigenbasis, eq. 17).
+    def _inverse_root(self, a: Array, root: float, scale: float | None = None
+                      ) -> Array | None:
+        """Eq. (10) or (11) for one factor: ``A^(-1/root)`` (or its eigenbasis, eq. 17);
+        ``scale``: eq. (10g)'s Lambda_k for the rank cutoff (None: lambda_max(A)).
 
         None when the method fails: a non-finite input, eq. (11)'s failure, or
         an eigendecomposition whose error e reaches ``EighConfig.failure_threshold``
@@ -753,15 +795,16 @@ class ReferenceShampoo:
         if cfg.factor_storage_dtype is not None:  # eq. (11b): the root in s
             return root_inverse_eigh_stored(a, root, effective_epsilon(a, cfg.epsilon),
                                             cfg.epsilon.placement, cfg.factor_storage_dtype)
-        return self._eigh_root(a, root, cfg.epsilon, tau)
+        return self._eigh_root(a, root, cfg.epsilon, tau, scale=scale)
 
     def _eigh_root(self, a: Array, root: float, e: EpsilonConfig, tau: float | None,
-                   low_rank: tuple[int, str] | None = None) -> Array | None:
+                   low_rank: tuple[int, str] | None = None, scale: float | None = None
+                   ) -> Array | None:
         """Eq. (10) with epsilon ``e`` (eq. 10c's ``low_rank`` when given) for the finite
         ``a``; None when eigh raises or, with ``tau`` = fl32(tau), eq. (10b) fails it
-        (e is computed only then)."""
+        (e is computed only then). ``scale``: eq. (10g)'s Lambda_k."""
         eps = effective_epsilon(a, e)
-        rank = self._rank_cutoff(a, e)
+        rank = self._rank_cutoff(a, e, scale)
         try:
             if tau is None:
                 return root_inverse_eigh(a, root, eps, e.placement, rank, low_rank)
@@ -770,11 +813,19 @@ class ReferenceShampoo:
             return None
         return None if eigh_fails(checked.error, tau) else checked.root
 
-    def _rank_cutoff(self, a: Array, e: EpsilonConfig) -> tuple[float, float] | None:
-        """``(rtol, atol)`` of eq. (10)'s ``"pseudo_inverse"`` rank cutoff for ``a``; else None."""
+    def _rank_cutoff(self, a: Array, e: EpsilonConfig, scale: float | None = None
+                     ) -> tuple[float, float] | None:
+        """``(rtol, atol)`` of eq. (10)'s ``"pseudo_inverse"`` rank cutoff for ``a``; else None.
+
+        With eq. (10g)'s ``scale`` Lambda_k the cutoff is already known, and is
+        returned as an absolute one: ``(0, max(rtol * max(Lambda_k, 0), atol))``.
+        """
         if not e.pseudo_inverse:
             return None
-        return e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype), e.rank_atol
+        rtol = e.rank_cutoff_rtol(a.shape[0], self.config.factor_dtype)
+        if scale is None:
+            return rtol, e.rank_atol
+        return 0.0, max(rtol * max(scale, 0.0), e.rank_atol)
 
     # -------------------------------------------- eq. (17) eigenvalue-corrected
     def _rotate(self, bs: BlockState, x: Array, transpose: bool) -> Array:

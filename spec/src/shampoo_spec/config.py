@@ -207,7 +207,11 @@ class EpsilonConfig:
       root instead of ``lambda^(-1/r)``. ``rank_rtol=None``: ``n * eps_f``,
       n the factor's size and eps_f the machine epsilon (spacing at 1) of
       ``factor_dtype``, as ``torch.linalg.matrix_rank``. The two tolerances
-      are 0 with every other placement.
+      are 0 with every other placement. ``rank_cutoff_scope`` says whose
+      lambda_max scales ``rank_rtol``: ``"factor"`` (its own; Meta's) or
+      ``"parameter"`` (eq. 10g: the largest over the same dim's factors of
+      every block of the parameter whose roots the root step computes;
+      tearfree's, which decomposes a parameter's blocks as one batch).
 
     ``lambda_max`` (relative scale only): ``"exact"`` (the largest
     eigenvalue) or ``"power_iteration"``, Google's estimate (eq. 9b): from
@@ -225,6 +229,7 @@ class EpsilonConfig:
     power_iteration_tolerance: float = 1e-6
     rank_rtol: float | None = 0.0
     rank_atol: float = 0.0
+    rank_cutoff_scope: Literal["factor", "parameter"] = "factor"
 
     def __post_init__(self) -> None:
         o = "epsilon"
@@ -239,6 +244,7 @@ class EpsilonConfig:
         if self.rank_rtol is not None:
             v.real(o, "rank_rtol", self.rank_rtol, low=0.0)
         v.real(o, "rank_atol", self.rank_atol, low=0.0)
+        v.choice(o, "rank_cutoff_scope", self.rank_cutoff_scope, ("factor", "parameter"))
         if self.pseudo_inverse:
             if self.value != 0:
                 v.fail(o, "value", self.value,
@@ -249,11 +255,20 @@ class EpsilonConfig:
                 if getattr(self, name) != 0.0:
                     v.fail(o, name, getattr(self, name),
                            "0.0 unless placement is 'pseudo_inverse' (the rank cutoff)")
+            if self.rank_cutoff_scope != "factor":
+                v.fail(o, "rank_cutoff_scope", self.rank_cutoff_scope,
+                       "'factor' unless placement is 'pseudo_inverse' (the rank cutoff)")
 
     @property
     def pseudo_inverse(self) -> bool:
         """Eq. (10) by the pseudo-inverse rule: no epsilon, a rank cutoff instead."""
         return self.placement == "pseudo_inverse"
+
+    @property
+    def cuts_rank_per_parameter(self) -> bool:
+        """Eq. (10g): the rank cutoff scales by the largest eigenvalue over a
+        parameter's blocks (one dim at a time), not each factor's own."""
+        return self.pseudo_inverse and self.rank_cutoff_scope == "parameter"
 
     def rank_cutoff_rtol(self, n: int, factor_dtype: str) -> float:
         """The relative rank tolerance for an ``n x n`` factor: ``rank_rtol``, or, when
@@ -1477,6 +1492,8 @@ class ShampooConfig:
             self._check_qr_root()
         if self.frequent_directions is not None:
             self._check_frequent_directions()
+        if self.epsilon.cuts_rank_per_parameter:
+            self._check_parameter_rank_cutoff()
         if self.weight_decay.scale_by_lr_ratio and not self.learning_rate > 0:
             v.fail(o, "learning_rate", self.learning_rate,
                    "a number > 0 with weight_decay.scale_by_lr_ratio (it divides by it)")
@@ -1526,6 +1543,17 @@ class ShampooConfig:
         if self.epsilon.placement not in ("ridge", "shift_after", "pseudo_inverse"):
             v.fail("epsilon", "placement", self.epsilon.placement,
                    f"'ridge', 'shift_after' or 'pseudo_inverse' {why}: Meta's rules")
+
+    def _check_parameter_rank_cutoff(self) -> None:
+        """Eq. (10g) is specified for eq. (10)'s eigh roots of whole factors, kept
+        unrounded in ``factor_dtype`` (tearfree's only roots)."""
+        why = "with epsilon.rank_cutoff_scope='parameter' (eq. 10g)"
+        self._require_plain_roots(why)
+        if self.low_rank is not None:
+            v.fail("ShampooConfig", "low_rank", self.low_rank, f"None {why}")
+        if isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr:
+            v.fail("root_inverse", "eigenbasis_method", self.root_inverse.eigenbasis_method,
+                   f"'eigh' {why}")
 
     def _check_frequent_directions(self) -> None:
         """Eqs. (6c), (10d): the sketch replaces the large factors' statistics and roots.

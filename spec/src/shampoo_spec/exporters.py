@@ -344,6 +344,8 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                 "type": "PerturbationConfig", "perturb_before_computation": False,
             }
         if placement == "pseudo_inverse":
+            lacks.same("epsilon.rank_cutoff_scope", c.epsilon.rank_cutoff_scope, "factor",
+                       "Meta's PseudoInverseConfig cuts each factor at its own lambda_max")
             out["rank_deficient_stability_config"] = {
                 "type": "PseudoInverseConfig",
                 "rank_rtol": c.epsilon.rank_rtol, "rank_atol": c.epsilon.rank_atol,
@@ -1037,6 +1039,9 @@ def _tearfree_second_order(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "tearfree's eigh roots drop eigenvalues <= 1e-6 * max and add no epsilon")
     lacks.same("epsilon.rank_rtol", e.rank_rtol, TEARFREE_RANK_RTOL,
                "tearfree's cutoff is 1e-6 times the largest eigenvalue")
+    lacks.same("epsilon.rank_cutoff_scope", e.rank_cutoff_scope, "parameter",
+               "tearfree's cutoff scales by the largest eigenvalue over a parameter's "
+               "blocks (eq. 10g)")
     return {
         "merge_dims": merge_dims,
         "second_order_type": "SHAMPOO",

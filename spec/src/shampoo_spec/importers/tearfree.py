@@ -27,9 +27,11 @@ The mapping, rule by rule (each checked against tearfree's source):
   one (``blocking.max_preconditioner_dim``);
 - statistics from zero, ``old * decay + new * (1 - decay)``, a sum at
   decay 1 (eq. 6, ``statistics.beta2``), no bias correction;
-- roots: ``eigh``, eigenvalues ``w <= 1e-6 * max(w)`` get 0 (max: see below), others
+- roots: ``eigh``, eigenvalues ``w <= 1e-6 * max(w)`` get 0, others
   ``w^(-1/p)``, no epsilon (eq. 10 ``placement="pseudo_inverse"``,
-  ``rank_rtol=1e-6``), p = 2 * (merged) ndim (eq. 12
+  ``rank_rtol=1e-6``); ``max(w)`` is over the whole stack of a parameter's
+  blocks of one axis (eq. 10g, ``rank_cutoff_scope="parameter"``), which with
+  the zero padding is the max over our blocks; p = 2 * (merged) ndim (eq. 12
   ``"preconditioned_dims"``); a 0-d parameter has no factor
   (``scalar_factor=False``);
 - 0-based count: statistics at ``count % update_statistics_freq == 0``,
@@ -71,14 +73,7 @@ The mapping, rule by rule (each checked against tearfree's source):
   (``"direction"``, eq. 19) or after it (``"update"``, eq. 21:
   ``lr * wd * x``); the learning rate last (``"after_momentum"``).
 
-Shape-level departures the config cannot refuse (it has no shapes): the
-rank cutoff. Tearfree's ``_pth_inv_root`` takes ``jnp.max(w)`` over the
-whole stack of a parameter's blocks (per axis), so its cutoff is
-``1e-6 * max over the parameter's blocks of lambda_max``; ours (eq. 10) is
-``1e-6 * lambda_max`` of each factor. They agree for a parameter that is one
-block (every merged dim < ``block_size``, or equal to it), and otherwise only
-while no block has an eigenvalue between the two cutoffs (the anchors
-measured 2e-2 on the digits MLP's (64, 16) weight in blocks of 12). Also:
+Shape-level departures the config cannot refuse (it has no shapes):
 tearfree raises for a parameter with more than two dims >= ``block_size``
 after merging (we block it); with graft NONE, a parameter of rank >= 1 whose
 dims are all 1 has no factor in tearfree (its direction is g) and a 1 x 1
@@ -200,7 +195,8 @@ def from_tearfree(
             freq = so.integer("update_preconditioners_freq", 1, low=1)
             statistics_freq = so.integer("update_statistics_freq", 1, low=1)
             fd, epsilon = None, EpsilonConfig(value=0.0, placement="pseudo_inverse",
-                                              rank_rtol=RANK_RTOL, rank_atol=0.0)
+                                              rank_rtol=RANK_RTOL, rank_atol=0.0,
+                                              rank_cutoff_scope="parameter")
         schedule = ScheduleConfig(
             precondition_frequency=freq,
             statistics_frequency=statistics_freq,
