@@ -34,6 +34,7 @@ Run, in that environment::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -105,8 +106,8 @@ def _merge(base: Options, case: Options) -> Options:
 
 #: Every case: the SGD graft unless it says otherwise, merge_dims 128
 #: and blocks of 64, so that every parameter is one block: (64, 16) and (16, 10)
-#: stay 2-D (root 4), the biases are graft-only (rank 1). Where a parameter splits
-#: into several blocks tearfree's rank cutoff is not ours (:data:`SPLIT`).
+#: stay 2-D (root 4), the biases are graft-only (rank 1). Parameters in several
+#: blocks: :data:`SPLIT`.
 SGD: Options = {
     "grafting_options": {"grafting_type": "SGD"},
     "second_order_options": {"merge_dims": 128, "shampoo_options": {"block_size": 64}},
@@ -297,22 +298,25 @@ def test_tearfree_sketchy_matches_shampoo_jax(name: str, monkeypatch: Any) -> No
     assert control > CONTROL_GAP, f"{name}: the control deviates by only {control:.2e}"
 
 
-#: Parameters split into several blocks. Tearfree's ``_pth_inv_root`` cuts
-#: eigenvalues ``w <= 1e-6 * jnp.max(w)`` with the max over the whole stack of the
-#: parameter's blocks (per axis), ours (eq. 10) over each factor: they agree only
-#: while no block has an eigenvalue between the two cutoffs. Not a rule of the spec
-#: (module doc of shampoo_spec.importers.tearfree): reported, expected to fail.
-SPLIT: dict[str, Options] = {
-    # (64, 16) at block 48: 64 padded to 96, blocks of 48 and 16 (a smaller last block).
-    "padded_blocks": {"second_order_options": {"shampoo_options": {"block_size": 48}}},
+#: Parameters split into several blocks: tearfree's ``_pth_inv_root`` cuts eigenvalues
+#: ``w <= 1e-6 * jnp.max(w)`` with the max over the whole stack of the parameter's
+#: blocks (per axis), spec eq. (10g) (``rank_cutoff_scope="parameter"``, which
+#: ``from_tearfree`` sets). name -> (options over SGD, whether eq. 10's per-factor
+#: cutoff differs there: the control, which must then miss by more than CONTROL_GAP).
+SPLIT: dict[str, tuple[Options, bool]] = {
+    # (64, 16) at block 48: 64 padded to 96, blocks of 48 and 16 (a smaller last
+    # block); no eigenvalue between the two cutoffs here.
+    "padded_blocks": ({"second_order_options": {"shampoo_options": {"block_size": 48}}},
+                      False),
     # Block 12: both dims of (64, 16) are large (72 = 6 x 12, 24 = 2 x 12), and 16 of
     # (16, 10): 12 blocks and 2, each with a padded last block.
-    "two_large_dims": {"second_order_options": {"shampoo_options": {"block_size": 12}}},
-    # The (64, 16) weight merged into a 1024-vector in 32 blocks of 32 (6e-2: a
-    # block's eigenvalue at 9e-6 of its own largest, below 1e-6 of the stack's).
-    # Without sequential_eigh tearfree's program deadlocks on it.
-    "vector_in_32_blocks": {"second_order_options": {
-        "merge_dims": 1024, "shampoo_options": {"block_size": 32}}},
+    "two_large_dims": ({"second_order_options": {"shampoo_options": {"block_size": 12}}},
+                       True),
+    # The (64, 16) weight merged into a 1024-vector in 32 blocks of 32 (a block's
+    # eigenvalue at 9e-6 of its own largest, below 1e-6 of the stack's). Without
+    # sequential_eigh tearfree's program deadlocks on it.
+    "vector_in_32_blocks": ({"second_order_options": {
+        "merge_dims": 1024, "shampoo_options": {"block_size": 32}}}, True),
 }
 
 
@@ -341,15 +345,26 @@ def test_tearfree_library_matches_shampoo_jax(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(SPLIT))
 def test_tearfree_split_parameters(name: str) -> None:
-    """Several blocks per parameter: exact only where no eigenvalue lies between tearfree's
-    stack-wide cutoff and our per-factor one (:data:`SPLIT`)."""
-    options = _merge(SGD, SPLIT[name])
+    """Several blocks per parameter: eq. (10g)'s cutoff over a parameter's blocks.
+
+    Control: the same config with eq. (10)'s per-factor cutoff
+    (``rank_cutoff_scope="factor"``), where it differs (:data:`SPLIT`).
+    """
+    options, differs = SPLIT[name]
+    options = _merge(SGD, options)
     problem = _g._problem()
     theirs = _run(tf_optimizer.tearfree(0.01, tearfree_options(options)), problem)
-    worst = _g._worst_relative_deviation(theirs, _run(_ours(options, 0.01), problem))
-    print(f"{name}: worst relative deviation {worst:.2e}")
-    if worst > TOLERANCE:
-        pytest.xfail(f"{name}: {worst:.2e}: tearfree's rank cutoff is stack-wide")
+    config = from_tearfree(options, 0.01, x64=True)
+    assert config.epsilon.rank_cutoff_scope == "parameter"
+    worst = _g._worst_relative_deviation(theirs, _run(shampoo_jax.shampoo(config), problem))
+    per_factor = dataclasses.replace(
+        config, epsilon=dataclasses.replace(config.epsilon, rank_cutoff_scope="factor"))
+    control = _g._worst_relative_deviation(
+        theirs, _run(shampoo_jax.shampoo(per_factor), problem))
+    print(f"{name}: worst relative deviation {worst:.2e}; per-factor cutoff {control:.2e}")
+    assert worst <= TOLERANCE, f"{name}: worst relative deviation {worst:.2e}"
+    if differs:
+        assert control > CONTROL_GAP, f"{name}: the control deviates by only {control:.2e}"
 
 
 def test_tearfree_learning_rate_schedule() -> None:

@@ -7,6 +7,7 @@ first skips, and the first checks the message a user then gets.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -207,32 +208,35 @@ def test_tearfree_is_traced_with_one_matrix_per_eigh() -> None:
 
 # ------------------------------------------------------------------ deviations
 @needs_tearfree
-def test_rank_cutoff_is_over_a_parameters_blocks() -> None:
-    """DEVIATIONS rank_cutoff_over_a_parameters_blocks: a 8-vector in two blocks of 4
-    whose second block's gradients are 1e-4 of the first's. Each block's factor has one
-    eigenvalue (|g_b|^2 after one step); tearfree's cutoff 1e-6 * max over both blocks
-    drops the second (1e-8 of the first), ours (per factor) keeps it, so the second
-    block's direction is 0 in tearfree and g_2 / |g_2| in ours. In one block of 8 (no
-    split) the two agree."""
+def test_rank_cutoff_over_a_parameters_blocks_is_eq_10g() -> None:
+    """Tearfree's cutoff over a parameter's blocks is eq. (10g): an 8-vector in two blocks
+    of 4 whose second block's gradients are 1e-4 of the first's. Each block's factor has
+    one eigenvalue (|g_b|^2 after one step); 1e-6 times the max over both blocks drops
+    the second (1e-8 of the first), so the second block stays where it was in tearfree
+    and in the reference alike; with eq. (10)'s per-factor cutoff it would move by
+    lr g_2 / |g_2|. In one block of 8 the two scopes agree."""
     rng = np.random.default_rng(5)
     params = {"v": rng.standard_normal(8)}
     g = rng.standard_normal(8)
     g[4:] *= 1e-4
     grads = [{"v": g}]
-    for block, agree in ((4, False), (8, True)):
+    for block in (4, 8):
         options = _with(BASE, second_order_options={
             "merge_dims": 8, "shampoo_options": {"block_size": block}})
         config = from_tearfree(options, 0.1)
+        assert config.epsilon.rank_cutoff_scope == "parameter"
         ours = reference_run(config, params, grads)
         theirs = T.run(config, params, grads)
-        gap = float(np.max(np.abs(theirs[0]["v"] - ours[0]["v"])))
         step = float(np.max(np.abs(ours[0]["v"] - params["v"])))
-        if agree:
-            assert gap <= 1e-14 * step
-        else:
-            assert gap > 0.1 * step
-            # Tearfree leaves the second block where it was (its root there is 0).
+        np.testing.assert_allclose(theirs[0]["v"], ours[0]["v"], rtol=0, atol=1e-14 * step)
+        per_factor = dataclasses.replace(
+            config, epsilon=dataclasses.replace(config.epsilon, rank_cutoff_scope="factor"))
+        control = reference_run(per_factor, params, grads)
+        if block == 4:
             np.testing.assert_array_equal(theirs[0]["v"][4:], params["v"][4:])
+            assert float(np.max(np.abs(control[0]["v"][4:] - params["v"][4:]))) > 0.1 * step
+        else:
+            np.testing.assert_array_equal(control[0]["v"], ours[0]["v"])
 
 
 @needs_tearfree

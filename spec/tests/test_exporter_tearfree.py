@@ -154,6 +154,8 @@ MOVES: dict[str, ss.ShampooConfig] = {
         epsilon=ss.EpsilonConfig(value=1e-6)),
     "gradient_filter.beta1": dataclasses.replace(
         BASE, gradient_filter=ss.GradientFilterConfig(beta1=0.9)),
+    "epsilon.rank_cutoff_scope": dataclasses.replace(
+        BASE, epsilon=dataclasses.replace(BASE.epsilon, rank_cutoff_scope="factor")),
 }
 
 

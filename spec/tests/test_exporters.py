@@ -601,6 +601,19 @@ def test_tearfree_sketchy_is_named_as_lacking() -> None:
     assert "frequent_directions" in _named(e)
 
 
+def test_tearfree_parameter_rank_cutoff_is_named_as_lacking() -> None:
+    """Eq. (10g) (``epsilon.rank_cutoff_scope = "parameter"``): Meta's PseudoInverseConfig
+    cuts each factor at its own lambda_max; Google has no pseudo-inverse at all."""
+    c = ss.from_tearfree({"grafting_options": {"grafting_type": "SGD"}}, 0.01)
+    assert c.epsilon.rank_cutoff_scope == "parameter"
+    with pytest.raises(ValueError, match="Meta's DistributedShampoo cannot express") as e:
+        ss.to_meta(c)
+    assert "epsilon.rank_cutoff_scope" in _named(e)
+    with pytest.raises(ValueError, match="Google's distributed_shampoo cannot express") as e:
+        ss.to_google(c)
+    assert "epsilon.placement" in _named(e)
+
+
 def test_meta_default_config() -> None:
     c = ss.from_meta({})
     exported = ss.to_meta(c)

@@ -31,7 +31,8 @@ def test_sgd_defaults() -> None:
     c = from_tearfree(SGD, 0.01)
     assert c.learning_rate == 0.01
     assert c.statistics == ss.StatisticsConfig(beta2=0.999, initial_value="zero")
-    assert c.epsilon == ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=1e-6)
+    assert c.epsilon == ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=1e-6,
+                                         rank_cutoff_scope="parameter")  # eq. (10g)
     assert isinstance(c.root_inverse, ss.EighConfig) and c.root_inverse.failure_threshold is None
     assert c.low_rank is None and c.frequent_directions is None
     assert c.exponents == ss.ExponentConfig(default="preconditioned_dims")

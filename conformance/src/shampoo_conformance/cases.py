@@ -37,11 +37,20 @@ class Case:
     config: ss.ShampooConfig
     steps: int = 10
     seed: int = 0
+    #: Scales every gradient entry past the first 4 of its first dim (the blocks of
+    #: 4 after the first): blocks of one parameter at different scales.
+    tail_scale: float = 1.0
 
     def problem(
         self,
     ) -> tuple[dict[str, NDArray[np.float64]], list[dict[str, NDArray[np.float64]]]]:
-        return make_problem(CASE_SHAPES, self.steps, self.seed)
+        params, grads = make_problem(CASE_SHAPES, self.steps, self.seed)
+        if self.tail_scale != 1.0:
+            for step in grads:
+                for g in step.values():
+                    if g.ndim:
+                        g[4:] *= self.tail_scale
+        return params, grads
 
 
 def make_problem(
@@ -123,6 +132,16 @@ def named_cases() -> list[Case]:
             "pseudo_inverse",
             _with(epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse",
                                            rank_rtol=1e-4)),
+        ),
+        Case(
+            # Eq. (10g), tearfree's cutoff: the largest eigenvalue over a parameter's
+            # blocks of one dim scales rtol. Blocks of 4 split the matrices and "long",
+            # whose later blocks have eigenvalues about 1e-6 of the first's: cut here
+            # (100 times below 1e-4 Lambda), kept by each factor's own cutoff.
+            "pseudo_inverse_per_parameter",
+            _with(epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse",
+                                           rank_rtol=1e-4, rank_cutoff_scope="parameter")),
+            tail_scale=1e-3,
         ),
         Case(
             "coupled_newton",

@@ -2,10 +2,13 @@
 
 The graft state V is elementwise (one entry per parameter entry), so blocking
 never changes it; only the norm used for rescaling (eq. 18) depends on the
-block or parameter scope.
+block or parameter scope. Eq. (14e)'s Adafactor keeps row and column means
+of the whole parameter in its own shape instead (:class:`FactoredMoments`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -64,3 +67,85 @@ def clip(u: Array, graft: GraftingConfig) -> Array:
     rms = np.linalg.norm(u) / np.sqrt(float(u.size))
     out: Array = u / np.maximum(1.0, rms / c)
     return out
+
+
+# ------------------------------------------------------------- eq. (14e) Adafactor
+@dataclass
+class FactoredMoments:
+    """Eq. (14e)'s moments of one parameter in its own shape.
+
+    ``dims = (d0, d1)`` (its largest and second largest dim) when factored,
+    with the row moment R (the shape without d0) and the column moment C (the
+    shape without d1); else None, with the full moment V.
+    """
+
+    dims: tuple[int, int] | None
+    row: Array | None = None
+    col: Array | None = None
+    full: Array | None = None
+
+    def arrays(self) -> list[Array]:
+        return [x for x in (self.row, self.col, self.full) if x is not None]
+
+
+def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:
+    """Eq. (14e): ``(d0, d1)``, the last two of numpy's argsort of ``shape`` (optax's
+    ``_factored_dims``), when the rank is >= 2 and ``shape[d1] >= min_dim``; else None."""
+    if len(shape) < 2:
+        return None
+    order = np.argsort(shape)
+    if shape[order[-2]] < min_dim:
+        return None
+    return int(order[-1]), int(order[-2])
+
+
+def adafactor_init(shape: tuple[int, ...], graft: GraftingConfig) -> FactoredMoments:
+    """Zero moments for a parameter of ``shape`` (eq. 14e)."""
+    dims = factored_dims(shape, graft.factor_min_dim)
+    if dims is None:
+        return FactoredMoments(None, full=np.zeros(shape))
+    d0, d1 = dims
+    without = lambda d: tuple(n for i, n in enumerate(shape) if i != d)  # noqa: E731
+    return FactoredMoments(dims, row=np.zeros(without(d0)), col=np.zeros(without(d1)))
+
+
+def adafactor_decay(t: int, exponent: float) -> float:
+    """``beta_t = fl32(1 - fl32(t^(-c)))`` of eq. (14e): t^(-c) correctly rounded to
+    float32 (from float64), then the difference rounded to float32."""
+    power = np.float32(float(t) ** -exponent)
+    return float(np.float32(1.0) - power)
+
+
+def adafactor_update(m: FactoredMoments, gradient: Array, t: int, graft: GraftingConfig
+                     ) -> FactoredMoments:
+    """Eq. (14e) at step t: R, C (or V) <- beta_t (.) + (1 - beta_t) means of G^2 + eps;
+    ``gradient`` in the parameter's own shape."""
+    beta = adafactor_decay(t, graft.decay_exponent)
+    q = gradient * gradient + graft.epsilon
+    if m.dims is None:
+        assert m.full is not None
+        return FactoredMoments(None, full=beta * m.full + (1.0 - beta) * q)
+    assert m.row is not None and m.col is not None
+    d0, d1 = m.dims
+    return FactoredMoments(m.dims, row=beta * m.row + (1.0 - beta) * q.mean(axis=d0),
+                           col=beta * m.col + (1.0 - beta) * q.mean(axis=d1))
+
+
+def adafactor_direction(x: Array, m: FactoredMoments, parameter: Array,
+                        graft: GraftingConfig) -> Array:
+    """``graft(X)`` of eq. (14e) in the parameter's own shape: ``X (R / mean_d1 R)^(-1/2)
+    C^(-1/2)`` (or ``X V^(-1/2)``), clipped by eq. (14d), times ``max(rms(W), s)``."""
+    if m.dims is None:
+        assert m.full is not None
+        u = x * m.full ** -0.5
+    else:
+        assert m.row is not None and m.col is not None
+        d0, d1 = m.dims
+        r_axis = d1 - 1 if d1 > d0 else d1  # d1's axis in R (which lacks d0)
+        row = (m.row / m.row.mean(axis=r_axis, keepdims=True)) ** -0.5
+        u = x * np.expand_dims(row, d0) * np.expand_dims(m.col ** -0.5, d1)
+    u = clip(u, graft)
+    floor = graft.parameter_scale_floor
+    if floor is not None:
+        u = u * max(float(np.sqrt(np.mean(parameter * parameter))), floor)
+    return u

@@ -105,7 +105,8 @@ class BlockState:
 class ParameterState:
     plan: ParameterPlan
     blocks: list[BlockState]
-    graft: Array | None
+    #: Eq. (14b)'s elementwise V (merged shape), or eq. (14e)'s moments.
+    graft: Array | grafting.FactoredMoments | None
     filtered: Array | None
     momentum: Array | None
     graft_momentum: Array | None
@@ -251,7 +252,10 @@ class ReferenceShampoo:
                     self._store_factor(bs, "root", k)
             blocks.append(bs)
         size_shape = plan.merged_shape
-        graft = np.zeros(size_shape) if cfg.grafting.has_state else None
+        graft: Array | grafting.FactoredMoments | None = (
+            np.zeros(size_shape) if cfg.grafting.has_state
+            else grafting.adafactor_init(plan.shape, cfg.grafting) if cfg.grafting.factored
+            else None)
         filtered = np.zeros(size_shape) if cfg.gradient_filter.enabled else None
         momentum = np.zeros(size_shape) if cfg.momentum.enabled else None
         graft_momentum = np.zeros(size_shape) if cfg.momentum.separate_buffers else None
@@ -377,11 +381,13 @@ class ReferenceShampoo:
 
     @staticmethod
     def _state_max_abs(st: ParameterState, slices: tuple[slice, ...], bs: BlockState) -> float:
-        """m of eq. (3): max |entry| of the block's factors, graft state V, moment D,
-        diagonal state V_D (0 if none)."""
+        """m of eq. (3): max |entry| of the block's factors, graft state V (eq. 14e:
+        the parameter's R, C, V), moment D, diagonal state V_D (0 if none)."""
         parts = [_max_abs(f) for f in bs.factors if f is not None]
+        if isinstance(st.graft, grafting.FactoredMoments):
+            parts.extend(_max_abs(x) for x in st.graft.arrays())
         for elementwise in (st.graft, st.diagonal):
-            if elementwise is not None:
+            if isinstance(elementwise, np.ndarray):
                 parts.append(_max_abs(elementwise[slices]))
         if bs.corrected_second_moment is not None:
             parts.append(_max_abs(bs.corrected_second_moment))
@@ -396,7 +402,11 @@ class ReferenceShampoo:
         g, finite = adm.g, adm.ok
 
         # Eq. (14b): graft state; eq. (15): gradient filter. Elementwise.
-        if st.graft is not None:
+        if isinstance(st.graft, grafting.FactoredMoments):
+            if finite.all():  # eq. (14e): means over the whole parameter, in its shape
+                st.graft = grafting.adafactor_update(st.graft, g.reshape(plan.shape), t,
+                                                     cfg.grafting)
+        elif st.graft is not None:
             st.graft = np.where(finite, grafting.update_state(st.graft, g, cfg.grafting), st.graft)
         diagonal = None if cfg.diagonal is None else cfg.diagonal.as_graft()
         if st.diagonal is not None:  # eq. (16b): V_D as eq. (14b), every step
@@ -418,8 +428,12 @@ class ReferenceShampoo:
         if per_parameter and not lagged and self._root_step():
             self._refresh_parameter_roots(name, admitted)
 
-        # Eq. (14c): the graft direction (whole parameter, elementwise).
-        graft_dir = grafting.direction(filtered, st.graft, t, cfg.grafting)
+        # Eq. (14c): the graft direction (whole parameter, elementwise); eq. (14e).
+        if isinstance(st.graft, grafting.FactoredMoments):
+            graft_dir = grafting.adafactor_direction(
+                filtered.reshape(plan.shape), st.graft, w_orig, cfg.grafting).reshape(w.shape)
+        else:
+            graft_dir = grafting.direction(filtered, st.graft, t, cfg.grafting)
 
         # Eqs. (16)-(18): Shampoo direction, rescaled to the graft norm.
         use_shampoo = uses_preconditioner(t, cfg.schedule)

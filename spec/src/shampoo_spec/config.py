@@ -32,6 +32,7 @@ GraftingType = Literal[
     "sign",
     "adagrad_normalized",
     "rmsprop_normalized",
+    "adafactor",
 ]
 GRAFTING_TYPES: tuple[str, ...] = (
     "none",
@@ -42,6 +43,7 @@ GRAFTING_TYPES: tuple[str, ...] = (
     "sign",
     "adagrad_normalized",
     "rmsprop_normalized",
+    "adafactor",
 )
 
 #: The dtypes inverse roots may be stored in (``ShampooConfig.inverse_root_dtype``, eqs. 11a, 16).
@@ -791,9 +793,19 @@ class GraftingConfig:
     direction P is rescaled: ``P * ||graft(F)|| / (||P|| + norm_epsilon)``,
     the norms taken per block or over the whole parameter (``norm_scope``).
     ``clip_rms`` = c (Google's ``clip_by_scaled_gradient_norm``; only for
-    the types with state) divides the graft direction of the whole parameter
+    the adaptive types) divides the graft direction of the whole parameter
     by ``max(1, rms / c)``, ``rms = ||graft(X)|| / sqrt(size)`` (eq. 14d);
     None: no clipping.
+
+    ``adafactor`` (eq. 14e, optax's Adafactor as tearfree grafts it): moments
+    of ``G^2 + epsilon`` over the whole parameter in its own shape, an EMA
+    with decay ``1 - t^(-decay_exponent)`` (float32), factored into row and
+    column means over its two largest dims when the smaller of them is at
+    least ``factor_min_dim``; ``graft(X) = X / sqrt(V^)`` with V^ the factored
+    (or full) estimate, then eq. (14d), then times ``max(rms(W),
+    parameter_scale_floor)`` (W the parameter; None: not scaled). Its epsilon
+    is inside the moment (``epsilon_placement="inside_sqrt"``); ``beta2``,
+    ``ema_weight`` and ``bias_correction`` are unused by it.
     """
 
     type: GraftingType = "none"
@@ -806,6 +818,9 @@ class GraftingConfig:
     normalize_epsilon: float = 1e-16
     clip_rms: float | None = None
     epsilon_placement: Literal["after_sqrt", "inside_sqrt"] = "after_sqrt"
+    decay_exponent: float = 0.8
+    factor_min_dim: int = 128
+    parameter_scale_floor: float | None = None
 
     def __post_init__(self) -> None:
         o = "grafting"
@@ -823,27 +838,65 @@ class GraftingConfig:
                    f"'one_minus_beta2' for grafting type {self.type!r} ('one' needs an EMA "
                    "graft: rmsprop, adam or rmsprop_normalized)")
         # An epsilon that divides must be > 0: a zero gradient (V = 0,
-        # ||G|| = 0, P = 0) would otherwise give 0 / 0 (eqs. 14a, 14c, 18).
-        v.epsilon(o, "epsilon", self.epsilon, zero=not self.has_state)
+        # ||G|| = 0, P = 0) would otherwise give 0 / 0 (eqs. 14a, 14c, 14e, 18).
+        v.epsilon(o, "epsilon", self.epsilon, zero=not self.adaptive)
         v.boolean(o, "bias_correction", self.bias_correction)
         v.choice(o, "norm_scope", self.norm_scope, ("block", "parameter"))
         v.epsilon(o, "norm_epsilon", self.norm_epsilon, zero=self.type == "none")
         v.epsilon(o, "normalize_epsilon", self.normalize_epsilon, zero=not self.normalizes_input)
         v.optional_normal(o, "clip_rms", self.clip_rms, none_means="no clipping")
         v.choice(o, "epsilon_placement", self.epsilon_placement, ("after_sqrt", "inside_sqrt"))
-        if self.epsilon_placement == "inside_sqrt" and not self.has_state:
+        adaptive = ", ".join((*GRAFTING_TYPES_WITH_STATE, "adafactor"))
+        if self.epsilon_placement == "inside_sqrt" and not self.adaptive:
             v.fail(o, "epsilon_placement", self.epsilon_placement,
                    f"'after_sqrt' for grafting type {self.type!r} (eq. 14c places epsilon "
-                   f"only for the adaptive types: {', '.join(GRAFTING_TYPES_WITH_STATE)})")
-        if self.clip_rms is not None and not self.has_state:
+                   f"only for the adaptive types: {adaptive})")
+        if self.clip_rms is not None and not self.adaptive:
             v.fail(o, "clip_rms", self.clip_rms,
                    f"None for grafting type {self.type!r} (eq. 14d clips the adaptive types: "
-                   f"{', '.join(GRAFTING_TYPES_WITH_STATE)})")
+                   f"{adaptive})")
+        self._check_adafactor()
+
+    def _check_adafactor(self) -> None:
+        """Eq. (14e)'s fields: set only for ``adafactor``, which leaves the EMA fields of
+        eq. (14b) at their defaults."""
+        o = "grafting"
+        v.real(o, "decay_exponent", self.decay_exponent, low=0.0, high=1.0, low_open=True)
+        v.integer(o, "factor_min_dim", self.factor_min_dim, low=1)
+        v.optional_normal(o, "parameter_scale_floor", self.parameter_scale_floor,
+                          none_means="no scaling by the parameter's rms")
+        if not self.factored:
+            for name, default in (("decay_exponent", 0.8), ("factor_min_dim", 128),
+                                  ("parameter_scale_floor", None)):
+                if getattr(self, name) != default:
+                    v.fail(o, name, getattr(self, name),
+                           f"{default!r} unless type is 'adafactor' (eq. 14e)")
+            return
+        why = "for grafting type 'adafactor' (eq. 14e"
+        if self.beta2 != 1.0:
+            v.fail(o, "beta2", self.beta2, f"1.0 {why}: its decay is 1 - t^(-decay_exponent))")
+        if self.ema_weight != "one_minus_beta2":
+            v.fail(o, "ema_weight", self.ema_weight, f"'one_minus_beta2' {why}: unused)")
+        if self.bias_correction:
+            v.fail(o, "bias_correction", self.bias_correction, f"False {why}: unused)")
+        if self.epsilon_placement != "inside_sqrt":
+            v.fail(o, "epsilon_placement", self.epsilon_placement,
+                   f"'inside_sqrt' {why} adds epsilon to G^2 inside its moments)")
 
     @property
     def has_state(self) -> bool:
         """Whether the graft keeps a second-moment state V (eq. 14b): the adaptive types."""
         return self.type in GRAFTING_TYPES_WITH_STATE
+
+    @property
+    def factored(self) -> bool:
+        """Whether the graft is eq. (14e)'s Adafactor (moments of the whole parameter)."""
+        return self.type == "adafactor"
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the graft divides by a second moment: eq. (14b)'s types or eq. (14e)."""
+        return self.has_state or self.factored
 
     @property
     def normalizes_input(self) -> bool:
