@@ -17,8 +17,9 @@ and 0.001 without a graft (the raw Shampoo direction is larger) or with
 tearfree's RMSPROP graft at decay 0.999 (see its case), as in the Google
 file. Tearfree's SKETCHY second order runs in :data:`SKETCHY_CASES` (with a
 float64 shim for a never-taken branch of tearfree's, :class:`_SketchyX64Numpy`).
-Tearfree's ADAFACTOR graft and Sketchy's ``ekfac_svd``, ``linear_approx_tail``
-and ``memory_alloc`` are refused by ``from_tearfree`` (NotImplementedError; see
+Tearfree's ADAFACTOR graft is spec eq. (14e) (the ``adafactor_graft_*`` cases).
+Sketchy's ``ekfac_svd``, ``linear_approx_tail`` and ``memory_alloc`` and
+``momentum_decay`` 1 are refused by ``from_tearfree`` (NotImplementedError; see
 its module doc);
 :func:`test_refused_options_are_refused` checks the real library accepts
 what we refuse (so a refusal is a gap of ours, not an invalid input).
@@ -152,6 +153,30 @@ CASES: dict[str, tuple[float, Options, Options]] = {
     ),
     "start_preconditioning_step": (
         0.01, {"grafting_options": {"start_preconditioning_step": 5}}, {},
+    ),
+    # Eq. (14e), optax.adafactor as tearfree grafts it. At its defaults (m = 128) no
+    # parameter here is factored; the parameter scale and the clip at 1 are on.
+    # Control: the RMSPROP graft at the same decay.
+    "adafactor_graft_defaults": (
+        0.01, {"grafting_options": {"grafting_type": "ADAFACTOR"}},
+        {"grafting_options": {"grafting_type": "RMSPROP"}},
+    ),
+    # m = 8 factors the (64, 16) and (16, 10) weights (row and column moments); the raw
+    # Adafactor steps before step 4. Control: unfactored (m = 128).
+    "adafactor_graft_factored": (
+        0.01, {"grafting_options": {"grafting_type": "ADAFACTOR", "min_dim_size_to_factor": 8,
+                                    "start_preconditioning_step": 3}},
+        {"grafting_options": {"grafting_type": "ADAFACTOR", "start_preconditioning_step": 3}},
+    ),
+    # c = 0.8, no parameter scale, a clip at 2, epsilon 1e-30. Control: scaled by rms(W).
+    "adafactor_graft_unscaled": (
+        0.01, {"grafting_options": {"grafting_type": "ADAFACTOR", "min_dim_size_to_factor": 8,
+                                    "second_moment_decay": 0.8, "epsilon": 1e-30,
+                                    "multiply_by_parameter_scale": False,
+                                    "clipping_threshold": 2.0}},
+        {"grafting_options": {"grafting_type": "ADAFACTOR", "min_dim_size_to_factor": 8,
+                              "second_moment_decay": 0.8, "epsilon": 1e-30,
+                              "clipping_threshold": 2.0}},
     ),
     # The merge: at the default 1024 (64, 16) merges into a 1024-vector and (16, 10)
     # into 160, one block each at block_size 1024 (root 2). Control: merge_dims 128.
@@ -383,7 +408,6 @@ def test_tearfree_learning_rate_schedule() -> None:
 
 
 REFUSED: dict[str, Options] = {
-    "adafactor_graft": {"grafting_options": {"grafting_type": "ADAFACTOR"}},
     "momentum_decay_1": {"momentum_options": {"momentum_decay": 1.0}},
     "sketchy_ekfac_svd": _sketchy({"rank": 8, "ekfac_svd": True}),
     "sketchy_linear_approx_tail": _sketchy({"rank": 8, "linear_approx_tail": True}),

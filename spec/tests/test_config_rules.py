@@ -68,9 +68,14 @@ def test_eigenvalue_correction_rules_eq17() -> None:
 @pytest.mark.parametrize("kind", GRAFTING_TYPES)
 def test_grafting_state_and_scope_eq14_eq18(kind: str) -> None:
     beta2 = {"rmsprop": 0.9, "adam": 0.9, "rmsprop_normalized": 0.9}.get(kind, 1.0)
-    graft = GraftingConfig(type=kind, beta2=beta2, norm_scope="parameter")  # type: ignore[arg-type]
+    # Eq. (14e) adds its epsilon inside the moments: no other placement.
+    placement = "inside_sqrt" if kind == "adafactor" else "after_sqrt"
+    graft = GraftingConfig(type=kind, beta2=beta2, norm_scope="parameter",  # type: ignore[arg-type]
+                           epsilon_placement=placement)
     adaptive = kind not in ("none", "sgd", "sign")
-    assert graft.has_state is adaptive
+    assert graft.adaptive is adaptive
+    assert graft.has_state is (adaptive and kind != "adafactor")  # eq. (14b): elementwise V
+    assert graft.factored is (kind == "adafactor")
     assert graft.normalizes_input is kind.endswith("_normalized")
     assert graft.rescale_scope == (None if kind == "none" else "parameter")
 

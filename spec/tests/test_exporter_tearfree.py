@@ -25,11 +25,19 @@ def tearfree_options(draw: st.DrawFn) -> dict[str, Any]:
     """Random ``TearfreeOptions`` JSON within what ``from_tearfree`` imports; keys left
     out take tearfree's defaults, enums by name or value."""
     graft: dict[str, Any] = {}
-    kind = draw(st.sampled_from(["SGD", "RMSPROP", "NONE", "rmsprop", "GraftingType.SGD", None]))
+    kind = draw(st.sampled_from(["SGD", "RMSPROP", "NONE", "rmsprop", "GraftingType.SGD", None,
+                                 "ADAFACTOR", "adafactor"]))
     if kind is not None:
         graft["grafting_type"] = kind
-    if draw(st.booleans()):
-        graft["second_moment_decay"] = draw(st.sampled_from([0.5, 0.9, 0.999, 1.0]))
+    adafactor = kind is not None and kind.upper() == "ADAFACTOR"
+    if draw(st.booleans()):  # ADAFACTOR's is optax's decay exponent, in (0, 1)
+        graft["second_moment_decay"] = draw(st.sampled_from(
+            [0.5, 0.8, 0.999] if adafactor else [0.5, 0.9, 0.999, 1.0]))
+    for key, values in (("min_dim_size_to_factor", st.integers(1, 256)),
+                        ("multiply_by_parameter_scale", st.booleans()),
+                        ("clipping_threshold", st.sampled_from([1.0, 2.5]))):
+        if draw(st.booleans()):  # checked with any graft, used by ADAFACTOR only
+            graft[key] = draw(values)
     if draw(st.booleans()):
         graft["epsilon"] = draw(st.sampled_from([1e-30, 1e-23, 1e-8, 0.1]))
     for key, values in (("start_preconditioning_step", st.integers(-3, 50)),

@@ -27,6 +27,28 @@ def test_exported() -> None:
     assert ss.importers.from_tearfree is from_tearfree
 
 
+def test_adafactor_graft_is_eq_14e() -> None:
+    """ADAFACTOR: optax.adafactor with tearfree's arguments (eq. 14e); its decay is the
+    exponent c of 1 - t^-c, the clip eq. (14d)'s, the parameter scale floored at 1e-3."""
+    c = from_tearfree({"grafting_options": {"grafting_type": "ADAFACTOR"}}, 0.01)
+    assert c.grafting == ss.GraftingConfig(
+        type="adafactor", decay_exponent=0.999, factor_min_dim=128, epsilon=1e-23,
+        epsilon_placement="inside_sqrt", clip_rms=1.0, parameter_scale_floor=1e-3,
+        norm_scope="parameter", norm_epsilon=2.0**-126)
+    c = from_tearfree(_with("grafting_options", grafting_type="ADAFACTOR",
+                            second_moment_decay=0.8, min_dim_size_to_factor=4,
+                            multiply_by_parameter_scale=False, clipping_threshold=2.0,
+                            epsilon=1e-30), 0.01)
+    g = c.grafting
+    assert (g.decay_exponent, g.factor_min_dim, g.parameter_scale_floor, g.clip_rms,
+            g.epsilon) == (0.8, 4, None, 2.0, 1e-30)
+    with pytest.raises(ValueError, match=r"grafting_options\.epsilon = 0\.0 is invalid"):
+        from_tearfree(_with("grafting_options", grafting_type="ADAFACTOR", epsilon=0.0), 0.01)
+    with pytest.raises(ValueError, match=r"second_moment_decay = 1\.0 is invalid"):
+        from_tearfree(_with("grafting_options", grafting_type="ADAFACTOR",
+                            second_moment_decay=1.0), 0.01)
+
+
 def test_sgd_defaults() -> None:
     c = from_tearfree(SGD, 0.01)
     assert c.learning_rate == 0.01
@@ -166,8 +188,6 @@ def test_sketchy_options_are_checked_and_unused_with_shampoo() -> None:
 @pytest.mark.parametrize(
     ("options", "key", "formula"),
     [
-        ({"grafting_options": {"grafting_type": "ADAFACTOR"}},
-         "grafting_options.grafting_type = 'ADAFACTOR'", "optax.adafactor"),
         (_sketchy(ekfac_svd=True), "second_order_options.sketchy_options.ekfac_svd = True",
          "EKFAC-SVD"),
         (_sketchy(linear_approx_tail=True),

@@ -34,13 +34,21 @@ SECTIONS: list[tuple[type[Any], str, dict[str, Any]]] = [
 ]
 
 
+#: Fields valid only beside another value, with the base that allows them (eq. 14e's
+#: fields need ``type="adafactor"``).
+FIELD_BASES: dict[tuple[str, str], dict[str, Any]] = {
+    ("grafting", name): {"type": "adafactor", "epsilon_placement": "inside_sqrt"}
+    for name in ("decay_exponent", "factor_min_dim", "parameter_scale_floor")
+}
+
+
 def _fields(kind: str) -> list[tuple[type[Any], str, dict[str, Any], str]]:
     """(section, owner, base kwargs, field) for every field annotated ``kind`` (or optional)."""
     out = []
     for cls, owner, base in SECTIONS:
         for f in dataclasses.fields(cls):
             if str(f.type) in (kind, f"{kind} | None"):
-                out.append((cls, owner, base, f.name))
+                out.append((cls, owner, FIELD_BASES.get((owner, f.name), base), f.name))
     return out
 
 
@@ -59,6 +67,7 @@ def test_the_field_lists_cover_the_config() -> None:
         "schedule.start_preconditioning_step", "failure.max_consecutive_root_failures",
         "schedule.precondition_frequency_growth", "eigenvalue_correction.qr_max_iterations",
         "root_inverse.deflation_rank", "root_inverse.deflation_iterations",
+        "grafting.factor_min_dim",
     }
     reals = {f"{owner}.{name}" for _, owner, _, name in REAL_FIELDS}
     assert len(reals) == len(REAL_FIELDS) >= 20

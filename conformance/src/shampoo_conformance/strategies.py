@@ -164,7 +164,14 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
         norm_scope=draw(st.sampled_from(["block", "parameter"])),
         # Eq. (14d): a clip of the adaptive grafts (rms of their steps is about 1 here).
         clip_rms=(draw(st.sampled_from([None, 0.5]))
-                  if gtype in ss.GRAFTING_TYPES_WITH_STATE else None),
+                  if gtype in (*ss.GRAFTING_TYPES_WITH_STATE, "adafactor") else None),
+        # Eq. (14e): factored when the two largest dims are >= factor_min_dim (3: the
+        # suite's matrices and tensors; 128: none), scaled by rms(W) or not.
+        **({"epsilon_placement": "inside_sqrt",
+            "decay_exponent": draw(st.sampled_from([0.5, 0.8])),
+            "factor_min_dim": draw(st.sampled_from([1, 3, 128])),
+            "parameter_scale_floor": draw(st.sampled_from([None, 1e-3]))}
+           if gtype == "adafactor" else {}),
     )
     beta1 = draw(st.sampled_from([0.0, 0.9]))
     gradient_filter = ss.GradientFilterConfig(

@@ -46,6 +46,7 @@ from .errors import Inexpressible
 from .importers import from_google, from_meta, from_tearfree
 from .importers.google import GRAFTS, SIDES, ConstantSchedule
 from .importers.meta import MAX_ORDER
+from .importers.tearfree import ADAFACTOR_SCALE_FLOOR as TEARFREE_SCALE_FLOOR
 from .importers.tearfree import RANK_RTOL as TEARFREE_RANK_RTOL
 from .serialization import _flatten, config_to_dict
 
@@ -975,15 +976,26 @@ def _tearfree_grafting(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         lacks.same("blocking.skip_dim_size_gt", b.skip_dim_size_gt, None,
                    "without a graft tearfree masks no parameter")
         return {"grafting_type": "NONE"}
-    kinds = {"sgd": "SGD", "rmsprop": "RMSPROP", "adagrad": "RMSPROP"}
+    kinds = {"sgd": "SGD", "rmsprop": "RMSPROP", "adagrad": "RMSPROP", "adafactor": "ADAFACTOR"}
     lacks.need(g.type in kinds, "grafting.type", g.type,
-               "tearfree grafts SGD or RMSprop (ADAFACTOR is optax's Adafactor)")
+               "tearfree grafts SGD, RMSprop or optax's Adafactor (eq. 14e)")
     out: dict[str, Any] = {"grafting_type": kinds.get(g.type, "SGD")}
     if g.has_state:
         lacks.same("grafting.epsilon_placement", g.epsilon_placement, "inside_sqrt",
                    "tearfree's RMSprop is g * rsqrt(acc + epsilon)")
         out["second_moment_decay"] = g.beta2
         out["epsilon"] = g.epsilon
+    if g.factored:  # eq. (14e): optax.adafactor with tearfree's arguments
+        floor = g.parameter_scale_floor
+        lacks.need(floor in (None, TEARFREE_SCALE_FLOOR), "grafting.parameter_scale_floor",
+                   floor, f"optax.adafactor scales by max(rms(W), {TEARFREE_SCALE_FLOOR}) "
+                   "or not at all")
+        lacks.need(g.clip_rms is not None and g.clip_rms >= 1.0, "grafting.clip_rms",
+                   g.clip_rms, "tearfree's Adafactor always clips, at a threshold >= 1")
+        out.update({"second_moment_decay": g.decay_exponent, "epsilon": g.epsilon,
+                    "min_dim_size_to_factor": g.factor_min_dim,
+                    "multiply_by_parameter_scale": floor is not None,
+                    "clipping_threshold": g.clip_rms if g.clip_rms is not None else 1.0})
     lacks.same("grafting.norm_scope", g.norm_scope, "parameter",
                "tearfree rescales each parameter to its graft's norm")
     lacks.same("grafting.norm_epsilon", g.norm_epsilon, SMALLEST_EPSILON,

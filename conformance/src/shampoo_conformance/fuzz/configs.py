@@ -141,7 +141,7 @@ def step_configs(
     construction (eq. 17); the matrix epsilon may be 0 or 1e-30 (a failed
     root is kept and counted, eq. 13). ``policy`` fixes
     ``failure.nonfinite_gradient``; ``coupling_free`` keeps blocks
-    independent (graft norms per block, no normalised graft), so that a
+    independent (graft norms per block, no normalised or Adafactor graft), so that a
     refused block can be compared with a zero one (invariant c).
     """
     eigen = draw(st.booleans()) and draw(st.booleans())
@@ -172,19 +172,29 @@ def step_configs(
                      overrides_by_order=(ss.OrderOverride(order=2, roots=(4.0, 0.0)),))]
     if not newton:
         overrides.append(ss.ExponentConfig(override=0.5))
-    gtypes = [t for t in ss.GRAFTING_TYPES if not (coupling_free and t.endswith("_normalized"))]
+    # Eq. (14e)'s moments span the parameter's blocks, as a normalised graft's norm does.
+    gtypes = [t for t in ss.GRAFTING_TYPES
+              if not (coupling_free and (t.endswith("_normalized") or t == "adafactor"))]
     gtype = draw(st.sampled_from(gtypes))
     adaptive_ema = gtype in ("rmsprop", "adam", "rmsprop_normalized")
+    adafactor = gtype == "adafactor"
     grafting = ss.GraftingConfig(
         type=gtype,
         beta2=draw(st.sampled_from([1e-12, 0.5, 0.999, 1.0 - 1e-12])) if adaptive_ema else 1.0,
         ema_weight=draw(st.sampled_from(["one_minus_beta2", "one"])) if adaptive_ema
         else "one_minus_beta2",
         epsilon=draw(st.sampled_from([1e-30, 1e-10, 1.0])),
-        bias_correction=draw(st.booleans()),
+        bias_correction=not adafactor and draw(st.booleans()),
         norm_scope="block" if coupling_free else draw(st.sampled_from(["block", "parameter"])),
         norm_epsilon=draw(st.sampled_from([1e-30, 1e-16])),
         normalize_epsilon=draw(st.sampled_from([1e-30, 1e-16])),
+        # Eq. (14e): its epsilon is inside the moments; c near 0 keeps beta_t near 0.
+        **({"epsilon_placement": "inside_sqrt",
+            "decay_exponent": draw(st.sampled_from([1e-12, 0.8, 1.0])),
+            "factor_min_dim": draw(st.sampled_from([1, 2, 128])),
+            "parameter_scale_floor": draw(st.sampled_from([None, 2.0**-126, 1e-3])),
+            "clip_rms": draw(st.sampled_from([None, 2.0**-126, 1.0]))}
+           if adafactor else {}),
     )
     mu = draw(st.sampled_from([0.0, 0.9, 1.0 - 1e-12]))
     config = ss.ShampooConfig(

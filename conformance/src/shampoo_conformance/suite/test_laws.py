@@ -186,16 +186,19 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
 
     Normalised grafts divide by the whole parameter's gradient norm, and the
     graft clip (eq. 14d) by its rms, so they are replaced by their plain,
-    unclipped forms here, and int8 momentum (eq. 20b, one scale per column
-    of the whole parameter) by float storage.
+    unclipped forms here; the Adafactor graft (eq. 14e) by its unfactored,
+    unscaled form (elementwise); and int8 momentum (eq. 20b, one scale per
+    column of the whole parameter) by float storage.
     """
     config = data.draw(S.configs_for(backend), label="config")
     graft = config.grafting
     plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
+    elementwise = ({"factor_min_dim": ss.MAX_INTEGER, "parameter_scale_floor": None}
+                   if graft.factored else {})
     config = replace(
         config,
         blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
-        grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None),
+        grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None, **elementwise),
         exponents=ss.ExponentConfig(),
         momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
         statistics=replace(config.statistics, storage="float", scale_dtype="float32"),

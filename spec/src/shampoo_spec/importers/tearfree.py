@@ -151,6 +151,9 @@ SECOND_ORDER_TYPES = {"SHAMPOO": "shampoo", "SKETCHY": "sketchy"}
 
 #: Tearfree's ``_pth_inv_root``: eigenvalues ``w <= 1e-6 * max(w)`` get a zero root.
 RANK_RTOL = 1e-6
+#: ``optax.scale_by_param_block_rms``'s ``min_scale``, which ``optax.adafactor`` leaves
+#: at its default: the floor under rms(W) (eq. 14e).
+ADAFACTOR_SCALE_FLOOR = 1e-3
 
 
 def from_tearfree(
@@ -288,8 +291,11 @@ def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
     skip_dim_size_gt)``. RMSPROP: ``g / sqrt(acc + epsilon)`` (eq. 14c with
     ``epsilon_placement="inside_sqrt"``), acc an EMA with weight 1 - decay
     (``rmsprop``) or a sum at decay 1 (``adagrad``), no bias correction;
-    epsilon 0 refused (tearfree's 0 / 0 for a zero gradient). Refuses
-    ADAFACTOR (NotImplementedError)."""
+    epsilon 0 refused (tearfree's 0 / 0 for a zero gradient). ADAFACTOR:
+    ``optax.adafactor`` (eq. 14e): ``second_moment_decay`` is its decay
+    exponent c, ``min_dim_size_to_factor`` m, ``clipping_threshold`` eq.
+    (14d)'s ``clip_rms``, ``multiply_by_parameter_scale`` (truthy: optax's
+    floor 1e-3), epsilon added to G^2 (0 refused, as RMSPROP's)."""
     p = g.prefix
     kind = _enum(p + "grafting_type", g.get("grafting_type", "RMSPROP"), GRAFTING_TYPES,
                  "GraftingType")
@@ -321,15 +327,10 @@ def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
         if clipping < 1:
             raise _refuse(p + "clipping_threshold", clipping, "a number >= 1 for "
                           "grafting_type ADAFACTOR")
-    if kind == "rmsprop" and epsilon == 0:
-        raise _refuse(p + "epsilon", epsilon, "a number > 0 for grafting_type RMSPROP (with 0 "
-                      "a zero gradient gives 0 / 0 in tearfree; eq. 14c needs epsilon > 0)")
-    if kind == "adafactor":
-        raise NotImplementedError(
-            f"{OWNER}.{p}grafting_type = 'ADAFACTOR' is not supported: tearfree's graft is "
-            "optax.adafactor (factored second moments, update clipping, parameter scale), "
-            "which eq. (14) has no type for. Supported: 'SGD', 'RMSPROP', 'NONE'."
-        )
+    if kind in ("rmsprop", "adafactor") and epsilon == 0:
+        raise _refuse(p + "epsilon", epsilon, f"a number > 0 for grafting_type {kind.upper()} "
+                      "(with 0 a zero gradient gives 0 / 0 in tearfree; eqs. 14c and 14e "
+                      "need epsilon > 0)")
     if kind != "none" and any_dim_gt < 1:
         raise NotImplementedError(
             f"{OWNER}.{p}skip_preconditioning_any_dim_gt = {any_dim_gt} is not supported: "
@@ -343,6 +344,11 @@ def _grafting(g: Args) -> tuple[GraftingConfig, int, int, int | None]:
     if kind == "rmsprop":  # rsqrt(acc + epsilon): epsilon inside the square root
         adaptive = {"type": "adagrad" if decay == 1.0 else "rmsprop", "beta2": decay,
                     "epsilon": epsilon, "epsilon_placement": "inside_sqrt"}
+    if kind == "adafactor":  # eq. (14e): optax.adafactor, its decay_rate = our c
+        adaptive = {"type": "adafactor", "decay_exponent": decay, "factor_min_dim": min_dim,
+                    "epsilon": epsilon, "epsilon_placement": "inside_sqrt",
+                    "clip_rms": clipping,
+                    "parameter_scale_floor": ADAFACTOR_SCALE_FLOOR if scale else None}
     return (
         GraftingConfig(
             **{"type": "sgd", **adaptive},
