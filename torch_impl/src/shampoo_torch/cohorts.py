@@ -73,6 +73,9 @@ class Cohort:
     selected: dict[int, tuple[list[int], Rows, torch.Tensor | None]] = field(default_factory=dict)
     #: per block group of a root step: its rows here and their consecutive failures.
     root_counts: list[tuple[BlockGroup, list[int], torch.Tensor]] = field(default_factory=list)
+    #: eq. (10g), on a root step with ``epsilon.rank_cutoff_scope="parameter"``: per block
+    #: group index, per dim k, Lambda_k of each row's parameter (the rows of ``selected``).
+    rank_scales: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     graft_dir: dict[int, torch.Tensor] = field(default_factory=dict)
     #: directions of the blocks held here, keyed (position, block); None: not needed.
     owned: dict[tuple[int, int], torch.Tensor] | None = None
@@ -88,6 +91,12 @@ class Cohort:
     @property
     def root_step(self) -> bool:
         return is_root_step(self.t, self.config.schedule, self.inp.lr_ratio)
+
+    @property
+    def cuts_rank_per_parameter(self) -> bool:
+        """Eq. (10g): the roots wait for every block's statistics of the step (and, when
+        distributed, for the other ranks' blocks) to learn their rank cutoffs."""
+        return self.config.epsilon.cuts_rank_per_parameter
 
     @property
     def roots_lag(self) -> bool:

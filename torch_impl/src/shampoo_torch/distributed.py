@@ -234,6 +234,14 @@ class Distributor:
         """
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
 
+    def max_over_trainers(self, values: torch.Tensor) -> None:
+        """In place: the entrywise max of ``values`` over the trainer group (the ranks
+        that own a parameter's blocks between them; replicas hold the same values).
+
+        Eq. (10g): Lambda_k of every (parameter, dim) of a root step, one all-reduce.
+        """
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.comm_group)
+
     def first_flagged(
         self, local: tuple[int, ...] | None, width: int, device: torch.device, whole_world: bool
     ) -> tuple[int, tuple[int, ...]] | None:

@@ -9,7 +9,10 @@ param group; parameters of a group at the same step t form a *cohort*:
    decided before anything changes, the same on every rank (eqs. 1-3);
 2. elementwise state per parameter: graft state and gradient filter (eqs. 14b, 15);
 3. statistics, inverse roots and the corrected second moment per block group
-   (eqs. 6-13, 17; :mod:`shampoo_torch.preconditioner`);
+   (eqs. 6-13, 17; :mod:`shampoo_torch.preconditioner`); with
+   ``epsilon.rank_cutoff_scope = "parameter"`` (eq. 10g) the roots come after
+   every group's statistics, once each parameter's largest eigenvalue per dim
+   is known (3b);
 4. directions: graft (eq. 14c), Shampoo per block group (eqs. 16-17) with the
    per-block graft rescale (eq. 18), exchanged between ranks when distributed;
    with ``schedule.roots_take_effect = "next_step"`` the inverse roots of
@@ -41,8 +44,10 @@ Counters (:attr:`metrics`)
 are device tensors read lazily. Distributed, the eq. (3) flags are one
 all-reduce (max) over the process group every step (so every rank raises
 together, or skips the same blocks), the root-failure limit an all-reduce
-on root steps, and the direction all-gather waits for every rank of the
-trainer group.
+on root steps, with ``epsilon.rank_cutoff_scope = "parameter"`` eq. (10g)'s
+largest eigenvalues per (parameter, dim) one all-reduce (max) over the
+trainer group on root steps, and the direction all-gather waits for every
+rank of the trainer group.
 """
 
 from __future__ import annotations
@@ -267,6 +272,11 @@ class Shampoo(torch.optim.Optimizer):
             self._elementwise_state(c)  # 2. graft state, filter
         for c in cohorts:
             self._block_state(c)  # 3. statistics, inverse roots, corrected moment
+        if any(c.cuts_rank_per_parameter and c.root_step for c in cohorts):
+            self._parameter_rank_scales(cohorts)  # 3b. eq. (10g): one max over the blocks
+            for c in cohorts:
+                if c.cuts_rank_per_parameter and not c.roots_lag:
+                    self._refresh_roots(c)
         for c in cohorts:
             self._directions(c)  # 4. graft and block directions
             if c.roots_lag:
@@ -438,7 +448,8 @@ class Shampoo(torch.optim.Optimizer):
                 # Eq. (6c): G^, the averaged gradients with average_gradients, else G.
                 observed = gather(bg, gp.layouts, c.averaged_g, members) if c.averaged_g else gb
                 preconditioner.update_statistics(bg, observed, rows, ok, cfg.statistics)
-            if not c.roots_lag:
+            if not (c.roots_lag or c.cuts_rank_per_parameter):
+                # Eq. (10g)'s roots wait for every block's statistics (step 3b).
                 self._refresh_group_roots(c, index)
             if cfg.eigenvalue_correction is not None:
                 if bg.rounds_roots and bg.dims:
@@ -460,9 +471,58 @@ class Shampoo(torch.optim.Optimizer):
             return
         members, rows, ok = c.selected[index]
         bg = c.inp.gp.block_groups[index]
-        updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config, c.t)
+        scales = c.rank_scales.get(index) if c.cuts_rank_per_parameter else None
+        updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config, c.t,
+                                                                 scales)
         self._counter(bg.device)["root_failures"].add_(failures)
         c.root_counts.append((bg, members, updated))
+
+    def _parameter_rank_scales(self, cohorts: list[Cohort]) -> None:
+        """Eq. (10g): ``Lambda_k = max over blocks b of lambda_max(A_{b,k})`` for every
+        (parameter, dim k) of the cohorts whose root step cuts the rank per parameter,
+        stored per block-group row in ``c.rank_scales``.
+
+        Blocks of all parameters share block groups (by shape), so each row's
+        lambda_max (:func:`preconditioner.largest_eigenvalues`: -inf for a row
+        that is not admitted or not finite) goes to its (parameter, k) slot by one
+        scatter max per group and dim; the max never crosses parameters. The slots
+        are laid out from the plans (every stepping parameter, every dim), not
+        from the rows held here, so they agree across ranks: distributed, one
+        all-reduce (max) over the trainer group, whose ranks own the parameter's
+        blocks between them, completes every slot at once (a max is exact and
+        order-free, so the result equals one process bit for bit). Then each
+        row reads its slot back. Called on every rank alike (the cohorts and
+        their root steps are the same on every rank).
+        """
+        jobs = [c for c in cohorts if c.cuts_rank_per_parameter and c.root_step]
+        device = self._device()
+        dtype = (torch.float64 if any(c.inp.gp.factor_dtype == torch.float64 for c in jobs)
+                 else torch.float32)  # exact for every group's Lambda (a max of its values)
+        slots: dict[tuple[int, int, int], int] = {}  # (cohort, position, dim) -> slot
+        for j, c in enumerate(jobs):
+            for pos in c.positions:
+                plan = c.inp.gp.layouts[pos].plan
+                if plan.preconditioned:
+                    for k in range(max(len(b.shape) for b in plan.blocks)):
+                        slots[(j, pos, k)] = len(slots)
+        lambdas = torch.full((len(slots),), -math.inf, dtype=dtype, device=device)
+        reads: list[tuple[Cohort, int, int, torch.Tensor]] = []
+        for j, c in enumerate(jobs):
+            gp = c.inp.gp
+            for index, (members, rows, ok) in c.selected.items():
+                bg = gp.block_groups[index]
+                for k in bg.dims:
+                    top = preconditioner.largest_eigenvalues(bg, k, rows, ok, c.config)
+                    ids = torch.tensor([slots[(j, bg.members[r][0], k)] for r in members],
+                                       dtype=torch.int64, device=device)
+                    lambdas.scatter_reduce_(0, ids, top.to(device, dtype), "amax")
+                    reads.append((c, index, k, ids))
+        if self._dist is not None:
+            self._dist.max_over_trainers(lambdas)
+        for c, index, k, ids in reads:
+            bg = c.inp.gp.block_groups[index]
+            lam = lambdas.index_select(0, ids).to(bg.device, bg.dtype)
+            c.rank_scales.setdefault(index, {})[k] = lam
 
     def _check_root_failures(self, cohorts: list[Cohort]) -> None:
         """Eq. (13): raise when a block's inverse roots failed too many root steps in a row.

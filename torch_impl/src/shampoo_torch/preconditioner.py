@@ -126,8 +126,56 @@ def _trace_scale(trace: torch.Tensor, eps: float, tau: float) -> torch.Tensor:
     return torch.clamp_min(trace, eps) ** -tau
 
 
+def _bias_corrections(bg: BlockGroup, rows: Rows, stats: StatisticsConfig
+                      ) -> torch.Tensor | None:
+    """Eq. (7)'s ``1 - beta2^n`` per row (1 before the first update); None without it."""
+    if not stats.corrects_bias:
+        return None
+    assert bg.statistics_updates is not None
+    n = take(bg.statistics_updates, rows)
+    power = rowwise(lambda x: torch.pow(stats.beta2, x), n.to(bg.dtype))  # batch invariance
+    return torch.where(n > 0, 1.0 - power, torch.ones_like(power))
+
+
+def _root_input(a: torch.Tensor, bc: torch.Tensor | None, cfg: ShampooConfig) -> torch.Tensor:
+    """A of eq. (10) from the factors ``a`` (in the factor dtype): bias corrected by
+    ``bc`` (eq. 7), then scaled by ``max(tr A, eps)^(-tau)`` (eq. 7b)."""
+    stats = cfg.statistics
+    if bc is not None:
+        a = a / bc[:, None, None]
+    if stats.trace_scaling_exponent > 0:  # eq. (7b), per row
+        trace = torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
+        # pow one row per call: batch invariance
+        scale = rowwise(partial(_trace_scale, eps=cfg.epsilon.value,
+                                tau=stats.trace_scaling_exponent), trace)
+        a = a * scale[:, None, None]
+    return a
+
+
+def largest_eigenvalues(
+    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig
+) -> torch.Tensor:
+    """Eq. (10g)'s terms: lambda_max(A_{b,k}) of factor k of each row of ``rows``, ``[B]``
+    (A as eq. 10 decomposes it: eq. 7, eq. 7b); -inf for a row that takes no part: not
+    admitted this step (``ok`` False, eq. 3: it keeps its roots), or with a non-finite A
+    (or one whose eigenvalues cannot be computed). In row chunks
+    (:func:`~shampoo_torch.blocks.row_chunks`), as :func:`refresh_inverse_roots`.
+    """
+    assert k not in bg.sketches and bg.storage_dtype is None  # the config refuses them
+    bc = _bias_corrections(bg, rows, cfg.statistics)
+    count = len(bg) if rows is None else rows.shape[0]
+    row_bytes = bg.factors[k].shape[-1] ** 2 * torch.finfo(bg.dtype).bits // 8
+    parts = []
+    for part, part_rows in row_chunks(rows, count, row_bytes, bg.device):
+        a = _root_input(take(bg.factors[k], part_rows), None if bc is None else bc[part], cfg)
+        parts.append(roots.largest_eigenvalues(a))
+    top = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return top if ok is None else torch.where(ok, top, -torch.inf)
+
+
 def refresh_inverse_roots(
-    bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int
+    bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int,
+    scales: dict[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. (7), (9)-(13): new inverse roots (or eigenbases, eq. 17) of every factor.
 
@@ -150,17 +198,18 @@ def refresh_inverse_roots(
     each accepted into the state before the next is read, so the step's
     temporaries do not grow with the group.
 
+    ``scales`` (eq. 10g, ``epsilon.rank_cutoff_scope="parameter"``): per dim k,
+    Lambda_k of each row's parameter (``[len(rows)]``, from :func:`largest_eigenvalues`
+    maxed over the parameter's blocks), which scales the row's rank cutoff in place
+    of its own lambda_max; None: eq. (10)'s own cutoffs.
+
     Returns ``(consecutive failures of each row after this root step,
     the number of factors that failed)``, both device tensors; the limit of
     eq. (13) is checked by the caller.
     """
-    stats = cfg.statistics
     assert bg.statistics_updates is not None and bg.consecutive_failures is not None
     n = take(bg.statistics_updates, rows)
-    bc = None
-    if stats.corrects_bias:  # eq. (7), one power per row (batch invariance)
-        power = rowwise(lambda x: torch.pow(stats.beta2, x), n.to(bg.dtype))
-        bc = torch.where(n > 0, 1.0 - power, torch.ones_like(power))
+    bc = _bias_corrections(bg, rows, cfg.statistics)  # eq. (7)
     failed_any = torch.zeros(n.shape[0], dtype=torch.bool, device=bg.device)
     failures = torch.zeros((), dtype=torch.int64, device=bg.device)
     method = cfg.root_inverse
@@ -178,7 +227,8 @@ def refresh_inverse_roots(
                 failed = _fold_sketch(bg, k, part_rows, part_ok, cfg, t)
             else:
                 failed = _refresh_rows(
-                    bg, k, part_rows, part_ok, None if bc is None else bc[part], cfg, tau)
+                    bg, k, part_rows, part_ok, None if bc is None else bc[part], cfg, tau,
+                    None if scales is None else scales[k][part])
             failures = failures + failed.sum()
             failed_any[part] |= failed
     consecutive = take(bg.consecutive_failures, rows)
@@ -191,10 +241,11 @@ def refresh_inverse_roots(
 
 def _refresh_rows(
     bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, bc: torch.Tensor | None,
-    cfg: ShampooConfig, tau: float | None,
+    cfg: ShampooConfig, tau: float | None, scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The new inverse root (or eigenbasis) of factor k of ``rows``, accepted in place
-    where it passed and ``ok``; returns the rows that failed (eq. 13)."""
+    where it passed and ``ok``; returns the rows that failed (eq. 13). ``scale``: eq.
+    (10g)'s Lambda_k per row (the config allows it with plain eigh roots only)."""
     stats = cfg.statistics
     method = cfg.root_inverse
     a = take(bg.factors[k], rows)
@@ -208,14 +259,7 @@ def _refresh_rows(
         )
         new = new.contiguous().to(bg.root_dtype)  # eq. (11a) when set; exact otherwise
         return _accept(bg, k, rows, new, good & roots.finite_rows(new), ok)
-    if bc is not None:
-        a = a / bc[:, None, None]
-    if stats.trace_scaling_exponent > 0:  # eq. (7b), per row
-        trace = torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
-        # pow one row per call: batch invariance
-        scale = rowwise(partial(_trace_scale, eps=cfg.epsilon.value,
-                                tau=stats.trace_scaling_exponent), trace)
-        a = a * scale[:, None, None]
+    a = _root_input(a, bc, cfg)  # eqs. (7), (7b)
     ec = cfg.eigenvalue_correction
     if ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
         prev = take(bg.inverse_roots[k], rows)
@@ -249,7 +293,7 @@ def _refresh_rows(
         assert isinstance(method, EighConfig)
         new, good = _qr_root(bg, k, rows, ok, a, cfg, method)
     else:
-        new, good = roots.root_inverse_eigh(a, bg.roots[k], cfg.epsilon, tau)
+        new, good = roots.root_inverse_eigh(a, bg.roots[k], cfg.epsilon, tau, scale=scale)
     # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
     new = new.contiguous()
     if bg.rounds_roots:

@@ -80,6 +80,28 @@ def eigh(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.stack(lams), torch.stack(qs), torch.tensor(oks, device=a.device)
 
 
+def largest_eigenvalues(a: torch.Tensor) -> torch.Tensor:
+    """``[B]``: lambda_max of each row's symmetrized matrix (eq. 10g's contribution), -inf
+    where the row is non-finite or its eigenvalues cannot be computed (no contribution).
+
+    ``eigvalsh`` (no eigenvectors: the cutoff must be known before any root is
+    formed, so the roots' own decompositions come later); computed per matrix, so a
+    row's value does not depend on its batch (:mod:`.invariance`).
+    """
+    a, finite = sanitize(a)
+    try:
+        top = torch.linalg.eigvalsh(symmetrize(a))[:, -1]
+    except torch.linalg.LinAlgError:  # one row at a time; a failing row gives nothing
+        tops = []
+        for row in symmetrize(a):
+            try:
+                tops.append(torch.linalg.eigvalsh(row)[-1])
+            except torch.linalg.LinAlgError:
+                tops.append(torch.tensor(-math.inf, dtype=a.dtype, device=a.device))
+        top = torch.stack(tops)
+    return torch.where(finite, top, -math.inf)
+
+
 def effective_epsilon(a: torch.Tensor, eps: EpsilonConfig) -> torch.Tensor:
     """Eq. (9) per row: eps, or eps * max(lambda_max(A), floor).
 
@@ -139,9 +161,17 @@ def regularized_eigenvalues(lam: torch.Tensor, eps: torch.Tensor, placement: str
     return torch.maximum(lam, e)  # "floor", "ridge_floor"
 
 
-def inverse_root_eigenvalues(lam: torch.Tensor, root: float, eps: EpsilonConfig) -> torch.Tensor:
+def inverse_root_eigenvalues(lam: torch.Tensor, root: float, eps: EpsilonConfig,
+                             scale: torch.Tensor | None = None) -> torch.Tensor:
     """``lambda'^(-1/root)`` of eq. (10), rows ascending; ``"pseudo_inverse"``: 0 at or
-    below the cutoff ``max(rtol * max(lambda_max, 0), atol)`` of each row."""
+    below the cutoff ``max(rtol * max(lambda_max, 0), atol)`` of each row.
+
+    ``scale`` ``[B]`` (eq. 10g, ``epsilon.rank_cutoff_scope="parameter"``): Lambda_k of
+    each row, the largest eigenvalue over its parameter's blocks of the same dim, in
+    place of the row's own lambda_max: ``c = max(rtol * max(Lambda_k, 0), atol)``, rtol
+    still the row's own. A row whose Lambda_k is -inf (no block of that dim had a
+    decomposable finite factor) takes its own lambda_max, as the reference does then.
+    """
     def power(x: torch.Tensor) -> torch.Tensor:  # per row: batch invariance (.invariance)
         return rowwise(lambda v: v.pow(-1.0 / root), x)
 
@@ -149,7 +179,11 @@ def inverse_root_eigenvalues(lam: torch.Tensor, root: float, eps: EpsilonConfig)
         return power(lam)
     dtype = "float64" if lam.dtype == torch.float64 else "float32"
     rtol = eps.rank_cutoff_rtol(lam.shape[-1], dtype)
-    cutoff = torch.clamp_min(rtol * torch.clamp_min(lam[:, -1:], 0.0), eps.rank_atol)
+    top = lam[:, -1:]
+    if scale is not None:  # eq. (10g)
+        scale = scale.to(lam.dtype)[:, None]
+        top = torch.where(torch.isneginf(scale), top, scale)
+    cutoff = torch.clamp_min(rtol * torch.clamp_min(top, 0.0), eps.rank_atol)
     kept = lam > cutoff
     return torch.where(kept, power(torch.where(kept, lam, 1.0)), 0.0)
 
@@ -189,13 +223,15 @@ def low_rank_eigenvalues(x: torch.Tensor, low_rank: tuple[int, str]) -> torch.Te
 
 def root_inverse_eigh(
     a: torch.Tensor, root: float, eps: EpsilonConfig, failure_threshold: float | None = None,
-    low_rank: tuple[int, str] | None = None,
+    low_rank: tuple[int, str] | None = None, scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``X = Q diag(lambda'^(-1/root)) Q^T`` for each row, eqs. (9)-(10), and ok (eq. 13).
 
     A row fails when non-finite or, with ``failure_threshold`` (``fl32(tau)``),
     when its eigendecomposition's error e of eq. (10b) has ``fl32(e) >= fl32(tau)``.
     ``low_rank``: ``(rank, keep)`` of eq. (10c) (:func:`low_rank_eigenvalues`).
+    ``scale``: eq. (10g)'s Lambda_k per row for the rank cutoff
+    (:func:`inverse_root_eigenvalues`; None: each row's own lambda_max).
     """
     a, ok = sanitize(a)
     e = effective_epsilon(a, eps)
@@ -205,19 +241,19 @@ def root_inverse_eigh(
     lam, q, ok_eigh = eigh(a)
     if failure_threshold is not None:
         ok = ok & eigh_passes(a, lam, q, failure_threshold)
-    x = root_from_eigendecomposition(lam, q, root, e, eps, low_rank)
+    x = root_from_eigendecomposition(lam, q, root, e, eps, low_rank, scale)
     return x, ok & ok_eigh & finite_rows(x)
 
 
 def root_from_eigendecomposition(
     lam: torch.Tensor, q: torch.Tensor, root: float, e: torch.Tensor, eps: EpsilonConfig,
-    low_rank: tuple[int, str] | None = None,
+    low_rank: tuple[int, str] | None = None, scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eq. (10)'s ``X = Q diag(lambda'^(-1/root)) Q^T`` per row from ``B = Q diag(lambda)
     Q^T`` (lambda ascending; ``e`` [B] eq. 9's epsilon): eigh's, or eq. (10f)'s QR
-    estimate (:func:`root_inverse_qr`)."""
+    estimate (:func:`root_inverse_qr`). ``scale``: eq. (10g)'s Lambda_k per row."""
     lam = regularized_eigenvalues(lam, e, eps.placement)
-    values = inverse_root_eigenvalues(lam, root, eps)
+    values = inverse_root_eigenvalues(lam, root, eps, scale)
     if low_rank is not None:
         values = low_rank_eigenvalues(values, low_rank)
     return torch.matmul(q * values.unsqueeze(1), q.transpose(1, 2))
