@@ -1599,9 +1599,14 @@ class ShampooConfig:
 
     def _check_parameter_rank_cutoff(self) -> None:
         """Eq. (10g) is specified for eq. (10)'s eigh roots of whole factors, kept
-        unrounded in ``factor_dtype`` (tearfree's only roots)."""
+        unrounded in ``factor_dtype`` (tearfree's only roots). With ``diagonal`` or
+        ``spectral`` no root is taken and the epsilon section has no effect."""
         why = "with epsilon.rank_cutoff_scope='parameter' (eq. 10g)"
-        self._require_plain_roots(why)
+        for name in ("inverse_root_dtype", "factor_storage_dtype"):
+            if getattr(self, name) is not None:
+                v.fail("ShampooConfig", name, getattr(self, name), f"None {why}")
+        if self.statistics.quantized:
+            v.fail("statistics", "storage", self.statistics.storage, f"'float' {why}")
         if self.low_rank is not None:
             v.fail("ShampooConfig", "low_rank", self.low_rank, f"None {why}")
         if isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr:
