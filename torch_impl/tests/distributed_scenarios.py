@@ -51,6 +51,11 @@ RICH = ShampooConfig(
     blocking=BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
     schedule=ScheduleConfig(precondition_frequency=3, start_preconditioning_step=2),
 )
+ADAFACTOR = dataclasses.replace(
+    RICH, grafting=GraftingConfig(type="adafactor", epsilon_placement="inside_sqrt",
+                                  epsilon=1e-8, factor_min_dim=3, clip_rms=1.0,
+                                  parameter_scale_floor=1e-3),
+    failure=FailureConfig(nonfinite_gradient="skip_block"))
 Groups = Callable[[dict[str, torch.nn.Parameter]], list[dict[str, Any]]]
 #: RICH's changes for frequent directions (eqs. 6c, 10d): the factors of 4 sketched at
 #: rank 1, gradients averaged over the period of 3, the sketches emptied at step 6.
@@ -125,6 +130,9 @@ CASES: dict[str, tuple[Groups, torch.dtype, dict[str, Any]]] = {
         _one_group(dataclasses.replace(RICH, **FREQUENT_DIRECTIONS)), torch.float64,
         {"communication_dtype": "float64"},
     ),
+    # Eq. (14e): the Adafactor moments of whole parameters ("w", "m", "t" factored; "v",
+    # "r", "s" not), updated alike on every rank; a refused block of "w" keeps them.
+    "adafactor_skip_block": (_one_group(ADAFACTOR), torch.float32, {}),
     "large_blocks_adagrad_sum": (
         _one_group(dataclasses.replace(
             RICH, statistics=StatisticsConfig(),
@@ -426,6 +434,15 @@ def trainer_groups(rank: int, world: int) -> dict[str, Any]:
     out = equality(rank, world, trainers_per_group=world // 2, only="rich_float32")
     dist.barrier()
     return out["rich_float32"]
+
+
+def adafactor(rank: int, world: int) -> dict[str, Any]:
+    """Eq. (14e) alone: the distributed run equals one process, and resumes across
+    world sizes through the distributed state dict (the moments on every rank)."""
+    case = "adafactor_skip_block"
+    out = {"equality": equality(rank, world, only=case)[case], "resume": resume(rank, world, case)}
+    dist.barrier()
+    return out
 
 
 def world_sizes_and_replicas(rank: int, world: int) -> dict[str, Any]:

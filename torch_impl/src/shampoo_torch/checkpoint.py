@@ -17,6 +17,7 @@ Layout (version 2)::
     {"version": 2,
      "state": {index: {"step": int, "param_shape": [int, ...],
                        "graft"|"filtered"|"momentum"|"graft_momentum"|"gradient_sum": T,
+                       ["adafactor_row": T, "adafactor_col": T | "adafactor_full": T],
                        "blocks": [{"factors": {k: T}, "inverse_roots": {k: T},
                                    "statistics_updates": T, "consecutive_failures": T,
                                    ["corrected": T, "corrected_updates": T],
@@ -31,6 +32,11 @@ sketch of each sketched dim k (U, lambda, rho in ``factor_dtype``; its
 ``"factors"`` entry the last observation C_k), and with ``average_gradients``
 each parameter's ``"gradient_sum"`` the gradients summed since the last
 statistics step (merged shape), so a run resumed mid-period continues bit for bit.
+With ``grafting.type="adafactor"`` (eq. 14e) each parameter holds its
+moments in its own shape (not the merged one): R (``"adafactor_row"``, the
+shape without its largest dim d0) and C (``"adafactor_col"``, without d1) when
+factored, else V (``"adafactor_full"``, the parameter's shape); their shapes are
+checked like every state tensor's, so a resumed run continues bit for bit.
 With ``root_inverse.eigenbasis_method="qr"`` (eq. 10f) a block's ``"eigenbases"``
 hold the eigenbasis Q_k each dim's next QR root starts from (``factor_dtype``).
 
@@ -57,6 +63,7 @@ it holds every block, keyed by parameter name and block index::
     {"format": "shampoo_torch.distributed_state_dict", "version": 2,
      "state": {name: {"step": int, "param_shape": [int, ...],
                       "graft"|"filtered"|"momentum"|"graft_momentum"|"gradient_sum": T,
+                      ["adafactor_row": T, "adafactor_col": T | "adafactor_full": T],
                       "blocks": {block_index: {"factors": {k: T}, "inverse_roots": {k: T},
                                                "statistics_updates": T,
                                                "consecutive_failures": T,

@@ -17,6 +17,8 @@ import torch
 
 from shampoo_spec import GradientFilterConfig, ShampooConfig, is_statistics_step
 
+from . import grafting
+
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
 SCALE_SUFFIX = "_scale"
@@ -36,6 +38,8 @@ def init_state(
     with ``momentum.storage="int8_columnwise"`` and a parameter of rank >= 2
     (``param_shape``), each buffer is int8 in ``param_shape`` and its scales
     ``<key>_scale`` (``param_shape[1:]``, ``momentum.scale_dtype``), eq. (20b).
+    Eq. (14e)'s Adafactor moments (:data:`grafting.ADAFACTOR_KEYS`) are shaped
+    from ``param_shape``, the parameter's own shape (required with that graft).
     """
     st["step"] = 0
     wanted = {
@@ -58,6 +62,9 @@ def init_state(
                 param_shape[1:], dtype=_SCALE_DTYPES[cfg.momentum.scale_dtype], device=device)
         else:
             st[key] = torch.zeros(shape, dtype=dtype, device=device)
+    if cfg.grafting.factored:  # eq. (14e): moments of the parameter in its own shape
+        assert param_shape is not None, "eq. (14e) needs the parameter's own shape"
+        grafting.adafactor_init(st, param_shape, cfg.grafting, dtype, device)
 
 
 _SCALE_DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -5,11 +5,19 @@ parameter's (merged) layout, not in the blocks; only the norm of the
 rescaling (eq. 18, :mod:`shampoo_torch.preconditioner`) depends on the
 block or parameter scope. Whether there is a state at all is
 ``GraftingConfig.has_state``.
+
+Eq. (14e)'s Adafactor (``GraftingConfig.factored``) is not elementwise: its
+moments are row and column means of the whole parameter in its own shape
+(neither merged nor blocked), held in ``optimizer.state[p]`` under
+:data:`ADAFACTOR_KEYS` and updated alike on every rank when distributed
+(from the same averaged gradient, O(numel) work), like the elementwise state.
 """
 
 from __future__ import annotations
 
 import math
+import struct
+from typing import Any
 
 import torch
 
@@ -89,3 +97,137 @@ def clip(u: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:
     rms = norm(u) / math.sqrt(u.numel())
     out: torch.Tensor = u / torch.maximum(rms / c, torch.ones_like(rms))
     return out
+
+
+# ------------------------------------------------------------- eq. (14e) Adafactor
+#: Eq. (14e)'s moments in ``optimizer.state[p]``, in the parameter's own shape less
+#: one dim: R (``shape`` without d0) and C (without d1) when factored, else the
+#: full V (``shape``). Not ``"graft"``: that key is eq. (14b)'s elementwise V in the
+#: merged shape, which eq. (3) reads per block.
+ADAFACTOR_ROW, ADAFACTOR_COL, ADAFACTOR_FULL = "adafactor_row", "adafactor_col", "adafactor_full"
+ADAFACTOR_KEYS = (ADAFACTOR_ROW, ADAFACTOR_COL, ADAFACTOR_FULL)
+
+
+def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:
+    """Eq. (14e): ``(d0, d1)``, the largest and second largest dim of ``shape``, when the
+    rank is >= 2 and ``shape[d1] >= min_dim``; else None (the full moment V).
+
+    The last two of a stable ascending sort of the dims by size (numpy's
+    ``argsort``, which optax's ``_factored_dims`` uses, sorts ranks below 17
+    by insertion, stably): on ties the later dim is d0.
+    """
+    if len(shape) < 2:
+        return None
+    order = sorted(range(len(shape)), key=lambda k: shape[k])
+    d0, d1 = order[-1], order[-2]
+    if shape[d1] < min_dim:
+        return None
+    return d0, d1
+
+
+def _without(shape: tuple[int, ...], d: int) -> tuple[int, ...]:
+    return tuple(n for k, n in enumerate(shape) if k != d)
+
+
+def adafactor_init(st: dict[str, Any], shape: tuple[int, ...], graft: GraftingConfig,
+                   dtype: torch.dtype, device: torch.device) -> None:
+    """Eq. (14e)'s zero moments of a parameter of (its own) ``shape`` into ``st``:
+    R and C (:func:`factored_dims`), or V."""
+    dims = factored_dims(shape, graft.factor_min_dim)
+    if dims is None:
+        st[ADAFACTOR_FULL] = torch.zeros(shape, dtype=dtype, device=device)
+        return
+    d0, d1 = dims
+    st[ADAFACTOR_ROW] = torch.zeros(_without(shape, d0), dtype=dtype, device=device)
+    st[ADAFACTOR_COL] = torch.zeros(_without(shape, d1), dtype=dtype, device=device)
+
+
+def _fl32(x: float) -> float:
+    """x rounded to the nearest float32 (ties to even), on the host."""
+    out: float = struct.unpack("f", struct.pack("f", x))[0]
+    return out
+
+
+def adafactor_decay(t: int, exponent: float) -> float:
+    """``beta_t = fl32(1 - fl32(t^(-c)))`` of eq. (14e), on the host from the step count.
+
+    t^(-c) in float64, correctly rounded to float32 (a float32 ``pow`` need not
+    be: XLA's is off by one ulp at some t); the difference of two float32 values
+    is exact in float64 (or, below 2^-25, rounds to 1 either way), so rounding
+    it once gives the float32 subtraction. No tensor: the step needs no sync.
+    """
+    return _fl32(1.0 - _fl32(float(t) ** -exponent))
+
+
+def _moments(st: dict[str, Any]) -> list[torch.Tensor]:
+    return [st[k] for k in ADAFACTOR_KEYS if k in st]
+
+
+def adafactor_max_abs(st: dict[str, Any]) -> torch.Tensor | None:
+    """``max(max|R|, max|C|, max|V|)`` of eq. (14e)'s moments (a 0-d tensor on their
+    device), the part of eq. (3)'s m they give every block of the parameter; None
+    when the parameter has none (another graft, or no entries)."""
+    out = None
+    for x in _moments(st):
+        if x.numel() == 0:  # amax has no identity
+            continue
+        m = x.abs().amax()
+        out = m if out is None else torch.maximum(out, m)
+    return out
+
+
+def adafactor_update(st: dict[str, Any], g: torch.Tensor, t: int, graft: GraftingConfig,
+                     admitted: torch.Tensor | None) -> None:
+    """Eq. (14e) at step t: ``R <- beta_t R + (1 - beta_t) mean_d0 Q`` and
+    ``C <- beta_t C + (1 - beta_t) mean_d1 Q`` (or ``V <- beta_t V + (1 - beta_t) Q``),
+    ``Q = G^2 + eps``, G in the parameter's own shape.
+
+    ``admitted``: a 0-d bool tensor, False when eq. (3) refused any block of the
+    parameter: the means span the whole parameter, so such a step leaves R, C
+    and V as they are (selected on the device, no sync); None: admitted.
+    """
+    beta = adafactor_decay(t, graft.decay_exponent)
+    q = g * g + graft.epsilon
+    if ADAFACTOR_FULL in st:
+        new = {ADAFACTOR_FULL: beta * st[ADAFACTOR_FULL] + (1.0 - beta) * q}
+    else:
+        d0, d1 = _dims(tuple(g.shape), graft)
+        new = {ADAFACTOR_ROW: beta * st[ADAFACTOR_ROW] + (1.0 - beta) * q.mean(dim=d0),
+               ADAFACTOR_COL: beta * st[ADAFACTOR_COL] + (1.0 - beta) * q.mean(dim=d1)}
+    for key, value in new.items():
+        st[key] = value if admitted is None else torch.where(admitted, value, st[key])
+
+
+def _dims(shape: tuple[int, ...], graft: GraftingConfig) -> tuple[int, int]:
+    """(d0, d1) of a factored parameter of ``shape`` (from the config: the moments'
+    shapes cannot tell tied dims apart)."""
+    dims = factored_dims(shape, graft.factor_min_dim)
+    assert dims is not None, "a factored moment for an unfactored shape"
+    return dims
+
+
+def adafactor_direction(x: torch.Tensor, st: dict[str, Any], w: torch.Tensor,
+                        shape: tuple[int, ...], graft: GraftingConfig) -> torch.Tensor:
+    """``graft(X)`` of eq. (14e): ``X (R / mean_d1 R)^(-1/2) C^(-1/2)`` (each broadcast
+    back; unfactored ``X V^(-1/2)``) in the parameter's own ``shape``, clipped by eq.
+    (14d) over the whole parameter, then times ``max(rms(W), s)`` when
+    ``parameter_scale_floor`` s is set (W the parameter before the step).
+
+    ``x`` and ``w`` may be in the merged shape; the result has ``x``'s shape.
+    """
+    u = x.reshape(shape)
+    if ADAFACTOR_FULL in st:
+        u = u * torch.rsqrt(st[ADAFACTOR_FULL])
+    else:
+        d0, d1 = _dims(shape, graft)
+        r, c = st[ADAFACTOR_ROW], st[ADAFACTOR_COL]
+        r_axis = d1 - 1 if d1 > d0 else d1  # d1's axis in R, which lacks d0
+        row = torch.rsqrt(r / r.mean(dim=r_axis, keepdim=True))
+        u = u * row.unsqueeze(d0) * torch.rsqrt(c).unsqueeze(d1)
+    u = clip(u, graft)
+    floor = graft.parameter_scale_floor
+    if floor is not None and u.numel() > 0:
+        # rms(W) = ||W|| / sqrt(size): norm() cannot overflow where W^2 would.
+        rms = norm(w) / math.sqrt(w.numel())
+        u = u * torch.clamp(rms, min=floor)
+    return u.reshape(x.shape)

@@ -7,13 +7,14 @@ param group; parameters of a group at the same step t form a *cohort*:
    eq. (3): which blocks' steps are refused (a non-finite gradient, or one so
    large that the block's state could overflow, :mod:`shampoo_torch.refusal`),
    decided before anything changes, the same on every rank (eqs. 1-3);
-2. elementwise state per parameter: graft state and gradient filter (eqs. 14b, 15);
+2. elementwise state per parameter: graft state and gradient filter (eqs. 14b, 15),
+   and eq. (14e)'s Adafactor moments of the whole parameter;
 3. statistics, inverse roots and the corrected second moment per block group
    (eqs. 6-13, 17; :mod:`shampoo_torch.preconditioner`); with
    ``epsilon.rank_cutoff_scope = "parameter"`` (eq. 10g) the roots come after
    every group's statistics, once each parameter's largest eigenvalue per dim
    is known (3b);
-4. directions: graft (eq. 14c), Shampoo per block group (eqs. 16-17) with the
+4. directions: graft (eqs. 14c, 14e), Shampoo per block group (eqs. 16-17) with the
    per-block graft rescale (eq. 18), exchanged between ranks when distributed;
    with ``schedule.roots_take_effect = "next_step"`` the inverse roots of
    phase 3 are refreshed here, after the directions (eq. 8);
@@ -117,7 +118,8 @@ class Shampoo(torch.optim.Optimizer):
     and inverse roots are kept in ``config.factor_dtype`` (the roots in
     ``config.inverse_root_dtype`` when set, eq. 11a; the factors in
     ``config.factor_storage_dtype`` when set, eq. 11b); elementwise state
-    (graft, filter, momentum) in the wider of the parameter dtype and the
+    (graft, filter, momentum; eq. 14e's Adafactor moments, in the parameter's
+    own shape) in the wider of the parameter dtype and the
     factor dtype; the update is cast back to the parameter dtype.
     :meth:`blocks` shows the Kronecker state of every block.
     """
@@ -412,20 +414,25 @@ class Shampoo(torch.optim.Optimizer):
         )
 
     def _elementwise_state(self, c: Cohort) -> None:
-        """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (15), and
-        the gradient sum of eq. (6c) (``average_gradients``)."""
+        """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (14e), (15),
+        and the gradient sum of eq. (6c) (``average_gradients``)."""
         cfg, params, gp = c.config, c.inp.params, c.inp.gp
         for i in c.positions:
+            admitted = None  # eq. (14e): whether every block of the parameter steps
             if c.inp.ok is not None:
                 grid, off = gp.grids[i], gp.offsets[i]
                 flags = c.inp.ok[off:off + grid.num_blocks]
                 c.elem_ok[i] = expand_blocks(grid, flags).to(c.g[i].device)
                 c.g[i] = torch.where(c.elem_ok[i], c.g[i], 0.0)
+                admitted = flags.all().to(c.g[i].device)
             st, ok = self.state[params[i]], c.elem_ok.get(i)
             if cfg.grafting.has_state:
                 st["graft"] = elementwise.masked(
                     grafting.update_state(st["graft"], c.g[i], cfg.grafting), st["graft"], ok
                 )
+            if cfg.grafting.factored:  # eq. (14e): the whole parameter, in its own shape
+                grafting.adafactor_update(st, c.g[i].reshape(gp.layouts[i].plan.shape), c.t,
+                                          cfg.grafting, admitted)
             if "diagonal" in st:  # eq. (16b): V_D as eq. (14b), every step
                 assert cfg.diagonal is not None
                 st["diagonal"] = elementwise.masked(
@@ -579,10 +586,18 @@ class Shampoo(torch.optim.Optimizer):
         """
         gp, cfg, params = c.inp.gp, c.config, c.inp.params
         graft = cfg.grafting
-        c.graft_dir = {
-            i: grafting.direction(c.filtered[i], self.state[params[i]].get("graft"), c.t, graft)
-            for i in c.positions
-        }
+        if graft.factored:  # eq. (14e): in the parameter's own shape, scaled by rms(W)
+            c.graft_dir = {
+                i: grafting.adafactor_direction(c.filtered[i], self.state[params[i]],
+                                                c.inp.w[i], gp.layouts[i].plan.shape, graft)
+                for i in c.positions
+            }
+        else:
+            c.graft_dir = {
+                i: grafting.direction(c.filtered[i], self.state[params[i]].get("graft"), c.t,
+                                      graft)
+                for i in c.positions
+            }
         if not (c.use_shampoo or cfg.momentum.separate_buffers):
             return
         # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with its

@@ -4,7 +4,8 @@ A block's step is refused when its gradient (after eq. 2's L2 decay) holds a
 non-finite entry, or when ``shampoo_spec.block_overflows(max|G_B|, |B|, m)``:
 ``m + |B| max|G_B|^2 > shampoo_spec.STATE_LIMIT``, m being the largest
 absolute entry of the block's state (its factors, the graft state on its
-slice, the eigenvalue-corrected moment D; 0 where absent). Such a gradient
+slice, the eigenvalue-corrected moment D; 0 where absent; eq. 14e's Adafactor
+moments R, C, V of the whole parameter for every block of it). Such a gradient
 could carry the state out of float32's range (a sum of squares of 1e20 is
 inf), so it is treated exactly like a non-finite one: raised under
 ``"raise"``, skipped and counted under ``"skip_block"``.
@@ -32,6 +33,7 @@ from shampoo_spec import STATE_LIMIT, factor_limit
 
 from .blocks import BlockGroup, block_max_abs
 from .cohorts import StepInput
+from .grafting import adafactor_max_abs
 
 OK, TOO_LARGE, NONFINITE = 0, 1, 2
 CODE_DTYPE = torch.int32
@@ -84,10 +86,14 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
         g_parts.append(block_max_abs(grid, inp.g[pos]).to(device, dt))
         m = held[lo:hi]
         f_parts.append(m)  # the factors alone (no corrected moment with stored factors)
+        st = state[inp.params[pos]]
         for key in ("graft", "diagonal"):  # V of eq. (14b), V_D of eq. (16b)
-            elementwise = state[inp.params[pos]].get(key)
+            elementwise = st.get(key)
             if elementwise is not None:
                 m = torch.maximum(m, block_max_abs(grid, elementwise).to(device, dt))
+        moments = adafactor_max_abs(st)
+        if moments is not None:  # eq. (14e): R, C, V span the parameter, so every block's m
+            m = torch.maximum(m, moments.to(device, dt))
         m_parts.append(m)
     gmax, m = torch.cat(g_parts), torch.cat(m_parts)
     assert gp.block_sizes is not None

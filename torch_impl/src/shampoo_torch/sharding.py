@@ -27,7 +27,9 @@ optimizer communication but one: under ``failure.nonfinite_gradient="raise"``
 one all-reduce of one flag per step, so every rank raises when any rank's
 pieces hold a refused gradient (eq. 3 is decided per rank on its pieces),
 and likewise on root steps with ``failure.max_consecutive_root_failures``
-(eq. 13); empty pieces take no step.
+(eq. 13); empty pieces take no step. What spans a whole parameter then spans
+the piece: eq. (14d)'s clip, eq. (18)'s per-parameter norms, and eq. (14e)'s
+Adafactor moments and rms(W).
 """
 
 from __future__ import annotations
