@@ -159,6 +159,12 @@ CONFIGS = {
     "qr_root": dataclasses.replace(
         BASE, root_inverse=ss.EighConfig(eigenbasis_method="qr", qr_max_iterations=2,
                                          qr_tolerance=0.01)),
+    # Eq. (10g): pseudo-inverse roots whose rank cutoff is the largest eigenvalue over
+    # the parameter's blocks, which sit on several devices (a pmax); masked and
+    # padding blocks take no part. rtol 0.3: the scopes cut these factors differently.
+    "parameter_rank_cutoff": dataclasses.replace(
+        BASE, epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=0.3,
+                                       rank_cutoff_scope="parameter")),
     # Eqs. (6c), (10d): frequent-directions sketches of the factors of 4 (rank 1),
     # the averaged gradient sum (placed like the parameters), a reset at step 6,
     # relative epsilon; statistics with the roots, every 3rd step.
@@ -268,7 +274,7 @@ def test_sharded_parameters_equal_single_device(name: str, data) -> None:  # noq
         assert int(s.root_failures) == int(s1.root_failures)
         assert int(s.skipped_blocks) == int(s1.skipped_blocks)
     if name in ("eigh", "bf16_roots", "int8_momentum", "graft_weight_one_update_bf16",
-                "diagonal", "kl", "frequent_directions"):
+                "diagonal", "kl", "frequent_directions", "parameter_rank_cutoff"):
         # Here the two programs fuse alike (checked on jax 0.10.2): bitwise.
         for n in (2, 3, 4):
             assert_bitwise(trajectory(config, params, grads, n)[0], want)

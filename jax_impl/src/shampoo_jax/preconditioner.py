@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 
 from shampoo_spec import EighConfig, ShampooConfig, SpectralDescentConfig
@@ -33,8 +35,10 @@ from .roots import (
     all_finite,
     basis_still_fits,
     compute_inverse_root,
+    eigh_for_parameter_cutoff,
     frequent_directions_root,
     qr_eigenbasis,
+    root_at_cutoff,
     root_inverse_qr,
     rounded,
     sketch_epsilon,
@@ -62,13 +66,16 @@ class BlockInputs(NamedTuple):
     ``ok``: finite-gradient flags (eq. 3); ``filtered``: the blocks of the
     (filtered) gradient to precondition (eq. 16), None when the Shampoo
     direction is not needed; ``graft``: the graft direction's blocks for ``rescale_scope = "block"``
-    (eq. 18), else None.
+    (eq. 18), else None; ``owners``: with eq. (10g) on a shard of the stacks,
+    each block's parameter (leaf index, ``[nb]`` int32; padding any), which
+    the shard cannot know from the layout; None: the layout's order.
     """
 
     grads: list[Array]
     ok: list[Array]
     filtered: list[Array] | None
     graft: list[Array] | None
+    owners: list[Array] | None = None
 
 
 def block_step(
@@ -78,12 +85,15 @@ def block_step(
     layout: B.Layout,
     config: ShampooConfig,
     lr_ratio: float | Array = 1.0,
+    axis_names: tuple[str, ...] = (),
 ) -> tuple[Groups, Array, list[Array] | None]:
     """Everything that needs the block state: ``(groups, failures, preconditioned stacks)``.
 
     ``failures``: the number of failed inverse roots (eq. 13), a scalar.
     ``lr_ratio``: lr_t / lr_1 of eq. (8b) (read only with
-    ``schedule.precondition_frequency_growth``).
+    ``schedule.precondition_frequency_growth``). ``axis_names``: inside
+    ``shard_map``, the mesh axes the blocks are split over (eq. 10g's max
+    over a parameter's blocks reduces over them); () on one device.
 
     Statistics (eq. 6; KL-Shampoo's eq. 6b with the roots held before this
     step), inverse roots (eqs. 7, 9-13), the corrected moment
@@ -95,7 +105,8 @@ def block_step(
     lag = config.schedule.roots_take_effect == "next_step"
     groups = update_statistics(groups, layout, inputs.grads, inputs.ok, t, config)
     if not lag:
-        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config, lr_ratio)
+        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config, lr_ratio,
+                                                 inputs.owners, axis_names)
     if config.eigenvalue_correction is not None:
         groups = update_corrected_moment(groups, layout, inputs.grads, inputs.ok, config)
     stacks = None
@@ -104,7 +115,8 @@ def block_step(
     if lag:
         # Eq. (8), roots_take_effect="next_step": this step's directions used the
         # roots held before it; the refreshed ones take effect from t + 1.
-        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config, lr_ratio)
+        groups, failures = refresh_inverse_roots(groups, layout, inputs.ok, t, config, lr_ratio,
+                                                 inputs.owners, axis_names)
     return groups, failures, stacks
 
 
@@ -211,6 +223,8 @@ def refresh_inverse_roots(
     t: Array,
     config: ShampooConfig,
     lr_ratio: float | Array = 1.0,
+    owners: list[Array] | None = None,
+    axis_names: tuple[str, ...] = (),
 ) -> tuple[Groups, Array]:
     """On root steps (eqs. 8, 8b at ``lr_ratio``), recompute every inverse root.
 
@@ -227,6 +241,13 @@ def refresh_inverse_roots(
     A sketched factor (eq. 10d, :func:`fold_sketch`) folds its observation
     into its sketch and takes the sketch's X; the new sketch is kept for
     every admitted block, whether X failed or not.
+
+    With ``epsilon.rank_cutoff_scope = "parameter"`` the rank cutoff of
+    factor k of block b is eq. (10g)'s (:func:`_parameter_cutoff_roots`),
+    from the largest eigenvalue of dim k over the parameter's blocks:
+    ``owners`` gives each block's parameter where the stacks are a shard
+    (None: the layout's order) and the max is also taken over the mesh
+    ``axis_names`` (``lax.pmax``; () on one device).
     """
     stats = config.statistics
     on = schedule.is_root_step(t, config.schedule, lr_ratio)
@@ -272,7 +293,14 @@ def refresh_inverse_roots(
         ec = config.eigenvalue_correction
         qr = ec is not None and ec.eigenbasis_method == "qr"  # eq. (17c): below, per factor
         qr_root = config.root_inverse_qr  # eq. (10f): below, per factor, with its basis
-        for key, items in ({} if qr or qr_root else batches).items():
+        per_parameter = config.epsilon.cuts_rank_per_parameter  # eq. (10g): its own pass
+        if per_parameter:
+            # Eq. (10g)'s config refuses what the loop below adds to eq. (10):
+            # sketches (eq. 10d), eigenbases (eqs. 10f, 17) and other root methods.
+            results = _parameter_cutoff_roots(
+                batches, wanted, layout,
+                _owners(layout) if owners is None else owners, config, axis_names)
+        for key, items in ({} if qr or qr_root or per_parameter else batches).items():
             root = key[1]
             a = jnp.concatenate([a for _, _, a in items])
             # Blocks masked this step (eq. 3; padding when sharded) keep their
@@ -365,6 +393,83 @@ def refresh_inverse_roots(
     else:
         groups, failed = lax.cond(on, run, keep, (groups, block_ok))
     return groups, sum((jnp.sum(f, dtype=jnp.int32) for f in failed), zero)  # int32 under x64
+
+
+def _owners(layout: B.Layout) -> list[Array]:
+    """Per block group, each block's parameter (leaf index): a constant ``[nb]`` int32."""
+    return [jnp.asarray(np.asarray([i for i, _ in grp.members], np.int32))
+            for grp in layout.groups]
+
+
+def _parameter_cutoff_roots(
+    batches: dict[tuple[int, float, bool], list[tuple[int, int, Array]]],
+    wanted: dict[tuple[int, float, bool], list[Array]],
+    layout: B.Layout,
+    owners: list[Array],
+    config: ShampooConfig,
+    axis_names: tuple[str, ...],
+) -> dict[tuple[int, int], tuple[Array, Array]]:
+    """Eq. (10g): every batch's inverse roots, the rank cutoff shared over a parameter's blocks.
+
+    ``batches`` (stacks of A, eq. 7 and 7b applied, keyed by size and root)
+    and ``wanted`` (eq. 3's admitted blocks) as :func:`refresh_inverse_roots`
+    builds them; ``(X, ok)`` per ``(block group, factor)``. Two passes, since
+    one parameter's dim k can sit in several batches (a remainder block has
+    another size, a block of another order another root):
+
+    1. every batch is decomposed (:func:`shampoo_jax.roots.eigh_for_parameter_cutoff`)
+       and its rows' lambda_max (eigh's last eigenvalue) goes to segment
+       ``(parameter, dim k)``; ``Lambda_k = max over blocks b'`` of it, over
+       the rows that are admitted (not masked, not padding) with a finite A
+       (a row failing eq. 10b still counts, as in the reference), then over
+       the mesh ``axis_names`` (one ``pmax`` of the whole segment vector);
+    2. each row's cutoff ``c_{b,k} = max(rtol_{b,k} max(Lambda_k, 0), rank_atol)``
+       (``rtol_{b,k}`` eq. 10's for its size, ``EpsilonConfig.rank_cutoff_rtol``)
+       and its root from its own decomposition
+       (:func:`shampoo_jax.roots.root_at_cutoff`).
+
+    A segment no row contributes to is -inf: only non-finite or masked rows
+    read it, and their roots are discarded (eq. 13, eq. 3).
+    """
+    eps = config.epsilon
+    dims = max(len(grp.shape) for grp in layout.groups)
+    count = len(layout.leaves) * dims
+    decomposed = []
+    lambda_k: Array | None = None
+    token: Array | None = None
+    for key, items in batches.items():
+        a = jnp.concatenate([a for _, _, a in items])
+        active = jnp.concatenate(wanted[key])
+        if token is not None:
+            # One batched decomposition at a time (refresh_inverse_roots says why).
+            token, a = lax.optimization_barrier((token, a))
+        lam, q, ok, finite = eigh_for_parameter_cutoff(a, config, active)
+        token = q
+        segment = jnp.concatenate([
+            owners[gi] * dims + layout.groups[gi].preconditioned_dims[i] for gi, i, _ in items])
+        top = lam[:, -1]
+        counts = active & finite & jnp.isfinite(top)
+        top = jnp.where(counts, top, -jnp.inf)
+        batch_max = jax.ops.segment_max(top, segment, num_segments=count)
+        lambda_k = batch_max if lambda_k is None else jnp.maximum(lambda_k, batch_max)
+        decomposed.append((key, items, lam, q, ok, segment))
+    assert lambda_k is not None
+    if axis_names:
+        # A parameter's blocks can be on other devices: the max over all of them,
+        # the same on every device whatever the placement (a max has no order).
+        lambda_k = lax.pmax(lambda_k, axis_names)
+    results: dict[tuple[int, int], tuple[Array, Array]] = {}
+    dtype = "float64" if lambda_k.dtype == jnp.float64 else "float32"
+    for key, items, lam, q, ok, segment in decomposed:
+        rtol = eps.rank_cutoff_rtol(key[0], dtype)
+        cutoff = jnp.maximum(rtol * jnp.maximum(lambda_k[segment], 0.0), eps.rank_atol)
+        x, good = root_at_cutoff(lam, q, ok, key[1], cutoff)
+        offset = 0
+        for gi, i, a in items:
+            nb = a.shape[0]
+            results[(gi, i)] = (x[offset:offset + nb], good[offset:offset + nb])
+            offset += nb
+    return results
 
 
 def fold_sketch(

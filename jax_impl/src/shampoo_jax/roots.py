@@ -14,6 +14,9 @@ traced value. The rules are those of ``shampoo_reference.linalg``:
   or its error grows, while the others go on), then the retries;
 - :func:`root_inverse_deflated_newton`: eq. (11d), the same with LOBPCG's
   top-k eigenpairs (:mod:`.lobpcg`) deflated before it and restored after;
+- :func:`eigh_for_parameter_cutoff` and :func:`root_at_cutoff`: eq. (10) in
+  two halves for eq. (10g), whose rank cutoff needs the largest eigenvalue
+  of every block of a parameter before any of its roots is formed;
 - :func:`eigenbasis`: the eigenvectors of eq. (17);
 - :func:`compute_inverse_root`: one stack by the configured method; a
   failed or non-finite inverse root is reported (eq. 13) so that the caller
@@ -277,7 +280,15 @@ def inverse_root_eigenvalues(
         return powered
     rtol, atol = rank
     cutoff = jnp.maximum(rtol * jnp.maximum(lam[..., -1:], 0.0), atol)
+    return cut_eigenvalues(lam, root, cutoff)
+
+
+def cut_eigenvalues(lam: Array, root: float, cutoff: Array) -> Array:
+    """``"pseudo_inverse"``'s ``lambda^(-1/root)``, 0 at or below ``cutoff`` (broadcast
+    against ``lam``): eq. (10)'s own cutoff, or eq. (10g)'s shared one."""
     kept = lam > cutoff
+    # The inner where keeps a cut eigenvalue (zero or negative) out of the power,
+    # where it would give inf or NaN: discarded, but jax_debug_nans would stop on it.
     return jnp.where(kept, jnp.where(kept, lam, 1.0) ** (-1.0 / root), 0.0)
 
 
@@ -695,6 +706,40 @@ def compute_inverse_root(
     return x, ok
 
 
+def eigh_for_parameter_cutoff(
+    a: Array, config: ShampooConfig, active: Array | None = None
+) -> tuple[Array, Array, Array, Array]:
+    """Eq. (10g), first half, for one stack of factors: ``(lambda, Q, ok, finite)``.
+
+    Eq. (10)'s eigendecomposition ``sym(A) = Q diag(lambda) Q^T`` (lambda
+    ascending, placement ``"pseudo_inverse"``: no ridge) exactly as
+    :func:`compute_inverse_root` makes it, with ``ok`` its checks so far (A
+    finite, eq. 10b's error test when ``EighConfig.failure_threshold`` is set)
+    and ``finite`` whether A is finite. The cutoff is not known yet: it needs
+    lambda_max of every block of the parameter (:func:`root_at_cutoff` then).
+    A non-finite A is decomposed as the identity; ``active`` as :func:`_eigh`.
+    """
+    finite = all_finite(a)
+    a = jnp.where(finite[..., None, None], a, _eye_like(a))
+    method = config.root_inverse
+    tau = method.failure_threshold_float32 if isinstance(method, EighConfig) else None
+    b = symmetrize(a)
+    lam, q = _eigh(b, active)
+    passes = eigh_passes(b, lam, q, tau)
+    ok = finite if passes is None else finite & passes
+    return lam, q, ok, finite
+
+
+def root_at_cutoff(lam: Array, q: Array, ok: Array, root: float, cutoff: Array
+                   ) -> tuple[Array, Array]:
+    """Eq. (10g), second half: ``X = Q diag(lambda'^(-1/root)) Q^T`` with eigenvalues at
+    or below ``cutoff`` (``[b]``, eq. 10g's c per matrix) given a zero inverse root;
+    ``(X, ok)``, ``ok`` also False where X is not finite (eq. 13)."""
+    values = cut_eigenvalues(lam, root, cutoff[..., None])
+    x: Array = _matmul(q * values[..., None, :], jnp.swapaxes(q, -1, -2))
+    return x, ok & all_finite(x)
+
+
 def sketch_epsilon(lam: Array, eps: EpsilonConfig, relative_floor: float) -> Array:
     """Eq. (10d)'s eps_t per sketch: ``eps.value``, times ``max(lambda_1, relative_floor)``
     with ``eps.scale = "relative"`` (``lam`` ``[b, r]`` descending: lambda_1 its first);
@@ -814,14 +859,17 @@ def tearfree_sketch_root(
 __all__ = [
     "all_finite",
     "compute_inverse_root",
+    "cut_eigenvalues",
     "effective_epsilon",
     "eigenbasis",
     "eigh_error",
+    "eigh_for_parameter_cutoff",
     "eigh_passes",
     "frequent_directions_root",
     "matrix_power",
     "root_inverse_coupled_newton",
     "root_inverse_deflated_newton",
+    "root_at_cutoff",
     "root_inverse_eigh",
     "sketch_epsilon",
     "symmetrize",

@@ -329,6 +329,9 @@ def sharded_block_step(
     state's ``padded(nb)`` blocks and split over the axis; every device runs
     ``block_step`` on its shard; the failure count is summed (``psum``) and
     the preconditioned stacks are gathered (``all_gather``) and unpadded.
+    With eq. (10g) each slot's parameter index goes in beside the blocks
+    (``BlockInputs.owners``) and the root step's max over a parameter's
+    blocks is a ``pmax`` over the axis.
     """
     for i, (grp, gs) in enumerate(zip(layout.groups, groups, strict=True)):
         have, want = int(gs.statistics_updates.shape[0]), sharding.padded(grp.size)
@@ -357,11 +360,19 @@ def sharded_block_step(
     def pad_optional(xs: list[Array] | None) -> list[Array] | None:
         return None if xs is None else pad_all(xs, 0.0)
 
+    owners = None
+    if config.epsilon.cuts_rank_per_parameter:
+        # Eq. (10g): a shard cannot tell from the layout whose blocks it holds, so
+        # each slot's parameter travels with it (padding: 0, masked by ok anyway).
+        owners = [_spread(jnp.asarray(np.asarray([i for i, _ in grp.members], np.int32)),
+                          n, 0, sl)
+                  for grp, n, sl in zip(layout.groups, sizes, slots, strict=True)]
     padded = BlockInputs(
         grads=pad_all(inputs.grads, 0.0),
         ok=pad_all(inputs.ok, False),  # padded blocks are masked like eq. (3)'s
         filtered=pad_optional(inputs.filtered),
         graft=pad_optional(inputs.graft),
+        owners=owners,
     )
     names = sharding.axis_names
 
@@ -373,7 +384,7 @@ def sharded_block_step(
         groups: tuple[BlockGroupState, ...], inputs: BlockInputs, t: Array, ratio: Array
     ) -> tuple[tuple[BlockGroupState, ...], Array, list[Array] | None]:
         groups, failures, stacks = block_step(
-            groups, inputs, t, layout, config, ratio if traced else lr_ratio
+            groups, inputs, t, layout, config, ratio if traced else lr_ratio, names
         )
         failures = lax.psum(failures, names)
         if stacks is not None:
