@@ -107,6 +107,18 @@ def named_cases() -> list[Case]:
             _with(grafting=ss.GraftingConfig(type="rmsprop_normalized", beta2=0.9)),
         ),
         Case(
+            # Eq. (14e), optax's Adafactor (tearfree's ADAFACTOR graft): the matrices,
+            # the tensor and "ones" factored over their two largest dims (m = 3), the
+            # vectors not; scaled by rms(W); the raw graft for two steps. Not clipped:
+            # steps of rms about 1 would be clipped to exactly 1, hiding a wrong scale.
+            "adafactor_graft",
+            _with(grafting=ss.GraftingConfig(
+                type="adafactor", decay_exponent=0.8, factor_min_dim=3, epsilon=1e-30,
+                epsilon_placement="inside_sqrt", parameter_scale_floor=1e-3,
+                norm_scope="parameter"),
+                schedule=ss.ScheduleConfig(start_preconditioning_step=3)),
+        ),
+        Case(
             "nadam_filter_beta3",
             _with(
                 gradient_filter=ss.GradientFilterConfig(beta1=0.9, beta3=0.5, bias_correction=True)

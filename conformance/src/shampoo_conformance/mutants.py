@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from shampoo_reference import ReferenceShampoo
+from shampoo_reference import ReferenceShampoo, grafting
 from shampoo_reference.linalg import Sketch, root_inverse_coupled_newton
 from shampoo_reference.lobpcg import lobpcg_top_k
 from shampoo_reference.optimizer import Array, BlockState, ParameterState
@@ -25,14 +25,16 @@ from shampoo_spec import CoupledNewtonConfig, ShampooConfig
 class _WrongDefaultRoot(ReferenceShampoo):
     """Uses the square root for every factor (root 2), whatever the order."""
 
-    def _inverse_root(self, a: Array, root: float) -> Array | None:
-        return super()._inverse_root(a, 2.0)
+    def _inverse_root(self, a: Array, root: float, scale: float | None = None
+                      ) -> Array | None:
+        return super()._inverse_root(a, 2.0, scale)
 
 
 class _EpsilonAfterRoot(ReferenceShampoo):
     """Adds epsilon after the root, X = (A^(1/r) + eps I)^(-1), not to A before."""
 
-    def _inverse_root(self, a: Array, root: float) -> Array | None:
+    def _inverse_root(self, a: Array, root: float, scale: float | None = None
+                      ) -> Array | None:
         lam, q = np.linalg.eigh(0.5 * (a + a.T))
         lam = np.maximum(lam, 0.0) ** (1.0 / root) + self.config.epsilon.value
         out: Array = (q / lam) @ q.T
@@ -138,15 +140,44 @@ class _TearfreeTailDecayedByBeta2(ReferenceShampoo):
         return super()._sketch_root(sketch, c, root)
 
 
+class _RankCutoffPerFactor(ReferenceShampoo):
+    """Eq. (10g) ignored: every factor's rank cutoff scales by its own lambda_max, also
+    with ``rank_cutoff_scope="parameter"`` (a block's small directions are kept)."""
+
+    def _refresh_inverse_roots(self, name: str, roots: tuple[float, ...], bs: BlockState,
+                               scales: dict[int, float] | None = None) -> None:
+        super()._refresh_inverse_roots(name, roots, bs, None)
+
+
+class _AdafactorRowsUnnormalized(ReferenceShampoo):
+    """Eq. (14e) with the row moment R used as it is: ``X (R C)^(-1/2)``, not
+    ``X (R C / mean(R))^(-1/2)`` (the factored estimate off by the factor mean(R))."""
+
+    def _graft_direction(self, st: ParameterState, filtered: Array, w_orig: Array) -> Array:
+        m, graft = st.graft, self.config.grafting
+        if not (isinstance(m, grafting.FactoredMoments) and m.dims is not None
+                and m.row is not None and m.col is not None):
+            return super()._graft_direction(st, filtered, w_orig)
+        d0, d1 = m.dims
+        x = filtered.reshape(st.plan.shape)
+        u = x * np.expand_dims(m.row ** -0.5, d0) * np.expand_dims(m.col ** -0.5, d1)
+        u = grafting.clip(u, graft)
+        if graft.parameter_scale_floor is not None:
+            u = u * max(float(np.sqrt(np.mean(w_orig * w_orig))), graft.parameter_scale_floor)
+        out: Array = u.reshape(filtered.shape)
+        return out
+
+
 class _DeflationNotRestored(ReferenceShampoo):
     """Eq. (11d) without its last step: the Newton root of the deflated factor is kept
     as it is, the top-k pairs' root never put back (their directions over-amplified)."""
 
-    def _inverse_root(self, a: Array, root: float) -> Array | None:
+    def _inverse_root(self, a: Array, root: float, scale: float | None = None
+                      ) -> Array | None:
         method = self.config.root_inverse
         if not (isinstance(method, CoupledNewtonConfig) and method.deflates(a.shape[0])
                 and np.all(np.isfinite(a))):
-            return super()._inverse_root(a, root)
+            return super()._inverse_root(a, root, scale)
         sym = 0.5 * (a + a.T)
         top = lobpcg_top_k(sym, method.deflation_rank, method.lobpcg_iterations)
         shift = top.vectors * np.sqrt(top.values - top.values.min())
@@ -196,6 +227,10 @@ MUTANTS: tuple[Mutant, ...] = (
            _DeflationNotRestored),
     Mutant("tearfree_tail_decayed_by_beta2", "tearfree's sketch tail decayed by beta2",
            _TearfreeTailDecayedByBeta2),
+    Mutant("rank_cutoff_per_factor", "a parameter's rank cutoff taken per factor",
+           _RankCutoffPerFactor),
+    Mutant("adafactor_rows_unnormalized", "Adafactor's row moment not divided by its mean",
+           _AdafactorRowsUnnormalized),
 )
 
 

@@ -429,11 +429,7 @@ class ReferenceShampoo:
             self._refresh_parameter_roots(name, admitted)
 
         # Eq. (14c): the graft direction (whole parameter, elementwise); eq. (14e).
-        if isinstance(st.graft, grafting.FactoredMoments):
-            graft_dir = grafting.adafactor_direction(
-                filtered.reshape(plan.shape), st.graft, w_orig, cfg.grafting).reshape(w.shape)
-        else:
-            graft_dir = grafting.direction(filtered, st.graft, t, cfg.grafting)
+        graft_dir = self._graft_direction(st, filtered, w_orig)
 
         # Eqs. (16)-(18): Shampoo direction, rescaled to the graft norm.
         use_shampoo = uses_preconditioner(t, cfg.schedule)
@@ -494,6 +490,16 @@ class ReferenceShampoo:
         if quantized:
             self._store_quantized(st)
         return new_w.reshape(plan.shape)
+
+    def _graft_direction(self, st: ParameterState, filtered: Array, w_orig: Array) -> Array:
+        """Eq. (14c) (elementwise, merged shape) or eq. (14e) (in the parameter's own shape,
+        with W = ``w_orig``) of the filtered gradient, returned in the merged shape."""
+        graft = self.config.grafting
+        if isinstance(st.graft, grafting.FactoredMoments):
+            shape = st.plan.shape
+            return grafting.adafactor_direction(
+                filtered.reshape(shape), st.graft, w_orig, graft).reshape(filtered.shape)
+        return grafting.direction(filtered, st.graft, self.t, graft)
 
     def _store_quantized(self, st: ParameterState) -> None:
         """Eq. (20b): each buffer stored as (q, s) in the parameter's shape, read back.

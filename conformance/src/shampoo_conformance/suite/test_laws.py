@@ -193,12 +193,13 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
     config = data.draw(S.configs_for(backend), label="config")
     graft = config.grafting
     plain = cast(GraftingType, graft.type.removesuffix("_normalized"))
-    elementwise = ({"factor_min_dim": ss.MAX_INTEGER, "parameter_scale_floor": None}
-                   if graft.factored else {})
+    graft = replace(graft, type=plain, norm_scope="block", clip_rms=None)
+    if graft.factored:
+        graft = replace(graft, factor_min_dim=ss.MAX_INTEGER, parameter_scale_floor=None)
     config = replace(
         config,
         blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
-        grafting=replace(graft, type=plain, norm_scope="block", clip_rms=None, **elementwise),
+        grafting=graft,
         exponents=ss.ExponentConfig(),
         momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
         statistics=replace(config.statistics, storage="float", scale_dtype="float32"),
