@@ -218,8 +218,9 @@ def test_state_fields_only_with_averaging() -> None:
     assert gpa.averaged is not None and gpa.lr_power_sum is None
     plain = shampoo_jax.shampoo(BASE).init(p)
     assert plain.averaged is None and plain.lr_power_sum is None
-    assert shampoo_jax.ShampooState._fields[-4:] == (
-        "diagonal", "averaged", "lr_power_sum", "gradient_sum")
+    # Only eq. (14e)'s Adafactor moments (None here: no arrays) come after them.
+    assert shampoo_jax.ShampooState._fields[-5:] == (
+        "diagonal", "averaged", "lr_power_sum", "gradient_sum", "adafactor")
 
 
 def test_update_needs_params_and_compiles_once_under_a_schedule() -> None:

@@ -337,7 +337,8 @@ def test_state_holds_sketches_and_gradient_sum_only_with_the_config() -> None:
     assert len(jax.tree.leaves(s)) > len(jax.tree.leaves(plain))
     unaveraged = shampoo_jax.shampoo(_fd(config, average_gradients=False)).init(p)
     assert unaveraged.gradient_sum is None
-    assert shampoo_jax.ShampooState._fields[-1] == "gradient_sum"
+    # After S only eq. (14e)'s Adafactor moments (None here: no arrays).
+    assert shampoo_jax.ShampooState._fields[-2:] == ("gradient_sum", "adafactor")
     # After the sketches only eq. (10f)'s eigenbases (None here: no arrays).
     assert shampoo_jax.BlockGroupState._fields[-2:] == ("sketches", "eigenbases")
 

@@ -9,7 +9,8 @@
 Modules: :mod:`state` (the state pytree and its init), :mod:`schedule`
 (eq. 8 on a traced step), :mod:`blocks` (static layout of block groups,
 stacking, contractions), :mod:`roots` (inverse roots, eqs. 9-13),
-:mod:`grafting` (eq. 14), :mod:`preconditioner` (the per-block maths, eqs.
+:mod:`grafting` (eq. 14; eq. 14e's Adafactor moments,
+:class:`FactoredMoments`), :mod:`preconditioner` (the per-block maths, eqs.
 6-13 and 16-18), :mod:`averaging` (iterate averaging, eq. 20d, and
 :func:`averaged_params`, the parameters to evaluate at),
 :mod:`refusal` (eq. 3 in jit: refused blocks),
@@ -34,12 +35,14 @@ from .checkpoint import (
     state_to_arrays,
 )
 from .checks import check_state
+from .grafting import FactoredMoments
 from .sharded import ShardingConfig, shard_state, unshard_state
 from .state import BlockGroupState, ParameterInfo, ShampooState
 from .transform import shampoo
 
 __all__ = [
     "BlockGroupState",
+    "FactoredMoments",
     "NonFiniteGradientError",
     "ParameterInfo",
     "RootFailureError",

@@ -77,6 +77,12 @@ without ``frequent_directions`` holds neither, so its layout is unchanged.
 A checkpoint taken between statistics steps keeps the partial sum: the run
 resumes bit for bit (tests/test_frequent_directions.py).
 
+Eq. (14e)'s Adafactor moments (``ShampooState.adafactor``, the last field:
+per parameter R and C, or V, in tree order) are saved and restored likewise;
+a state without the Adafactor graft holds none, so its layout is unchanged.
+Sharded, they are saved whole (they take the parameters' placement, not the
+blocks' padding) and placed again on restore.
+
 Every float array must be finite: a NaN or inf anywhere in the arrays
 raises ``ValueError`` naming the state field, before anything is built
 (a finite state stays finite, so such a file is damaged).

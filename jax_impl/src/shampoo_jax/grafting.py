@@ -2,15 +2,22 @@
 
 Same rules as ``shampoo_reference.grafting``; the state V is elementwise, so
 it lives in the parameter's (merged) shape and never depends on blocking.
-Which types keep a state is ``GraftingConfig.has_state``.
+Which types keep a state is ``GraftingConfig.has_state``. Eq. (14e)'s
+Adafactor graft (``GraftingConfig.factored``) is not elementwise: its
+moments (:class:`FactoredMoments`) are row and column means of the whole
+parameter in its own shape (not merged, not blocked).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
+from jax.typing import DTypeLike
 
 from shampoo_spec import GraftingConfig
 
@@ -68,4 +75,142 @@ def clip(u: Array, graft: GraftingConfig) -> Array:
     return out
 
 
-__all__ = ["clip", "direction", "graft_input", "norm", "update_state"]
+# ------------------------------------------------------------- eq. (14e) Adafactor
+class FactoredMoments(NamedTuple):
+    """Eq. (14e)'s moments of one parameter, in the parameter's own shape.
+
+    Factored (:func:`factored_dims` not None, ``(d0, d1)``): ``row`` is R
+    (the shape without d0) and ``col`` is C (the shape without d1), ``full``
+    None; otherwise ``full`` is V (the parameter's shape) and the others are
+    None. A None field is an empty pytree node, so the state holds only the
+    arrays in use (optax's ``FactoredState`` keeps ``(1,)`` placeholders
+    instead); which case applies is static, from the shape.
+    """
+
+    row: Array | None = None
+    col: Array | None = None
+    full: Array | None = None
+
+
+def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:
+    """Eq. (14e): ``(d0, d1)``, the largest and the second largest dim of ``shape``.
+
+    The last two of numpy's (stable) argsort, as optax's ``_factored_dims``
+    (on ties the later dim is d0), when the rank is >= 2 and
+    ``shape[d1] >= min_dim`` (``factor_min_dim``); else None (unfactored).
+    """
+    if len(shape) < 2:
+        return None
+    order = np.argsort(shape)
+    if shape[order[-2]] < min_dim:
+        return None
+    return int(order[-1]), int(order[-2])
+
+
+def adafactor_init(shape: tuple[int, ...], dtype: DTypeLike, graft: GraftingConfig
+                   ) -> FactoredMoments:
+    """Eq. (14e): R, C (or V) = 0 for a parameter of ``shape``, in ``dtype``."""
+    dims = factored_dims(shape, graft.factor_min_dim)
+    if dims is None:
+        return FactoredMoments(full=jnp.zeros(shape, dtype))
+    d0, d1 = dims
+    return FactoredMoments(row=jnp.zeros(shape[:d0] + shape[d0 + 1:], dtype),
+                           col=jnp.zeros(shape[:d1] + shape[d1 + 1:], dtype))
+
+
+def adafactor_decay(t: Array, exponent: float) -> Array:
+    """``beta_t = fl32(1 - fl32(t^(-c)))`` of eq. (14e) at the (traced, 1-based) step t.
+
+    Under x64 the power is taken in float64 and rounded once to float32:
+    XLA's float32 ``pow`` is not correctly rounded (for c = 0.999 it is one
+    ulp off at t = 2), and eq. (14e) wants the correctly rounded value. A
+    float64 power rounded to float32 is that value unless it lies within
+    2^-53 relative of a float32 rounding boundary. Without x64 there is no
+    float64: the float32 ``pow`` is used, as optax's ``_decay_rate_pow``
+    does, so t^(-c) may then be one float32 ulp off at some t (beta_t off by
+    at most 2^-24; a relative change of about 1e-7 t^(-c) in that step's
+    moments, inside float32's tolerance).
+    """
+    if jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.float64:
+        power = (t.astype(jnp.float64) ** -exponent).astype(jnp.float32)
+    else:
+        power = t.astype(jnp.float32) ** jnp.float32(-exponent)
+    out: Array = jnp.float32(1.0) - power
+    return out
+
+
+def adafactor_update(m: FactoredMoments, gradient: Array, beta: Array, graft: GraftingConfig
+                     ) -> FactoredMoments:
+    """Eq. (14e): ``R <- beta R + (1 - beta) mean_d0 Q``, ``C <- beta C + (1 - beta) mean_d1 Q``
+    (unfactored: ``V <- beta V + (1 - beta) Q``), ``Q = G^2 + epsilon``.
+
+    ``gradient`` in the parameter's own shape; ``beta`` from :func:`adafactor_decay`
+    (float32). beta and 1 - beta are formed in the moments' dtype, as optax does
+    in float32; in float64 both are exact (beta is a float32 number).
+    """
+    q = gradient * gradient + graft.epsilon
+    b = beta.astype(q.dtype)
+    w = 1.0 - b
+    if m.full is not None:
+        return FactoredMoments(full=b * m.full + w * q)
+    dims = factored_dims(tuple(gradient.shape), graft.factor_min_dim)
+    assert dims is not None and m.row is not None and m.col is not None
+    d0, d1 = dims
+    return FactoredMoments(row=b * m.row + w * jnp.mean(q, axis=d0),
+                           col=b * m.col + w * jnp.mean(q, axis=d1))
+
+
+def adafactor_direction(x: Array, m: FactoredMoments, parameter: Array | None,
+                        graft: GraftingConfig) -> Array:
+    """``graft(X)`` of eq. (14e), in the parameter's own shape.
+
+    ``X (R / mean_d1 R)^(-1/2) C^(-1/2)`` (R broadcast back at d0, C at d1;
+    unfactored ``X V^(-1/2)``), clipped by eq. (14d) (:func:`clip`, over the
+    whole parameter), then times ``max(rms(W), parameter_scale_floor)`` with
+    ``rms(W) = sqrt(mean(W^2))`` of the parameter before the step (when the
+    floor is set; ``parameter`` must then be given). The products are in
+    optax's order, so that float32 runs are optax's bit for bit where beta_t is.
+    """
+    if m.full is not None:
+        u = x * m.full ** -0.5
+    else:
+        dims = factored_dims(tuple(x.shape), graft.factor_min_dim)
+        assert dims is not None and m.row is not None and m.col is not None
+        d0, d1 = dims
+        r_axis = d1 - 1 if d1 > d0 else d1  # d1's axis in R, which lacks d0
+        row = (m.row / jnp.mean(m.row, axis=r_axis, keepdims=True)) ** -0.5
+        u = x * jnp.expand_dims(row, d0) * jnp.expand_dims(m.col ** -0.5, d1)
+    u = clip(u, graft)
+    floor = graft.parameter_scale_floor
+    if floor is None:
+        return u
+    assert parameter is not None
+    w = parameter.astype(u.dtype)
+    # jnp.maximum keeps a NaN rms (optax's safe_root_mean_squares gives NaN too).
+    scaled: Array = u * jnp.maximum(jnp.sqrt(jnp.mean(w * w)), floor)
+    return scaled
+
+
+def moments_max(m: FactoredMoments) -> Array:
+    """The largest |entry| of R, C and V of one parameter: eq. (3)'s m counts it for every
+    block of the parameter (the moments span it). At least float32."""
+    parts = [jnp.max(jnp.abs(a), initial=0.0).astype(jnp.promote_types(a.dtype, jnp.float32))
+             for a in jax.tree.leaves(m)]
+    out: Array = parts[0] if len(parts) == 1 else jnp.maximum(parts[0], parts[1])
+    return out
+
+
+__all__ = [
+    "FactoredMoments",
+    "adafactor_decay",
+    "adafactor_direction",
+    "adafactor_init",
+    "adafactor_update",
+    "clip",
+    "direction",
+    "factored_dims",
+    "graft_input",
+    "moments_max",
+    "norm",
+    "update_state",
+]

@@ -4,7 +4,8 @@ A block is refused when its gradient has a non-finite entry or when its
 state could leave float32's range: ``m + |B| g^2 > STATE_LIMIT``
 (``shampoo_spec.block_overflows``, computed here on traced arrays in float32
 or wider, a NaN refusing; m includes the graft state V and a diagonal
-preconditioner's V_D, eq. 16b). Refused blocks are zeroed in the gradients and
+preconditioner's V_D, eq. 16b, and eq. 14e's Adafactor moments of the whole
+parameter). Refused blocks are zeroed in the gradients and
 masked out of every state update by the phases of :mod:`shampoo_jax.transform`.
 """
 
@@ -98,6 +99,7 @@ def refuse_blocks(
     fdt: Any,
     sharding: ShardingConfig | None,
     limit: float | None = None,
+    whole: Sequence[Array] | None = None,
 ) -> Refused:
     """Eq. (3): refused blocks are zeroed here and masked in every update.
 
@@ -111,6 +113,9 @@ def refuse_blocks(
     not preconditioned is one block (no factors: no factor limit).
     ``elementwise``: the elementwise states that count in m, each a list of
     merged-shape leaves (V, V_D where the config keeps them; empty: none).
+    ``whole``: per leaf, a scalar that counts in m for every block of that
+    leaf (eq. 14e: the largest entry of the Adafactor moments R, C, V, which
+    span the whole parameter); None: none.
     """
     g_blocks = B.gather(g, layout)
     held = held_max(state.groups, layout, sharding)
@@ -118,6 +123,12 @@ def refuse_blocks(
     for v in elementwise if layout.groups else ():
         for gi, vb in enumerate(B.gather(v, layout)):
             m = max_abs(vb, tuple(range(1, vb.ndim)))
+            h = held[gi]
+            held[gi] = m if h is None else jnp.maximum(h, m)
+    if whole is not None:
+        for gi, grp in enumerate(layout.groups):
+            # Each block's owner's scalar, in the layout's (global) block order.
+            m = jnp.stack([whole[i] for i, _ in grp.members])
             h = held[gi]
             held[gi] = m if h is None else jnp.maximum(h, m)
     block_ok = [passes(x, h, f, limit)
@@ -134,7 +145,7 @@ def refuse_blocks(
         if leaf.refs:
             finite.append(B.block_flags_to_leaf(block_ok, leaf))
         else:
-            vi: Array | None = None
+            vi: Array | None = None if whole is None else whole[i][None]
             for v in elementwise:
                 m = max_abs(v[i], tuple(range(v[i].ndim)))[None]
                 vi = m if vi is None else jnp.maximum(vi, m)

@@ -5,7 +5,8 @@ group's stacked state (factors, inverse roots, corrected moment, sketches,
 per-block counters; the leading axis is the blocks) padded to a multiple of
 the axis size and sharded along it with ``NamedSharding(mesh, P(axis))``
 (elementwise states, eq. 6c's gradient sum included, take the parameters'
-placement), so a device holds ``ceil(nb / N)`` blocks of every block group.
+placement; eq. 14e's Adafactor moments too, less the dim each averages
+over), so a device holds ``ceil(nb / N)`` blocks of every block group.
 In each step, inside ``jax.shard_map``, every device runs
 :func:`shampoo_jax.preconditioner.block_step` on its own blocks: statistics
 (eqs. 6, 6c), inverse roots on root steps (eqs. 7, 9-13; sketches, eq. 10d),
@@ -61,6 +62,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from shampoo_spec import ShampooConfig
 
 from . import blocks as B
+from .grafting import FactoredMoments
 from .preconditioner import BlockInputs, block_step
 from .state import BlockGroupState, ShampooState, Sketch
 
@@ -211,6 +213,28 @@ def _leaf_sharding(sharding: ShardingConfig, like: Any) -> NamedSharding:
     return sharding.replicated
 
 
+def _moment_dropped_dims(m: FactoredMoments, p: Any) -> tuple[int | None, ...]:
+    """For R, C and V of :class:`FactoredMoments` ``m`` of parameter ``p``: the dim of ``p``
+    each lacks (d0 for R, d1 for C, None for V and for absent fields)."""
+    if m.full is not None:
+        return (None, None, None)
+    shape = tuple(int(d) for d in p.shape)
+    order = np.argsort(shape)  # eq. (14e)'s d0, d1: the last two of the argsort
+    return (int(order[-1]), int(order[-2]), None)
+
+
+def _moment_sharding(sharding: ShardingConfig, p: Any, ndim: int, drop: int | None
+                     ) -> NamedSharding:
+    """The parameter's NamedSharding with the spec entry of dim ``drop`` removed (eq. 14e's
+    R lacks d0, C lacks d1); replicated when the parameter is not placed on the mesh."""
+    found = _leaf_sharding(sharding, p)
+    if found == sharding.replicated or drop is None:
+        return found
+    spec = list(found.spec) + [None] * (ndim + 1 - len(found.spec))
+    del spec[drop]
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
 def shard_state(
     state: ShampooState, sharding: ShardingConfig, params: Any | None = None
 ) -> ShampooState:
@@ -240,6 +264,19 @@ def shard_state(
             return jax.tree.map(lambda x: place(x, sharding.replicated), tree)
         return jax.tree.map(lambda x, p: place(x, _leaf_sharding(sharding, p)), tree, params)
 
+    def moments(tree: Any) -> Any:
+        # Eq. (14e): R, C (or V) per parameter, sharded as the parameter is along
+        # the dims they keep (a dim they average over is dropped from the spec).
+        if tree is None:
+            return None
+        if params is None:
+            return jax.tree.map(lambda x: place(x, sharding.replicated), tree)
+        return jax.tree.map(
+            lambda m, p: FactoredMoments(*(
+                None if x is None else place(x, _moment_sharding(sharding, p, x.ndim, drop))
+                for x, drop in zip(m, _moment_dropped_dims(m, p), strict=True))),
+            tree, params, is_leaf=lambda x: isinstance(x, FactoredMoments))
+
     rep = sharding.replicated
     return state._replace(
         count=place(state.count, rep),
@@ -251,6 +288,7 @@ def shard_state(
         diagonal=elementwise(state.diagonal),  # eq. (16b)'s V_D: elementwise, as V
         averaged=elementwise(state.averaged),  # eq. (20d)'s Z: the parameters' placement
         gradient_sum=elementwise(state.gradient_sum),  # eq. (6c)'s S: elementwise, as V
+        adafactor=moments(state.adafactor),
         lr_power_sum=(None if state.lr_power_sum is None
                       else place(state.lr_power_sum, rep)),  # eq. (20d)'s S_t: a scalar
         root_failures=place(state.root_failures, rep),

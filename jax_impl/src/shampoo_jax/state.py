@@ -24,6 +24,7 @@ from jax import Array
 from shampoo_spec import ShampooConfig
 
 from . import blocks as B
+from .grafting import adafactor_init
 
 
 class Sketch(NamedTuple):
@@ -132,10 +133,15 @@ class ShampooState(NamedTuple):
     both None without averaging. ``gradient_sum`` is eq. (6c)'s S with
     ``frequent_directions.average_gradients``: the gradients summed since
     the previous statistics step (refused entries add 0, eq. 3), elementwise
-    like ``graft``; None otherwise. The fields added last (``diagonal``, then
-    ``averaged`` and ``lr_power_sum``, then ``gradient_sum``) come after every
-    other, so the arrays of every state without them keep their positions
-    (:mod:`shampoo_jax.checkpoint`).
+    like ``graft``; None otherwise. ``adafactor`` holds eq. (14e)'s moments
+    with ``grafting.type="adafactor"`` (``graft`` is then None: they are not
+    elementwise): the parameters' structure with one
+    :class:`shampoo_jax.grafting.FactoredMoments` per parameter, R and C (or
+    V) in the parameter's own shape less one dim (or in its shape), in the
+    elementwise dtype; None otherwise. The fields added last (``diagonal``, then
+    ``averaged`` and ``lr_power_sum``, then ``gradient_sum``, then
+    ``adafactor``) come after every other, so the arrays of every state
+    without them keep their positions (:mod:`shampoo_jax.checkpoint`).
     """
 
     # The field shadows tuple.count; the name is optax's convention (and public).
@@ -156,6 +162,7 @@ class ShampooState(NamedTuple):
     averaged: Any = None
     lr_power_sum: Any = None
     gradient_sum: Any = None
+    adafactor: Any = None
 
 
 def _x64_enabled() -> bool:
@@ -399,6 +406,10 @@ def init_state(params: Any, config: ShampooConfig) -> ShampooState:
                       if av is not None and av.type == "schedule_free" else None),
         # Eq. (6c): S starts at zero (average_gradients only).
         gradient_sum=zeros() if fd is not None and fd.average_gradients else None,
+        # Eq. (14e): R, C (or V) start at zero, in each parameter's own shape.
+        adafactor=jax.tree.map(
+            lambda p: adafactor_init(tuple(p.shape), elementwise_dtype(p.dtype), config.grafting),
+            params) if config.grafting.factored else None,
     )
 
 

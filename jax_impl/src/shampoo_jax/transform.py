@@ -10,7 +10,8 @@ after another:
    out of every state update (eq. 3); :func:`_statistics_gradient`: the
    gradient the statistics take (eq. 6c's G^, an averaged sum with
    ``frequent_directions.average_gradients``);
-3. elementwise: :func:`_update_graft_state` (eq. 14b),
+3. elementwise: :func:`_update_graft_state` (eq. 14b; eq. 14e's Adafactor
+   moments of the whole parameter: :func:`_update_adafactor`),
    :func:`_update_diagonal_state` (eq. 16b's V_D, by eq. 14b's rule),
    :func:`_filter_gradient` (eq. 15), :func:`_graft_directions` (eq. 14c);
 4. :func:`_shampoo_directions`: with a diagonal preconditioner (eq. 16b)
@@ -118,8 +119,9 @@ def shampoo(
     period follows ``lr(count) / lr(0)`` (eq. 8b, in the schedule's dtype);
     a constant rate gives the ratio 1. The returned updates are *added* to the parameters
     (``optax.apply_updates``): they already carry the minus sign and the
-    learning rate. ``update`` needs ``params`` when weight decay or
-    iterate averaging is on.
+    learning rate. ``update`` needs ``params`` when weight decay,
+    iterate averaging or the Adafactor graft's parameter scale
+    (``grafting.parameter_scale_floor``, eq. 14e) is on.
 
     Iterate averaging (``config.averaging``, eq. 20d): the parameters are
     the training sequence y and the updates are eq. (20d)'s Delta; the state
@@ -173,6 +175,8 @@ def shampoo(
     wd = config.weight_decay
     # Any decay (eqs. 2, 19, 21) needs the weights W, and so does eq. (20d)'s Z - W.
     needs_w = wd.applies(wd.type) or config.averaging is not None
+    # Eq. (14e) scales the Adafactor graft by max(rms(W), s).
+    scales_by_w = config.grafting.factored and config.grafting.parameter_scale_floor is not None
 
     def init(params: Any) -> ShampooState:
         keyed, _ = jax.tree_util.tree_flatten_with_path(params)
@@ -196,9 +200,11 @@ def shampoo(
         check_shapes(keyed, state.info, params)
         layout = B.make_layout(leaf_shapes(g_leaves), config)
         tree = _Tree(treedef, [leaf.plan for leaf in layout.leaves])
-        if needs_w and params is None:
-            why = (f"weight_decay.value = {wd.value}" if config.averaging is None
-                   else "averaging (eq. 20d needs W)")
+        if (needs_w or scales_by_w) and params is None:
+            why = ("averaging (eq. 20d needs W)" if config.averaging is not None
+                   else f"weight_decay.value = {wd.value}" if wd.applies(wd.type)
+                   else f"grafting.parameter_scale_floor = {config.grafting.parameter_scale_floor}"
+                        " (eq. 14e scales the Adafactor graft by max(rms(W), s))")
             raise ValueError(f"params = None is invalid with {why}: pass params to update().")
         # Eq. (1): the 1-based step and the learning rate of this step.
         t = state.count + 1
@@ -208,17 +214,26 @@ def shampoo(
         g, w = _merged_inputs(g_leaves, params, tree, config)
         # Eq. (3)'s m: the graft state V and the diagonal state V_D (eq. 16b) count.
         held = [tree.merged(x) for x in (state.graft, state.diagonal) if x is not None]
+        # Eq. (14e)'s moments span their parameter: their max counts for all its blocks.
+        moments = None if state.adafactor is None else tree.leaves(state.adafactor)
         masked = refuse_blocks(g, state, held, layout, fdt, sharding,
-                               factor_limit(config.factor_storage_dtype))
+                               factor_limit(config.factor_storage_dtype),
+                               None if moments is None else [grafting.moments_max(m)
+                                                             for m in moments])
         # Eq. (6c): G^, the gradient blocks the statistics take, and the gradient sum S.
         observed, gradient_sum = _statistics_gradient(
             state.gradient_sum, masked, t, tree, layout, fdt, config)
         graft_state = _update_graft_state(state.graft, masked, tree, config.grafting)
+        new_moments = _update_adafactor(moments, masked, t, tree, config.grafting)
         diagonal_state = _update_diagonal_state(state.diagonal, masked, tree, config)
         used, new_filtered = _filter_gradient(
             state.filtered, masked, t, tree, config.gradient_filter
         )
-        graft_dir = _graft_directions(used, graft_state, t, config.grafting)
+        if new_moments is None:
+            graft_dir = _graft_directions(used, graft_state, t, config.grafting)
+        else:
+            graft_dir = _adafactor_directions(
+                used, new_moments, params if scales_by_w else None, tree, config.grafting)
         use_shampoo = schedule.uses_preconditioner(t, config.schedule)
         groups, failures, shampoo_dir = _shampoo_directions(
             state, masked, observed, used, diagonal_state, graft_dir, use_shampoo, t, layout,
@@ -260,6 +275,8 @@ def shampoo(
             averaged=tree.unmerged(new_z, state.averaged),
             lr_power_sum=lr_power_sum,
             gradient_sum=tree.unmerged(gradient_sum, state.gradient_sum),
+            adafactor=(None if new_moments is None
+                       else jax.tree.unflatten(treedef, new_moments)),
         )
         return jax.tree.unflatten(treedef, out), new_state
 
@@ -338,6 +355,44 @@ def _update_graft_state(
     return [
         jnp.where(f, grafting.update_state(v, x, graft), v)
         for f, v, x in zip(masked.finite, tree.merged(graft_state), masked.grads, strict=False)
+    ]
+
+
+def _update_adafactor(
+    moments: list[grafting.FactoredMoments] | None, masked: Refused, t: Array, tree: _Tree,
+    graft: GraftingConfig,
+) -> list[grafting.FactoredMoments] | None:
+    """Eq. (14e): each parameter's R, C (or V) at step t, from G in the parameter's own shape.
+
+    The moments are means over the whole parameter, so a step in which eq. (3)
+    refuses any block of the parameter leaves them unchanged (the refused
+    gradient entries are zero in ``masked.grads``, so the unused branch stays
+    finite). None without the Adafactor graft.
+    """
+    if moments is None:
+        return None
+    beta = grafting.adafactor_decay(t, graft.decay_exponent)
+    out = []
+    for m, f, x, plan in zip(moments, masked.finite, masked.grads, tree.plans, strict=True):
+        new = grafting.adafactor_update(m, x.reshape(plan.shape), beta, graft)
+        admitted = jnp.all(f)
+        out.append(jax.tree.map(lambda a, b, ok=admitted: jnp.where(ok, a, b), new, m))
+    return out
+
+
+def _adafactor_directions(
+    used: list[Array], moments: list[grafting.FactoredMoments], params: Any | None,
+    tree: _Tree, graft: GraftingConfig,
+) -> list[Array]:
+    """Eq. (14e): ``graft(X)`` of every leaf from its new moments (merged shape, as eq. 14c's).
+
+    X (the filtered gradient, eq. 15) is taken in the parameter's own shape;
+    ``params`` (W before the step) only with ``parameter_scale_floor``.
+    """
+    p_leaves = tree.leaves(params) if params is not None else [None] * len(used)
+    return [
+        grafting.adafactor_direction(u.reshape(plan.shape), m, p, graft).reshape(u.shape)
+        for u, m, p, plan in zip(used, moments, p_leaves, tree.plans, strict=True)
     ]
 
 
