@@ -24,7 +24,6 @@ tests/test_reference_equality.py).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Literal
 
 import numpy as np
@@ -32,6 +31,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
+from shampoo_conformance.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
 from shampoo_jax.blocks import make_layout
 from shampoo_jax.sharded import group_costs, placement
 from shampoo_reference import run as reference_run
@@ -39,28 +39,13 @@ from shampoo_reference import run as reference_run
 from .helpers import relative_error
 from .sharded_helpers import assert_bitwise, trajectory
 
-RTOL = 1e-6
 TOL = 1e-9
 
 
 def _config(scope: Literal["factor", "parameter"], block: int = 4, precondition_frequency: int = 1,
             **changes: object) -> ss.ShampooConfig:
-    """Tearfree's Shampoo rules (the reference test's): sums from zero, pseudo-inverse
-    roots at 1e-6, root 2 x the rank, no graft, no momentum, learning rate 1."""
-    config = ss.ShampooConfig(
-        learning_rate=1.0,
-        statistics=ss.StatisticsConfig(beta2=1.0, initial_value="zero"),
-        epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=RTOL,
-                                 rank_cutoff_scope=scope),
-        exponents=ss.ExponentConfig(default="preconditioned_dims"),
-        grafting=ss.GraftingConfig(type="none"),
-        momentum=ss.MomentumConfig(momentum=0.0),
-        blocking=ss.BlockingConfig(max_preconditioner_dim=block, merge_dims_up_to=None),
-        schedule=ss.ScheduleConfig(precondition_frequency=precondition_frequency,
-                                   period_anchor="start", roots_before_start=True),
-        factor_dtype="float64",
-    )
-    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+    return tearfree_shampoo(scope, block=block, precondition_frequency=precondition_frequency,
+                            **changes)
 
 
 def _both(config: ss.ShampooConfig, params: dict[str, np.ndarray],
@@ -75,15 +60,7 @@ def _both(config: ss.ShampooConfig, params: dict[str, np.ndarray],
 
 
 def _diagonal_stream() -> list[dict[str, np.ndarray]]:
-    """Block 0 (entries 0-3) sums to diag(1e4, ...); block 1 to diag(1, 1, 1, 1e-5)."""
-    scales = [1.0, 1.0, 1.0, np.sqrt(1e-5)]
-    grads = []
-    for i in range(4):
-        g = np.zeros(8)
-        g[i] = 100.0
-        g[4 + i] = scales[i]
-        grads.append({"w": g})
-    return grads
+    return [{"w": g} for g in diagonal_stream()]
 
 
 def test_diagonal_blocks_equal_the_reference_and_the_closed_form() -> None:

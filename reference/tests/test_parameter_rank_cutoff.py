@@ -23,29 +23,16 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
+from shampoo_conformance.rank_cutoff_problems import RTOL, diagonal_stream, tearfree_shampoo
 from shampoo_reference import ReferenceShampoo
 
 U = 2.0**-53
 TOL = 1e3 * U
-RTOL = 1e-6
 
 
 def _config(scope: str, block: int = 4, precondition_frequency: int = 1) -> ss.ShampooConfig:
-    """Tearfree's Shampoo rules: sums from zero, pseudo-inverse roots at 1e-6, root
-    2 x the rank, no graft, no momentum, learning rate 1 (the step is the direction)."""
-    return ss.ShampooConfig(
-        learning_rate=1.0,
-        statistics=ss.StatisticsConfig(beta2=1.0, initial_value="zero"),
-        epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=RTOL,
-                                 rank_cutoff_scope=scope),
-        exponents=ss.ExponentConfig(default="preconditioned_dims"),
-        grafting=ss.GraftingConfig(type="none"),
-        momentum=ss.MomentumConfig(momentum=0.0),
-        blocking=ss.BlockingConfig(max_preconditioner_dim=block, merge_dims_up_to=None),
-        schedule=ss.ScheduleConfig(precondition_frequency=precondition_frequency,
-                                   period_anchor="start", roots_before_start=True),
-        factor_dtype="float64",
-    )
+    return tearfree_shampoo(scope, block=block,  # type: ignore[arg-type]
+                            precondition_frequency=precondition_frequency)
 
 
 def _directions(config: ss.ShampooConfig, grads: list[np.ndarray]) -> list[np.ndarray]:
@@ -57,20 +44,8 @@ def _directions(config: ss.ShampooConfig, grads: list[np.ndarray]) -> list[np.nd
     return out
 
 
-def _diagonal_stream() -> list[np.ndarray]:
-    """Block 0 (entries 0-3) sums to diag(1e4, ...); block 1 to diag(1, 1, 1, 1e-5)."""
-    scales = [1.0, 1.0, 1.0, np.sqrt(1e-5)]
-    grads = []
-    for i in range(4):
-        g = np.zeros(8)
-        g[i] = 100.0
-        g[4 + i] = scales[i]
-        grads.append(g)
-    return grads
-
-
 def test_parameter_scope_drops_what_the_factor_scope_keeps() -> None:
-    grads = _diagonal_stream()
+    grads = diagonal_stream()
     own = _directions(_config("factor"), grads)[-1]
     shared = _directions(_config("parameter"), grads)[-1]
     # The fourth step's gradient is sqrt(1e-5) on entry 7, whose eigenvalue is 1e-5:

@@ -23,7 +23,6 @@ one process, as ``test_distributed.py`` requires.
 
 from __future__ import annotations
 
-import dataclasses
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -33,36 +32,20 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance.adapters.torch import run as torch_run
+from shampoo_conformance.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
 from shampoo_reference import run as reference_run
 from shampoo_torch.processes import spawn
 
 from .helpers import max_relative_error
 
-RTOL = 1e-6
 FLOAT64_RTOL = 1e-9
 SCENARIOS = str(Path(__file__).with_name("parameter_rank_cutoff_scenarios.py"))
 
 
 def _config(scope: str, precondition_frequency: int = 1, lagged: bool = False,
             **changes: Any) -> ss.ShampooConfig:
-    """Tearfree's Shampoo rules (the reference test's): sums from zero, pseudo-inverse
-    roots at rtol 1e-6, root 2 x the rank, no graft or momentum, learning rate 1."""
-    config = ss.ShampooConfig(
-        learning_rate=1.0,
-        statistics=ss.StatisticsConfig(beta2=1.0, initial_value="zero"),
-        epsilon=ss.EpsilonConfig(value=0.0, placement="pseudo_inverse", rank_rtol=RTOL,
-                                 rank_cutoff_scope=scope),
-        exponents=ss.ExponentConfig(default="preconditioned_dims"),
-        grafting=ss.GraftingConfig(type="none"),
-        momentum=ss.MomentumConfig(momentum=0.0),
-        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
-        schedule=ss.ScheduleConfig(
-            precondition_frequency=precondition_frequency, period_anchor="start",
-            roots_before_start=True,
-            roots_take_effect="next_step" if lagged else "same_step"),
-        factor_dtype="float64",
-    )
-    return dataclasses.replace(config, **changes)
+    return tearfree_shampoo(scope, precondition_frequency=precondition_frequency,  # type: ignore[arg-type]
+                            roots_take_effect="next_step" if lagged else "same_step", **changes)
 
 
 def _stream(steps: int = 4, seed: int = 7, rows: int = 12
@@ -92,12 +75,7 @@ def test_diagonal_blocks_drop_what_the_factor_scope_keeps() -> None:
     """A vector in two blocks summing to diag(1e4, ...) and diag(1, 1, 1, 1e-5). The
     last step's gradient is sqrt(1e-5) on entry 7, whose eigenvalue is 1e-5:
     (1e-5)^(-1/2) sqrt(1e-5) = 1 kept (eq. 10), 0 dropped (1e-5 <= 1e-6 * 1e4, eq. 10g)."""
-    scales = [1.0, 1.0, 1.0, np.sqrt(1e-5)]
-    grads = []
-    for i in range(4):
-        g = np.zeros(8)
-        g[i], g[4 + i] = 100.0, scales[i]
-        grads.append({"v": g})
+    grads = [{"v": g} for g in diagonal_stream()]
     params = {"v": np.zeros(8)}
     for scope, want in (("factor", 1.0), ("parameter", 0.0)):
         ours, ref = _both(_config(scope), params, grads)

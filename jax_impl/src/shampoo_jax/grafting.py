@@ -15,7 +15,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 from jax.typing import DTypeLike
 
@@ -79,7 +78,7 @@ def clip(u: Array, graft: GraftingConfig) -> Array:
 class FactoredMoments(NamedTuple):
     """Eq. (14e)'s moments of one parameter, in the parameter's own shape.
 
-    Factored (:func:`factored_dims` not None, ``(d0, d1)``): ``row`` is R
+    Factored (``GraftingConfig.factored_dims`` not None, ``(d0, d1)``): ``row`` is R
     (the shape without d0) and ``col`` is C (the shape without d1), ``full``
     None; otherwise ``full`` is V (the parameter's shape) and the others are
     None. A None field is an empty pytree node, so the state holds only the
@@ -92,25 +91,10 @@ class FactoredMoments(NamedTuple):
     full: Array | None = None
 
 
-def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:
-    """Eq. (14e): ``(d0, d1)``, the largest and the second largest dim of ``shape``.
-
-    The last two of numpy's (stable) argsort, as optax's ``_factored_dims``
-    (on ties the later dim is d0), when the rank is >= 2 and
-    ``shape[d1] >= min_dim`` (``factor_min_dim``); else None (unfactored).
-    """
-    if len(shape) < 2:
-        return None
-    order = np.argsort(shape)
-    if shape[order[-2]] < min_dim:
-        return None
-    return int(order[-1]), int(order[-2])
-
-
 def adafactor_init(shape: tuple[int, ...], dtype: DTypeLike, graft: GraftingConfig
                    ) -> FactoredMoments:
     """Eq. (14e): R, C (or V) = 0 for a parameter of ``shape``, in ``dtype``."""
-    dims = factored_dims(shape, graft.factor_min_dim)
+    dims = graft.factored_dims(shape)
     if dims is None:
         return FactoredMoments(full=jnp.zeros(shape, dtype))
     d0, d1 = dims
@@ -153,7 +137,7 @@ def adafactor_update(m: FactoredMoments, gradient: Array, beta: Array, graft: Gr
     w = 1.0 - b
     if m.full is not None:
         return FactoredMoments(full=b * m.full + w * q)
-    dims = factored_dims(tuple(gradient.shape), graft.factor_min_dim)
+    dims = graft.factored_dims(tuple(gradient.shape))
     assert dims is not None and m.row is not None and m.col is not None
     d0, d1 = dims
     return FactoredMoments(row=b * m.row + w * jnp.mean(q, axis=d0),
@@ -174,7 +158,7 @@ def adafactor_direction(x: Array, m: FactoredMoments, parameter: Array | None,
     if m.full is not None:
         u = x * m.full ** -0.5
     else:
-        dims = factored_dims(tuple(x.shape), graft.factor_min_dim)
+        dims = graft.factored_dims(tuple(x.shape))
         assert dims is not None and m.row is not None and m.col is not None
         d0, d1 = dims
         r_axis = d1 - 1 if d1 > d0 else d1  # d1's axis in R, which lacks d0
@@ -208,7 +192,6 @@ __all__ = [
     "adafactor_update",
     "clip",
     "direction",
-    "factored_dims",
     "graft_input",
     "moments_max",
     "norm",

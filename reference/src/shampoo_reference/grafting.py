@@ -88,20 +88,9 @@ class FactoredMoments:
         return [x for x in (self.row, self.col, self.full) if x is not None]
 
 
-def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:
-    """Eq. (14e): ``(d0, d1)``, the last two of numpy's argsort of ``shape`` (optax's
-    ``_factored_dims``), when the rank is >= 2 and ``shape[d1] >= min_dim``; else None."""
-    if len(shape) < 2:
-        return None
-    order = np.argsort(shape)
-    if shape[order[-2]] < min_dim:
-        return None
-    return int(order[-1]), int(order[-2])
-
-
 def adafactor_init(shape: tuple[int, ...], graft: GraftingConfig) -> FactoredMoments:
     """Zero moments for a parameter of ``shape`` (eq. 14e)."""
-    dims = factored_dims(shape, graft.factor_min_dim)
+    dims = graft.factored_dims(shape)
     if dims is None:
         return FactoredMoments(None, full=np.zeros(shape))
     d0, d1 = dims
@@ -109,18 +98,11 @@ def adafactor_init(shape: tuple[int, ...], graft: GraftingConfig) -> FactoredMom
     return FactoredMoments(dims, row=np.zeros(without(d0)), col=np.zeros(without(d1)))
 
 
-def adafactor_decay(t: int, exponent: float) -> float:
-    """``beta_t = fl32(1 - fl32(t^(-c)))`` of eq. (14e): t^(-c) correctly rounded to
-    float32 (from float64), then the difference rounded to float32."""
-    power = np.float32(float(t) ** -exponent)
-    return float(np.float32(1.0) - power)
-
-
 def adafactor_update(m: FactoredMoments, gradient: Array, t: int, graft: GraftingConfig
                      ) -> FactoredMoments:
     """Eq. (14e) at step t: R, C (or V) <- beta_t (.) + (1 - beta_t) means of G^2 + eps;
     ``gradient`` in the parameter's own shape."""
-    beta = adafactor_decay(t, graft.decay_exponent)
+    beta = graft.adafactor_decay(t)
     q = gradient * gradient + graft.epsilon
     if m.dims is None:
         assert m.full is not None

@@ -893,6 +893,26 @@ class GraftingConfig:
         """Whether the graft is eq. (14e)'s Adafactor (moments of the whole parameter)."""
         return self.type == "adafactor"
 
+    def factored_dims(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
+        """Eq. (14e): ``(d0, d1)``, the largest and second largest dim of ``shape`` (the
+        last two of a stable ascending sort by size: on ties the later dim sorts last),
+        when the rank is >= 2 and ``shape[d1] >= factor_min_dim``; else None (the full
+        moment V). optax's ``_factored_dims`` takes numpy's ``argsort``, the same order
+        where neither of the two largest sizes is shared (docs/spec.md, eq. 14e)."""
+        if len(shape) < 2:
+            return None
+        order = sorted(range(len(shape)), key=lambda k: shape[k])
+        d0, d1 = order[-1], order[-2]
+        return (d0, d1) if shape[d1] >= self.factor_min_dim else None
+
+    def adafactor_decay(self, t: int) -> float:
+        """``beta_t = fl32(1 - fl32(t^(-c)))`` of eq. (14e) at step t >= 1: t^(-c) in
+        float64 rounded to float32 (correctly, where a float32 ``pow`` need not be); the
+        difference of two float32 numbers is exact in float64 (below 2^-25 it rounds to
+        1 either way), so rounding it once is float32's subtraction."""
+        power = _float32(float(t) ** -self.decay_exponent)
+        return _float32(1.0 - power)
+
     @property
     def adaptive(self) -> bool:
         """Whether the graft divides by a second moment: eq. (14b)'s types or eq. (14e)."""
@@ -922,6 +942,12 @@ class GraftingConfig:
     def rescale_scope(self) -> Literal["block", "parameter"] | None:
         """Where eq. (18) takes the norms: per block, per parameter, or None (no graft)."""
         return None if self.type == "none" else self.norm_scope
+
+
+def _float32(x: float) -> float:
+    """x rounded to the nearest float32 (ties to even)."""
+    out: float = struct.unpack("f", struct.pack("f", x))[0]
+    return out
 
 
 #: The elementwise methods a diagonal preconditioner may be (eq. 16b).

@@ -16,7 +16,6 @@ moments are row and column means of the whole parameter in its own shape
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any
 
 import torch
@@ -108,23 +107,6 @@ ADAFACTOR_ROW, ADAFACTOR_COL, ADAFACTOR_FULL = "adafactor_row", "adafactor_col",
 ADAFACTOR_KEYS = (ADAFACTOR_ROW, ADAFACTOR_COL, ADAFACTOR_FULL)
 
 
-def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:
-    """Eq. (14e): ``(d0, d1)``, the largest and second largest dim of ``shape``, when the
-    rank is >= 2 and ``shape[d1] >= min_dim``; else None (the full moment V).
-
-    The last two of a stable ascending sort of the dims by size (numpy's
-    ``argsort``, which optax's ``_factored_dims`` uses, sorts ranks below 17
-    by insertion, stably): on ties the later dim is d0.
-    """
-    if len(shape) < 2:
-        return None
-    order = sorted(range(len(shape)), key=lambda k: shape[k])
-    d0, d1 = order[-1], order[-2]
-    if shape[d1] < min_dim:
-        return None
-    return d0, d1
-
-
 def _without(shape: tuple[int, ...], d: int) -> tuple[int, ...]:
     return tuple(n for k, n in enumerate(shape) if k != d)
 
@@ -132,31 +114,14 @@ def _without(shape: tuple[int, ...], d: int) -> tuple[int, ...]:
 def adafactor_init(st: dict[str, Any], shape: tuple[int, ...], graft: GraftingConfig,
                    dtype: torch.dtype, device: torch.device) -> None:
     """Eq. (14e)'s zero moments of a parameter of (its own) ``shape`` into ``st``:
-    R and C (:func:`factored_dims`), or V."""
-    dims = factored_dims(shape, graft.factor_min_dim)
+    R and C (``GraftingConfig.factored_dims``), or V."""
+    dims = graft.factored_dims(shape)
     if dims is None:
         st[ADAFACTOR_FULL] = torch.zeros(shape, dtype=dtype, device=device)
         return
     d0, d1 = dims
     st[ADAFACTOR_ROW] = torch.zeros(_without(shape, d0), dtype=dtype, device=device)
     st[ADAFACTOR_COL] = torch.zeros(_without(shape, d1), dtype=dtype, device=device)
-
-
-def _fl32(x: float) -> float:
-    """x rounded to the nearest float32 (ties to even), on the host."""
-    out: float = struct.unpack("f", struct.pack("f", x))[0]
-    return out
-
-
-def adafactor_decay(t: int, exponent: float) -> float:
-    """``beta_t = fl32(1 - fl32(t^(-c)))`` of eq. (14e), on the host from the step count.
-
-    t^(-c) in float64, correctly rounded to float32 (a float32 ``pow`` need not
-    be: XLA's is off by one ulp at some t); the difference of two float32 values
-    is exact in float64 (or, below 2^-25, rounds to 1 either way), so rounding
-    it once gives the float32 subtraction. No tensor: the step needs no sync.
-    """
-    return _fl32(1.0 - _fl32(float(t) ** -exponent))
 
 
 def _moments(st: dict[str, Any]) -> list[torch.Tensor]:
@@ -186,7 +151,7 @@ def adafactor_update(st: dict[str, Any], g: torch.Tensor, t: int, graft: Graftin
     parameter: the means span the whole parameter, so such a step leaves R, C
     and V as they are (selected on the device, no sync); None: admitted.
     """
-    beta = adafactor_decay(t, graft.decay_exponent)
+    beta = graft.adafactor_decay(t)
     q = g * g + graft.epsilon
     if ADAFACTOR_FULL in st:
         new = {ADAFACTOR_FULL: beta * st[ADAFACTOR_FULL] + (1.0 - beta) * q}
@@ -201,7 +166,7 @@ def adafactor_update(st: dict[str, Any], g: torch.Tensor, t: int, graft: Graftin
 def _dims(shape: tuple[int, ...], graft: GraftingConfig) -> tuple[int, int]:
     """(d0, d1) of a factored parameter of ``shape`` (from the config: the moments'
     shapes cannot tell tied dims apart)."""
-    dims = factored_dims(shape, graft.factor_min_dim)
+    dims = graft.factored_dims(shape)
     assert dims is not None, "a factored moment for an unfactored shape"
     return dims
 
