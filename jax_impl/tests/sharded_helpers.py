@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -10,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import shampoo_jax
 import shampoo_spec as ss
@@ -74,6 +76,53 @@ def trajectory(
         p, s = step(p, s, place(g, n))
         out.append({k: np.asarray(v) for k, v in p.items()})
     return out, s
+
+
+#: Shapes for a 2 x 2 ("data", "model") mesh and their shardings over "model" (v stays
+#: replicated: 9 is odd).
+MESH_SHAPES = {"w": (12, 10), "t": (3, 4, 6), "v": (9,)}
+MESH_SPECS = {"w": P(None, "model"), "t": P(None, "model", None), "v": P()}
+
+
+@dataclass(frozen=True)
+class MeshRun:
+    """One float32 run on the 2 x 2 mesh: the state ``opt.init`` gave, the parameters
+    after each step (NumPy), the final parameters and state, and their layout."""
+
+    initial_state: Any
+    params: list[dict[str, np.ndarray]]
+    final_params: dict[str, jax.Array]
+    final_state: Any
+    where: dict[str, NamedSharding]
+    sharding: shampoo_jax.ShardingConfig
+
+
+def run_on_2x2_mesh(config: ss.ShampooConfig, params: dict[str, np.ndarray],
+                    grads: list[dict[str, np.ndarray]], specs: dict[str, P],
+                    axis: str | tuple[str, ...] = "data") -> MeshRun:
+    """Shampoo sharded over ``axis`` of a 2 x 2 ("data", "model") mesh of host devices,
+    the parameters and gradients placed by ``specs``; ``opt.init`` runs eagerly, so
+    elementwise states take the parameters' shardings."""
+    mesh = Mesh(np.array(devices(4)).reshape(2, 2), ("data", "model"))
+    sharding = shampoo_jax.ShardingConfig(mesh, axis)
+    opt = shampoo_jax.shampoo(config, sharding=sharding)
+    where = {k: NamedSharding(mesh, specs[k]) for k in params}
+
+    def put(tree: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return {k: jax.device_put(jnp.asarray(v, jnp.float32), where[k]) for k, v in tree.items()}
+
+    @jax.jit
+    def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    p = put(params)
+    s = s0 = opt.init(p)
+    out = []
+    for g in grads:
+        p, s = step(p, s, put(g))
+        out.append({k: np.asarray(v) for k, v in p.items()})
+    return MeshRun(s0, out, p, s, where, sharding)
 
 
 def padding(groups: tuple[Any, ...], n: int) -> list[np.ndarray]:

@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shampoo_jax
@@ -44,7 +43,16 @@ from shampoo_reference import run as reference_run
 from shampoo_spec.limits import STATE_LIMIT
 
 from .helpers import relative_error, run_x64, stream
-from .sharded_helpers import assert_bitwise, devices, place, sharding_1d, trajectory, transformation
+from .sharded_helpers import (
+    MESH_SHAPES,
+    MESH_SPECS,
+    assert_bitwise,
+    place,
+    run_on_2x2_mesh,
+    sharding_1d,
+    trajectory,
+    transformation,
+)
 
 #: Factored (m = 4): (6, 9), the tie (6, 6) (d0 = 1, the later dim), (3, 8, 5) (d0 = 1,
 #: d1 = 2) and (4, 1, 5) (d0 = 2, d1 = 0); unfactored: (7,), (2, 9) (2 < 4) and ().
@@ -420,26 +428,12 @@ def test_model_sharded_parameters_shard_their_moments() -> None:
     entries of the dims they keep (the mean over a sharded dim is a cross-device
     reduction), V the parameter's; the trajectory is one device's within the float32
     bound."""
-    shapes = {"w": (12, 10), "t": (3, 4, 6), "v": (9,)}
-    specs = {"w": P(None, "model"), "t": P(None, "model", None), "v": P()}
     config = dataclasses.replace(SHARDED, grafting=graft(clip_rms=0.5, parameter_scale_floor=1e-3,
                                                          factor_min_dim=3))
-    params, grads = stream(shapes, steps=5, seed=11)
+    params, grads = stream(MESH_SHAPES, steps=5, seed=11)
     want, _ = trajectory(config, params, grads, None)
-    mesh = Mesh(np.array(devices(4)).reshape(2, 2), ("data", "model"))
-    opt = shampoo_jax.shampoo(config, sharding=shampoo_jax.ShardingConfig(mesh, "data"))
-    where = {k: NamedSharding(mesh, specs[k]) for k in shapes}
-
-    def put(tree: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return {k: jax.device_put(jnp.asarray(v, jnp.float32), where[k]) for k, v in tree.items()}
-
-    @jax.jit
-    def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
-        u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s
-
-    p = put(params)
-    s = opt.init(p)
+    run = run_on_2x2_mesh(config, params, grads, MESH_SPECS)
+    s = run.initial_state
     # w (12, 10): d0 = 0, d1 = 1, R = (10,) keeps "model", C = (12,) does not;
     # t (3, 4, 6): d0 = 2, d1 = 1, R = (3, 4) keeps "model", C = (3, 6) does not.
     assert s.adafactor["w"].row.sharding.spec == P("model")
@@ -447,8 +441,4 @@ def test_model_sharded_parameters_shard_their_moments() -> None:
     assert s.adafactor["t"].row.sharding.spec == P(None, "model")
     assert s.adafactor["t"].col.sharding.spec == P(None, None)
     assert s.adafactor["v"].full.sharding.spec == P()
-    got = []
-    for g in grads:
-        p, s = step(p, s, put(g))
-        got.append({k: np.asarray(v) for k, v in p.items()})
-    _assert_within_bound(config, params, grads, got, want)
+    _assert_within_bound(config, params, grads, run.params, want)

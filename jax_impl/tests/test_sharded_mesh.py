@@ -27,7 +27,7 @@ from shampoo_conformance.divergence import first_divergence
 from shampoo_conformance.tolerances import trajectory_bound
 
 from .helpers import stream
-from .sharded_helpers import devices, trajectory
+from .sharded_helpers import MESH_SHAPES, MESH_SPECS, devices, run_on_2x2_mesh, trajectory
 
 CONFIG = ss.ShampooConfig(
     learning_rate=0.1,
@@ -37,9 +37,7 @@ CONFIG = ss.ShampooConfig(
     blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=None),
     schedule=ss.ScheduleConfig(precondition_frequency=2, start_preconditioning_step=2),
 )
-SHAPES = {"w": (12, 10), "t": (3, 4, 6), "v": (9,)}
-#: Parameter shardings over the "model" axis (v stays replicated: 9 is odd).
-SPECS = {"w": P(None, "model"), "t": P(None, "model", None), "v": P()}
+SHAPES, SPECS = MESH_SHAPES, MESH_SPECS
 
 
 def _check(config: ss.ShampooConfig, params: Any, grads: Any, got: Any, want: Any,
@@ -54,30 +52,13 @@ def _check(config: ss.ShampooConfig, params: Any, grads: Any, got: Any, want: An
 def test_model_sharded_parameters_on_a_2x2_mesh(axis: str | tuple[str, ...]) -> None:
     params, grads = stream(SHAPES, steps=5, seed=11)
     want, s1 = trajectory(CONFIG, params, grads, None)
-    mesh = Mesh(np.array(devices(4)).reshape(2, 2), ("data", "model"))
-    sharding = shampoo_jax.ShardingConfig(mesh, axis)
-    where = {k: NamedSharding(mesh, SPECS[k]) for k in SHAPES}
-    opt = shampoo_jax.shampoo(CONFIG, sharding=sharding)
-
-    def put(tree: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return {k: jax.device_put(jnp.asarray(v, jnp.float32), where[k]) for k, v in tree.items()}
-
-    @jax.jit
-    def step(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
-        u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s
-
-    p = put(params)
-    s = opt.init(p)  # eagerly: elementwise states take the parameters' shardings
-    assert s.momentum["w"].sharding.spec == SPECS["w"]
-    got = []
-    for g in grads:
-        p, s = step(p, s, put(g))
-        got.append({k: np.asarray(v) for k, v in p.items()})
-    _check(CONFIG, params, grads, got, want, np.float32)
+    run = run_on_2x2_mesh(CONFIG, params, grads, SPECS, axis)
+    assert run.initial_state.momentum["w"].sharding.spec == SPECS["w"]
+    _check(CONFIG, params, grads, run.params, want, np.float32)
+    p, s, sharding = run.final_params, run.final_state, run.sharding
     assert int(s.root_failures) == int(s1.root_failures)
     for k in SHAPES:  # the parameters keep their own sharding
-        assert p[k].sharding.is_equivalent_to(where[k], p[k].ndim), (k, p[k].sharding)
+        assert p[k].sharding.is_equivalent_to(run.where[k], p[k].ndim), (k, p[k].sharding)
     for gs in s.groups:
         for x in jax.tree.leaves(gs):
             assert x.sharding.spec == sharding.spec

@@ -24,7 +24,8 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance.rank_cutoff_problems import RTOL, diagonal_stream, tearfree_shampoo
-from shampoo_reference import ReferenceShampoo
+
+from .helpers import directions
 
 U = 2.0**-53
 TOL = 1e3 * U
@@ -35,19 +36,10 @@ def _config(scope: str, block: int = 4, precondition_frequency: int = 1) -> ss.S
                             precondition_frequency=precondition_frequency)
 
 
-def _directions(config: ss.ShampooConfig, grads: list[np.ndarray]) -> list[np.ndarray]:
-    opt = ReferenceShampoo(config, {"w": np.zeros(grads[0].shape)})
-    out = []
-    for g in grads:
-        before = opt.params["w"].copy()
-        out.append(before - opt.step({"w": g})["w"])
-    return out
-
-
 def test_parameter_scope_drops_what_the_factor_scope_keeps() -> None:
     grads = diagonal_stream()
-    own = _directions(_config("factor"), grads)[-1]
-    shared = _directions(_config("parameter"), grads)[-1]
+    own = directions(_config("factor"), grads)[-1]
+    shared = directions(_config("parameter"), grads)[-1]
     # The fourth step's gradient is sqrt(1e-5) on entry 7, whose eigenvalue is 1e-5:
     # (1e-5)^(-1/2) sqrt(1e-5) = 1 kept (eq. 10), 0 dropped (eq. 10g).
     assert own[7] == pytest.approx(1.0, rel=TOL)
@@ -76,7 +68,7 @@ def test_parameter_scope_matches_an_independent_computation(
     for g in grads:
         g[8:] *= 1e-4  # the third block's eigenvalues about 1e-8 of the others'
     config = _config("parameter", precondition_frequency=precondition_frequency)
-    got = _directions(config, grads)
+    got = directions(config, grads)
 
     sums = [[np.zeros((4, 4)), np.zeros((3, 3))] for _ in range(3)]
     roots = [[np.eye(4), np.eye(3)] for _ in range(3)]
@@ -96,7 +88,7 @@ def test_parameter_scope_matches_an_independent_computation(
         np.testing.assert_allclose(got[t - 1], want, rtol=TOL, atol=TOL * np.abs(want).max())
     assert worst_margin > 10.0, worst_margin
     # Eq. (10)'s own cutoffs keep the small block's directions: the scopes differ there.
-    own = _directions(_config("factor", precondition_frequency=precondition_frequency), grads)
+    own = directions(_config("factor", precondition_frequency=precondition_frequency), grads)
     assert np.abs(own[-1][8:]).max() > 1e-3
     assert np.abs(got[-1][8:]).max() == 0.0
 
@@ -104,8 +96,8 @@ def test_parameter_scope_matches_an_independent_computation(
 def test_one_block_parameters_do_not_see_the_scope() -> None:
     rng = np.random.default_rng(3)
     grads = [rng.standard_normal((4, 3)) for _ in range(3)]
-    own = _directions(_config("factor"), grads)
-    shared = _directions(_config("parameter"), grads)
+    own = directions(_config("factor"), grads)
+    shared = directions(_config("parameter"), grads)
     for a, b in zip(own, shared, strict=True):
         np.testing.assert_array_equal(a, b)
 

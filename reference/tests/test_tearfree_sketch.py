@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_reference import ReferenceShampoo
 from shampoo_reference.linalg import Sketch, tearfree_sketch_root
+
+from .helpers import directions
 
 U = 2.0**-53
 TOL = 1e3 * U
@@ -48,15 +49,6 @@ def _config(rank: int, *, beta2: float = 1.0, epsilon: float = 1e-3, relative: b
     )
 
 
-def _directions(config: ss.ShampooConfig, grads: list[np.ndarray]) -> list[np.ndarray]:
-    opt = ReferenceShampoo(config, {"w": np.zeros(grads[0].shape)})
-    out = []
-    for g in grads:
-        before = opt.params["w"].copy()
-        out.append(before - opt.step({"w": g})["w"])
-    return out
-
-
 def _pinv_root(s: np.ndarray, p: float, epsilon: float) -> np.ndarray:
     """``(S + eps)^(-1/p)`` on the range of S, 0 on its null space (eps relative)."""
     w, q = np.linalg.eigh(s)
@@ -73,7 +65,7 @@ def test_full_rank_sum_is_the_pseudo_inverse_root_plus_eps(shape: tuple[int, int
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(shape) for _ in range(2)]  # a rank-deficient S at step 1
     epsilon = 1e-3
-    got = _directions(_config(rank=16, epsilon=epsilon), grads)
+    got = directions(_config(rank=16, epsilon=epsilon), grads)
     left, right = np.zeros((shape[0],) * 2), np.zeros((shape[1],) * 2)
     for g, d in zip(grads, got, strict=True):
         left += g @ g.T
@@ -108,7 +100,7 @@ def _tearfree_axis(u_s: tuple[np.ndarray, np.ndarray, float], g: np.ndarray, k: 
     return (vecs, deflated * mask, new_tail), inv, inv_tail
 
 
-def _tearfree_directions(grads: list[np.ndarray], rank: int, beta: float, epsilon: float,
+def _tearfreedirections(grads: list[np.ndarray], rank: int, beta: float, epsilon: float,
                          relative: bool, freq: int) -> list[np.ndarray]:
     """Tearfree's ``_update`` + ``_precondition`` on one matrix (0-based count)."""
     shape = grads[0].shape
@@ -145,9 +137,9 @@ def test_matches_a_transcription_of_tearfree(rank: int, beta2: float, epsilon: f
                                              relative: bool, freq: int) -> None:
     rng = np.random.default_rng(rank + int(10 * beta2))
     grads = [rng.standard_normal((6, 11)) for _ in range(8)]
-    got = _directions(_config(rank, beta2=beta2, epsilon=epsilon, relative=relative,
+    got = directions(_config(rank, beta2=beta2, epsilon=epsilon, relative=relative,
                               freq=freq), grads)
-    want = _tearfree_directions(grads, rank, beta2, epsilon, relative, freq)
+    want = _tearfreedirections(grads, rank, beta2, epsilon, relative, freq)
     for step, (a, b) in enumerate(zip(got, want, strict=True)):
         err = np.abs(a - b).max() / np.abs(b).max()
         assert err <= TOL, f"step {step + 1}: {err:.1e}"
