@@ -1,8 +1,12 @@
-"""Seeded data streams and the deviation measure the torch tests share."""
+"""Seeded data streams, the deviation measure and the worker spawn the torch tests share."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from shampoo_torch.processes import spawn
 
 #: The shapes the per-option reference-equality cases run on: a matrix, vectors,
 #: a 3-tensor, a 0-d scalar and size-1 dims.
@@ -32,3 +36,14 @@ def max_relative_error(params: dict, ours: list[dict], ref: list[dict]) -> float
             worst = max(worst, diff / scale if scale > 0 else diff)
         previous = theirs
     return worst
+
+
+def spawn_ok(target: str, world: int, args: tuple[Any, ...] = (),
+             timeout_s: float = 300.0) -> list[Any]:
+    """Each rank's return value of ``target`` on ``world`` gloo workers
+    (:func:`shampoo_torch.processes.spawn`); a rank that raised fails the test, named."""
+    results = spawn(target, world, args, timeout_s=timeout_s, collective_timeout_s=120.0)
+    for rank, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise AssertionError(f"rank {rank} of {world} raised: {r!r}") from r
+    return results

@@ -51,9 +51,8 @@ from shampoo_torch.grafting import (
     ADAFACTOR_KEYS,
     ADAFACTOR_ROW,
 )
-from shampoo_torch.processes import spawn
 
-from .helpers import max_relative_error, stream
+from .helpers import max_relative_error, spawn_ok, stream
 from .test_reference_equality import _float32_rtol
 
 #: factor_min_dim = 4: "w", "t", "q" (a tie: d0 is the later dim), "o" are factored;
@@ -324,11 +323,7 @@ def test_a_moment_of_another_shape_is_refused() -> None:
 # ---------------------------------------------------------------- distributed
 @cache
 def _distributed() -> list[dict[str, Any]]:
-    results = spawn(f"{SCENARIOS}:adafactor", 2, timeout_s=300.0, collective_timeout_s=120.0)
-    for rank, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise AssertionError(f"rank {rank} of 2 raised: {r!r}") from r
-    return results
+    return spawn_ok(f"{SCENARIOS}:adafactor", 2)
 
 
 def test_distributed_equals_single_process_bit_for_bit() -> None:

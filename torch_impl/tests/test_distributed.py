@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from shampoo_torch import DistributedConfig, Shampoo
-from shampoo_torch.processes import spawn
+
+from .helpers import spawn_ok
 
 SCENARIOS = str(Path(__file__).with_name("distributed_scenarios.py"))
 WORLD_SIZES = (1, 2, 3)
@@ -30,12 +31,7 @@ WORLD_SIZES = (1, 2, 3)
 
 @cache
 def outcome(world: int) -> list[dict[str, Any]]:
-    results = spawn(f"{SCENARIOS}:world_sizes_and_replicas", world, timeout_s=400.0,
-                    collective_timeout_s=120.0)
-    for rank, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise AssertionError(f"rank {rank} of {world} raised: {r!r}") from r
-    return results
+    return spawn_ok(f"{SCENARIOS}:world_sizes_and_replicas", world, timeout_s=400.0)
 
 
 def assert_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str) -> None:
@@ -128,11 +124,7 @@ def test_replicated_trainer_groups_and_ddp() -> None:
 def test_two_trainer_groups_of_two() -> None:
     """World 4 as two groups of 2: each group splits the blocks like a world of 2,
     the groups replicate each other, and every rank equals one process."""
-    results = spawn(f"{SCENARIOS}:trainer_groups", 4, timeout_s=400.0,
-                    collective_timeout_s=120.0)
-    for rank, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise AssertionError(f"rank {rank} of 4 raised: {r!r}") from r
+    results = spawn_ok(f"{SCENARIOS}:trainer_groups", 4, timeout_s=400.0)
     for rank, r in enumerate(results):
         assert_identical(r["distributed"], r["single"], f"two groups, rank {rank}")
     per_rank = [r["bytes"] for r in results]

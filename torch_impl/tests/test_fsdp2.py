@@ -31,17 +31,15 @@ from shampoo_reference import ReferenceShampoo
 from shampoo_torch import DistributedConfig
 from shampoo_torch.processes import spawn
 
+from .helpers import spawn_ok
+
 SCENARIOS = str(Path(__file__).with_name("fsdp2_scenarios.py"))
 WORLDS = (2, 4)
 
 
 @cache
 def outcome(world: int) -> list[dict[str, Any]]:
-    results = spawn(f"{SCENARIOS}:fsdp", world, timeout_s=400.0, collective_timeout_s=120.0)
-    for rank, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise AssertionError(f"rank {rank} of {world} raised: {r!r}") from r
-    return results
+    return spawn_ok(f"{SCENARIOS}:fsdp", world, timeout_s=400.0)
 
 
 def _scenarios() -> Any:

@@ -34,9 +34,8 @@ import shampoo_spec as ss
 from shampoo_conformance.adapters.torch import run as torch_run
 from shampoo_conformance.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
 from shampoo_reference import run as reference_run
-from shampoo_torch.processes import spawn
 
-from .helpers import max_relative_error
+from .helpers import max_relative_error, spawn_ok
 
 FLOAT64_RTOL = 1e-9
 SCENARIOS = str(Path(__file__).with_name("parameter_rank_cutoff_scenarios.py"))
@@ -150,12 +149,7 @@ def _distributed() -> list[dict[str, Any]]:
     configs = {"parameter": _config("parameter"),
                "parameter_lagged_every_2": _config("parameter", 2, lagged=True),
                "factor": _config("factor")}
-    results = spawn(f"{SCENARIOS}:compare", 2, (configs, params, grads), timeout_s=300.0,
-                    collective_timeout_s=120.0)
-    for rank, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise AssertionError(f"rank {rank} of 2 raised: {r!r}") from r
-    return results
+    return spawn_ok(f"{SCENARIOS}:compare", 2, (configs, params, grads))
 
 
 @pytest.mark.parametrize("case", ["parameter", "parameter_lagged_every_2", "factor"])

@@ -42,7 +42,8 @@ from shampoo_spec import (
     block_overflows,
 )
 from shampoo_torch import NonFiniteGradientError, RootFailureError, Shampoo
-from shampoo_torch.processes import spawn
+
+from .helpers import spawn_ok
 
 SCENARIOS = str(Path(__file__).with_name("distributed_scenarios.py"))
 SKIP = FailureConfig(nonfinite_gradient="skip_block")
@@ -77,11 +78,7 @@ def _all_state_finite(opt: Shampoo) -> bool:
 # ------------------------------------------------------- eq. (3), distributed
 @cache
 def distributed_outcome() -> list[dict[str, Any]]:
-    results = spawn(f"{SCENARIOS}:reliability", 2, timeout_s=300.0, collective_timeout_s=120.0)
-    for rank, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise AssertionError(f"rank {rank} raised: {r!r}") from r
-    return results
+    return spawn_ok(f"{SCENARIOS}:reliability", 2)
 
 
 def test_ddp_replicas_skip_the_same_blocks_when_one_rank_sees_a_bad_gradient() -> None:
