@@ -20,7 +20,12 @@ def test_each_variant_changes_its_option_and_steps() -> None:
                        "spectral": {"spectral", "blocking"}, "sign": {"diagonal"},
                        "gpa": {"averaging"}, "schedule_free": {"averaging"},
                        "low_rank": {"low_rank"},
-                       "frequent_directions": {"frequent_directions", "statistics", "schedule"}}
+                       "frequent_directions": {"frequent_directions", "statistics", "schedule"},
+                       "sketchy_tearfree": {"frequent_directions", "statistics", "schedule"},
+                       "eigendecomposed_qr": {"root_inverse"},
+                       "coupled_newton": {"root_inverse", "epsilon"},
+                       "coupled_newton_deflated": {"root_inverse", "epsilon"},
+                       "adafactor_graft": {"grafting"}}
     assert configs["diagonal_adam"].diagonal is not None
     x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
     for name, config in configs.items():

@@ -20,6 +20,16 @@ roots every ``period`` steps from step ``period``) with one option changed:
   ``frequent_directions`` with ``average_grad``): the gradients summed every
   step, one observation folded into each sketch per period (statistics on
   the root steps, as the rule requires; no bias correction).
+- ``sketchy_tearfree``: tearfree's Sketchy (eq. 10e), every factor sketched
+  at rank 64, statistics on the root steps as ``frequent_directions``;
+- ``eigendecomposed_qr``: Meta's Eigendecomposed Shampoo with
+  ``QREigendecompositionConfig`` (eq. 10f: one QR step from the stored
+  eigenbasis in place of eigh);
+- ``coupled_newton`` and ``coupled_newton_deflated``: Google's coupled
+  Newton root (eq. 11, relative epsilon 1e-6 as Google's default), without
+  and with its top-16 LOBPCG deflation (eq. 11d, ``lobpcg_topk_precondition``);
+- ``adafactor_graft``: tearfree's Adafactor graft (eq. 14e, optax's defaults:
+  decay exponent 0.8, parameter scale floor 1e-3) in place of AdaGrad.
 
 Each runs in turn, whole amortization periods interleaved (Shampoo, AdamW,
 the variants, repeated), after a warm-up past the start step, so every
@@ -37,8 +47,11 @@ import torch
 
 from shampoo_spec import (
     BlockingConfig,
+    CoupledNewtonConfig,
     DiagonalPreconditionerConfig,
+    EpsilonConfig,
     FrequentDirectionsConfig,
+    GraftingConfig,
     IterateAveragingConfig,
     LowRankRootConfig,
     ShampooConfig,
@@ -54,6 +67,9 @@ def variants(period: int) -> dict[str, ShampooConfig]:
     base = shampoo_config(period)
     replace = dataclasses.replace
     blocking = base.blocking
+    # Google's relative epsilon: with Meta's absolute 1e-12 the iteration on
+    # these ill-conditioned factors would run to its 100-iteration cap.
+    newton_epsilon = EpsilonConfig(value=1e-6, scale="relative")
     return {
         "shampoo": base,
         "kl": replace(base, statistics=replace(base.statistics, kl=True)),
@@ -69,6 +85,19 @@ def variants(period: int) -> dict[str, ShampooConfig]:
             base, frequent_directions=FrequentDirectionsConfig(rank=64, average_gradients=True),
             statistics=replace(base.statistics, bias_correction=False),
             schedule=replace(base.schedule, statistics_frequency=period)),
+        "sketchy_tearfree": replace(
+            base, frequent_directions=FrequentDirectionsConfig(rank=64, rule="tearfree"),
+            statistics=replace(base.statistics, bias_correction=False),
+            schedule=replace(base.schedule, statistics_frequency=period)),
+        "eigendecomposed_qr": replace(base, root_inverse=replace(
+            base.root_inverse, eigenbasis_method="qr", qr_max_iterations=1)),
+        "coupled_newton": replace(base, root_inverse=CoupledNewtonConfig(),
+                                  epsilon=newton_epsilon),
+        "coupled_newton_deflated": replace(
+            base, root_inverse=CoupledNewtonConfig(deflation_rank=16), epsilon=newton_epsilon),
+        "adafactor_graft": replace(base, grafting=GraftingConfig(
+            type="adafactor", epsilon=1e-30, epsilon_placement="inside_sqrt",
+            decay_exponent=0.8, parameter_scale_floor=1e-3)),
     }
 
 
@@ -95,10 +124,10 @@ def main(argv: list[str] | None = None) -> None:
         return 1e3 * sum(xs) / len(xs)
 
     shampoo, adamw = ms(trainers["shampoo"].step_times), ms(trainers["adamw"].step_times)
-    print(f"{'variant':19} {'step ms':>9} {'/ Shampoo':>10} {'/ AdamW':>8} {'state MiB':>10}")
+    print(f"{'variant':24} {'step ms':>9} {'/ Shampoo':>10} {'/ AdamW':>8} {'state MiB':>10}")
     for name, t in trainers.items():
         step = ms(t.step_times)
-        print(f"{name:19} {step:9.1f} {step / shampoo:10.2f} {step / adamw:8.2f} "
+        print(f"{name:24} {step:9.1f} {step / shampoo:10.2f} {step / adamw:8.2f} "
               f"{state_bytes(t.opt) / 2**20:10.1f}")
 
 
