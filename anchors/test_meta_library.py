@@ -100,7 +100,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from shampoo_conformance.adapters.meta import meta_kwargs  # noqa: E402
 from shampoo_conformance.anchor_cases import ADAGRAD, EIGEN64, META_CASES  # noqa: E402
 from shampoo_spec import EighConfig, from_meta  # noqa: E402
-from shampoo_torch import Shampoo  # noqa: E402
+from shampoo_torch import Shampoo, from_meta_distributed  # noqa: E402
 from shampoo_torch.blocks import mode_product_in  # noqa: E402
 
 STEPS = 50
@@ -1068,6 +1068,81 @@ def test_meta_lossless_fully_shard_matches_shampoo_torch(
           f"loss gap {loss_gap:.1e}")
     assert worst <= TOLERANCE, f"{name}, world {world}: deviation {worst:.2e} at {where}"
     assert loss_gap <= TOLERANCE, f"{name}, world {world}: losses {their_loss!r}"
+
+
+# ------------------------------------- FSDP2: Meta's default distributors, by pieces
+#: FullyShard/HybridShard with param_assignment_strategy DEFAULT, Meta's default:
+#: ``FullyShardDistributor`` merges, blocks and steps each rank's nonempty dim-0 piece
+#: of a ``fully_shard`` parameter as a parameter of its own; ``HybridShardDistributor``
+#: too, its replicas splitting the blocks and all-gathering the updates in
+#: ``communication_dtype`` (eq. 21a). Ours: :func:`shampoo_torch.from_meta_distributed`,
+#: ``shard_mode="local"`` on the same model. (case, gloo world size); the digits MLP's
+#: (16, 64) weight splits into two 8-row pieces, so blocks of 64 change.
+PIECES_CASES: dict[str, tuple[dict[str, Any], int]] = {
+    "fully_shard_default": ({
+        "grafting_config": ADAGRAD, "epsilon": 1e-6,
+        "iterate_averaging_config": {"type": "ClassicMomentumConfig", "momentum": 0.9},
+        "distributed_config": {"type": "FullyShardDistributedConfig"},
+    }, 2),
+    "hybrid_shard_default_bfloat16_updates": ({
+        "grafting_config": ADAGRAD, "epsilon": 1e-6,
+        "distributed_config": {"type": "HybridShardDistributedConfig",
+                               "param_assignment_strategy": "DEFAULT",
+                               "communication_dtype": "bfloat16", "device_mesh": [1, 2]},
+    }, 2),
+}
+
+
+def ours_fsdp_rank(rank: int, world: int, kwargs: dict[str, Any]) -> tuple[Trajectory, float]:
+    """One rank of ours on the ``fully_shard`` model of :func:`meta_fsdp_rank`, from
+    :func:`shampoo_torch.from_meta_distributed` (gloo already joined)."""
+    data = _digits()
+    config, distributed = from_meta_distributed(kwargs)
+    assert distributed is not None
+    shape = kwargs["distributed_config"].get("device_mesh", [world])
+    with _float64_default_dtype():
+        model = _fully_sharded_model(shape)
+        return _train(lambda p: Shampoo(p, config, distributed=distributed),
+                      _batches(*data), data, model=model)
+
+
+def _every_rank_alike(name: str, target: str, world: int, args: tuple[Any, ...],
+                      ) -> tuple[Trajectory, float]:
+    """Rank 0's result of ``target`` on ``world`` gloo ranks, every rank's equal to it."""
+    from shampoo_torch.processes import spawn
+
+    ranks = spawn(f"{__file__}:{target}", world, args, timeout_s=300.0)
+    for rank, r in enumerate(ranks):
+        if isinstance(r, BaseException):
+            raise AssertionError(f"{name}: {target}, rank {rank} of {world} raised: {r!r}") from r
+        assert _worst_deviation(ranks[0][0], r[0])[0] == 0.0, (name, target, rank)
+    result: tuple[Trajectory, float] = ranks[0]
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(PIECES_CASES))
+def test_meta_default_fully_shard_is_shard_mode_local(
+    name: str, problem: tuple[Batches, Data]
+) -> None:
+    """Meta's DEFAULT FSDP2 distributors against ours with ``shard_mode="local"``, both
+    on FSDP2 gloo ranks; control: the whole-parameter numerics (REPLICATE, one
+    process), which the pieces' blocks must change."""
+    case, world = PIECES_CASES[name]
+    kwargs = _float64_kwargs(case, float32_lr=True)
+    theirs, their_loss = _every_rank_alike(name, "meta_fsdp_rank", world, (kwargs, False))
+    ours, our_loss = _every_rank_alike(name, "ours_fsdp_rank", world, (kwargs,))
+    worst, where = _worst_deviation(theirs, ours)
+    loss_gap = abs(their_loss - our_loss) / abs(their_loss)
+    whole = copy.deepcopy(kwargs)
+    whole["distributed_config"]["param_assignment_strategy"] = "REPLICATE"
+    batches, data = problem
+    control = _worst_deviation(
+        theirs, _train(lambda p: Shampoo(p, from_meta(whole)), batches, data)[0])[0]
+    print(f"{name} (world size {world}): worst relative deviation {worst:.2e} at {where}; "
+          f"loss gap {loss_gap:.1e}; whole parameters instead: {control:.2e}")
+    assert worst <= TOLERANCE, f"{name}, world {world}: deviation {worst:.2e} at {where}"
+    assert loss_gap <= TOLERANCE, f"{name}, world {world}: losses {their_loss!r}"
+    assert control > 1e-3, f"{name}: the pieces changed nothing ({control:.2e})"
 
 
 # ------------------------------------------ weight decay under a learning-rate schedule

@@ -34,8 +34,11 @@ def test_package_keeps_the_public_names() -> None:
 
     assert from_meta is importers.from_meta is meta.from_meta
     assert from_google is importers.from_google is google.from_google
-    assert set(importers.__all__) == {"from_meta", "from_google", "from_tearfree"}
-    assert {"from_meta", "from_google", "from_tearfree"} <= set(ss.__all__)
+    public = {"from_meta", "from_google", "from_tearfree", "meta_distribution",
+              "MetaDistribution"}
+    assert set(importers.__all__) == public
+    assert public <= set(ss.__all__)
+    assert ss.meta_distribution is meta.meta_distribution
 
 
 # ------------------------------------------------------------------ _parse
@@ -204,7 +207,8 @@ def test_meta_distribution() -> None:
 
 def test_meta_lossless_fully_shard() -> None:
     """FullyShard/HybridShard with REPLICATE or ROUND_ROBIN gather whole parameters
-    (Meta's lossless distributors): single-device numerics; DEFAULT blocks by shard."""
+    (Meta's lossless distributors): single-device numerics; DEFAULT steps each rank's piece
+    (imported with shard_local=True)."""
     fully, hybrid = "FullyShardDistributedConfig", "HybridShardDistributedConfig"
     mesh = {"device_mesh": [2, 2]}
 
@@ -227,16 +231,37 @@ def test_meta_lossless_fully_shard() -> None:
     with pytest.raises(NotImplementedError, match="communicate_params = True"):
         read(hybrid, param_assignment_strategy="REPLICATE", communication_dtype="float16",
              communicate_params=True, **mesh)
-    # DEFAULT (Meta's default) blocks each rank's shard: refused naming field and value.
+    # DEFAULT (Meta's default) steps each rank's piece: only with shard_local, which
+    # takes nothing else; its update_dtype as the lossless strategies'.
     for kind, extra in ((fully, {}), (hybrid, mesh)):
         for given in ({}, {"param_assignment_strategy": "DEFAULT"}):
-            with pytest.raises(NotImplementedError,
-                               match=r"param_assignment_strategy = 'DEFAULT' .*blocks by "
-                                     r"shard; REPLICATE or ROUND_ROBIN are lossless"):
+            with pytest.raises(ValueError,
+                               match=r"param_assignment_strategy = 'DEFAULT' .*blocks each "
+                                     r"rank's piece.*shard_local=True"):
                 read(kind, **given, **extra)
+            dist = {"type": kind, **given, **extra}
+            assert meta._distribution(m(distributed_config=dist), shard_local=True) == (
+                1, None if kind == fully else "float32")
+            assert ss.meta_distribution({"distributed_config": dist}) == "pieces"
+        with pytest.raises(ValueError, match="shard_local = True is invalid with .*'REPLICATE'"):
+            meta._distribution(m(distributed_config={
+                "type": kind, "param_assignment_strategy": "REPLICATE", **extra}),
+                shard_local=True)
+        assert ss.meta_distribution({"distributed_config": {
+            "type": kind, "param_assignment_strategy": "ROUND_ROBIN"}}) == "whole_parameters"
+    for dist in (None, {"type": "SingleDeviceDistributedConfig"}, {"type": "DDPDistributedConfig"}):
+        with pytest.raises(ValueError, match="shard_local = True is invalid with "
+                                             r"distributed_config\.type"):
+            meta._distribution(m(distributed_config=dist), shard_local=True)
+    assert ss.meta_distribution({}) == "single_device"
+    assert ss.meta_distribution({"distributed_config": {"type": "DDPDistributedConfig"}}) == "ddp"
+    with pytest.raises(ValueError, match="shard_local = 1 is invalid"):
+        ss.from_meta({}, shard_local=1)  # type: ignore[arg-type]
     for kind in ("FSDPDistributedConfig", "HSDPDistributedConfig"):
         with pytest.raises(NotImplementedError, match=rf"distributed_config\.type = '{kind}'"):
             read(kind)
+        with pytest.raises(NotImplementedError, match=rf"distributed_config\.type = '{kind}'"):
+            ss.meta_distribution({"distributed_config": {"type": kind}})
     # Meta's own rules and the keys' types.
     with pytest.raises(ValueError, match="num_sub_groups = 2 is invalid .*REPLICATE"):
         read(fully, num_sub_groups=2)

@@ -69,7 +69,7 @@ from .errors import (
     StepperUnavailable,
 )
 from .exporters import to_google, to_meta, to_tearfree
-from .importers import from_google, from_meta, from_tearfree
+from .importers import MetaDistribution, from_google, from_meta, from_tearfree, meta_distribution
 from .limits import (
     FLOAT16_FACTOR_LIMIT,
     LARGE_BLOCK_DIM,
@@ -137,6 +137,7 @@ __all__ = [
     "ShampooConfig",
     "SpectralDescentConfig",
     "StatisticsConfig",
+    "MetaDistribution",
     "StepperUnavailable",
     "UpdateDtype",
     "WeightDecayConfig",
@@ -156,6 +157,7 @@ __all__ = [
     "large_block_warnings",
     "learning_rate_ratio",
     "merge_dims",
+    "meta_distribution",
     "plan_block_costs",
     "plan_parameter",
     "root_period",

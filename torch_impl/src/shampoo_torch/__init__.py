@@ -6,6 +6,8 @@
   Kronecker state;
 - :class:`DistributedConfig`: ``Shampoo(..., distributed=DistributedConfig())``
   spreads the block work over torch.distributed ranks, equal to one process;
+- :func:`from_meta_distributed`: Meta's ``DistributedShampoo`` kwargs as the
+  config and the :class:`DistributedConfig` that reproduce its numerics;
 - :class:`NonFiniteGradientError`, :class:`RootFailureError`: the failure policy;
 - ``python -m shampoo_torch.bench``: step time against AdamW, FLOP rate;
 - ``python -m shampoo_torch.bench_distributed``: 2 ranks vs 1 (root time, memory).
@@ -25,6 +27,7 @@ Equation numbers in docstrings refer to docs/spec.md.
 from shampoo_spec import NonFiniteGradientError, RootFailureError
 
 from .distributed import DistributedConfig
+from .meta_import import from_meta_distributed
 from .optimizer import Shampoo
 from .state import BlockView
 
@@ -34,4 +37,5 @@ __all__ = [
     "NonFiniteGradientError",
     "RootFailureError",
     "Shampoo",
+    "from_meta_distributed",
 ]

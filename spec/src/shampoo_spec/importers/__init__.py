@@ -13,7 +13,9 @@ are read by member name, ``"Enum.NAME"`` or (Google's IntEnums) value;
 dtypes as ``"float32"`` or ``"torch.float32"``. ``from_google(kwargs,
 x64=False)`` gives float32 factors, as Google runs without 64-bit JAX.
 docs/spec.md section 4 tabulates every mapping; docs/migrating.md
-inventories every argument of both libraries. The inverse is
+inventories every argument of both libraries. ``meta_distribution(kwargs)``
+says how Meta's ``distributed_config`` steps the parameters (whole, or each
+rank's piece: ``from_meta(kwargs, shard_local=True)``). The inverse is
 :mod:`shampoo_spec.exporters`.
 
 Layout: :mod:`._parse` reads values (shared by both), :mod:`.meta` and
@@ -22,7 +24,7 @@ section of the anchor's arguments.
 """
 
 from .google import from_google
-from .meta import from_meta
+from .meta import MetaDistribution, from_meta, meta_distribution
 from .tearfree import from_tearfree
 
-__all__ = ["from_google", "from_meta", "from_tearfree"]
+__all__ = ["MetaDistribution", "from_google", "from_meta", "from_tearfree", "meta_distribution"]

@@ -181,8 +181,17 @@ class Preconditioner(NamedTuple):
     failure: FailureConfig
 
 
-def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
+def from_meta(kwargs: Mapping[str, Any], *, shard_local: bool = False) -> ShampooConfig:
     """Config equal to Meta's ``DistributedShampoo(**kwargs)`` on a single device.
+
+    ``shard_local=True`` imports a FullyShard/HybridShard ``distributed_config``
+    with ``param_assignment_strategy`` DEFAULT (Meta's default), whose
+    ``FullyShardDistributor`` / ``HybridShardDistributor`` step each rank's
+    dim-0 piece of a ``fully_shard`` parameter as a parameter of its own: the
+    config returned is then Meta's for those pieces, which only a backend that
+    steps pieces runs (``shampoo_torch.DistributedConfig(shard_mode="local")``;
+    ``shampoo_torch.from_meta_distributed`` returns both). Without it DEFAULT
+    is refused, naming this argument; with it any other distribution is.
 
     Rules settled from Meta's source (docs/spec.md section 4.1): merging to
     one dim from the last while the product <= max_preconditioner_dim,
@@ -193,6 +202,8 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
     to the direction before momentum. CORRECTED and INDEPENDENT decay are
     imported for a constant learning rate (lr = peak_lr).
     """
+    if not isinstance(shard_local, bool):
+        raise ValueError(f"shard_local = {shard_local!r} is invalid: allowed True or False.")
     a = Args("from_meta", kwargs, KEYS)
     shared = _shared(a)
     with a.section():
@@ -200,7 +211,7 @@ def from_meta(kwargs: Mapping[str, Any]) -> ShampooConfig:
     with a.section():
         momentum = _momentum(a)
         averaging = _averaging(a)
-    target_rank, update_dtype = _distribution(a)
+    target_rank, update_dtype = _distribution(a, shard_local)
     with a.section():
         pre = _preconditioner(a, shared)
     with a.section():
@@ -383,15 +394,17 @@ def _averaging(a: Args) -> IterateAveragingConfig | None:
                                   eval_lr_power=m.integer("eval_coeff_lr_power", 2, low=0))
 
 
-def _distribution(a: Args) -> tuple[int | None, UpdateDtype | None]:
+def _distribution(a: Args, shard_local: bool = False) -> tuple[int | None, UpdateDtype | None]:
     """Reads ``distributed_config``, ``use_merge_dims``; returns the target rank
     and ``update_dtype``.
 
-    Accepts only the layouts whose numerics are single-device ones (none,
+    Accepts the layouts whose numerics are single-device ones (none,
     SingleDevice, DDP, the lossless FSDP2 ones: :func:`_fully_shard`; dims
-    merged). FSDPDistributedConfig, HSDPDistributedConfig and a
-    FullyShard/HybridShard config with ``param_assignment_strategy`` DEFAULT
-    block each rank's shard, not the parameter: refused.
+    merged), and, with ``shard_local``, only the FSDP2 ones with
+    ``param_assignment_strategy`` DEFAULT (each rank's dim-0 piece a parameter
+    of its own). FSDPDistributedConfig and HSDPDistributedConfig (each
+    parameter's part of an FSDP1 flat-parameter shard split into rectangular
+    pieces, Meta's split tensor block recovery) are refused.
     Returns ``target_parameter_dimensionality`` (default 1; None for inf:
     neither squeeze nor merge) and, for DDP and HybridShard,
     ``update_dtype`` (eq. 21a): :func:`_ddp_update_dtype`.
@@ -399,14 +412,21 @@ def _distribution(a: Args) -> tuple[int | None, UpdateDtype | None]:
     dist = a.get("distributed_config", None)
     kind = type_of("distributed_config", dist)
     if kind in _FULLY_SHARD_KEYS:
-        update_dtype = _fully_shard(kind, dist)
+        update_dtype = _fully_shard(kind, dist, shard_local)
+    elif shard_local:
+        raise ValueError(
+            f"shard_local = True is invalid with distributed_config.type = {kind!r}: it "
+            "imports FullyShardDistributedConfig or HybridShardDistributedConfig with "
+            "param_assignment_strategy DEFAULT (each rank's piece a parameter of its own)."
+        )
     elif kind in (None, "SingleDeviceDistributedConfig", "DDPDistributedConfig"):
         update_dtype = _ddp_update_dtype(dist) if kind == "DDPDistributedConfig" else None
     else:
         raise NotImplementedError(
-            f"distributed_config.type = {kind!r} is not supported yet (FSDP/HSDP "
-            "block by shard; FullyShardDistributedConfig and HybridShardDistributedConfig "
-            "with param_assignment_strategy REPLICATE or ROUND_ROBIN are lossless)."
+            f"distributed_config.type = {kind!r} is not supported yet (FSDP/HSDP block "
+            "the rectangular pieces of FSDP1's flat-parameter shards; "
+            "FullyShardDistributedConfig and HybridShardDistributedConfig are: "
+            "REPLICATE or ROUND_ROBIN lossless, DEFAULT with shard_local=True)."
         )
     target = (dist or {}).get("target_parameter_dimensionality", 1)
     if not a.flag("use_merge_dims", True):
@@ -417,6 +437,37 @@ def _distribution(a: Args) -> tuple[int | None, UpdateDtype | None]:
         return None, update_dtype
     return (integer("distributed_config.target_parameter_dimensionality", target, low=1),
             update_dtype)
+
+
+#: What Meta's ``distributed_config`` does with the parameters (:func:`meta_distribution`).
+MetaDistribution = Literal["single_device", "ddp", "whole_parameters", "pieces"]
+
+
+def meta_distribution(kwargs: Mapping[str, Any]) -> MetaDistribution:
+    """How Meta's ``distributed_config`` in ``kwargs`` steps the parameters.
+
+    ``"single_device"`` (none or SingleDeviceDistributedConfig), ``"ddp"``
+    (DDPDistributedConfig), ``"whole_parameters"`` (FullyShard/HybridShard with
+    REPLICATE or ROUND_ROBIN: each whole parameter gathered) and ``"pieces"``
+    (FullyShard/HybridShard with DEFAULT, Meta's default: each rank's dim-0
+    piece of a ``fully_shard`` parameter stepped as a parameter of its own,
+    which :func:`from_meta` imports with ``shard_local=True``). The first three
+    have single-device numerics. FSDPDistributedConfig and
+    HSDPDistributedConfig raise ``NotImplementedError``, as in
+    :func:`from_meta`, which validates the rest of the section.
+    """
+    dist = kwargs.get("distributed_config", None)
+    kind = type_of("distributed_config", dist)
+    if kind in (None, "SingleDeviceDistributedConfig"):
+        return "single_device"
+    if kind == "DDPDistributedConfig":
+        return "ddp"
+    if kind not in _FULLY_SHARD_KEYS:
+        _distribution(Args("from_meta", {"distributed_config": dist}, KEYS))  # raises
+    strategy = choice("distributed_config.param_assignment_strategy",
+                      dist.get("param_assignment_strategy", "DEFAULT"),
+                      PARAM_ASSIGNMENT_STRATEGIES, enum="FSDPParamAssignmentStrategy")
+    return "pieces" if strategy == "DEFAULT" else "whole_parameters"
 
 
 #: ``FSDPParamAssignmentStrategy`` (member names; each value is its name).
@@ -433,7 +484,8 @@ _FULLY_SHARD_KEYS = {
 }
 
 
-def _fully_shard(kind: str, dist: Mapping[str, Any]) -> UpdateDtype | None:
+def _fully_shard(kind: str, dist: Mapping[str, Any], shard_local: bool = False,
+                 ) -> UpdateDtype | None:
     """Reads ``FullyShardDistributedConfig`` / ``HybridShardDistributedConfig`` (every key).
 
     ``param_assignment_strategy`` (an ``FSDPParamAssignmentStrategy`` name,
@@ -443,7 +495,12 @@ def _fully_shard(kind: str, dist: Mapping[str, Any]) -> UpdateDtype | None:
     whole parameter and its whole gradient (``full_tensor`` or all_to_all)
     onto its owner rank(s), block and precondition it as one device does,
     and copy the updated parameter back into the shards: single-device
-    numerics. DEFAULT blocks each rank's shard: refused. ``num_sub_groups``
+    numerics. DEFAULT (``FullyShardDistributor``, ``HybridShardDistributor``)
+    merges and blocks each rank's nonempty local piece (``p.to_local()``) as a
+    parameter of its own and exchanges no parameters: the same config on the
+    pieces, imported only with ``shard_local`` (and only DEFAULT is then);
+    HybridShard's replicas split its blocks and all-gather the updates as
+    DDP does, so the update is rounded as below. ``num_sub_groups``
     (an int >= 1; > 1 needs REPLICATE or ROUND_ROBIN, Meta's rule) splits
     the group into groups with the same settings (``split_param_groups``);
     Meta couples no blocks (per-block graft norms and root-failure counters,
@@ -468,9 +525,20 @@ def _fully_shard(kind: str, dist: Mapping[str, Any]) -> UpdateDtype | None:
                 "param_assignment_strategy = 'DEFAULT': num_sub_groups > 1 needs REPLICATE "
                 "or ROUND_ROBIN (Meta's FullyShardDistributedConfig rule)."
             )
-        raise NotImplementedError(
-            f"distributed_config.param_assignment_strategy = 'DEFAULT' ({kind}) is not "
-            "supported yet: it blocks by shard; REPLICATE or ROUND_ROBIN are lossless."
+        if not shard_local:
+            raise ValueError(
+                f"distributed_config.param_assignment_strategy = 'DEFAULT' ({kind}) blocks "
+                "each rank's piece of a parameter, not the parameter: import it with "
+                "from_meta(kwargs, shard_local=True) and run it on the pieces "
+                "(shampoo_torch.from_meta_distributed gives the config and "
+                "DistributedConfig(shard_mode='local')); REPLICATE or ROUND_ROBIN have "
+                "single-device numerics."
+            )
+    elif shard_local:
+        raise ValueError(
+            f"shard_local = True is invalid with distributed_config.param_assignment_strategy "
+            f"= {strategy!r}: its distributor gathers whole parameters (single-device "
+            "numerics); shard_local imports DEFAULT only."
         )
     if kind == "FullyShardDistributedConfig":
         return None
