@@ -464,6 +464,23 @@ def root_inverse_qr(
     return root_from_eigendecomposition(lam, q, root, eps, placement, rank), q
 
 
+def root_inverse_reusing_basis(
+    basis: Array, matrix: Array, root: float, eps: float, placement: str,
+    tolerance: float, rank: tuple[float, float] | None = None,
+) -> tuple[Array, Array] | None:
+    """Eq. (10h): ``(X, Q)``; the stored ``basis`` kept (eq. 10f with no QR step:
+    lambda = diag B, sorted) when ``B = (Q^T A') Q`` meets the off-diagonal
+    criterion at ``tolerance``, else eq. (10)'s eigh root and eigenvectors of
+    ``sym(A')``; A' = A + eps I (``"ridge"``) or A. None: a non-finite estimate."""
+    ridge = eps if placement == "ridge" else 0.0
+    with np.errstate(all="ignore"):  # overflow: a non-finite B, which does not fit
+        b = (basis.T @ (matrix + ridge * np.eye(matrix.shape[0]))) @ basis
+    if bool(np.all(np.isfinite(b))) and off_diagonal_fits(b, tolerance):
+        return root_inverse_qr(basis, matrix, root, eps, placement, 0, tolerance, rank)
+    lam, q = np.linalg.eigh(eigh_input(matrix, eps, placement))
+    return root_from_eigendecomposition(lam, q, root, eps, placement, rank), q
+
+
 def eigenbasis_with_error(matrix: Array) -> EighResult:
     """Eq. (17)'s eigenbasis Q of ``B = sym(A)`` and its error e of eq. (10b)."""
     b = symmetrize(matrix)

@@ -65,6 +65,7 @@ from .linalg import (
     root_inverse_eigh_with_error,
     root_inverse_higher_order,
     root_inverse_qr,
+    root_inverse_reusing_basis,
     round_to,
     symmetrize,
     tearfree_sketch_root,
@@ -91,8 +92,8 @@ class BlockState:
     corrected_updates: int = 0
     #: Eq. (10d): the sketch of each sketched factor (None for the others).
     sketches: list[Sketch | None] = field(default_factory=list)
-    #: Eq. (10f): the eigenbasis each factor's QR root starts from (I before the first
-    #: root step; None for the others and without ``root_inverse.eigenbasis_method="qr"``).
+    #: Eqs. (10f), (10h): the eigenbasis each factor's root starts from (I before the
+    #: first root step; None for the others and without a stored-basis root_inverse).
     eigenbases: list[Array | None] = field(default_factory=list)
     #: Eq. (20c), int16 storage: the stored (integers, scales, diagonal) of each factor
     #: ("factor", k) and inverse root ("root", k); ``factors``/``inverse_roots`` then
@@ -243,7 +244,8 @@ class ReferenceShampoo:
                 inverse_roots=inverse_roots,
                 corrected_second_moment=corrected,
                 sketches=sketches,
-                eigenbases=[np.eye(f.shape[0]) if cfg.root_inverse_qr and f is not None else None
+                eigenbases=[np.eye(f.shape[0])
+                            if cfg.root_inverse_stores_basis and f is not None else None
                             for f in factors],
             )
             if cfg.statistics.quantized:  # eq. (20c): the initial eps I and I are stored too
@@ -653,7 +655,7 @@ class ReferenceShampoo:
             elif self._basis_still_fits(bs.inverse_roots[k], a):
                 continue  # eq. (17b): the eigenbasis is kept (not a failure)
             elif bs.eigenbases[k] is not None:
-                new, basis = self._qr_root(bs.eigenbases[k], a, roots[k])  # eq. (10f)
+                new, basis = self._stored_basis_root(bs.eigenbases[k], a, roots[k])
                 if basis is not None and new is not None and np.all(np.isfinite(new)):
                     bs.eigenbases[k] = basis  # kept with its root (eq. 13)
             else:
@@ -742,18 +744,27 @@ class ReferenceShampoo:
         ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else 0.0
         return qr_eigenbasis(basis, a, ridge, ec.qr_max_iterations, ec.basis_reuse_tolerance)
 
-    def _qr_root(self, basis: Array | None, a: Array, root: float
-                 ) -> tuple[Array | None, Array | None]:
+    def _stored_basis_root(self, basis: Array | None, a: Array, root: float
+                           ) -> tuple[Array | None, Array | None]:
         """Eq. (10f): eq. (10)'s root from eq. (17c)'s QR steps on ``a`` (plus eps I with the
-        ridge) from the stored ``basis``; ``(X, Q)``, ``(None, None)`` when it failed."""
+        ridge) from the stored ``basis``; eq. (10h): from ``basis`` while it fits, else
+        from eigh. ``(X, Q)``, ``(None, None)`` when it failed."""
         method = self.config.root_inverse
         assert isinstance(method, EighConfig) and basis is not None
         if not np.all(np.isfinite(a)):
             return None, None
         e = self.config.epsilon
         rank = self._rank_cutoff(a, e)
-        result = root_inverse_qr(basis, a, root, effective_epsilon(a, e), e.placement,
-                                 method.qr_max_iterations, method.qr_tolerance, rank)
+        if method.reuses_basis:
+            try:
+                result = root_inverse_reusing_basis(basis, a, root, effective_epsilon(a, e),
+                                                    e.placement, method.basis_reuse_tolerance,
+                                                    rank)
+            except np.linalg.LinAlgError:
+                return None, None
+        else:
+            result = root_inverse_qr(basis, a, root, effective_epsilon(a, e), e.placement,
+                                     method.qr_max_iterations, method.qr_tolerance, rank)
         return (None, None) if result is None else result
 
     @property

@@ -312,6 +312,15 @@ class EighConfig:
     epsilon rule and root follow. The basis is new per-factor state (kept
     between root steps, checkpointed). No ``failure_threshold`` (no
     eigendecomposition to judge).
+
+    ``basis_reuse_tolerance`` tau > 0 with ``eigenbasis_method="eigh"`` (Meta's
+    Eigendecomposed Shampoo with ``EighEigendecompositionConfig.tolerance``,
+    eq. 10h): each factor keeps the eigenbasis of its last root (I before the
+    first root step); a root step keeps it, with lambda = diag B, when B of
+    eq. (10f) meets the same criterion at tau, and decomposes B's matrix by
+    eigh otherwise (eq. 10), the new eigenvectors becoming the stored basis.
+    0 (the default) always decomposes and stores nothing. No
+    ``failure_threshold``.
     """
 
     method: Literal["eigh"] = "eigh"
@@ -319,6 +328,7 @@ class EighConfig:
     eigenbasis_method: Literal["eigh", "qr"] = "eigh"
     qr_max_iterations: int = 1
     qr_tolerance: float = 0.0
+    basis_reuse_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         o = "root_inverse"
@@ -327,6 +337,11 @@ class EighConfig:
         v.integer(o, "qr_max_iterations", self.qr_max_iterations, low=0,
                   high=MAX_NEWTON_ITERATIONS)
         v.real(o, "qr_tolerance", self.qr_tolerance, low=0.0, high=1.0)
+        v.real(o, "basis_reuse_tolerance", self.basis_reuse_tolerance, low=0.0, high=1.0)
+        if self.eigenbasis_method == "qr" and self.basis_reuse_tolerance != 0.0:
+            v.fail(o, "basis_reuse_tolerance", self.basis_reuse_tolerance,
+                   "0.0 (the default) with eigenbasis_method='qr': its QR steps stop at "
+                   "qr_tolerance, the same criterion (eq. 10f)")
         if self.eigenbasis_method == "eigh":
             if self.qr_max_iterations != 1:
                 v.fail(o, "qr_max_iterations", self.qr_max_iterations,
@@ -334,11 +349,12 @@ class EighConfig:
             if self.qr_tolerance != 0.0:
                 v.fail(o, "qr_tolerance", self.qr_tolerance,
                        "0.0 (the default) unless eigenbasis_method is 'qr'")
-        elif self.failure_threshold is not None:
-            # Eq. (10b) judges an eigendecomposition's error; eq. (10f) makes none.
+        if self.stores_basis and self.failure_threshold is not None:
+            # Eq. (10b) judges an eigendecomposition's error; eqs. (10f), (10h) may make none.
+            which = ("eigenbasis_method='qr'" if self.qr
+                     else f"basis_reuse_tolerance={self.basis_reuse_tolerance!r}")
             v.fail(o, "failure_threshold", self.failure_threshold,
-                   "None with eigenbasis_method='qr' (no eigendecomposition to judge, "
-                   "eq. 10f)")
+                   f"None with {which} (no eigendecomposition to judge, eqs. 10f, 10h)")
         # >= 2^-126, not just > 0: tau is compared in float32 (eq. 10b), where a
         # smaller one is subnormal and XLA on CPU flushes it to 0.
         v.optional_normal(
@@ -350,6 +366,16 @@ class EighConfig:
     def qr(self) -> bool:
         """Whether eq. (10f)'s QR eigenbasis replaces eigh (a stored basis per factor)."""
         return self.eigenbasis_method == "qr"
+
+    @property
+    def reuses_basis(self) -> bool:
+        """Whether eq. (10h) keeps an eigh root's eigenbasis while it still fits."""
+        return self.eigenbasis_method == "eigh" and self.basis_reuse_tolerance > 0.0
+
+    @property
+    def stores_basis(self) -> bool:
+        """Whether each factor keeps an eigenbasis beside its root (eqs. 10f, 10h)."""
+        return self.qr or self.reuses_basis
 
     @property
     def failure_threshold_float32(self) -> float | None:
@@ -1567,8 +1593,8 @@ class ShampooConfig:
             self._check_kl()
         if self.low_rank is not None:
             self._check_low_rank()
-        if isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr:
-            self._check_qr_root()
+        if isinstance(self.root_inverse, EighConfig) and self.root_inverse.stores_basis:
+            self._check_stored_basis_root()
         if self.frequent_directions is not None:
             self._check_frequent_directions()
         if self.epsilon.cuts_rank_per_parameter:
@@ -1607,10 +1633,13 @@ class ShampooConfig:
         (Google turns its int16 storage off with it too)."""
         self._require_plain_roots("with low_rank (eq. 10c compresses eq. 10's inverse roots)")
 
-    def _check_qr_root(self) -> None:
-        """Eq. (10f) is specified for eq. (10)'s inverse roots with Meta's epsilon rules,
-        stored unrounded in ``factor_dtype`` (the basis beside them)."""
-        why = "with root_inverse.eigenbasis_method='qr' (eq. 10f)"
+    def _check_stored_basis_root(self) -> None:
+        """Eqs. (10f), (10h) are specified for eq. (10)'s inverse roots with Meta's epsilon
+        rules, stored unrounded in ``factor_dtype`` (the basis beside them)."""
+        r = self.root_inverse
+        assert isinstance(r, EighConfig)
+        why = ("with root_inverse.eigenbasis_method='qr' (eq. 10f)" if r.qr else
+               f"with root_inverse.basis_reuse_tolerance={r.basis_reuse_tolerance!r} (eq. 10h)")
         if self.eigenvalue_correction is not None:
             v.fail("ShampooConfig", "eigenvalue_correction", "set",
                    f"None {why}; eigenvalue correction's QR eigenbasis is "
@@ -1638,6 +1667,9 @@ class ShampooConfig:
         if isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr:
             v.fail("root_inverse", "eigenbasis_method", self.root_inverse.eigenbasis_method,
                    f"'eigh' {why}")
+        if isinstance(self.root_inverse, EighConfig) and self.root_inverse.reuses_basis:
+            v.fail("root_inverse", "basis_reuse_tolerance",
+                   self.root_inverse.basis_reuse_tolerance, f"0.0 {why}")
 
     def _check_frequent_directions(self) -> None:
         """Eqs. (6c), (10d): the sketch replaces the large factors' statistics and roots.
@@ -1757,6 +1789,12 @@ class ShampooConfig:
         """Whether the inverse roots are eq. (10f)'s QR roots (a stored eigenbasis per
         factor beside each root)."""
         return isinstance(self.root_inverse, EighConfig) and self.root_inverse.qr
+
+    @property
+    def root_inverse_stores_basis(self) -> bool:
+        """Whether each factor keeps an eigenbasis beside its root: eq. (10f)'s QR roots
+        or eq. (10h)'s reused eigh bases."""
+        return isinstance(self.root_inverse, EighConfig) and self.root_inverse.stores_basis
 
     @property
     def stores_factors_rounded(self) -> bool:

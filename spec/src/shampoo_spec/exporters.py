@@ -252,7 +252,8 @@ def _meta_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
     lacks.same("frequent_directions", c.frequent_directions, None,
                "Meta has no frequent-directions sketches (eqs. 6c, 10d)")
     corrected = c.eigenvalue_correction is not None
-    qr = c.root_inverse_qr  # eq. (10f): Eigendecomposed Shampoo with its QR config
+    # Eqs. (10f), (10h): Eigendecomposed Shampoo, its QR or tolerant eigh config.
+    qr = c.root_inverse_stores_basis
     kl = "KL" if c.statistics.kl else ""  # eq. (6b)
     out: dict[str, Any] = {
         "type": (
@@ -337,8 +338,9 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         allowed = ("ridge",) if corrected else ("ridge", "shift_after", "pseudo_inverse")
         lacks.need(placement in allowed, "epsilon.placement", placement,
                    f"Meta's eigendecomposition places epsilon as one of {list(allowed)}")
+        reuses = c.root_inverse.reuses_basis  # eq. (10h): Eigendecomposed Shampoo's
         out: dict[str, Any] = {
-            "type": "EighEigendecompositionConfig" if corrected else "EigenConfig"
+            "type": "EighEigendecompositionConfig" if corrected or reuses else "EigenConfig"
         }
         if placement == "shift_after":
             out["rank_deficient_stability_config"] = {
@@ -352,11 +354,14 @@ def _meta_root_inverse(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                 "rank_rtol": c.epsilon.rank_rtol, "rank_atol": c.epsilon.rank_atol,
             }
         ec = c.eigenvalue_correction
-        if c.root_inverse.qr:  # eq. (10f): EigendecomposedShampooPreconditionerConfig's
+        if c.root_inverse.stores_basis:  # eqs. (10f), (10h): Eigendecomposed Shampoo's
             lacks.need(not (c.statistics.kl and placement == "shift_after"),
                        "epsilon.placement", placement,
                        "Meta's EigendecomposedKLShampoo starts from stored eigenvalues 1, "
                        "whose root with epsilon after is not the identity eq. (6b) takes")
+        if c.root_inverse.reuses_basis:
+            out["tolerance"] = c.root_inverse.basis_reuse_tolerance
+        elif c.root_inverse.qr:
             out["type"] = "QREigendecompositionConfig"
             out["max_iterations"] = c.root_inverse.qr_max_iterations
             out["tolerance"] = c.root_inverse.qr_tolerance
@@ -725,6 +730,9 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
         lacks.same("root_inverse.eigenbasis_method", c.root_inverse.eigenbasis_method, "eigh",
                    "Google's eigh root decomposes each factor afresh (no QR refresh from "
                    "a stored eigenbasis, eq. 10f)")
+        lacks.same("root_inverse.basis_reuse_tolerance", c.root_inverse.basis_reuse_tolerance,
+                   0.0, "Google's eigh root decomposes each factor afresh (no stored "
+                   "eigenbasis kept while it fits, eq. 10h)")
     # Eq. (11) for Newton, eq. (13) for eigh: Google judges both by the one threshold.
     threshold = c.root_inverse.failure_threshold
     lacks.need(threshold is not None, "root_inverse.failure_threshold", None,

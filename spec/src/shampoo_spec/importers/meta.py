@@ -858,7 +858,9 @@ def _root_inverse(
     tolerance 1e-6) with the ridge; ``CoupledHigherOrderConfig`` -> eq. (11c).
     ``EighEigendecompositionConfig.tolerance`` in [0, 1] is
     ``eigenvalue_correction.basis_reuse_tolerance`` (eq. 17b) with
-    eigenvalue correction (``corrected``); > 0 is refused otherwise.
+    eigenvalue correction (``corrected``), the eigh root's
+    ``basis_reuse_tolerance`` (eq. 10h) with Eigendecomposed Shampoo
+    (``eigendecomposed``); > 0 is refused otherwise.
     ``QREigendecompositionConfig`` is ``eigenbasis_method="qr"`` with its
     ``max_iterations`` and ``tolerance``: eigenvalue correction's (eq. 17c), or
     with Eigendecomposed Shampoo (``eigendecomposed``) the eigh root's
@@ -869,12 +871,15 @@ def _root_inverse(
     args = Args("preconditioner_config.amortized_computation_config", cfg or {}, AMORTIZED_KEYS)
     if kind in ("EigenConfig", "EighEigendecompositionConfig"):
         reuse = 0.0
-        if corrected and kind == "EighEigendecompositionConfig":
+        if kind == "EighEigendecompositionConfig" and (corrected or eigendecomposed):
             reuse = _tolerance(args)
         else:
+            # Meta's own EigenConfig raises on it (no stored eigenvectors to reuse).
             args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal "
-                             "criterion, supported with eigenvalue correction's "
-                             "EighEigendecompositionConfig")
+                             "criterion, supported with EighEigendecompositionConfig "
+                             "(eigenvalue correction or Eigendecomposed Shampoo)")
+        if eigendecomposed:  # eq. (10h): the eigh root's stored eigenbasis
+            return EighConfig(basis_reuse_tolerance=reuse), _stability(args), {}
         return EighConfig(), _stability(args), {"basis_reuse_tolerance": reuse}
     if kind == "QREigendecompositionConfig" and eigendecomposed:
         return EighConfig(
