@@ -333,8 +333,16 @@ def test_meta_root_inverse() -> None:
     eigh = {"type": "EighEigendecompositionConfig", "tolerance": 0.01}
     assert meta._root_inverse(eigh, corrected=True) == (
         ss.EighConfig(), {"placement": "ridge"}, {"basis_reuse_tolerance": 0.01})
+    # RootInv's EigenConfig: Meta's matrix_inverse_root_eigen passes tolerance=0.0.
+    assert meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01}) == (
+        ss.EighConfig(), {"placement": "ridge"}, {"basis_reuse_tolerance": 0.0})
+    with pytest.raises(ValueError, match=r"amortized_computation_config\.tolerance"):
+        meta._root_inverse({"type": "EigenConfig", "tolerance": 2})
+    # Eq. (10h): Eigendecomposed Shampoo's eigh root keeps its basis while it fits.
+    assert meta._root_inverse(eigh, eigendecomposed=True) == (
+        ss.EighConfig(basis_reuse_tolerance=0.01), {"placement": "ridge"}, {})
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.tolerance"):
-        meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01})
+        meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01}, corrected=True)
     pseudo = {"type": "EigenConfig", "rank_deficient_stability_config": {
         "type": "PseudoInverseConfig", "rank_rtol": None, "rank_atol": 1e-9}}
     assert meta._root_inverse(pseudo) == (ss.EighConfig(), {

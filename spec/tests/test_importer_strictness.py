@@ -663,8 +663,8 @@ def test_config_errors_name_the_anchor_argument(importer: Any, kwargs: dict[str,
 
 def test_meta_eigh_tolerance_is_eigenbasis_reuse_with_eigenvalue_correction() -> None:
     """Eq. (17b): EighEigendecompositionConfig.tolerance of eigenvalue-corrected Shampoo
-    is basis_reuse_tolerance (exported back); out of [0, 1] it is refused, and with
-    RootInv's EigenConfig a tolerance > 0 stays refused, naming the key."""
+    is basis_reuse_tolerance (exported back); out of [0, 1] it is refused; RootInv's
+    EigenConfig ignores it, as Meta does; Eigendecomposed Shampoo's is eq. (10h)."""
     pc = {**EIGEN_CORRECTED, "amortized_computation_config": {
         "type": "EighEigendecompositionConfig", "tolerance": 0.05}}
     c = ss.from_meta({"preconditioner_config": pc})
@@ -678,6 +678,14 @@ def test_meta_eigh_tolerance_is_eigenbasis_reuse_with_eigenvalue_correction() ->
     with pytest.raises(ValueError, match=r"amortized_computation_config.tolerance = 1.5 is "
                                          r"invalid: allowed a number in \[0, 1\]"):
         ss.from_meta({"preconditioner_config": bad})
-    with pytest.raises(NotImplementedError, match="tolerance"):
-        ss.from_meta({"preconditioner_config": {**ROOT_INV, "amortized_computation_config": {
-            "type": "EigenConfig", "tolerance": 0.05}}})
+    # RootInv's EigenConfig holds one too, which Meta's root ignores (tolerance=0.0).
+    plain = ss.from_meta({"preconditioner_config": ROOT_INV})
+    assert ss.from_meta({"preconditioner_config": {**ROOT_INV, "amortized_computation_config": {
+        "type": "EigenConfig", "tolerance": 0.05}}}) == plain
+    # Eigendecomposed Shampoo's: eq. (10h), exported back.
+    eigendecomposed = ss.from_meta({"preconditioner_config": {
+        "type": "EigendecomposedShampooPreconditionerConfig",
+        "amortized_computation_config": {"type": "EighEigendecompositionConfig",
+                                         "tolerance": 0.05}}})
+    assert eigendecomposed.root_inverse == ss.EighConfig(basis_reuse_tolerance=0.05)
+    assert ss.from_meta(ss.to_meta(eigendecomposed)) == eigendecomposed

@@ -360,6 +360,19 @@ def named_cases() -> list[Case]:
             steps=12,
         ),
         Case(
+            # Meta's Eigendecomposed Shampoo with EighEigendecompositionConfig.tolerance
+            # (eq. 10h): each factor keeps its stored eigenbasis while B's off-diagonal
+            # part is <= 0.4 of it (168 of 186 decisions here), else eigh replaces it.
+            # Every ratio is >= 3% from 0.4, so float32 decides alike.
+            "eigh_basis_reuse",
+            _with(
+                root_inverse=ss.EighConfig(basis_reuse_tolerance=0.4),
+                schedule=ss.ScheduleConfig(precondition_frequency=2,
+                                           start_preconditioning_step=4),
+            ),
+            steps=14,
+        ),
+        Case(
             # Eq. (10f) with Meta's perturb_before_computation=False (QR on A, epsilon
             # after) and the KL statistics of eq. (6b) preconditioned by the QR roots.
             "eigh_qr_root_shift_after_kl",

@@ -19,7 +19,7 @@ from shampoo_reference import ReferenceShampoo, grafting
 from shampoo_reference.linalg import Sketch, root_inverse_coupled_newton
 from shampoo_reference.lobpcg import lobpcg_top_k
 from shampoo_reference.optimizer import Array, BlockState, ParameterState
-from shampoo_spec import CoupledNewtonConfig, ShampooConfig
+from shampoo_spec import CoupledNewtonConfig, EighConfig, ShampooConfig
 
 
 class _WrongDefaultRoot(ReferenceShampoo):
@@ -189,6 +189,20 @@ class _DeflationNotRestored(ReferenceShampoo):
         return result.root if np.isfinite(result.error) else None
 
 
+class _RefreshedBasisNotStored(ReferenceShampoo):
+    """Eq. (10h) with the stored eigenbasis never replaced: an eigh refresh's
+    eigenvectors make its root, but the basis kept for the next root step's test stays
+    the old one (I, from the first root step on)."""
+
+    def _stored_basis_root(self, basis: Array | None, a: Array, root: float
+                           ) -> tuple[Array | None, Array | None]:
+        x, q = super()._stored_basis_root(basis, a, root)
+        method = self.config.root_inverse
+        if isinstance(method, EighConfig) and method.reuses_basis and q is not None:
+            return x, basis
+        return x, q
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A reference with one bug: an optimizer class and/or a config rewrite."""
@@ -231,6 +245,8 @@ MUTANTS: tuple[Mutant, ...] = (
            _RankCutoffPerFactor),
     Mutant("adafactor_rows_unnormalized", "Adafactor's row moment not divided by its mean",
            _AdafactorRowsUnnormalized),
+    Mutant("refreshed_basis_not_stored", "an eigh refresh's eigenbasis not stored (eq. 10h)",
+           _RefreshedBasisNotStored),
 )
 
 

@@ -860,7 +860,8 @@ def _root_inverse(
     ``eigenvalue_correction.basis_reuse_tolerance`` (eq. 17b) with
     eigenvalue correction (``corrected``), the eigh root's
     ``basis_reuse_tolerance`` (eq. 10h) with Eigendecomposed Shampoo
-    (``eigendecomposed``); > 0 is refused otherwise.
+    (``eigendecomposed``); RootInv's ``EigenConfig`` ignores it (Meta
+    decomposes with tolerance 0 there); > 0 is refused otherwise.
     ``QREigendecompositionConfig`` is ``eigenbasis_method="qr"`` with its
     ``max_iterations`` and ``tolerance``: eigenvalue correction's (eq. 17c), or
     with Eigendecomposed Shampoo (``eigendecomposed``) the eigh root's
@@ -873,8 +874,12 @@ def _root_inverse(
         reuse = 0.0
         if kind == "EighEigendecompositionConfig" and (corrected or eigendecomposed):
             reuse = _tolerance(args)
+        elif not (corrected or eigendecomposed):
+            # RootInv's EigenConfig: read and checked, no numerical effect (Meta's
+            # matrix_inverse_root_eigen decomposes with tolerance=0.0 whatever it holds,
+            # preconditioner/matrix_functions.py:345-353).
+            _tolerance(args)
         else:
-            # Meta's own EigenConfig raises on it (no stored eigenvectors to reuse).
             args.unsupported("tolerance", 0.0, "eigenbasis reuse by an off-diagonal "
                              "criterion, supported with EighEigendecompositionConfig "
                              "(eigenvalue correction or Eigendecomposed Shampoo)")
