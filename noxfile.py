@@ -33,6 +33,8 @@ SUITE = "conformance/src/shampoo_conformance/suite"
 TEST_DIRS = (*(f"{member}/tests" for member in MEMBERS), "docs/tests", SUITE)
 #: Options every pytest run gets: no .pytest_cache (a read-only checkout works).
 PYTEST_OPTIONS = ("-p", "no:cacheprovider")
+#: The CI sessions also list their slowest tests, to keep the run within its budget.
+SLOWEST = ("--durations=20", "--durations-min=10")
 
 
 def install_members(session: nox.Session, *extra: str) -> None:
@@ -81,11 +83,12 @@ def tests(session: nox.Session) -> None:
     # torch-ddp: two gloo worker processes, started once and reused by the suite.
     eager = ["reference"] + (["torch", "torch-ddp"] if "torch_impl" in MEMBERS else [])
     session.run(
-        "pytest", *PYTEST_OPTIONS, *TEST_DIRS, *(f"--backend={b}" for b in eager), env=env
+        "pytest", *PYTEST_OPTIONS, *SLOWEST, *TEST_DIRS, *(f"--backend={b}" for b in eager),
+        env=env
     )
     if "jax_impl" in MEMBERS:
         session.run(
-            "pytest", *PYTEST_OPTIONS, SUITE, "--backend=jax", "--backend=jax-sharded",
+            "pytest", *PYTEST_OPTIONS, *SLOWEST, SUITE, "--backend=jax", "--backend=jax-sharded",
             "-m", "not random_configs",
             env={**env, "XLA_FLAGS": os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)},
         )

@@ -468,6 +468,15 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
                 "type": "QREigendecompositionConfig", "max_iterations": 4, "tolerance": 1e-2,
                 "rank_deficient_stability_config": {
                     "type": "PerturbationConfig", "perturb_before_computation": False}}}},
+    # EighEigendecompositionConfig.tolerance (eq. 10h): each factor's eigenbasis kept
+    # while its B's off-diagonal part is <= 0.1 of it, else eigh's; roots every 3 steps.
+    "eigendecomposed_eigh_tolerance": {
+        "grafting_config": ADAGRAD, "epsilon": 1e-6, "max_preconditioner_dim": 8,
+        "precondition_frequency": 3,
+        "preconditioner_config": {
+            "type": "EigendecomposedShampooPreconditionerConfig",
+            "amortized_computation_config": {
+                "type": "EighEigendecompositionConfig", "tolerance": 0.1}}},
     # KL-Shampoo (eq. 6b): each factor from the gradient preconditioned on the other
     # dims by the roots held so far; RootInv's and Eigendecomposed's roots.
     "kl_shampoo": {
@@ -1373,10 +1382,12 @@ def test_meta_train_and_eval_switch_like_shampoo_torch(problem: tuple[Batches, D
 
 
 @pytest.mark.parametrize("name", ["eigendecomposed_qr", "eigendecomposed_qr_tolerance",
-                                  "kl_shampoo_eigendecomposed_qr"])
+                                  "kl_shampoo_eigendecomposed_qr",
+                                  "eigendecomposed_eigh_tolerance"])
 def test_meta_eigendecomposed_qr_needs_eq_10f(name: str, problem: tuple[Batches, Data]) -> None:
-    """The QR cases against our run with eigh's root (the same config, eigenbasis_method
-    "eigh"): eq. (10f)'s QR estimate from the stored basis is what matches."""
+    """The QR cases (and eq. 10h's eigh case) against our run with eigh's root every time
+    (the same config, eigenbasis_method "eigh", no basis reuse): eq. (10f)'s QR estimate
+    (eq. 10h's kept basis) from the stored basis is what matches."""
     kwargs = _float64_kwargs(EXTRA_CASES[name], float32_lr=True)
     batches, data = problem
     with _float64_default_dtype():
