@@ -201,6 +201,34 @@ def install_library(session: nox.Session, library: str) -> None:
                      "install command)")
 
 
+def run_anchors(session: nox.Session, library: str) -> None:
+    """The anchors tests of Meta's or Google's library (installed)."""
+    env = hypothesis_env("ci")
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
+    session.run("pytest", *PYTEST_OPTIONS, f"anchors/test_{library}_library.py",
+                *session.posargs, env=env)
+
+
+def run_anchors_tearfree(session: nox.Session) -> None:
+    """The anchors tests of Google's ``precondition.tearfree`` (installed)."""
+    env = hypothesis_env("ci")
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
+    session.run("pytest", *PYTEST_OPTIONS, "anchors/test_tearfree_library.py",
+                *session.posargs, env=env)
+
+
+def run_thirdparty(session: nox.Session, library: str) -> None:
+    """The backend's own contract tests (they skip without the library), then the suite
+    on each of its backends (``library`` installed)."""
+    env = hypothesis_env("deep")
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
+    adapter_tests = ADAPTER_TESTS.get(
+        library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",))
+    backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
+    session.run("pytest", *PYTEST_OPTIONS, *adapter_tests, SUITE, *backends, "-rxX",
+                *session.posargs, env=env)
+
+
 @nox.session
 @nox.parametrize("library", tuple(ANCHOR_LIBRARIES))
 def anchors(session: nox.Session, library: str) -> None:
@@ -212,10 +240,7 @@ def anchors(session: nox.Session, library: str) -> None:
     where it is absent). ``nox -s "anchors(library='meta')"``; args go to pytest.
     """
     install_library(session, library)
-    env = hypothesis_env("ci")
-    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    session.run("pytest", *PYTEST_OPTIONS, f"anchors/test_{library}_library.py",
-                *session.posargs, env=env)
+    run_anchors(session, library)
 
 
 @nox.session
@@ -228,10 +253,7 @@ def anchors_tearfree(session: nox.Session) -> None:
     numbers). Installs Google's library as ``anchors`` does; args go to pytest.
     """
     install_library(session, "google")
-    env = hypothesis_env("ci")
-    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    session.run("pytest", *PYTEST_OPTIONS, "anchors/test_tearfree_library.py",
-                *session.posargs, env=env)
+    run_anchors_tearfree(session)
 
 
 @nox.session
@@ -246,14 +268,30 @@ def thirdparty(session: nox.Session, library: str) -> None:
     run CI makes). ``nox -s "thirdparty(library='meta')"``; args go to pytest.
     """
     install_library(session, library)
-    env = hypothesis_env("deep")
-    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    # The backend's own contract first (it skips without the library), then the suite.
-    adapter_tests = ADAPTER_TESTS.get(
-        library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",))
-    backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
-    session.run("pytest", *PYTEST_OPTIONS, *adapter_tests, SUITE, *backends, "-rxX",
-                *session.posargs, env=env)
+    run_thirdparty(session, library)
+
+
+@nox.session
+def libraries(session: nox.Session) -> None:
+    """CI: the anchors, anchors_tearfree and thirdparty runs in one environment.
+
+    One install of every library instead of one per session (the same tests
+    in the same order; a library whose snapshot is absent is named and left
+    out). ``HYPOTHESIS_PROFILE=ci`` makes the thirdparty runs short.
+    """
+    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    present = [library for library in LIBRARIES if install_snapshot(session, library)]
+    for library in LIBRARIES:
+        if library not in present:
+            session.log(f"{library}: {ANCHOR_LIBRARIES[library][0]} not found in "
+                        f"{THIRDPARTY}; its anchors and thirdparty runs are left out")
+    for library in ANCHOR_LIBRARIES:
+        if library in present:
+            run_anchors(session, library)
+    if "google" in present:
+        run_anchors_tearfree(session)
+    for library in present:
+        run_thirdparty(session, library)
 
 
 @nox.session
