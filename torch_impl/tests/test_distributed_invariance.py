@@ -21,6 +21,7 @@ from shampoo_spec import (
     BlockingConfig,
     CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
+    EighConfig,
     EpsilonConfig,
     ExponentConfig,
     FrequentDirectionsConfig,
@@ -54,6 +55,9 @@ CONFIGS = {
     "coupled_newton_relative_eps": dataclasses.replace(
         BASE, root_inverse=CoupledNewtonConfig(),
         epsilon=EpsilonConfig(value=1e-3, scale="relative")),
+    # Eq. (10h): each row keeps its stored eigenbasis or takes eigh's by its own B.
+    "eigh_basis_reuse": dataclasses.replace(BASE, root_inverse=EighConfig(
+        basis_reuse_tolerance=0.3)),
     # Eq. (10c): the factors above 6 low-rank (the mean over a row's other eigenvalues).
     "low_rank": dataclasses.replace(BASE, low_rank=LowRankRootConfig(rank=4)),
     # Eqs. (6c), (10d): the factors above 6 sketched at rank 4 (relative eps, from the

@@ -77,6 +77,14 @@ RESUME_CASES = {
                             failure=FailureConfig(nonfinite_gradient="skip_block")),
         torch.float64,
     ),
+    # Eq. (10h): eigh roots keeping their stored eigenbases while they fit (saved, so the
+    # resumed run judges its first root step against the same basis), blocks skipped too.
+    "eigh_basis_reuse_skip_block_float64": (
+        dataclasses.replace(RICH, factor_dtype="float64",
+                            root_inverse=EighConfig(basis_reuse_tolerance=0.3),
+                            failure=FailureConfig(nonfinite_gradient="skip_block")),
+        torch.float64,
+    ),
     # Eq. (11a): float64 factors, roots stored in bfloat16.
     "bfloat16_roots_float64": (
         dataclasses.replace(RICH, factor_dtype="float64", inverse_root_dtype="bfloat16"),

@@ -128,8 +128,8 @@ class BlockGroup:
     storage_dtype: torch.dtype | None = None
     #: eq. (10d): the sketch of each sketched dim k (``frequent_directions``).
     sketches: dict[int, Sketch] = field(default_factory=dict)
-    #: eq. (10f): the eigenbasis Q_k each dim's QR root starts from (in ``dtype``; I
-    #: before the first root step), with ``root_inverse.eigenbasis_method="qr"`` only.
+    #: eqs. (10f), (10h): the eigenbasis Q_k each dim's root starts from (in ``dtype``; I
+    #: before the first root step), with ``config.root_inverse_stores_basis`` only.
     eigenbases: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -159,14 +159,14 @@ class BlockGroup:
     def allocate(self, initial_value: float, eigenvalue_correction: bool,
                  compresses: Callable[[int], bool] | None = None,
                  sketch: FrequentDirectionsConfig | None = None,
-                 qr_bases: bool = False) -> None:
+                 stored_bases: bool = False) -> None:
         """``c I`` factors (eq. 6), identity inverse roots (eq. 13), zero counters.
 
         ``compresses(n)``: whether eq. (10c) compresses an ``n x n`` factor, whose
         inverse root starts at 0 (Google's zero low-rank preconditioner).
         ``sketch``: eq. (10d)'s config; a factor it sketches (``sketch.compresses(n)``)
         gets a zero :class:`Sketch` and, as a compressed one, a zero inverse root.
-        ``qr_bases``: eq. (10f)'s identity eigenbasis per dim.
+        ``stored_bases``: eqs. (10f), (10h)'s identity eigenbasis per dim.
         """
         b, dev, dt = len(self.members), self.device, self.dtype
         for k in self.dims:
@@ -174,7 +174,7 @@ class BlockGroup:
             eye = torch.eye(n, dtype=dt, device=dev).expand(b, n, n)
             self.factors[k] = (initial_value * eye).to(self.stored_factor_dtype).contiguous()
             self.inverse_roots[k] = eye.to(self.root_dtype, copy=True)  # exact in any dtype
-            if qr_bases:
+            if stored_bases:
                 self.eigenbases[k] = eye.contiguous()
             sketched = sketch is not None and sketch.compresses(n)
             if sketched:
@@ -195,7 +195,7 @@ class BlockGroup:
         ``statistics_updates`` and ``consecutive_failures``, with eigenvalue
         correction ``corrected`` and ``corrected_updates``, with sketched
         dims ``sketches`` (by dim: ``{"u", "lam", "rho"}``, eq. 10d), and with
-        eq. (10f)'s QR roots ``eigenbases`` (by dim).
+        a stored-basis root (eqs. 10f, 10h) ``eigenbases`` (by dim).
         """
         out: dict[str, Any] = {
             "factors": {k: f[row] for k, f in self.factors.items()},

@@ -37,8 +37,9 @@ moments in its own shape (not the merged one): R (``"adafactor_row"``, the
 shape without its largest dim d0) and C (``"adafactor_col"``, without d1) when
 factored, else V (``"adafactor_full"``, the parameter's shape); their shapes are
 checked like every state tensor's, so a resumed run continues bit for bit.
-With ``root_inverse.eigenbasis_method="qr"`` (eq. 10f) a block's ``"eigenbases"``
-hold the eigenbasis Q_k each dim's next QR root starts from (``factor_dtype``).
+With ``config.root_inverse_stores_basis`` (the QR root of eq. 10f or the reused eigh
+basis of eq. 10h) a block's ``"eigenbases"`` hold the eigenbasis Q_k each dim's next
+root starts from (``factor_dtype``).
 
 Tensors keep the optimizer's dtypes: factors in ``factor_dtype``, inverse
 roots (eigenbases) in ``config.root_dtype`` (``inverse_root_dtype`` or

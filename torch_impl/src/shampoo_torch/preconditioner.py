@@ -289,9 +289,9 @@ def _refresh_rows(
         new, good = roots.root_inverse_coupled_newton(
             a, int(bg.roots[k]), cfg.epsilon, method,
             symmetric=not stats.quantized)  # eq. (20c): as read back
-    elif cfg.root_inverse_qr:  # eq. (10f)
+    elif cfg.root_inverse_stores_basis:  # eqs. (10f), (10h)
         assert isinstance(method, EighConfig)
-        new, good = _qr_root(bg, k, rows, ok, a, cfg, method)
+        new, good = _stored_basis_root(bg, k, rows, ok, a, cfg, method)
     else:
         new, good = roots.root_inverse_eigh(a, bg.roots[k], cfg.epsilon, tau, scale=scale)
     # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
@@ -314,18 +314,23 @@ def _refresh_rows(
     return _accept(bg, k, rows, new, good, ok)
 
 
-def _qr_root(bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, a: torch.Tensor,
-             cfg: ShampooConfig, method: EighConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. (10f) for factor k of ``rows`` (``a`` bias corrected, eq. 7b applied): the QR
-    root from the stored eigenbasis, one row per call (batch invariance); the new basis
-    is stored where the root is accepted (good and ``ok``, as :func:`_accept`).
-    Returns (X, good)."""
+def _stored_basis_root(
+    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, a: torch.Tensor,
+    cfg: ShampooConfig, method: EighConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The root of factor k of ``rows`` (``a`` bias corrected, eq. 7b applied) from its
+    stored eigenbasis: eq. (10f)'s QR root, or eq. (10h)'s (the basis kept while it fits,
+    else eigh); one row per call (batch invariance). The new basis is stored where the
+    root is accepted (good and ``ok``, as :func:`_accept`; eq. 13). Returns (X, good)."""
     prev = take(bg.eigenbases[k], rows)
-    out, good = rowwise(
-        partial(roots.root_inverse_qr, root=bg.roots[k], eps=cfg.epsilon,
-                max_iterations=method.qr_max_iterations, tolerance=method.qr_tolerance),
-        torch.stack([prev, a], dim=1),
-    )
+    if method.qr:
+        from_basis = partial(roots.root_inverse_qr, max_iterations=method.qr_max_iterations,
+                             tolerance=method.qr_tolerance)
+    else:
+        from_basis = partial(roots.root_inverse_reusing_basis,
+                             tolerance=method.basis_reuse_tolerance)
+    out, good = rowwise(partial(from_basis, root=bg.roots[k], eps=cfg.epsilon),
+                        torch.stack([prev, a], dim=1))
     keep = good if ok is None else (good & ok)
     basis = torch.where(keep[:, None, None], out[:, 1], prev).contiguous()
     bg.eigenbases[k] = put(bg.eigenbases[k], rows, basis)

@@ -235,14 +235,21 @@ def root_inverse_eigh(
     """
     a, ok = sanitize(a)
     e = effective_epsilon(a, eps)
-    a = symmetrize(a)
-    if eps.placement in ("ridge", "ridge_floor"):
-        a = a + e[:, None, None] * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    a = eigh_input(a, e, eps.placement)
     lam, q, ok_eigh = eigh(a)
     if failure_threshold is not None:
         ok = ok & eigh_passes(a, lam, q, failure_threshold)
     x = root_from_eigendecomposition(lam, q, root, e, eps, low_rank, scale)
     return x, ok & ok_eigh & finite_rows(x)
+
+
+def eigh_input(a: torch.Tensor, e: torch.Tensor, placement: str) -> torch.Tensor:
+    """B of eq. (10), the matrix eigh decomposes per row: ``sym(A) + e I`` (ridge
+    placements; ``e`` [B] eq. 9's epsilon), else ``sym(A)``."""
+    a = symmetrize(a)
+    if placement in ("ridge", "ridge_floor"):
+        a = a + e[:, None, None] * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return a
 
 
 def root_from_eigendecomposition(
@@ -432,16 +439,7 @@ def basis_still_fits(pair: torch.Tensor, eps: EpsilonConfig, tolerance: float) -
     squares rounds below 0, whose root is NaN), as Meta's
     ``eigenvalues_estimate_criterion_below_or_equal_tolerance``."""
     q, a = pair[:, 0], pair[:, 1]
-    n = a.shape[-1]
-    eye = torch.eye(n, dtype=a.dtype, device=a.device)
-    ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else torch.zeros(
-        a.shape[0], dtype=a.dtype, device=a.device)
-    b = (q.transpose(1, 2) @ (a + ridge[:, None, None] * eye)) @ q
-    norm = torch.linalg.vector_norm(b.flatten(1), dim=1)
-    diag = torch.linalg.vector_norm(torch.diagonal(b, dim1=-2, dim2=-1), dim=1)
-    off = torch.sqrt(norm**2 - diag**2)
-    fits: torch.Tensor = off <= tolerance * norm
-    return fits
+    return _off_diagonal_fits(_rotated_factor(q, a, _ridge(a, eps)), tolerance)
 
 
 def _off_diagonal_fits(b: torch.Tensor, tolerance: float) -> torch.Tensor:
@@ -474,6 +472,55 @@ def root_inverse_qr(
     return torch.stack([x, q], dim=1), ok & finite_rows(x)
 
 
+def root_inverse_reusing_basis(
+    pair: torch.Tensor, root: float, eps: EpsilonConfig, tolerance: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (10h) per row of ``pair = stack([Q, A], 1)``, as reference
+    ``linalg.root_inverse_reusing_basis``; returns ``stack([X, Q'], 1)`` and ok.
+
+    ``B = (Q^T A') Q`` with the stored Q (A' = A + eps I with the ridge, else A):
+    a row whose B is finite and meets eq. (17b)'s criterion ``sqrt(||B||_F^2 -
+    ||diag B||^2) <= tolerance ||B||_F`` keeps Q, lambda = diag B (eq. 10f with
+    no QR step: columns sorted stably by diag B); every other row takes eq.
+    (10)'s eigh of ``sym(A')``, Q' its eigenvectors. Then eq. (10)'s epsilon
+    rule and ``X = Q' diag(f(lambda)) Q'^T``. ok (eq. 13): a finite A, Q' and X,
+    and eigh converged where it ran. Only the rows that do not fit are
+    decomposed (eigh is batch invariant, :mod:`.invariance`): one host read.
+    """
+    a, ok = sanitize(pair[:, 1])
+    e = effective_epsilon(a, eps)
+    b = _rotated_factor(pair[:, 0], a, e if eps.placement == "ridge" else torch.zeros_like(e))
+    fits = finite_rows(b) & _off_diagonal_fits(b, tolerance)
+    lam, q = _sorted_by_diagonal(b, pair[:, 0])
+    redo = ~fits
+    if bool(redo.any()):  # root steps only
+        lam_e, q_e, ok_e = eigh(eigh_input(a[redo], e[redo], eps.placement))
+        lam, q = lam.index_put((redo,), lam_e), q.index_put((redo,), q_e)
+        ok = ok.index_put((redo,), ok[redo] & ok_e)
+    x = root_from_eigendecomposition(lam, q, root, e, eps)
+    return torch.stack([x, q], dim=1), ok & finite_rows(q) & finite_rows(x)
+
+
+def _ridge(a: torch.Tensor, eps: EpsilonConfig) -> torch.Tensor:
+    """The ridge of eqs. (10f), (10h), (17b), (17c) per row: eq. (9)'s epsilon with the
+    ``"ridge"`` placement, else 0."""
+    if eps.placement == "ridge":
+        return effective_epsilon(a, eps)
+    return torch.zeros(a.shape[0], dtype=a.dtype, device=a.device)
+
+
+def _rotated_factor(q: torch.Tensor, a: torch.Tensor, ridge: torch.Tensor) -> torch.Tensor:
+    """Eqs. (10f), (10h), (17b), (17c) per row: ``B = (Q^T (A + ridge I)) Q``."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return (q.transpose(1, 2) @ (a + ridge[:, None, None] * eye)) @ q
+
+
+def _sorted_by_diagonal(b: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs. (10f), (17c): diag B ascending and Q's columns in that (stable) order."""
+    lam, order = torch.sort(torch.diagonal(b, dim1=-2, dim2=-1), dim=-1, stable=True)
+    return lam, torch.take_along_dim(q, order[:, None, :].expand_as(q), dim=2)
+
+
 def qr_eigendecomposition(
     pair: torch.Tensor, eps: EpsilonConfig, max_iterations: int, tolerance: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -490,9 +537,7 @@ def qr_eigendecomposition(
     q, a = pair[:, 0], pair[:, 1]
     a, ok = sanitize(a)
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    ridge = effective_epsilon(a, eps) if eps.placement == "ridge" else torch.zeros(
-        a.shape[0], dtype=a.dtype, device=a.device)
-    b = (q.transpose(1, 2) @ (a + ridge[:, None, None] * eye)) @ q
+    b = _rotated_factor(q, a, _ridge(a, eps))
     ok = ok & finite_rows(b)
     b = torch.where(ok[:, None, None], b, eye)
     running = ok.clone()
@@ -505,8 +550,7 @@ def qr_eigendecomposition(
         sel = running[:, None, None]
         b = torch.where(sel, r @ step, b)
         q = torch.where(sel, q @ step, q)
-    lam, order = torch.sort(torch.diagonal(b, dim1=-2, dim2=-1), dim=-1, stable=True)
-    q = torch.take_along_dim(q, order[:, None, :].expand_as(q), dim=2)
+    lam, q = _sorted_by_diagonal(b, q)
     return lam, q, ok & finite_rows(q)
 
 

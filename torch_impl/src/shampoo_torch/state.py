@@ -158,7 +158,7 @@ def build_param_group_plan(
     for bg in block_groups:
         bg.allocate(init_scale, cfg.eigenvalue_correction is not None,
                     None if cfg.low_rank is None else cfg.low_rank.compresses,
-                    cfg.frequent_directions, cfg.root_inverse_qr)
+                    cfg.frequent_directions, cfg.root_inverse_stores_basis)
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]
@@ -208,8 +208,8 @@ class BlockView:
             ``(U, lambda, rho)`` (eq. 10d; ``factors[k]`` then holds the last
             observation C_k, eq. 6c), or None where dim k is not sketched;
             None without sketches or when another rank holds the block.
-        eigenbases: with ``root_inverse.eigenbasis_method="qr"``, per block dim
-            k the eigenbasis Q_k its next QR root starts from (eq. 10f), or None
+        eigenbases: with ``config.root_inverse_stores_basis``, per block dim k
+            the eigenbasis Q_k its next root starts from (eqs. 10f, 10h), or None
             where ``r_k = 0``; None otherwise or when another rank holds the block.
 
     The counters are None when another rank holds the block. The tensors
