@@ -163,3 +163,44 @@ def test_qr_root_equals_the_reference(placement: str, iterations: int) -> None:
             got = np.asarray(q[k])
             signs = np.sign(np.sum(got * want[1], axis=0))
             np.testing.assert_allclose(got * signs, want[1], atol=1e-9)
+
+
+@pytest.mark.parametrize("placement", ["ridge", "shift_after", "pseudo_inverse"])
+def test_reused_basis_root_equals_the_reference(placement: str) -> None:
+    """Eq. (10h) on one stack, per matrix as reference ``linalg.root_inverse_reusing_basis``:
+    a stored basis that fits (A's eigenvectors turned by 1e-3) is kept, its columns
+    permuted (bitwise) and X = Q diag(f(diag B)) Q^T; a random one does not, and eigh's
+    root and eigenvectors (up to signs) replace it; a non-finite A fails (ok False,
+    eq. 13) without touching its neighbours; a masked matrix (``active``) is not
+    needed."""
+    from scipy.linalg import expm
+
+    from shampoo_jax.roots import root_inverse_reusing_basis
+    from shampoo_reference.linalg import root_inverse_reusing_basis as reference_root
+
+    rng = np.random.default_rng(12)
+    mats = [spd(6, 1e2, seed=s) for s in (5, 6, 7)]
+    skew = rng.standard_normal((6, 6))
+    fitting = np.linalg.eigh(mats[0])[1][:, ::-1] @ expm(1e-3 * (skew - skew.T))
+    bases = [fitting, np.linalg.qr(rng.standard_normal((6, 6)))[0], np.eye(6)]
+    mats[2] = np.full((6, 6), np.nan)
+    value = 0.0 if placement == "pseudo_inverse" else 1e-3
+    eps = ss.EpsilonConfig(value=value, placement=placement)  # type: ignore[arg-type]
+    rank = (eps.rank_cutoff_rtol(6, "float64"), eps.rank_atol) if eps.pseudo_inverse else None
+    with jax.enable_x64(True):
+        x, q, ok = root_inverse_reusing_basis(
+            jnp.asarray(np.stack(bases)), jnp.asarray(np.stack(mats)), 4.0, eps, 0.05,
+            jnp.asarray([True, True, False]))
+    assert np.asarray(ok).tolist() == [True, True, False]
+    for k in (0, 1):
+        want = reference_root(bases[k], mats[k], 4.0, value, placement, 0.05, rank)
+        assert want is not None
+        np.testing.assert_allclose(np.asarray(x[k]), want[0], rtol=0,
+                                   atol=1e-12 * np.abs(want[0]).max())
+        got = np.asarray(q[k])
+        if k == 0:  # kept: the stored columns, sorted by diag B (eq. 10f with no QR step)
+            np.testing.assert_array_equal(got, want[1])
+            np.testing.assert_array_equal(got, fitting[:, ::-1])
+        else:
+            signs = np.sign(np.sum(got * want[1], axis=0))
+            np.testing.assert_allclose(got * signs, want[1], atol=1e-12)

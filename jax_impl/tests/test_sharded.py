@@ -159,6 +159,12 @@ CONFIGS = {
     "qr_root": dataclasses.replace(
         BASE, root_inverse=ss.EighConfig(eigenbasis_method="qr", qr_max_iterations=2,
                                          qr_tolerance=0.01)),
+    # Eq. (10h): eigh roots that keep their stored eigenbasis while it fits (padded with
+    # I, sharded, saved); a root every step, so that some rows of a stack keep theirs
+    # while others decompose.
+    "eigh_basis_reuse": dataclasses.replace(
+        BASE, root_inverse=ss.EighConfig(basis_reuse_tolerance=0.3),
+        schedule=ss.ScheduleConfig(precondition_frequency=1, start_preconditioning_step=2)),
     # Eq. (10g): pseudo-inverse roots whose rank cutoff is the largest eigenvalue over
     # the parameter's blocks, which sit on several devices (a pmax); masked and
     # padding blocks take no part. rtol 0.3: the scopes cut these factors differently.
@@ -344,7 +350,8 @@ def test_padded_blocks_are_not_failures_nor_skipped() -> None:
 @pytest.mark.parametrize(("before", "after", "name"),
                          [(2, 3, "eigh"), (4, 1, "eigh"), (None, 4, "eigh"),
                           (3, 2, "int8_momentum"), (2, 3, "diagonal"),
-                          (2, 3, "frequent_directions"), (3, 2, "qr_root")])
+                          (2, 3, "frequent_directions"), (3, 2, "qr_root"),
+                          (2, 4, "eigh_basis_reuse")])
 def test_checkpoint_restores_onto_another_device_count(before, after, name, data) -> None:  # noqa: ANN001
     config = CONFIGS[name]
     params, grads = data

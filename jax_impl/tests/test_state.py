@@ -233,11 +233,14 @@ def test_checkpoint_keeps_the_diagonal_state(tmp_path) -> None:  # noqa: ANN001
         shampoo_jax.state_from_arrays(plain, like=opt.init(p))
 
 
-def test_checkpoint_keeps_the_qr_eigenbases(tmp_path) -> None:  # noqa: ANN001
-    """Eq. (10f): the stored eigenbases (the last field of each block group) are saved,
-    load bit for bit through numpy.savez and resume exactly; reset to I they change the
-    next root step (they are not recomputed)."""
-    config = dataclasses.replace(CONFIG, root_inverse=ss.EighConfig(eigenbasis_method="qr"))
+@pytest.mark.parametrize("root_inverse", [
+    ss.EighConfig(eigenbasis_method="qr"), ss.EighConfig(basis_reuse_tolerance=0.3)],
+    ids=["qr", "reuse"])
+def test_checkpoint_keeps_the_stored_eigenbases(tmp_path, root_inverse: ss.EighConfig) -> None:  # noqa: ANN001
+    """Eqs. (10f), (10h): the stored eigenbases (the last field of each block group) are
+    saved, load bit for bit through numpy.savez and resume exactly; reset to I they
+    change the next root step (they are not recomputed)."""
+    config = dataclasses.replace(CONFIG, root_inverse=root_inverse)
     opt, step, p, s, rest = _four_steps(config)
     bases = [q for gs in s.groups for q in (gs.eigenbases or ())]
     assert all(not np.array_equal(np.asarray(q)[0], np.eye(q.shape[-1]))

@@ -40,6 +40,7 @@ from .roots import (
     qr_eigenbasis,
     root_at_cutoff,
     root_inverse_qr,
+    root_inverse_reusing_basis,
     rounded,
     sketch_epsilon,
     tearfree_sketch_root,
@@ -202,16 +203,22 @@ def _kl_preconditioned(
 
 
 # ------------------------------------------------------- eqs. (7), (9)-(13)
-def _qr_root(gs: BlockGroupState, i: int, a: Array, root: float, ok: Array,
-             config: ShampooConfig, eigenbases: list[Array]) -> tuple[Array, Array]:
-    """Eq. (10f) for the i-th factor ``a`` (bias corrected, eq. 7b applied) of a block
-    group: the QR root from the stored eigenbasis; the new basis is appended to
+def _stored_basis_root(gs: BlockGroupState, i: int, a: Array, root: float, ok: Array,
+                       config: ShampooConfig, eigenbases: list[Array]) -> tuple[Array, Array]:
+    """Eqs. (10f), (10h) for the i-th factor ``a`` (bias corrected, eq. 7b applied) of a
+    block group, from its stored eigenbasis: the QR root (eq. 10f), or the basis kept
+    while it fits and eigh's otherwise (eq. 10h); the new basis is appended to
     ``eigenbases`` where the root is accepted (good and ``ok``, eq. 13). (X, good)."""
     method = config.root_inverse
     assert isinstance(method, EighConfig) and gs.eigenbases is not None
     prev = gs.eigenbases[i]
-    x, q, good = root_inverse_qr(prev, a, root, config.epsilon,
-                                 method.qr_max_iterations, method.qr_tolerance)
+    if method.reuses_basis:
+        # ok: a block masked this step (eq. 3) is not decomposed where that can be skipped.
+        x, q, good = root_inverse_reusing_basis(prev, a, root, config.epsilon,
+                                                method.basis_reuse_tolerance, ok)
+    else:
+        x, q, good = root_inverse_qr(prev, a, root, config.epsilon,
+                                     method.qr_max_iterations, method.qr_tolerance)
     eigenbases.append(jnp.where((ok & good)[:, None, None], q, prev))
     return x, good
 
@@ -292,15 +299,16 @@ def refresh_inverse_roots(
         token: Array | None = None
         ec = config.eigenvalue_correction
         qr = ec is not None and ec.eigenbasis_method == "qr"  # eq. (17c): below, per factor
-        qr_root = config.root_inverse_qr  # eq. (10f): below, per factor, with its basis
+        # Eqs. (10f), (10h): below, per factor, with its stored basis.
+        stored_basis = config.root_inverse_stores_basis
         per_parameter = config.epsilon.cuts_rank_per_parameter  # eq. (10g): its own pass
         if per_parameter:
             # Eq. (10g)'s config refuses what the loop below adds to eq. (10):
-            # sketches (eq. 10d), eigenbases (eqs. 10f, 17) and other root methods.
+            # sketches (eq. 10d), eigenbases (eqs. 10f, 10h, 17) and other root methods.
             results = _parameter_cutoff_roots(
                 batches, wanted, layout,
                 _owners(layout) if owners is None else owners, config, axis_names)
-        for key, items in ({} if qr or qr_root or per_parameter else batches).items():
+        for key, items in ({} if qr or stored_basis or per_parameter else batches).items():
             root = key[1]
             a = jnp.concatenate([a for _, _, a in items])
             # Blocks masked this step (eq. 3; padding when sharded) keep their
@@ -343,11 +351,11 @@ def refresh_inverse_roots(
                     a = factors_in[(gi, i)]
                     x, good = qr_eigenbasis(xk.astype(a.dtype), a, config.epsilon,
                                             ec.qr_max_iterations, ec.basis_reuse_tolerance)
-                elif qr_root:
+                elif stored_basis:
                     grp = layout.groups[gi]
-                    x, good = _qr_root(gs, i, factors_in[(gi, i)],
-                                       grp.roots[grp.preconditioned_dims[i]], ok, config,
-                                       eigenbases)
+                    x, good = _stored_basis_root(gs, i, factors_in[(gi, i)],
+                                                 grp.roots[grp.preconditioned_dims[i]], ok,
+                                                 config, eigenbases)
                 else:
                     x, good = results[(gi, i)]
                 if x.dtype != xk.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
@@ -378,7 +386,8 @@ def refresh_inverse_roots(
                     for i, old in enumerate(gs.sketches))
             new.append(gs._replace(inverse_roots=tuple(inverse_roots),
                                    consecutive_failures=consecutive, sketches=new_sketches,
-                                   eigenbases=tuple(eigenbases) if qr_root else gs.eigenbases))
+                                   eigenbases=tuple(eigenbases) if stored_basis
+                                   else gs.eigenbases))
             failures.append(failed_factors)
         return tuple(new), failures
 

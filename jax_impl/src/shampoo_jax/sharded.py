@@ -198,7 +198,7 @@ def pad_group(gs: BlockGroupState, size: int, slots: tuple[int, ...]) -> BlockGr
         corrected_updates=opt(gs.corrected_updates, 0),
         sketches=sketches,
         eigenbases=None if gs.eigenbases is None else tuple(
-            _spread(q, size, _eye_fill(q), slots) for q in gs.eigenbases),  # eq. (10f)
+            _spread(q, size, _eye_fill(q), slots) for q in gs.eigenbases),  # eqs. (10f), (10h)
     )
 
 

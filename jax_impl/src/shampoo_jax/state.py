@@ -56,8 +56,10 @@ class BlockGroupState(NamedTuple):
     last, so the arrays of every state without sketches keep their
     positions (:mod:`shampoo_jax.checkpoint`). With
     ``root_inverse.eigenbasis_method="qr"`` ``eigenbases[i]`` is the
-    eigenbasis Q_k the i-th factor's next QR root starts from (eq. 10f, in
-    :func:`factor_dtype`; I before the first root step); None otherwise. It
+    eigenbasis Q_k the i-th factor's next QR root starts from (eq. 10f), and
+    with ``root_inverse.basis_reuse_tolerance > 0`` the eigenbasis of its last
+    root, kept while it fits (eq. 10h); in :func:`factor_dtype`, I before the
+    first root step (``config.root_inverse_stores_basis``); None otherwise. It
     comes after ``sketches``, so every other state keeps its layout.
     """
 
@@ -347,7 +349,7 @@ def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> Bloc
         eigenbases=tuple(
             jnp.array(jnp.broadcast_to(jnp.eye(grp.shape[k], dtype=fdt),
                                        (nb, grp.shape[k], grp.shape[k])))
-            for k in grp.preconditioned_dims) if config.root_inverse_qr else None,
+            for k in grp.preconditioned_dims) if config.root_inverse_stores_basis else None,
     )
 
 
