@@ -1,11 +1,15 @@
-"""Seeded data streams, the deviation measure and the worker spawn the torch tests share."""
+"""Seeded data streams, the deviation measure, a stepped optimizer and the worker spawn
+the torch tests share."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import torch
 
+from shampoo_spec import ShampooConfig
+from shampoo_torch import Shampoo
 from shampoo_torch.processes import spawn
 
 #: The shapes the per-option reference-equality cases run on: a matrix, vectors,
@@ -47,3 +51,15 @@ def spawn_ok(target: str, world: int, args: tuple[Any, ...] = (),
         if isinstance(r, BaseException):
             raise AssertionError(f"rank {rank} of {world} raised: {r!r}") from r
     return results
+
+
+def stepped(config: ShampooConfig, params: dict[str, np.ndarray],
+            grads: list[dict[str, np.ndarray]]) -> Shampoo:
+    """Torch's optimizer on float64 copies of ``params``, stepped over ``grads``."""
+    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    opt = Shampoo(list(tensors.items()), config)
+    for g in grads:
+        for k, t in tensors.items():
+            t.grad = torch.tensor(g[k])
+        opt.step()
+    return opt

@@ -25,10 +25,9 @@ from shampoo_spec import (
     StatisticsConfig,
     from_meta,
 )
-from shampoo_torch import Shampoo
 from shampoo_torch.roots import root_inverse_reusing_basis as torch_root
 
-from .helpers import max_relative_error, stream
+from .helpers import max_relative_error, stepped, stream
 
 #: Factors of 6, 5, 4, 3 and a vector's 5; every one full rank from step 6 (a vector's
 #: statistics gain rank 1 a step), where the roots start: a rank-deficient factor's
@@ -148,7 +147,7 @@ def test_float64_equals_reference(name: str) -> None:
     assert max_relative_error(params, ours, ref) <= 1e-10
     fresh = dataclasses.replace(config, root_inverse=EighConfig())
     assert max_relative_error(params, reference_run(fresh, params, grads), ref) > 1e-6
-    opt = _stepped(config, params, grads)
+    opt = stepped(config, params, grads)
     compared = 0
     for view in opt.blocks():
         bs = counting.state[view.name].blocks[view.block]
@@ -175,7 +174,7 @@ def test_tolerance_one_is_diagonal_shampoo() -> None:
     ref = reference_run(config, params, grads)
     ours = torch_run(config, params, grads, dtype=np.float64)
     assert max_relative_error(params, ours, ref) <= 1e-10
-    opt = _stepped(config, params, grads)
+    opt = stepped(config, params, grads)
     checked = 0
     for view in opt.blocks():
         assert view.factors is not None and view.eigenbases is not None
@@ -190,15 +189,3 @@ def test_tolerance_one_is_diagonal_shampoo() -> None:
                                        rtol=1e-14, atol=0)
             checked += 1
     assert checked >= 5
-
-
-def _stepped(config: ShampooConfig, params: dict[str, np.ndarray],
-             grads: list[dict[str, np.ndarray]]) -> Shampoo:
-    """Torch's optimizer stepped over ``grads`` (float64)."""
-    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
-    opt = Shampoo(list(tensors.items()), config)
-    for g in grads:
-        for k, t in tensors.items():
-            t.grad = torch.tensor(g[k])
-        opt.step()
-    return opt

@@ -61,7 +61,7 @@ from shampoo_spec import (
 from shampoo_spec import is_root_step as ss_is_root_step
 from shampoo_torch import NonFiniteGradientError, Shampoo
 
-from .helpers import SHAPES, STEPS, max_relative_error, stream
+from .helpers import SHAPES, STEPS, max_relative_error, stepped, stream
 
 BASE = ShampooConfig(
     learning_rate=0.05,
@@ -78,13 +78,7 @@ def _stepped_both(
     ref = ReferenceShampoo(config, params)
     for g in grads:
         ref.step(g)
-    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
-    opt = Shampoo(list(tensors.items()), config)
-    for g in grads:
-        for k, t in tensors.items():
-            t.grad = torch.tensor(g[k])
-        opt.step()
-    return ref, opt
+    return ref, stepped(config, params, grads)
 
 
 def cfg(**changes: object) -> ShampooConfig:
