@@ -413,7 +413,11 @@ def assemble(
 #: Bytes of stacked block rows that a chunked phase (inverse roots, directions)
 #: holds at once: its temporaries are a few times this, not the block group's size.
 #: Every row is its own problem (batch invariance), so no chunking changes a bit.
-WORKSPACE_BYTES = 16 * 2**20
+#: One float32 1024 x 1024 factor: an eigh root holds about four such temporaries
+#: (its input, eigenvectors, LAPACK's workspace, the product), so 16 MiB chunks
+#: made the root step the step's peak (docs/results.md, "Side by side"), while
+#: one row per call costs nothing measurable at that size.
+WORKSPACE_BYTES = 4 * 2**20
 
 
 def row_chunks(

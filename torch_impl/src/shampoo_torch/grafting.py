@@ -65,6 +65,26 @@ def update_state(state: torch.Tensor, g: torch.Tensor, graft: GraftingConfig) ->
     return graft.beta2 * state + graft.update_weight * g * g
 
 
+def update_state_(state: torch.Tensor, g: torch.Tensor, graft: GraftingConfig,
+                  ok: torch.Tensor | None) -> torch.Tensor:
+    """Eq. (14b) written into ``state`` (returned), where ``ok`` (everywhere when None).
+
+    The same operations as :func:`update_state` in the same order (``V + g^2``;
+    ``beta2 V``, then ``+ w g^2``), so the same bits; in place, so the state
+    keeps its storage: a state replaced every step lands among the step's
+    temporaries and pins the allocator's heap (peak RSS, docs/results.md).
+    """
+    g = graft_input(g, graft)
+    if ok is not None or torch.result_type(state, g) != state.dtype:
+        new = update_state(state, g, graft)
+        if new.dtype != state.dtype:  # a wider g: the state widens (as update_state)
+            return new if ok is None else torch.where(ok, new, state)
+        return torch.where(ok, new, state, out=state) if ok is not None else state.copy_(new)
+    if graft.beta2 == 1.0:
+        return state.add_(g * g)
+    return state.mul_(graft.beta2).add_(graft.update_weight * g * g)
+
+
 def direction(
     x: torch.Tensor, state: torch.Tensor | None, t: int, graft: GraftingConfig
 ) -> torch.Tensor:

@@ -427,18 +427,14 @@ class Shampoo(torch.optim.Optimizer):
                 admitted = flags.all().to(c.g[i].device)
             st, ok = self.state[params[i]], c.elem_ok.get(i)
             if cfg.grafting.has_state:
-                st["graft"] = elementwise.masked(
-                    grafting.update_state(st["graft"], c.g[i], cfg.grafting), st["graft"], ok
-                )
+                st["graft"] = grafting.update_state_(st["graft"], c.g[i], cfg.grafting, ok)
             if cfg.grafting.factored:  # eq. (14e): the whole parameter, in its own shape
                 grafting.adafactor_update(st, c.g[i].reshape(gp.layouts[i].plan.shape), c.t,
                                           cfg.grafting, admitted)
             if "diagonal" in st:  # eq. (16b): V_D as eq. (14b), every step
                 assert cfg.diagonal is not None
-                st["diagonal"] = elementwise.masked(
-                    grafting.update_state(st["diagonal"], c.g[i], cfg.diagonal.as_graft()),
-                    st["diagonal"], ok,
-                )
+                st["diagonal"] = grafting.update_state_(st["diagonal"], c.g[i],
+                                                        cfg.diagonal.as_graft(), ok)
             c.filtered[i] = elementwise.filter_gradient(st, c.g[i], c.t, cfg.gradient_filter, ok)
             averaged = elementwise.statistics_gradient(st, c.g[i], c.t, cfg)  # eq. (6c)
             if averaged is not None:

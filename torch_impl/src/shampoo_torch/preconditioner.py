@@ -105,6 +105,9 @@ def update_statistics(
         elif a.shape[-1] == 1:  # rank-1 update: products, scalings and sums entry by entry
             outer = a * b if weight == 1.0 else weight * (a * b)
             old = take(bg.factors[k], rows)
+            if in_place and outer.dtype == old.dtype:  # the same sum, into the state
+                (old.mul_(beta2) if stats.decays else old).add_(outer)
+                continue
             new = outer + (beta2 * old if stats.decays else old)
         elif in_place:
             gram_update_(bg.factors[k], a, b, beta2, weight)
@@ -373,8 +376,11 @@ def _accept(bg: BlockGroup, k: int, rows: Rows, new: torch.Tensor, good: torch.T
     steps (``ok``), keep the previous one elsewhere; returns the rows that failed."""
     keep_new = good if ok is None else (good & ok)
     old = take(bg.inverse_roots[k], rows)
+    # Written over ``old`` (the state itself when ``rows`` is None): no third [B, n, n]
+    # tensor, and the roots keep their storage (see grafting.update_state_).
+    into = old if new.dtype == old.dtype and new.shape == old.shape else None
     bg.inverse_roots[k] = put(
-        bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old)
+        bg.inverse_roots[k], rows, torch.where(keep_new[:, None, None], new, old, out=into)
     )
     return ~good if ok is None else (~good & ok)
 
