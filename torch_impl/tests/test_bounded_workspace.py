@@ -1,6 +1,6 @@
-"""Bounded workspaces: a block group's directions (eqs. 16-18) and inverse roots
-(eqs. 9-13) go in chunks of rows (blocks.row_chunks). Every row is its own problem,
-so any chunking gives the same bits as none."""
+"""Bounded workspaces: a block group's statistics (eq. 6), directions (eqs. 16-18)
+and inverse roots (eqs. 9-13) go in chunks of rows (blocks.row_chunks). Every row
+is its own problem, so any chunking gives the same bits as none."""
 
 from __future__ import annotations
 
@@ -39,8 +39,10 @@ def test_row_chunks_cover_the_rows_in_order(
     for part, part_rows in chunks:
         if len(chunks) == 1:
             assert part_rows is rows  # no copy of the index, None stays None
+        elif rows is None:
+            assert part_rows == part  # a run of all rows: take() gives views
         else:
-            assert part_rows is not None and torch.equal(part_rows, every[part])
+            assert isinstance(part_rows, torch.Tensor) and torch.equal(part_rows, every[part])
 
 
 CONFIGS = {

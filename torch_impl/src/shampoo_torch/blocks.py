@@ -25,7 +25,10 @@ import torch
 
 from shampoo_spec import FrequentDirectionsConfig, ParameterPlan
 
-Rows = torch.Tensor | None  # indices of the block-group rows taking part; None = all rows
+#: The block-group rows taking part: their indices, a consecutive run of them (a
+#: chunk of all rows, :func:`row_chunks`: :func:`take` gives views of it), or None
+#: for all rows.
+Rows = torch.Tensor | slice | None
 
 
 @dataclass(frozen=True)
@@ -433,21 +436,46 @@ def row_chunks(
         if j0 == 0 and j1 == count:
             part: Rows = rows
         elif rows is None:
-            part = torch.arange(j0, j1, dtype=torch.int64, device=device)
+            part = slice(j0, j1)  # a run: the state's rows as views, nothing copied
+        elif isinstance(rows, slice):
+            start, _, stride = rows.indices(j1 if rows.stop is None else rows.stop)
+            assert stride == 1, "a run of rows is consecutive"
+            part = slice(start + j0, start + j1)
         else:
             part = rows[j0:j1]
         yield slice(j0, j1), part
 
 
+def row_count(rows: Rows, total: int) -> int:
+    """How many rows ``rows`` names in a block group of ``total`` rows."""
+    if rows is None:
+        return total
+    if isinstance(rows, slice):
+        return len(range(*rows.indices(total)))
+    return int(rows.shape[0])
+
+
 def take(x: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Rows of a stacked block-group state (all of them when ``rows`` is None)."""
-    return x if rows is None else x.index_select(0, rows)
+    """Rows of a stacked block-group state: all of them (None) or a run (a slice), as the
+    state itself or a view of it, which its callers never write; indices, as a copy."""
+    if rows is None:
+        return x
+    if isinstance(rows, slice):
+        return x[rows]
+    return x.index_select(0, rows)
 
 
 def put(x: torch.Tensor, rows: Rows, value: torch.Tensor) -> torch.Tensor:
-    """Write ``value`` into the rows of ``x``; returns the tensor to keep."""
+    """Write ``value`` into the rows of ``x``; returns the tensor to keep (``value``
+    itself for all rows; a run's view already holding ``value`` is left as it is)."""
     if rows is None:
         return value
+    if isinstance(rows, slice):
+        view = x[rows]
+        if not (view.data_ptr() == value.data_ptr() and view.shape == value.shape
+                and view.stride() == value.stride()):
+            view.copy_(value)
+        return x
     return x.index_copy_(0, rows, value)
 
 

@@ -446,21 +446,26 @@ class Shampoo(torch.optim.Optimizer):
         c.selected = select_rows(gp.block_groups, gp.flat_rows, c.positions, c.inp.ok)
         for index, (members, rows, ok) in c.selected.items():
             bg = gp.block_groups[index]
-            gb = gather(bg, gp.layouts, c.g, members)
             if is_statistics_step(c.t, cfg.schedule):
-                # Eq. (6c): G^, the averaged gradients with average_gradients, else G.
-                observed = gather(bg, gp.layouts, c.averaged_g, members) if c.averaged_g else gb
-                preconditioner.update_statistics(bg, observed, rows, ok, cfg.statistics)
+                # Eq. (6c): G^, the averaged gradients with average_gradients, else G;
+                # in chunks of rows (blocks.WORKSPACE_BYTES): the stacked gradient
+                # blocks do not grow with the group.
+                observed = c.averaged_g or c.g
+                row_bytes = math.prod(bg.shape) * torch.finfo(bg.dtype).bits // 8
+                for part, part_rows in row_chunks(rows, len(members), row_bytes, bg.device):
+                    preconditioner.update_statistics(
+                        bg, gather(bg, gp.layouts, observed, members[part]), part_rows,
+                        None if ok is None else ok[part], cfg.statistics)
             if not (c.roots_lag or c.cuts_rank_per_parameter):
                 # Eq. (10g)'s roots wait for every block's statistics (step 3b).
                 self._refresh_group_roots(c, index)
             if cfg.eigenvalue_correction is not None:
-                if bg.rounds_roots and bg.dims:
-                    # Eq. (17a): the gradient rounded to the eigenbases' dtype
-                    # straight from its own, as Meta's grad.to(...).
-                    gb = gather(bg, gp.layouts, c.g, members, bg.root_dtype)
+                # Eq. (17a): with eigenbases in another dtype, the gradient rounded to it
+                # straight from its own, as Meta's grad.to(...).
+                dtype = bg.root_dtype if bg.rounds_roots and bg.dims else None
                 preconditioner.update_corrected_moment(
-                    bg, gb, rows, ok, cfg.eigenvalue_correction
+                    bg, gather(bg, gp.layouts, c.g, members, dtype), rows, ok,
+                    cfg.eigenvalue_correction
                 )
 
     def _refresh_roots(self, c: Cohort) -> None:

@@ -48,6 +48,7 @@ from .blocks import (
     mode_product_in,
     put,
     row_chunks,
+    row_count,
     take,
 )
 from .elementwise import _SCALE_DTYPES, stored_with_diagonal
@@ -82,7 +83,8 @@ def update_statistics(
     than for several, which would make a block's factor depend on its group.
     """
     beta2, weight = stats.beta2, stats.update_weight
-    in_place = rows is None and ok is None and not stats.quantized
+    # All rows, or a run of them (views): the factors are updated where they are.
+    in_place = not isinstance(rows, torch.Tensor) and ok is None and not stats.quantized
     for k in bg.dims:
         gk = gb
         if stats.kl:  # eq. (6b): G x_{j != k} X_j with the roots held before this step
@@ -110,7 +112,7 @@ def update_statistics(
                 continue
             new = outer + (beta2 * old if stats.decays else old)
         elif in_place:
-            gram_update_(bg.factors[k], a, b, beta2, weight)
+            gram_update_(take(bg.factors[k], rows), a, b, beta2, weight)
             continue
         else:
             old = take(bg.factors[k], rows)
@@ -166,7 +168,7 @@ def largest_eigenvalues(
     """
     assert k not in bg.sketches and bg.storage_dtype is None  # the config refuses them
     bc = _bias_corrections(bg, rows, cfg.statistics)
-    count = len(bg) if rows is None else rows.shape[0]
+    count = row_count(rows, len(bg))
     row_bytes = bg.factors[k].shape[-1] ** 2 * torch.finfo(bg.dtype).bits // 8
     parts = []
     for part, part_rows in row_chunks(rows, count, row_bytes, bg.device):
