@@ -179,7 +179,7 @@ def filter_gradient(
 def momentum(
     st: dict[str, Any],
     shampoo_dir: torch.Tensor | None,
-    graft_dir: torch.Tensor,
+    graft_dir: torch.Tensor | None,
     w: torch.Tensor,
     use_shampoo: bool,
     cfg: ShampooConfig,
@@ -213,13 +213,14 @@ def momentum(
     if not mom.enabled:
         return p, {}
     mu, damp = mom.momentum, mom.direction_weight
-    shape, dt = tuple(graft_dir.shape), graft_dir.dtype
+    like = chosen if graft_dir is None else graft_dir  # None: used up by eq. (18) per block
+    shape, dt = tuple(like.shape), like.dtype
     old = read_momentum(st, "momentum", shape, dt)  # eq. (20b): fl_d(q s) where int8
     if not mom.separate_buffers:  # eq. (20), one shared buffer
         m = masked(mu * old + damp * p, old, ok)
         buffers = {"momentum": m}
     else:  # eq. (20), separate Shampoo and graft buffers, both updated every step
-        assert shampoo_dir is not None
+        assert shampoo_dir is not None and graft_dir is not None
         ps = p if use_shampoo else prepare(shampoo_dir)
         pg = prepare(graft_dir) if use_shampoo else p
         old_g = read_momentum(st, "graft_momentum", shape, dt)

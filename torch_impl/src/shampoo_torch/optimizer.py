@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -587,18 +588,23 @@ class Shampoo(torch.optim.Optimizer):
         """
         gp, cfg, params = c.inp.gp, c.config, c.inp.params
         graft = cfg.grafting
-        if graft.factored:  # eq. (14e): in the parameter's own shape, scaled by rms(W)
-            c.graft_dir = {
-                i: grafting.adafactor_direction(c.filtered[i], self.state[params[i]],
-                                                c.inp.w[i], gp.layouts[i].plan.shape, graft)
-                for i in c.positions
-            }
-        else:
-            c.graft_dir = {
-                i: grafting.direction(c.filtered[i], self.state[params[i]].get("graft"), c.t,
+
+        def graft_direction(i: int) -> torch.Tensor:
+            if graft.factored:  # eq. (14e): in the parameter's own shape, scaled by rms(W)
+                return grafting.adafactor_direction(c.filtered[i], self.state[params[i]],
+                                                    c.inp.w[i], gp.layouts[i].plan.shape, graft)
+            return grafting.direction(c.filtered[i], self.state[params[i]].get("graft"), c.t,
                                       graft)
-                for i in c.positions
-            }
+
+        # The graft directions _update reads; the others (the preconditioned parameters'
+        # with eq. 18 per block and one momentum buffer) only scale their blocks here,
+        # so each is formed when its first block needs it and dropped after its last:
+        # never every parameter's at once beside the block directions.
+        per_block = graft.rescale_scope == "block"
+        only_here = {i for i in c.positions
+                     if c.use_shampoo and per_block and not cfg.momentum.separate_buffers
+                     and gp.layouts[i].plan.preconditioned}
+        c.graft_dir = {i: graft_direction(i) for i in c.positions if i not in only_here}
         if not (c.use_shampoo or cfg.momentum.separate_buffers):
             return
         # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with its
@@ -612,6 +618,9 @@ class Shampoo(torch.optim.Optimizer):
                 for i in c.positions
             }
         c.owned = {}
+        blocks_left = Counter(gp.block_groups[index].members[r][0]
+                              for index, (members, _, _) in c.selected.items() for r in members)
+        dirs = c.graft_dir  # with the only_here ones while their blocks remain
         for index, (members, rows, _) in c.selected.items():
             bg = gp.block_groups[index]
             # In chunks of rows (blocks.WORKSPACE_BYTES), so the stacked blocks and
@@ -625,11 +634,19 @@ class Shampoo(torch.optim.Optimizer):
                 fb = gather(bg, gp.layouts, source, chunk,
                             bg.root_dtype if bg.rounds_roots and bg.dims else None)
                 pb = preconditioner.shampoo_direction(bg, fb, part_rows, cfg)
-                if graft.rescale_scope == "block":
-                    gd = gather(bg, gp.layouts, c.graft_dir, chunk)
-                    pb = preconditioner.rescale_blocks_to_graft(pb, gd, graft.norm_epsilon)
+                if per_block:
+                    for pos in {bg.members[r][0] for r in chunk} - dirs.keys():
+                        dirs[pos] = graft_direction(pos)
+                    gd = gather(bg, gp.layouts, dirs, chunk)
+                    fresh = pb.untyped_storage().data_ptr() != fb.untyped_storage().data_ptr()
+                    pb = preconditioner.rescale_blocks_to_graft(pb, gd, graft.norm_epsilon,
+                                                                in_place=fresh)
                 for j, r in enumerate(chunk):
                     c.owned[bg.members[r]] = pb[j]
+                    pos = bg.members[r][0]
+                    blocks_left[pos] -= 1
+                    if blocks_left[pos] == 0 and pos in only_here:
+                        dirs.pop(pos, None)
 
     def _exchange(self, cohorts: list[Cohort]) -> dict[BlockKey, torch.Tensor]:
         """Every block's direction, keyed (group, position, block).
@@ -658,7 +675,7 @@ class Shampoo(torch.optim.Optimizer):
             st = self.state[inp.params[i]]
             st["step"] = c.t
             ok = c.elem_ok.get(i)
-            u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir[i], inp.w[i],
+            u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir.get(i), inp.w[i],
                                               c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
             delta = None
             if cfg.averaging is not None:  # eq. (20d)

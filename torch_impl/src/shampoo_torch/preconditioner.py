@@ -533,13 +533,15 @@ def orthogonalize(fb: torch.Tensor, spectral: SpectralDescentConfig) -> torch.Te
 
 
 def rescale_blocks_to_graft(
-    pb: torch.Tensor, gd: torch.Tensor, norm_epsilon: float
+    pb: torch.Tensor, gd: torch.Tensor, norm_epsilon: float, in_place: bool = False
 ) -> torch.Tensor:
-    """Eq. (18) per block: ``P * ||graft(F)|| / (||P|| + norm_epsilon)`` for each row.
+    """Eq. (18) per block: ``P * ||graft(F)|| / (||P|| + norm_epsilon)`` for each row
+    (``in_place``: written over ``pb``, the same products).
 
     The norms cannot overflow for finite directions (:func:`shampoo_torch.grafting.norm`).
     """
-    return pb * (_norms(gd) / (_norms(pb) + norm_epsilon))
+    scale = _norms(gd) / (_norms(pb) + norm_epsilon)
+    return pb.mul_(scale) if in_place else pb * scale
 
 
 def rescale_to_graft(
