@@ -301,9 +301,13 @@ def apply_update(
         new_w = w + (delta if cfg.update_dtype is None else
                      delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype))  # eq. (21a)
     elif cfg.update_dtype is None:
-        new_w = w - step_lr * u
+        new_w = step_lr * u
+        # W - lr U written over the fresh product (the same subtraction): one
+        # parameter-sized temporary, not two.
+        new_w = (torch.sub(w, new_w, out=new_w) if new_w.dtype == w.dtype
+                 and new_w.shape == w.shape else w - new_w)
         if wd.applies("update"):
-            new_w = new_w - lr * wd.value * w
+            new_w.sub_(lr * wd.value * w)
     else:
         delta = -(step_lr * u)
         if wd.applies("update"):

@@ -667,11 +667,15 @@ class Shampoo(torch.optim.Optimizer):
             parts.append((c.inp.gi, plans, gp.owners, gp.factor_dtype))
         return self._dist.exchange_directions(parts, mine, self._device())
 
-    def _update(self, c: Cohort, blocks: Mapping[BlockKey, torch.Tensor]) -> None:
+    def _update(self, c: Cohort, blocks: dict[BlockKey, torch.Tensor]) -> None:
         """Eq. (18) per parameter, eqs. (19)-(22): assemble, rescale, momentum, guarded update."""
         inp, cfg = c.inp, c.config
         for i in c.positions:
             shampoo_dir = None if c.owned is None else _parameter_direction(c, i, blocks)
+            if c.owned is not None:  # its blocks are assembled: let them go as we proceed
+                for b in range(inp.gp.layouts[i].num_blocks):
+                    c.owned.pop((i, b), None)
+                    blocks.pop((inp.gi, i, b), None)
             st = self.state[inp.params[i]]
             st["step"] = c.t
             ok = c.elem_ok.get(i)
