@@ -79,6 +79,8 @@ class Cohort:
     graft_dir: dict[int, torch.Tensor] = field(default_factory=dict)
     #: directions of the blocks held here, keyed (position, block); None: not needed.
     owned: dict[tuple[int, int], torch.Tensor] | None = None
+    #: positions whose phase 5 is done (one process: as their blocks complete in phase 4).
+    updated: set[int] = field(default_factory=set)
 
     @property
     def config(self) -> ShampooConfig:

@@ -20,6 +20,10 @@ param group; parameters of a group at the same step t form a *cohort*:
    phase 3 are refreshed here, after the directions (eq. 8);
 5. per parameter: the per-parameter graft rescale (eq. 18), direction decay,
    momentum and the update (eqs. 19-21; :mod:`shampoo_torch.elementwise`);
+   in one process a preconditioned parameter takes it inside phase 4, as soon
+   as its last block direction is formed (nothing in phase 4 reads another
+   parameter's weights), so the block directions of every parameter never
+   live at once;
 6. the eq. (13) failure limit, raised only now, after every parameter moved
    (failed inverse roots kept the previous ones): a step is never half done.
 
@@ -641,11 +645,24 @@ class Shampoo(torch.optim.Optimizer):
                     fresh = pb.untyped_storage().data_ptr() != fb.untyped_storage().data_ptr()
                     pb = preconditioner.rescale_blocks_to_graft(pb, gd, graft.norm_epsilon,
                                                                 in_place=fresh)
+                complete = []
                 for j, r in enumerate(chunk):
                     c.owned[bg.members[r]] = pb[j]
                     pos = bg.members[r][0]
                     blocks_left[pos] -= 1
-                    if blocks_left[pos] == 0 and pos in only_here:
+                    if blocks_left[pos] == 0:
+                        complete.append(pos)
+                for pos in complete:
+                    if pos in only_here and not cfg.momentum.enabled:
+                        dirs.pop(pos, None)  # its blocks are scaled; the update never reads it
+                    if self._dist is None:
+                        # One process: phase 5 for a parameter whose blocks are all
+                        # here, now: its block directions never wait beside every
+                        # other parameter's (nothing later in phase 4 reads it).
+                        self._update_parameter(c, pos, {
+                            (c.inp.gi, pos, b): c.owned[(pos, b)]
+                            for b in range(gp.layouts[pos].num_blocks)})
+                    if pos in only_here:
                         dirs.pop(pos, None)
 
     def _exchange(self, cohorts: list[Cohort]) -> dict[BlockKey, torch.Tensor]:
@@ -668,29 +685,37 @@ class Shampoo(torch.optim.Optimizer):
         return self._dist.exchange_directions(parts, mine, self._device())
 
     def _update(self, c: Cohort, blocks: dict[BlockKey, torch.Tensor]) -> None:
-        """Eq. (18) per parameter, eqs. (19)-(22): assemble, rescale, momentum, guarded update."""
-        inp, cfg = c.inp, c.config
+        """Phase 5 for every parameter of the cohort not yet updated in phase 4."""
         for i in c.positions:
-            shampoo_dir = None if c.owned is None else _parameter_direction(c, i, blocks)
-            if c.owned is not None:  # its blocks are assembled: let them go as we proceed
-                for b in range(inp.gp.layouts[i].num_blocks):
-                    c.owned.pop((i, b), None)
-                    blocks.pop((inp.gi, i, b), None)
-            st = self.state[inp.params[i]]
-            st["step"] = c.t
-            ok = c.elem_ok.get(i)
-            u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir.get(i), inp.w[i],
-                                              c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
-            delta = None
-            if cfg.averaging is not None:  # eq. (20d)
-                mu_x = cfg.averaging.eval_coefficient(
-                    inp.lr, self.param_groups[inp.gi].get(LR_POWER_SUM, 0.0))
-                delta, buffers["averaged"] = elementwise.averaged_step(
-                    st, u, inp.w[i], cfg, inp.lr, mu_x, ok, self._lr_override)
-            withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
-                                                buffers, st, cfg, inp.lr, ok, delta)
-            write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
-            self._counter(withheld.device)["withheld_updates"].add_(withheld)
+            if i not in c.updated:
+                self._update_parameter(c, i, blocks)
+
+    def _update_parameter(self, c: Cohort, i: int, blocks: dict[BlockKey, torch.Tensor]
+                          ) -> None:
+        """Eq. (18) per parameter, eqs. (19)-(22) for parameter i: assemble, rescale,
+        momentum, guarded update; its block directions are let go once assembled."""
+        inp, cfg = c.inp, c.config
+        c.updated.add(i)
+        shampoo_dir = None if c.owned is None else _parameter_direction(c, i, blocks)
+        if c.owned is not None:
+            for b in range(inp.gp.layouts[i].num_blocks):
+                c.owned.pop((i, b), None)
+                blocks.pop((inp.gi, i, b), None)
+        st = self.state[inp.params[i]]
+        st["step"] = c.t
+        ok = c.elem_ok.get(i)
+        u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir.get(i), inp.w[i],
+                                          c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
+        delta = None
+        if cfg.averaging is not None:  # eq. (20d)
+            mu_x = cfg.averaging.eval_coefficient(
+                inp.lr, self.param_groups[inp.gi].get(LR_POWER_SUM, 0.0))
+            delta, buffers["averaged"] = elementwise.averaged_step(
+                st, u, inp.w[i], cfg, inp.lr, mu_x, ok, self._lr_override)
+        withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
+                                            buffers, st, cfg, inp.lr, ok, delta)
+        write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
+        self._counter(withheld.device)["withheld_updates"].add_(withheld)
 
     def _device(self) -> torch.device:
         device: torch.device = self.param_groups[0]["params"][0].device
