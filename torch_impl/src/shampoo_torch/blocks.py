@@ -437,9 +437,8 @@ def row_chunks(
             part: Rows = rows
         elif rows is None:
             part = slice(j0, j1)  # a run: the state's rows as views, nothing copied
-        elif isinstance(rows, slice):
-            start, _, stride = rows.indices(j1 if rows.stop is None else rows.stop)
-            assert stride == 1, "a run of rows is consecutive"
+        elif isinstance(rows, slice):  # a run within a run
+            start = rows.start or 0
             part = slice(start + j0, start + j1)
         else:
             part = rows[j0:j1]

@@ -668,7 +668,9 @@ class Shampoo(torch.optim.Optimizer):
     def _exchange(self, cohorts: list[Cohort]) -> dict[BlockKey, torch.Tensor]:
         """Every block's direction, keyed (group, position, block).
 
-        One process: the blocks computed here. Distributed: one all-gather of
+        One process: the blocks computed here that phase 4 has not already
+        consumed (it updates a parameter as its blocks complete, so none in
+        practice). Distributed: one all-gather of
         the owners' directions (:meth:`Distributor.exchange_directions`); the
         gathered values are used on every rank, the owner's included.
         """
