@@ -74,8 +74,10 @@ def _minimizer(l2: float) -> tuple[Array, Array]:
     """The unique minimizer ``(w*, b*)`` by damped Newton from zero.
 
     Each step solves the (positive definite) Newton system exactly and halves
-    the step until the loss does not increase; the loop ends when the gradient
-    norm has not improved for a few iterations, i.e. at float64 round-off.
+    the step until the loss does not increase (or, within round-off of it, the
+    gradient norm decreases); the loop ends when the gradient
+    norm has not improved for a few iterations, i.e. at float64 round-off, and
+    returns the iterate with the smallest gradient norm.
     """
     features, labels = _standardized()
     n, d = features.shape
@@ -88,7 +90,7 @@ def _minimizer(l2: float) -> tuple[Array, Array]:
         return _loss(features, labels, l2, t[:d], t[d:]), np.r_[gw, gb]
 
     value, gradient = parts(theta)
-    best_norm, stalled = np.inf, 0
+    best, best_norm, stalled = theta, np.inf, 0
     for _ in range(200):
         s = _sigmoid(design @ theta)
         hessian = design.T @ (design * (s * (1.0 - s) / n)[:, None]) + ridge
@@ -97,18 +99,26 @@ def _minimizer(l2: float) -> tuple[Array, Array]:
         while True:
             trial = theta - scale * step
             trial_value, trial_gradient = parts(trial)
-            if trial_value <= value or scale < 1e-12:
+            # Near the minimum the loss is flat to round-off: a step whose loss is
+            # equal within a few ulps is taken when it shrinks the gradient (halving
+            # it there stalled the gradient norm at 1.3e-13 with l2 = 1e-2).
+            flat = trial_value <= value + 4 * np.finfo(np.float64).eps * abs(value)
+            shrinks = np.linalg.norm(trial_gradient) < np.linalg.norm(gradient)
+            if trial_value <= value or (flat and shrinks) or scale < 1e-12:
                 break
             scale *= 0.5
         theta, value, gradient = trial, trial_value, trial_gradient
         norm = float(np.linalg.norm(gradient))
         if norm < best_norm:
-            best_norm, stalled = norm, 0
+            best, best_norm, stalled = theta, norm, 0
         else:
             stalled += 1
             if stalled >= _NEWTON_PATIENCE:
                 break
-    return read_only(theta[:d]), read_only(theta[d:])
+    # The point of smallest gradient norm, not the last: the iterations after it only
+    # wander in round-off (the last was measured at 1.3e-13 against 1e-17 at the best
+    # with single-threaded OpenBLAS, l2 = 1e-2).
+    return read_only(best[:d].copy()), read_only(best[d:].copy())
 
 
 def breast_cancer_logistic(
