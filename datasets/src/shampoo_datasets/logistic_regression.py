@@ -75,9 +75,9 @@ def _minimizer(l2: float) -> tuple[Array, Array]:
 
     Each step solves the (positive definite) Newton system exactly and halves
     the step until the loss does not increase (or, within round-off of it, the
-    gradient norm decreases); the loop ends when the gradient
-    norm has not improved for a few iterations, i.e. at float64 round-off, and
-    returns the iterate with the smallest gradient norm.
+    gradient norm decreases); the loop ends when the gradient norm has not
+    improved for a few iterations, i.e. at float64 round-off, and returns the
+    iterate with the smallest gradient norm.
     """
     features, labels = _standardized()
     n, d = features.shape
@@ -116,8 +116,7 @@ def _minimizer(l2: float) -> tuple[Array, Array]:
             if stalled >= _NEWTON_PATIENCE:
                 break
     # The point of smallest gradient norm, not the last: the iterations after it only
-    # wander in round-off (the last was measured at 1.3e-13 against 1e-17 at the best
-    # with single-threaded OpenBLAS, l2 = 1e-2).
+    # wander in round-off.
     return read_only(best[:d].copy()), read_only(best[d:].copy())
 
 
