@@ -742,12 +742,7 @@ def torch_run_with_views(
     config: ShampooConfig, params: dict, grads: list[dict]
 ) -> dict[str, list[tuple[torch.Tensor | None, ...]]]:
     """Step torch (float64 parameters) through ``grads``; each parameter's blocks' roots."""
-    tensors = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
-    opt = Shampoo(list(tensors.items()), config)
-    for g in grads:
-        for k, t in tensors.items():
-            t.grad = torch.tensor(g[k])
-        opt.step()
+    opt = stepped(config, params, grads)
     out: dict[str, list[tuple[torch.Tensor | None, ...]]] = {k: [] for k in params}
     for view in opt.blocks():
         assert view.inverse_roots is not None
