@@ -23,6 +23,7 @@ from shampoo_spec import (
     plan_parameter,
 )
 from shampoo_torch import BlockView, Shampoo
+from shampoo_torch.packed import PACKED_MIN
 
 SHAPES = {"w": (6, 5), "v": (3,), "s": (), "skipped": (50,)}
 CONFIG = ShampooConfig(
@@ -113,10 +114,16 @@ def test_eigenvalue_correction_views_and_state_bytes() -> None:
     views = list(opt.blocks())
     assert views and all(v.corrected is not None and v.corrected_updates == STEPS for v in views)
     assert all(v.corrected is not None and tuple(v.corrected.shape) == v.shape for v in views)
-    tensors = [t for v in views for t in (*(v.factors or ()), *(v.inverse_roots or ()),
-                                          v.corrected) if t is not None]
+    # Factors are stored as one triangle (n (n + 1) / 2 entries), the eigenbases whole.
+    def stored(t: torch.Tensor, packed: bool) -> int:
+        n = t.shape[-1]
+        return (n * (n + 1) // 2 if packed and n >= PACKED_MIN else t.numel()) * t.element_size()
+
+    total = sum(stored(t, True) for v in views for t in v.factors or () if t is not None)
+    total += sum(stored(t, False) for v in views for t in (*(v.inverse_roots or ()), v.corrected)
+                 if t is not None)
     counters = 3 * 8 * len(views)  # statistics, consecutive failures, corrected updates: int64
-    assert opt.block_state_bytes() == sum(t.numel() * t.element_size() for t in tensors) + counters
+    assert opt.block_state_bytes() == total + counters
     assert opt.exchange_bytes == 0
 
 

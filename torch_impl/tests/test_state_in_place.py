@@ -14,6 +14,7 @@ import torch
 
 from shampoo_spec import GraftingConfig, ScheduleConfig, ShampooConfig, StatisticsConfig
 from shampoo_torch import Shampoo, grafting, roots
+from shampoo_torch.packed import SymmetricStack
 
 
 def _storages(opt: Shampoo) -> dict[str, int]:
@@ -27,7 +28,9 @@ def _storages(opt: Shampoo) -> dict[str, int]:
         for bi, bg in enumerate(gp.block_groups):
             for name, stack in (("factor", bg.factors), ("root", bg.inverse_roots)):
                 for k, t in stack.items() if isinstance(stack, dict) else enumerate(stack):
-                    out[f"group {gi} block group {bi} {name} {k}"] = t.untyped_storage().data_ptr()
+                    data = t.data if isinstance(t, SymmetricStack) else t  # a packed stack's
+                    key = f"group {gi} block group {bi} {name} {k}"
+                    out[key] = data.untyped_storage().data_ptr()
     return out
 
 

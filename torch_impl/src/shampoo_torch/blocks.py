@@ -19,16 +19,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 
 from shampoo_spec import FrequentDirectionsConfig, ParameterPlan
 
+from .packed import PACKED_MIN, SymmetricStack
+
 #: The block-group rows taking part: their indices, a consecutive run of them (a
 #: chunk of all rows, :func:`row_chunks`: :func:`take` gives views of it), or None
 #: for all rows.
 Rows = torch.Tensor | slice | None
+#: A stacked ``[B, n, n]`` state: a tensor, or symmetric matrices stored as one
+#: triangle (:class:`~shampoo_torch.packed.SymmetricStack`), read with :func:`take`
+#: and written with :func:`put` alike.
+Stack = torch.Tensor | SymmetricStack
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,9 @@ class BlockGroup:
     (``config.corrected_dtype``, eq. 17a; None: ``dtype``). ``sketches[k]``
     (eq. 10d) exists for each dim k whose factor is sketched (eq. 6c): its
     factor slot then holds this statistics step's observation C_k only.
+    With ``packed`` (:meth:`allocate`), factors and symmetric inverse roots of
+    at least :data:`~shampoo_torch.packed.PACKED_MIN` rows are stored as one
+    triangle (:class:`~shampoo_torch.packed.SymmetricStack`).
     """
 
     shape: tuple[int, ...]
@@ -119,8 +128,8 @@ class BlockGroup:
     device: torch.device
     dtype: torch.dtype
     members: list[tuple[int, int]]
-    factors: dict[int, torch.Tensor] = field(default_factory=dict)
-    inverse_roots: dict[int, torch.Tensor] = field(default_factory=dict)
+    factors: dict[int, Stack] = field(default_factory=dict)
+    inverse_roots: dict[int, Stack] = field(default_factory=dict)
     statistics_updates: torch.Tensor | None = None  # [B] int64, n of eq. (7)
     consecutive_failures: torch.Tensor | None = None  # [B] int64, eq. (13)
     corrected: torch.Tensor | None = None  # [B, *shape], D of eq. (17)
@@ -162,7 +171,8 @@ class BlockGroup:
     def allocate(self, initial_value: float, eigenvalue_correction: bool,
                  compresses: Callable[[int], bool] | None = None,
                  sketch: FrequentDirectionsConfig | None = None,
-                 stored_bases: bool = False) -> None:
+                 stored_bases: bool = False, packed: bool = False,
+                 packed_roots: bool = False) -> None:
         """``c I`` factors (eq. 6), identity inverse roots (eq. 13), zero counters.
 
         ``compresses(n)``: whether eq. (10c) compresses an ``n x n`` factor, whose
@@ -170,13 +180,17 @@ class BlockGroup:
         ``sketch``: eq. (10d)'s config; a factor it sketches (``sketch.compresses(n)``)
         gets a zero :class:`Sketch` and, as a compressed one, a zero inverse root.
         ``stored_bases``: eqs. (10f), (10h)'s identity eigenbasis per dim.
+        ``packed``: factors (but sketched ones, whose slot holds eq. 6c's
+        observation) of at least :data:`~shampoo_torch.packed.PACKED_MIN` rows
+        are stored as one triangle; ``packed_roots``: inverse roots alike (but
+        eigenbases, eq. 17, which are not symmetric).
         """
         b, dev, dt = len(self.members), self.device, self.dtype
         for k in self.dims:
             n = self.shape[k]
             eye = torch.eye(n, dtype=dt, device=dev).expand(b, n, n)
-            self.factors[k] = (initial_value * eye).to(self.stored_factor_dtype).contiguous()
-            self.inverse_roots[k] = eye.to(self.root_dtype, copy=True)  # exact in any dtype
+            factor = (initial_value * eye).to(self.stored_factor_dtype).contiguous()
+            root = eye.to(self.root_dtype, copy=True)  # exact in any dtype
             if stored_bases:
                 self.eigenbases[k] = eye.contiguous()
             sketched = sketch is not None and sketch.compresses(n)
@@ -184,7 +198,13 @@ class BlockGroup:
                 assert sketch is not None
                 self.sketches[k] = Sketch.zeros(b, n, sketch.sketch_rank(n), dt, dev)
             if sketched or (compresses is not None and compresses(n)):
-                self.inverse_roots[k].zero_()
+                root.zero_()
+            large = n >= PACKED_MIN
+            self.factors[k] = (SymmetricStack.from_full(factor)
+                               if packed and large and not sketched else factor)
+            self.inverse_roots[k] = (SymmetricStack.from_full(root)
+                                     if packed_roots and large and not eigenvalue_correction
+                                     else root)
         self.statistics_updates = torch.zeros(b, dtype=torch.int64, device=dev)
         self.consecutive_failures = torch.zeros(b, dtype=torch.int64, device=dev)
         if eigenvalue_correction:
@@ -192,7 +212,9 @@ class BlockGroup:
             self.corrected_updates = torch.zeros(b, dtype=torch.int64, device=dev)
 
     def row_state(self, row: int) -> dict[str, Any]:
-        """One block's state as views into the stacks (no copy; a copy into them writes).
+        """One block's state as views into the stacks (no copy; a copy into them writes),
+        but packed matrices, which are new full tensors (:meth:`store_row_state` writes
+        them back).
 
         Keys: ``factors`` and ``inverse_roots`` (dicts by dim), the counters
         ``statistics_updates`` and ``consecutive_failures``, with eigenvalue
@@ -201,8 +223,8 @@ class BlockGroup:
         a stored-basis root (eqs. 10f, 10h) ``eigenbases`` (by dim).
         """
         out: dict[str, Any] = {
-            "factors": {k: f[row] for k, f in self.factors.items()},
-            "inverse_roots": {k: x[row] for k, x in self.inverse_roots.items()},
+            "factors": {k: _row(f, row) for k, f in self.factors.items()},
+            "inverse_roots": {k: _row(x, row) for k, x in self.inverse_roots.items()},
         }
         if self.sketches:
             out["sketches"] = {k: s.row(row) for k, s in self.sketches.items()}
@@ -215,15 +237,34 @@ class BlockGroup:
                 out[name] = value[row]
         return out
 
+    def store_row_state(self, row: int, state: Mapping[str, Any]) -> None:
+        """Write back the packed matrices of a :meth:`row_state` of ``row`` (the rest
+        of it are views, already written)."""
+        for name in ("factors", "inverse_roots"):
+            stacks: dict[int, Stack] = getattr(self, name)
+            for k, x in stacks.items():
+                if isinstance(x, SymmetricStack):
+                    x.pack_(slice(row, row + 1), state[name][k].unsqueeze(0))
+
     def tensors(self) -> list[torch.Tensor]:
         """Every stacked tensor of the group (factors, inverse roots, sketches, moments,
-        counters)."""
+        counters; a packed stack's data)."""
         extra = (self.statistics_updates, self.consecutive_failures, self.corrected,
                  self.corrected_updates)
-        return [*self.factors.values(), *self.inverse_roots.values(),
+        return [*map(_data, self.factors.values()), *map(_data, self.inverse_roots.values()),
                 *self.eigenbases.values(),
                 *(t for s in self.sketches.values() for t in s.tensors()),
                 *(t for t in extra if t is not None)]
+
+
+def _row(x: Stack, row: int) -> torch.Tensor:
+    """Row ``row`` of a stack: a view, or a packed stack's full matrix (a new tensor)."""
+    return x.row(row) if isinstance(x, SymmetricStack) else x[row]
+
+
+def _data(x: Stack) -> torch.Tensor:
+    """The tensor that holds a stack."""
+    return x.data if isinstance(x, SymmetricStack) else x
 
 
 def build_block_groups(
@@ -454,9 +495,12 @@ def row_count(rows: Rows, total: int) -> int:
     return int(rows.shape[0])
 
 
-def take(x: torch.Tensor, rows: Rows) -> torch.Tensor:
+def take(x: Stack, rows: Rows) -> torch.Tensor:
     """Rows of a stacked block-group state: all of them (None) or a run (a slice), as the
-    state itself or a view of it, which its callers never write; indices, as a copy."""
+    state itself or a view of it, which its callers never write; indices, as a copy. A
+    packed stack's rows are unpacked into a new tensor (:func:`is_fresh`)."""
+    if isinstance(x, SymmetricStack):
+        return x.unpack(rows)
     if rows is None:
         return x
     if isinstance(rows, slice):
@@ -464,9 +508,25 @@ def take(x: torch.Tensor, rows: Rows) -> torch.Tensor:
     return x.index_select(0, rows)
 
 
-def put(x: torch.Tensor, rows: Rows, value: torch.Tensor) -> torch.Tensor:
+def is_fresh(x: Stack) -> bool:
+    """Whether :func:`take` of ``x`` gives a new tensor whatever the rows (a packed
+    stack's): its caller may write it, then :func:`put` it back."""
+    return isinstance(x, SymmetricStack)
+
+
+@overload
+def put(x: torch.Tensor, rows: Rows, value: torch.Tensor) -> torch.Tensor: ...
+@overload
+def put(x: SymmetricStack, rows: Rows, value: torch.Tensor) -> SymmetricStack: ...
+@overload
+def put(x: Stack, rows: Rows, value: torch.Tensor) -> Stack: ...
+def put(x: Stack, rows: Rows, value: torch.Tensor) -> Stack:
     """Write ``value`` into the rows of ``x``; returns the tensor to keep (``value``
-    itself for all rows; a run's view already holding ``value`` is left as it is)."""
+    itself for all rows; a run's view already holding ``value`` is left as it is). A
+    packed stack stores the lower triangles of ``value`` and is returned."""
+    if isinstance(x, SymmetricStack):
+        x.pack_(rows, value)
+        return x
     if rows is None:
         return value
     if isinstance(rows, slice):

@@ -370,8 +370,12 @@ def _apply(
     pairs: list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]],
     groups: list[dict[str, Any]],
     metrics: dict[str, Any],
+    blocks: list[list[list[dict[str, Any]]]],
 ) -> None:
     """Copy validated state, group hyperparameters and counters into ``opt``.
+
+    ``blocks`` (:func:`_block_entries`) holds the block states ``pairs`` copy
+    into: views, but packed matrices (new tensors), stored back afterwards.
 
     Called only after every check passed (nothing here can fail on a
     validated checkpoint), so a bad checkpoint changes nothing.
@@ -381,6 +385,7 @@ def _apply(
     for p, ours, saved in pairs:
         _copy_tree(ours, saved)
         opt.state[p]["step"] = int(saved["step"])
+    opt._checkpoint_store(blocks)
     for group, saved_group in zip(opt.param_groups, groups, strict=True):
         for key, value in saved_group.items():
             if key not in ("params", "config", "param_names"):
@@ -419,7 +424,7 @@ def load_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
             _check_tree(where, ours, saved)
             pairs.append((p, ours, saved))
     metrics = _check_metrics(sd.get("metrics"))
-    _apply(opt, pairs, groups, metrics)
+    _apply(opt, pairs, groups, metrics, blocks)
 
 
 FORMAT = "shampoo_torch.distributed_state_dict"
@@ -435,10 +440,13 @@ def _cpu(tree: Any) -> Any:
     return tree
 
 
-def _held_blocks(opt: Shampoo) -> dict[tuple[int, int, int], dict[str, Any]]:
-    """Live state of the blocks held here, keyed (group, position, block)."""
+def _held_blocks(
+    blocks: list[list[list[dict[str, Any]]]],
+) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """Live state of the blocks held here (of :func:`_block_entries`), keyed (group,
+    position, block)."""
     out = {}
-    for gi, per_param in enumerate(_block_entries(opt)):
+    for gi, per_param in enumerate(blocks):
         for pos, pblocks in enumerate(per_param):
             for b, entry in enumerate(pblocks):
                 if entry:  # an empty dict: a block owned by another rank
@@ -469,7 +477,7 @@ def distributed_state_dict(opt: Shampoo) -> dict[str, Any]:
     A collective when distributed: every rank of the trainer group must call it.
     """
     names = _names(opt)
-    local = {key: _cpu(entry) for key, entry in _held_blocks(opt).items()}
+    local = {key: _cpu(entry) for key, entry in _held_blocks(_block_entries(opt)).items()}
     root_failures = opt.metrics["root_failures"]
     merged: dict[tuple[int, int, int], dict[str, Any]] = {}
     total = 0
@@ -505,7 +513,7 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
     rank's validation fails every rank raises (and none changed anything).
     """
     try:
-        pairs, groups, metrics = _validate_distributed(opt, sd)
+        pairs, groups, metrics, blocks = _validate_distributed(opt, sd)
         error = None
     except ValueError as err:
         error = err
@@ -517,7 +525,7 @@ def load_distributed_state_dict(opt: Shampoo, sd: dict[str, Any]) -> None:
         rank, message = failed[0]
         raise ValueError(f"{message} (found by rank {rank} of the trainer group; no rank "
                          "loaded anything)")
-    _apply(opt, pairs, groups, metrics)
+    _apply(opt, pairs, groups, metrics, blocks)
 
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
@@ -561,8 +569,9 @@ def _int_keys(sd: dict[str, Any]) -> dict[str, Any]:
 def _validate_distributed(
     opt: Shampoo, sd: dict[str, Any]
 ) -> tuple[list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]], list[dict[str, Any]],
-           dict[str, Any]]:
-    """Every check of :func:`load_distributed_state_dict` on this rank's part: what to commit."""
+           dict[str, Any], list[list[list[dict[str, Any]]]]]:
+    """Every check of :func:`load_distributed_state_dict` on this rank's part: what to commit
+    (and the block states it copies into, :func:`_apply`)."""
     if not isinstance(sd, dict) or sd.get("format") != FORMAT:
         _fail("top level", f"expected a dict with format {FORMAT!r} (from "
               "distributed_state_dict()); use load_state_dict for state_dict()")
@@ -572,7 +581,8 @@ def _validate_distributed(
     sd = _int_keys(sd)
     groups = _groups(sd, opt)
     names = _names(opt)
-    held = _held_blocks(opt)
+    blocks = _block_entries(opt)
+    held = _held_blocks(blocks)
     counts = _block_counts(opt)
     pairs = []
     for gi, (group, saved_group) in enumerate(zip(opt.param_groups, groups, strict=True)):
@@ -599,4 +609,4 @@ def _validate_distributed(
             subset["blocks"] = {b: saved["blocks"][b] for b in mine}
             _check_tree(f"state[{name!r}]", ours, subset)
             pairs.append((p, ours, subset))
-    return pairs, groups, _check_metrics(sd.get("metrics"))
+    return pairs, groups, _check_metrics(sd.get("metrics")), blocks

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -812,8 +812,16 @@ class Shampoo(torch.optim.Optimizer):
 
     # The internal API of :mod:`shampoo_torch.checkpoint` (nothing else calls it).
     def _checkpoint_blocks(self) -> list[list[list[dict[str, Any] | None]]]:
-        """Per param group :meth:`ParamGroupPlan.block_states`: live views, None if not held."""
+        """Per param group :meth:`ParamGroupPlan.block_states`: live views (packed matrices
+        as copies, written back by :meth:`_checkpoint_store`), None if not held."""
         return [gp.block_states() for gp in self._plans]
+
+    def _checkpoint_store(self, blocks: Sequence[Sequence[Sequence[Mapping[str, Any]]]]
+                          ) -> None:
+        """Write back the packed matrices of :meth:`_checkpoint_blocks`' block states
+        (after a copy into them; an empty entry is another rank's block)."""
+        for gp, per_group in zip(self._plans, blocks, strict=True):
+            gp.store_block_states(per_group)
 
     def _checkpoint_names(self) -> list[list[str]]:
         """The parameters' names per param group (the keys of a distributed checkpoint)."""

@@ -39,11 +39,13 @@ from shampoo_spec import (
 
 from . import grafting, roots
 from .blocks import (
+    SYMMETRIC_GRAM_MIN,
     BlockGroup,
     Rows,
     Sketch,
     contraction_operands,
     gram_update_,
+    is_fresh,
     mode_product,
     mode_product_in,
     put,
@@ -53,6 +55,7 @@ from .blocks import (
 )
 from .elementwise import _SCALE_DTYPES, stored_with_diagonal
 from .invariance import rowwise
+from .packed import SymmetricStack
 
 
 def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -71,7 +74,9 @@ def update_statistics(
     stats: StatisticsConfig,
 ) -> None:
     """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as batched GEMMs per dim
-    (one triangle of a large factor, :func:`~shampoo_torch.blocks.gram_update_`).
+    (one triangle of a large factor, :func:`~shampoo_torch.blocks.gram_update_`; a
+    packed factor's stored triangle, :meth:`~shampoo_torch.packed.SymmetricStack.gram_update_`
+    and :meth:`~shampoo_torch.packed.SymmetricStack.rank1_update_`).
 
     ``gb`` is the rows' gradient blocks ``[len(rows), *bg.shape]`` (G^ of
     eq. 6c: the averaged gradients with ``frequent_directions.average_gradients``);
@@ -83,9 +88,17 @@ def update_statistics(
     than for several, which would make a block's factor depend on its group.
     """
     beta2, weight = stats.beta2, stats.update_weight
-    # All rows, or a run of them (views): the factors are updated where they are.
-    in_place = not isinstance(rows, torch.Tensor) and ok is None and not stats.quantized
+    # All rows, or a run of them (views): the factors are updated where they are (a
+    # packed one in its triangle); a packed factor's rows by index are unpacked into a
+    # new tensor, updated there and packed.
+    writable = ok is None and not stats.quantized
     for k in bg.dims:
+        factor = bg.factors[k]
+        fresh = is_fresh(factor)
+        in_place = writable and (fresh or not isinstance(rows, torch.Tensor))
+        direct = (in_place and isinstance(factor, SymmetricStack)
+                  and not isinstance(rows, torch.Tensor) and k not in bg.sketches
+                  and bg.storage_dtype is None)
         gk = gb
         if stats.kl:  # eq. (6b): G x_{j != k} X_j with the roots held before this step
             for j in bg.dims:
@@ -105,14 +118,29 @@ def update_statistics(
             decayed = old.mul(beta2) if stats.decays else old
             new = decayed.to(bg.dtype).add(outer, alpha=weight).to(bg.storage_dtype)
         elif a.shape[-1] == 1:  # rank-1 update: products, scalings and sums entry by entry
+            if direct and a.dtype == factor.dtype:
+                assert isinstance(factor, SymmetricStack) and not isinstance(rows, torch.Tensor)
+                factor.rank1_update_(rows, b[:, 0], beta2 if stats.decays else None, weight)
+                continue
             outer = a * b if weight == 1.0 else weight * (a * b)
             old = take(bg.factors[k], rows)
             if in_place and outer.dtype == old.dtype:  # the same sum, into the state
                 (old.mul_(beta2) if stats.decays else old).add_(outer)
+                if fresh:
+                    bg.factors[k] = put(bg.factors[k], rows, old)
                 continue
             new = outer + (beta2 * old if stats.decays else old)
+        elif direct and bg.shape[k] >= SYMMETRIC_GRAM_MIN:
+            # A smaller factor takes one whole GEMM (as gram_update_): torch picks a
+            # small GEMM's kernel by its operands' layout, which slices of them change
+            # between one batch row and several (:mod:`.invariance`).
+            assert isinstance(factor, SymmetricStack) and not isinstance(rows, torch.Tensor)
+            factor.gram_update_(rows, a, b, beta2, weight)
+            continue
         elif in_place:
-            gram_update_(take(bg.factors[k], rows), a, b, beta2, weight)
+            new = gram_update_(take(bg.factors[k], rows), a, b, beta2, weight)
+            if fresh:
+                bg.factors[k] = put(bg.factors[k], rows, new)
             continue
         else:
             old = take(bg.factors[k], rows)

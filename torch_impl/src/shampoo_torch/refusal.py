@@ -34,6 +34,7 @@ from shampoo_spec import STATE_LIMIT, factor_limit
 from .blocks import BlockGroup, block_max_abs
 from .cohorts import StepInput
 from .grafting import adafactor_max_abs
+from .packed import SymmetricStack
 
 OK, TOO_LARGE, NONFINITE = 0, 1, 2
 CODE_DTYPE = torch.int32
@@ -47,7 +48,9 @@ def bound_dtype(device: torch.device) -> torch.dtype:
 def _row_max_abs(bg: BlockGroup) -> torch.Tensor | None:
     """``[B]``: the largest absolute entry of each row's factors and corrected moment."""
     out = None
-    stacks = [*bg.factors.values(), *([] if bg.corrected is None else [bg.corrected])]
+    # A packed factor's triangle holds every entry of the symmetric matrix.
+    stacks = [*(f.data if isinstance(f, SymmetricStack) else f for f in bg.factors.values()),
+              *([] if bg.corrected is None else [bg.corrected])]
     for x in stacks:
         if x.shape[0] == 0 or x[0].numel() == 0:
             continue

@@ -13,13 +13,13 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from shampoo_spec import ShampooConfig, large_block_warnings, plan_parameter
+from shampoo_spec import EighConfig, ShampooConfig, large_block_warnings, plan_parameter
 
 from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_groups
 from .distributed import Distributor
@@ -81,6 +81,16 @@ class ParamGroupPlan:
             rows = [held.get((pos, b)) for b in range(lay.num_blocks)]
             out.append([None if r is None else r[0].row_state(r[1]) for r in rows])
         return out
+
+    def store_block_states(self, states: Sequence[Sequence[Mapping[str, Any]]]) -> None:
+        """Write back the packed matrices of :meth:`block_states` (``states``, copied into;
+        an empty entry: a block not held here), :meth:`BlockGroup.store_row_state`."""
+        held = self.held_rows()
+        for pos, per_param in enumerate(states):
+            for b, state in enumerate(per_param):
+                if state:
+                    bg, row = held[(pos, b)]
+                    bg.store_row_state(row, state)
 
 
 def build_param_group_plan(
@@ -158,7 +168,13 @@ def build_param_group_plan(
     for bg in block_groups:
         bg.allocate(init_scale, cfg.eigenvalue_correction is not None,
                     None if cfg.low_rank is None else cfg.low_rank.compresses,
-                    cfg.frequent_directions, cfg.root_inverse_stores_basis)
+                    cfg.frequent_directions, cfg.root_inverse_stores_basis,
+                    # Eq. (20c) rounds each entry on its own scale, and a Newton root
+                    # (eq. 11) is symmetric only as far as its iteration converged: both
+                    # stay whole. An eigh root (Q diag(x) Q^T) is symmetric to round-off.
+                    packed=not cfg.statistics.quantized,
+                    packed_roots=not cfg.statistics.quantized
+                    and isinstance(cfg.root_inverse, EighConfig))
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]
@@ -213,10 +229,12 @@ class BlockView:
             where ``r_k = 0``; None otherwise or when another rank holds the block.
 
     The counters are None when another rank holds the block. The tensors
-    are the optimizer's own (no copy, on its device, in ``factor_dtype``;
-    the inverse roots in ``config.root_dtype``, eq. 11a):
-    do not modify them, and ``clone()`` what you keep past the next
-    ``step()``, which may replace or overwrite them.
+    are on the optimizer's device, in ``factor_dtype`` (the inverse roots in
+    ``config.root_dtype``, eq. 11a); factors and inverse roots stored as one
+    triangle (:mod:`shampoo_torch.packed`) are full copies, the rest the
+    optimizer's own tensors (no copy): do not modify them, and ``clone()``
+    what you keep past the next ``step()``, which may replace or overwrite
+    them.
     """
 
     param_group: int

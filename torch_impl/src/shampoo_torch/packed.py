@@ -1,0 +1,198 @@
+"""Stacks of symmetric matrices stored as one triangle (the factors L_k of eq. 6 and the
+inverse roots X_k of eqs. 10-11).
+
+A factor or an inverse root is symmetric, so its lower triangle (diagonal
+included) determines it: :class:`SymmetricStack` keeps ``n (n + 1) / 2``
+entries per matrix instead of ``n^2``, about half the block state, as
+Meta's ``use_symmetric_packing`` does. Every use unpacks the rows it needs
+into a full ``[b, n, n]`` tensor (in chunks of ``blocks.WORKSPACE_BYTES``),
+and a new value is packed from its lower triangle, which is all LAPACK's
+``eigh`` reads; the upper triangle becomes the mirror of the lower one.
+Packing and unpacking copy entries and compute nothing (docs/spec.md,
+"Symmetric storage").
+
+Layout of one matrix A (``h = n // 2``, ``m = n - h``; ``A11`` is ``A[:h, :h]``,
+``A21`` is ``A[h:, :h]``, ``A22`` is ``A[h:, h:]``)::
+
+    [ A21 (m x h, row-major) | Y ((h + 1) x m, row-major) ]
+    Y[r, c] = A22[c, r]      for r <= c < m   (the lower triangle of A22, transposed)
+    Y[i + 1, j] = A11[i, j]  for j <= i < h   (the lower triangle of A11)
+
+The two triangles of Y are disjoint, and ``m h + (h + 1) m = n (n + 1) / 2``
+(LAPACK's rectangular full packed format, up to the order of the pieces):
+unpacking is a copy of ``A21`` and its transpose and two masked copies of
+whole square blocks, strided like the matrix, not an entry-by-entry gather.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Factor size from which factors and inverse roots are stored packed (smaller
+#: ones stay full: a 1 x 1 matrix has nothing to save).
+PACKED_MIN = 2
+
+_MASKS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def packed_size(n: int) -> int:
+    """Entries of one packed ``n x n`` symmetric matrix: ``n (n + 1) / 2``."""
+    return n * (n + 1) // 2
+
+
+def _lower(n: int, device: torch.device) -> torch.Tensor:
+    """The ``[n, n]`` boolean mask of the lower triangle, diagonal included (cached)."""
+    key = (n, str(device))
+    mask = _MASKS.get(key)
+    if mask is None:
+        mask = torch.ones((n, n), dtype=torch.bool, device=device).tril_()
+        _MASKS[key] = mask
+    return mask
+
+
+class SymmetricStack:
+    """``B`` symmetric ``n x n`` matrices, each stored as its lower triangle (module doc).
+
+    ``data`` is ``[B, n (n + 1) / 2]``. :meth:`unpack` and :meth:`pack_`
+    move rows between this and full ``[b, n, n]`` tensors;
+    :func:`shampoo_torch.blocks.take` and :func:`~shampoo_torch.blocks.put`
+    call them, so the optimizer's phases read and write a packed stack as a
+    full one (each read a fresh tensor, each write a copy into the triangle).
+    """
+
+    def __init__(self, data: torch.Tensor, n: int) -> None:
+        if data.dim() != 2 or data.shape[1] != packed_size(n):
+            raise ValueError(f"packed data of shape {tuple(data.shape)} does not hold "
+                             f"{n} x {n} symmetric matrices ({packed_size(n)} entries each)")
+        self.data = data
+        self.n = n
+
+    @classmethod
+    def from_full(cls, full: torch.Tensor) -> SymmetricStack:
+        """Pack ``[B, n, n]`` (its lower triangles) into a new stack."""
+        b, n = full.shape[0], full.shape[-1]
+        out = cls(torch.empty((b, packed_size(n)), dtype=full.dtype, device=full.device), n)
+        out.pack_(None, full)
+        return out
+
+    @property
+    def shape(self) -> torch.Size:
+        """The unpacked shape ``[B, n, n]``."""
+        return torch.Size((self.data.shape[0], self.n, self.n))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+    def _pieces(self, data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A21 [b, m, h], Y [b, h + 1, m])`` as views of packed rows ``data``."""
+        n = self.n
+        h = n // 2
+        m = n - h
+        return (data[:, : m * h].unflatten(1, (m, h)),
+                data[:, m * h:].unflatten(1, (h + 1, m)))
+
+    def _rows(self, rows: torch.Tensor | slice | None) -> torch.Tensor:
+        if rows is None:
+            return self.data
+        if isinstance(rows, slice):
+            return self.data[rows]
+        return self.data.index_select(0, rows)
+
+    def unpack(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """The full matrices of ``rows`` (None: all), a new ``[b, n, n]`` tensor whose
+        upper triangle mirrors the stored lower one."""
+        data = self._rows(rows)
+        n = self.n
+        h = n // 2
+        a21, y = self._pieces(data)
+        out = torch.empty((data.shape[0], n, n), dtype=data.dtype, device=data.device)
+        out[:, h:, :h] = a21
+        out[:, :h, h:] = a21.mT
+        y11, y22 = y[:, 1:, :h], y[:, : n - h, :]
+        torch.where(_lower(h, data.device), y11, y11.mT, out=out[:, :h, :h])
+        torch.where(_lower(n - h, data.device), y22.mT, y22, out=out[:, h:, h:])
+        return out
+
+    def pack_(self, rows: torch.Tensor | slice | None, full: torch.Tensor) -> None:
+        """Store the lower triangles of ``full`` ``[b, n, n]`` into ``rows`` (None: all)."""
+        if full.shape[1:] != (self.n, self.n):
+            raise ValueError(f"cannot pack matrices of shape {tuple(full.shape[1:])} into "
+                             f"{self.n} x {self.n} storage")
+        full = full.to(self.data.dtype)
+        direct = not isinstance(rows, torch.Tensor)
+        data = self._rows(rows) if direct else torch.empty(
+            (full.shape[0], self.data.shape[1]), dtype=self.data.dtype, device=self.data.device)
+        n = self.n
+        h = n // 2
+        a21, y = self._pieces(data)
+        a21.copy_(full[:, h:, :h])
+        y11, y22 = y[:, 1:, :h], y[:, : n - h, :]
+        # Disjoint triangles of Y: each masked copy keeps the other's entries.
+        torch.where(_lower(h, data.device), full[:, :h, :h], y11, out=y11)
+        torch.where(_lower(n - h, data.device).mT, full[:, h:, h:].mT, y22, out=y22)
+        if not direct:
+            assert isinstance(rows, torch.Tensor)
+            self.data.index_copy_(0, rows, data)
+
+    def gram_update_(self, rows: slice | None, a: torch.Tensor, b: torch.Tensor, beta: float,
+                     alpha: float) -> None:
+        """Eq. (6) on the stored triangles of ``rows`` (None: all): ``L <- beta L +
+        alpha A B`` with ``A B = G_(k) G_(k)^T`` (``a`` ``[b, n, c]``, ``b`` ``[b, c, n]``).
+
+        Three GEMMs, each ``beta C + alpha A B`` on one block of L:
+        ``A21`` in place, ``A11`` and ``A22`` on a copy whose lower triangle
+        is then stored (3/4 of the whole product's FLOPs, as
+        :func:`~shampoo_torch.blocks.gram_update_`); nothing ``[n, n]`` is
+        formed.
+        """
+        data = self._rows(rows)
+        n = self.n
+        h = n // 2
+        a21, y = self._pieces(data)
+        a21.baddbmm_(a[:, h:], b[..., :h], beta=beta, alpha=alpha)
+        y11, y22 = y[:, 1:, :h], y[:, : n - h, :]
+        c11 = y11.clone(memory_format=torch.contiguous_format)
+        c11.baddbmm_(a[:, :h], b[..., :h], beta=beta, alpha=alpha)
+        torch.where(_lower(h, data.device), c11, y11, out=y11)
+        c22 = y22.mT.clone(memory_format=torch.contiguous_format)  # its lower triangle: A22's
+        c22.baddbmm_(a[:, h:], b[..., h:], beta=beta, alpha=alpha)
+        torch.where(_lower(n - h, data.device).mT, c22.mT, y22, out=y22)
+
+    def rank1_update_(self, rows: slice | None, g: torch.Tensor, beta: float | None,
+                      weight: float) -> None:
+        """Eq. (6) for a 1-d block on the stored triangles of ``rows`` (None: all):
+        ``L <- beta L + w g g^T`` (``beta`` None: no decay), entry by entry as the
+        whole update (``beta L_ij``, then ``+ g_i g_j``, or ``+ w (g_i g_j)``),
+        ``g`` ``[b, n]``. The products of Y's two triangles come from two outer
+        products of halves of g, one masked choice between them.
+        """
+        data = self._rows(rows)
+        n = self.n
+        h = n // 2
+        m = n - h
+        a21, y = self._pieces(data)
+        lo, hi = g[:, :h], g[:, h:]
+        o21 = hi[:, :, None] * lo[:, None, :]
+        # Y[r, c] = g[h + r] g[h + c] (r <= c < m), Y[i + 1, j] = g[i] g[j] (j <= i < h).
+        pad = (0, h + 1 - m)
+        upper = torch.nn.functional.pad(hi, pad)[:, :, None] * hi[:, None, :]
+        lower = torch.nn.functional.pad(lo, (1, 0))[:, :, None] \
+            * torch.nn.functional.pad(lo, (0, m - h))[:, None, :]
+        mask = torch.ones((h + 1, m), dtype=torch.bool, device=g.device).triu_()
+        oy = torch.where(mask, upper, lower)
+        if weight != 1.0:
+            o21, oy = weight * o21, weight * oy
+        for stored, outer in ((a21, o21), (y, oy)):
+            (stored.mul_(beta) if beta is not None else stored).add_(outer)
+
+    def row(self, row: int) -> torch.Tensor:
+        """One full matrix, a new ``[n, n]`` tensor."""
+        return self.unpack(slice(row, row + 1))[0]
