@@ -25,9 +25,11 @@ def test_the_timed_run_has_roots_at_period_multiples_only() -> None:
 
 def _matrix_and_graft_bytes(width: int, block: int) -> tuple[int, int, int]:
     """Closed form: a factor and an inverse root of n x n float32 per preconditioned
-    dim of every block (eqs. 6 and 10), one AdaGrad accumulator per parameter entry;
+    dim of every block (eqs. 6 and 10), each stored as one triangle of n (n + 1) / 2
+    entries (``shampoo_torch.packed``), one AdaGrad accumulator per parameter entry;
     and the number of blocks."""
     from shampoo_spec import from_meta, plan_parameter
+    from shampoo_torch.packed import PACKED_MIN, packed_size
 
     config = from_meta(bs.meta_kwargs(block))
     matrices = graft = blocks = 0
@@ -37,7 +39,8 @@ def _matrix_and_graft_bytes(width: int, block: int) -> tuple[int, int, int]:
         if plan.preconditioned:
             blocks += len(plan.blocks)
             for b in plan.blocks:
-                matrices += sum(2 * 4 * n * n for n, r in zip(b.shape, b.roots, strict=True) if r)
+                matrices += sum(2 * 4 * (packed_size(n) if n >= PACKED_MIN else n * n)
+                                for n, r in zip(b.shape, b.roots, strict=True) if r)
     return matrices, graft, blocks
 
 
