@@ -562,10 +562,19 @@ def root_inverse_coupled_newton(
         restart = stopped & due & (retried < config.retries)
         done = done | (stopped & ~restart)
         ridge = jnp.where(restart, ridge * config.retry_epsilon_factor, ridge)
-        x0, m0, e0, a0 = start(ridge)
-        sel = restart[..., None, None]
-        x, m = jnp.where(sel, x0, x), jnp.where(sel, m0, m)
-        error, active = jnp.where(restart, e0, error), jnp.where(restart, a0, active)
+
+        def restarted(operand: tuple[Array, Array, Array, Array]
+                      ) -> tuple[Array, Array, Array, Array]:
+            x, m, error, active = operand
+            x0, m0, e0, a0 = start(ridge)
+            sel = restart[..., None, None]
+            return (jnp.where(sel, x0, x), jnp.where(sel, m0, m),
+                    jnp.where(restart, e0, error), jnp.where(restart, a0, active))
+
+        # Most iterations restart no matrix: the new starts of the whole stack (a
+        # symmetrized copy, its norm, X_0 and M_0) only when one does.
+        x, m, error, active = lax.cond(jnp.any(restart), restarted, lambda o: o,
+                                       (x, m, error, active))
         iters = jnp.where(restart, 0, iters)
         retried = retried + restart.astype(jnp.int32)
         # One iteration of eq. (11) for the active matrices.
