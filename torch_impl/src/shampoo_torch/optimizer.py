@@ -122,7 +122,8 @@ class Shampoo(torch.optim.Optimizer):
     Parameters may be float32/float64/bfloat16/float16 on any device. Factors
     and inverse roots are kept in ``config.factor_dtype`` (the roots in
     ``config.inverse_root_dtype`` when set, eq. 11a; the factors in
-    ``config.factor_storage_dtype`` when set, eq. 11b); elementwise state
+    ``config.factor_storage_dtype`` when set, eq. 11b), each factor and each
+    eigh-formed root as its lower triangle (:mod:`shampoo_torch.packed`); elementwise state
     (graft, filter, momentum; eq. 14e's Adafactor moments, in the parameter's
     own shape) in the wider of the parameter dtype and the
     factor dtype; the update is cast back to the parameter dtype.
