@@ -498,7 +498,8 @@ def row_count(rows: Rows, total: int) -> int:
 def take(x: Stack, rows: Rows) -> torch.Tensor:
     """Rows of a stacked block-group state: all of them (None) or a run (a slice), as the
     state itself or a view of it, which its callers never write; indices, as a copy. A
-    packed stack's rows are unpacked into a new tensor (:func:`is_fresh`)."""
+    packed stack's rows are unpacked into a new tensor, which its caller may write and
+    :func:`put` back."""
     if isinstance(x, SymmetricStack):
         return x.unpack(rows)
     if rows is None:
@@ -506,12 +507,6 @@ def take(x: Stack, rows: Rows) -> torch.Tensor:
     if isinstance(rows, slice):
         return x[rows]
     return x.index_select(0, rows)
-
-
-def is_fresh(x: Stack) -> bool:
-    """Whether :func:`take` of ``x`` gives a new tensor whatever the rows (a packed
-    stack's): its caller may write it, then :func:`put` it back."""
-    return isinstance(x, SymmetricStack)
 
 
 @overload

@@ -32,7 +32,7 @@ import torch
 #: ones stay full: a 1 x 1 matrix has nothing to save).
 PACKED_MIN = 2
 
-_MASKS: dict[tuple[int, str], torch.Tensor] = {}
+_MASKS: dict[tuple[int, int, str], torch.Tensor] = {}
 
 
 def packed_size(n: int) -> int:
@@ -40,12 +40,13 @@ def packed_size(n: int) -> int:
     return n * (n + 1) // 2
 
 
-def _lower(n: int, device: torch.device) -> torch.Tensor:
-    """The ``[n, n]`` boolean mask of the lower triangle, diagonal included (cached)."""
-    key = (n, str(device))
+def _lower(n: int, device: torch.device, cols: int | None = None) -> torch.Tensor:
+    """The ``[n, cols]`` (``cols`` None: ``n``) boolean mask of the lower triangle,
+    diagonal included (cached: the masks are used every step)."""
+    key = (n, n if cols is None else cols, str(device))
     mask = _MASKS.get(key)
     if mask is None:
-        mask = torch.ones((n, n), dtype=torch.bool, device=device).tril_()
+        mask = torch.ones(key[:2], dtype=torch.bool, device=device).tril_()
         _MASKS[key] = mask
     return mask
 
@@ -66,6 +67,8 @@ class SymmetricStack:
                              f"{n} x {n} symmetric matrices ({packed_size(n)} entries each)")
         self.data = data
         self.n = n
+        self.h = n // 2  # A11 is h x h, A22 m x m, A21 m x h
+        self.m = n - self.h
 
     @classmethod
     def from_full(cls, full: torch.Tensor) -> SymmetricStack:
@@ -93,9 +96,7 @@ class SymmetricStack:
 
     def _pieces(self, data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A21 [b, m, h], Y [b, h + 1, m])`` as views of packed rows ``data``."""
-        n = self.n
-        h = n // 2
-        m = n - h
+        h, m = self.h, self.m
         return (data[:, : m * h].unflatten(1, (m, h)),
                 data[:, m * h:].unflatten(1, (h + 1, m)))
 
@@ -110,15 +111,14 @@ class SymmetricStack:
         """The full matrices of ``rows`` (None: all), a new ``[b, n, n]`` tensor whose
         upper triangle mirrors the stored lower one."""
         data = self._rows(rows)
-        n = self.n
-        h = n // 2
+        n, h, m = self.n, self.h, self.m
         a21, y = self._pieces(data)
         out = torch.empty((data.shape[0], n, n), dtype=data.dtype, device=data.device)
         out[:, h:, :h] = a21
         out[:, :h, h:] = a21.mT
-        y11, y22 = y[:, 1:, :h], y[:, : n - h, :]
+        y11, y22 = y[:, 1:, :h], y[:, :m, :]
         torch.where(_lower(h, data.device), y11, y11.mT, out=out[:, :h, :h])
-        torch.where(_lower(n - h, data.device), y22.mT, y22, out=out[:, h:, h:])
+        torch.where(_lower(m, data.device), y22.mT, y22, out=out[:, h:, h:])
         return out
 
     def pack_(self, rows: torch.Tensor | slice | None, full: torch.Tensor) -> None:
@@ -130,14 +130,13 @@ class SymmetricStack:
         direct = not isinstance(rows, torch.Tensor)
         data = self._rows(rows) if direct else torch.empty(
             (full.shape[0], self.data.shape[1]), dtype=self.data.dtype, device=self.data.device)
-        n = self.n
-        h = n // 2
+        h, m = self.h, self.m
         a21, y = self._pieces(data)
         a21.copy_(full[:, h:, :h])
-        y11, y22 = y[:, 1:, :h], y[:, : n - h, :]
+        y11, y22 = y[:, 1:, :h], y[:, :m, :]
         # Disjoint triangles of Y: each masked copy keeps the other's entries.
         torch.where(_lower(h, data.device), full[:, :h, :h], y11, out=y11)
-        torch.where(_lower(n - h, data.device).mT, full[:, h:, h:].mT, y22, out=y22)
+        torch.where(_lower(m, data.device).mT, full[:, h:, h:].mT, y22, out=y22)
         if not direct:
             assert isinstance(rows, torch.Tensor)
             self.data.index_copy_(0, rows, data)
@@ -154,17 +153,16 @@ class SymmetricStack:
         formed.
         """
         data = self._rows(rows)
-        n = self.n
-        h = n // 2
+        h, m = self.h, self.m
         a21, y = self._pieces(data)
         a21.baddbmm_(a[:, h:], b[..., :h], beta=beta, alpha=alpha)
-        y11, y22 = y[:, 1:, :h], y[:, : n - h, :]
+        y11, y22 = y[:, 1:, :h], y[:, :m, :]
         c11 = y11.clone(memory_format=torch.contiguous_format)
         c11.baddbmm_(a[:, :h], b[..., :h], beta=beta, alpha=alpha)
         torch.where(_lower(h, data.device), c11, y11, out=y11)
         c22 = y22.mT.clone(memory_format=torch.contiguous_format)  # its lower triangle: A22's
         c22.baddbmm_(a[:, h:], b[..., h:], beta=beta, alpha=alpha)
-        torch.where(_lower(n - h, data.device).mT, c22.mT, y22, out=y22)
+        torch.where(_lower(m, data.device).mT, c22.mT, y22, out=y22)
 
     def rank1_update_(self, rows: slice | None, g: torch.Tensor, beta: float | None,
                       weight: float) -> None:
@@ -175,9 +173,7 @@ class SymmetricStack:
         products of halves of g, one masked choice between them.
         """
         data = self._rows(rows)
-        n = self.n
-        h = n // 2
-        m = n - h
+        h, m = self.h, self.m
         a21, y = self._pieces(data)
         lo, hi = g[:, :h], g[:, h:]
         o21 = hi[:, :, None] * lo[:, None, :]
@@ -186,8 +182,7 @@ class SymmetricStack:
         upper = torch.nn.functional.pad(hi, pad)[:, :, None] * hi[:, None, :]
         lower = torch.nn.functional.pad(lo, (1, 0))[:, :, None] \
             * torch.nn.functional.pad(lo, (0, m - h))[:, None, :]
-        mask = torch.ones((h + 1, m), dtype=torch.bool, device=g.device).triu_()
-        oy = torch.where(mask, upper, lower)
+        oy = torch.where(_lower(m, g.device, h + 1).mT, upper, lower)  # A22's where r <= c
         if weight != 1.0:
             o21, oy = weight * o21, weight * oy
         for stored, outer in ((a21, o21), (y, oy)):

@@ -45,7 +45,6 @@ from .blocks import (
     Sketch,
     contraction_operands,
     gram_update_,
-    is_fresh,
     mode_product,
     mode_product_in,
     put,
@@ -94,11 +93,11 @@ def update_statistics(
     writable = ok is None and not stats.quantized
     for k in bg.dims:
         factor = bg.factors[k]
-        fresh = is_fresh(factor)
+        fresh = isinstance(factor, SymmetricStack)  # take() gives a new tensor
         in_place = writable and (fresh or not isinstance(rows, torch.Tensor))
-        direct = (in_place and isinstance(factor, SymmetricStack)
-                  and not isinstance(rows, torch.Tensor) and k not in bg.sketches
-                  and bg.storage_dtype is None)
+        # On the triangle itself (sketched factors and eq. 11b's take the branches
+        # before): a packed factor's rows as a run.
+        direct = fresh and in_place and not isinstance(rows, torch.Tensor)
         gk = gb
         if stats.kl:  # eq. (6b): G x_{j != k} X_j with the roots held before this step
             for j in bg.dims:
