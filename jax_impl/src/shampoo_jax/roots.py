@@ -21,9 +21,9 @@ traced value. The rules are those of ``shampoo_reference.linalg``:
   root from a factor's stored eigenbasis, after eq. (17c)'s QR steps from it
   (eq. 10f), or kept while it fits and eigh's otherwise (eq. 10h);
 - :func:`eigenbasis`: the eigenvectors of eq. (17);
-- :func:`compute_inverse_root`: one stack by the configured method; a
-  failed or non-finite inverse root is reported (eq. 13) so that the caller
-  keeps the previous one;
+- :func:`compute_inverse_root`: one stack by the configured method (on
+  CPU one matrix at a time); a failed or non-finite inverse root is
+  reported (eq. 13) so that the caller keeps the previous one;
 - :func:`frequent_directions_root`: eq. (10d), a sketched factor's
   observation folded into its sketch, and the sketch's inverse root.
 
@@ -730,9 +730,42 @@ def compute_inverse_root(
     disturb the batched LAPACK call.
     ``active`` (optional ``[b]`` bools): matrices the caller will discard
     whatever comes out (eq. 3's masked blocks, padding); where the method
-    allows it (one-at-a-time eigh on CPU, coupled Newton) they are not
-    decomposed, and their ``ok`` is meaningless.
+    allows it (on CPU, coupled Newton) they are not decomposed, and their
+    ``ok`` is meaningless.
+
+    On CPU a stack of more than one matrix goes one matrix at a time
+    (``lax.map``, an inactive one skipped by ``lax.cond``), as eigh does
+    (:func:`_eigh`). Every method here is per matrix, so the values are
+    those of the batched call; but an iteration (eqs. 9b, 11, 11c) then
+    stops with its own matrix instead of multiplying it along until the
+    slowest of the stack converges, and the workspace is one matrix's: eq.
+    (11) on 9 x 1024 float32 factors took 220 MiB of temporaries batched and
+    32 MiB one at a time, and 3.6 s instead of 2.2 s (2 cores). On GPU and
+    TPU the stack stays one batched call.
     """
+    if a.shape[0] > 1 and jax.default_backend() == "cpu":
+        def one(m: Array) -> tuple[Array, Array]:
+            x, ok = _inverse_root_of_stack(m[None], root, config)
+            return x[0], ok[0]
+
+        if active is None:
+            pairs: tuple[Array, Array] = lax.map(one, a)
+            return pairs
+
+        def skip(m: Array) -> tuple[Array, Array]:
+            # zeros_like(m): the result varies over a mesh axis like m (shard_map).
+            eye = jnp.zeros_like(m) + jnp.eye(m.shape[-1], dtype=m.dtype)
+            return eye, jnp.zeros_like(m[0, 0], bool)
+
+        pairs = lax.map(lambda mo: lax.cond(mo[1], one, skip, mo[0]), (a, active))
+        return pairs
+    return _inverse_root_of_stack(a, root, config, active)
+
+
+def _inverse_root_of_stack(
+    a: Array, root: float, config: ShampooConfig, active: Array | None = None
+) -> tuple[Array, Array]:
+    """:func:`compute_inverse_root` of a whole stack in one batched call."""
     finite_in = all_finite(a)
     a = jnp.where(finite_in[..., None, None], a, _eye_like(a))
     ok = finite_in
