@@ -67,6 +67,19 @@ def held_max(
     return real_blocks(per_slot, layout, groups, sharding)
 
 
+def _blocks_max_abs(merged: Sequence[Array], layout: B.Layout) -> list[Array]:
+    """Per block group, ``[nb]``: the largest |entry| of each block of ``merged`` leaves,
+    read from the leaves' slices (no stack of the blocks: a copy of the state)."""
+    out = []
+    for grp in layout.groups:
+        parts = []
+        for i, j in grp.members:
+            block = merged[i][layout.leaves[i].plan.blocks[j].slices]
+            parts.append(max_abs(block, tuple(range(block.ndim))))
+        out.append(jnp.stack(parts))
+    return out
+
+
 def passes(x: Array, held: Array | None, factors: Array | None = None,
            limit: float | None = None) -> Array:
     """Eq. (3) per block of a stack ``[nb, ...]``: finite and ``m + |B| g^2 <= STATE_LIMIT``.
@@ -121,8 +134,7 @@ def refuse_blocks(
     held = held_max(state.groups, layout, sharding)
     factors_held = list(held)  # the factors alone (no D with stored factors): ``limit``'s m
     for v in elementwise if layout.groups else ():
-        for gi, vb in enumerate(B.gather(v, layout)):
-            m = max_abs(vb, tuple(range(1, vb.ndim)))
+        for gi, m in enumerate(_blocks_max_abs(v, layout)):
             h = held[gi]
             held[gi] = m if h is None else jnp.maximum(h, m)
     if whole is not None:

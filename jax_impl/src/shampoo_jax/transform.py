@@ -493,7 +493,12 @@ def _shampoo_directions(
         ec = config.eigenvalue_correction
         stored = config.rounds_inverse_roots or (ec is not None and
                                                  ec.eigenvectors_dtype is not None)
-        f_blocks = B.gather(used, layout, None if stored else fdt)
+        if used is masked.grads and not stored:
+            # The gradient itself (no filter, no diagonal): eq. (3)'s masked
+            # blocks are already these stacks (the same values, no second copy).
+            f_blocks = masked.blocks
+        else:
+            f_blocks = B.gather(used, layout, None if stored else fdt)
         if config.grafting.rescale_scope == "block":
             gd_blocks = B.gather(graft_dir, layout, fdt)
     inputs = BlockInputs(observed, masked.block_ok, f_blocks, gd_blocks)
