@@ -248,9 +248,10 @@ def test_sharded_block_work_is_bitwise_the_single_device_work(
             for a, b in pairs:
                 a, b = np.asarray(a), np.asarray(b)
                 if isinstance(config.root_inverse, ss.CoupledNewtonConfig):
-                    # XLA's CPU dot emitter inside the while_loop depends on the
+                    # Batched, XLA's CPU dot inside the while_loop depends on the
                     # batch size (a stack of 1-3 small matrices takes another
-                    # kernel than 4+): the per-device stacks round differently.
+                    # kernel than 4+). One matrix at a time (CPU, since c577d4d)
+                    # the roots still differ in the last bits (3.6e-7 here).
                     # Both inverse roots meet the stopping rule max|M - I| <= tolerance,
                     # so they differ by at most ~tolerance / r relative.
                     tol = config.root_inverse.tolerance * max(1.0, float(np.max(np.abs(b))))
