@@ -729,14 +729,15 @@ def compute_inverse_root(
     replaced by the identity before the decomposition so that they cannot
     disturb the batched LAPACK call.
     ``active`` (optional ``[b]`` bools): matrices the caller will discard
-    whatever comes out (eq. 3's masked blocks, padding); where the method
-    allows it (on CPU, coupled Newton) they are not decomposed, and their
-    ``ok`` is meaningless.
+    whatever comes out (eq. 3's masked blocks, padding); on CPU (every
+    method) and with coupled Newton (elsewhere) they are not decomposed, and
+    their ``ok`` is meaningless.
 
     On CPU a stack of more than one matrix goes one matrix at a time
     (``lax.map``, an inactive one skipped by ``lax.cond``), as eigh does
-    (:func:`_eigh`). Every method here is per matrix, so the values are
-    those of the batched call; but an iteration (eqs. 9b, 11, 11c) then
+    (:func:`_eigh`). Every method here is per matrix, so each matrix takes
+    the batched call's steps (on the 9 x 1024 Newton stack below, the same
+    bits); but an iteration (eqs. 9b, 11, 11c) then
     stops with its own matrix instead of multiplying it along until the
     slowest of the stack converges, and the workspace is one matrix's: eq.
     (11) on 9 x 1024 float32 factors took 220 MiB of temporaries batched and
