@@ -68,6 +68,24 @@ def _eye_like(a: Array) -> Array:
     return jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
 
 
+def _identity_like(m: Array) -> Array:
+    """The identity of ``m``'s shape and dtype; built from ``m`` so that under
+    ``shard_map`` it varies over a mesh axis as ``m`` does (``lax.cond`` branches
+    must agree)."""
+    return jnp.zeros_like(m) + jnp.eye(m.shape[-1], dtype=m.dtype)
+
+
+def _one_at_a_time(one: Any, skip: Any, a: Array, active: Array | None) -> tuple[Array, Array]:
+    """``one`` over the matrices of the stack ``a`` one at a time (``lax.map``); with
+    ``active``, a matrix whose flag is False takes ``skip`` instead (``lax.cond``)."""
+    pairs: tuple[Array, Array]
+    if active is None:
+        pairs = lax.map(one, a)
+    else:
+        pairs = lax.map(lambda mo: lax.cond(mo[1], one, skip, mo[0]), (a, active))
+    return pairs
+
+
 def _eigh(a: Array, active: Array | None = None) -> tuple[Array, Array]:
     """``jnp.linalg.eigh`` over a stack; on CPU one matrix at a time (``lax.map``).
 
@@ -92,18 +110,10 @@ def _eigh(a: Array, active: Array | None = None) -> tuple[Array, Array]:
             lam, q = jnp.linalg.eigh(m, symmetrize_input=False)
             return lam, q
 
-        pairs: tuple[Array, Array]
-        if active is None:
-            pairs = lax.map(one, a)
-            return pairs
-
         def skip(m: Array) -> tuple[Array, Array]:
-            # zeros_like(m): the result varies over a mesh axis like m (shard_map).
-            eye = jnp.zeros_like(m) + jnp.eye(m.shape[-1], dtype=m.dtype)
-            return jnp.ones_like(m[0]), eye
+            return jnp.ones_like(m[0]), _identity_like(m)
 
-        pairs = lax.map(lambda mo: lax.cond(mo[1], one, skip, mo[0]), (a, active))
-        return pairs
+        return _one_at_a_time(one, skip, a, active)
     lam, q = jnp.linalg.eigh(a, symmetrize_input=False)
     return lam, q
 
@@ -749,17 +759,10 @@ def compute_inverse_root(
             x, ok = _inverse_root_of_stack(m[None], root, config)
             return x[0], ok[0]
 
-        if active is None:
-            pairs: tuple[Array, Array] = lax.map(one, a)
-            return pairs
-
         def skip(m: Array) -> tuple[Array, Array]:
-            # zeros_like(m): the result varies over a mesh axis like m (shard_map).
-            eye = jnp.zeros_like(m) + jnp.eye(m.shape[-1], dtype=m.dtype)
-            return eye, jnp.zeros_like(m[0, 0], bool)
+            return _identity_like(m), jnp.zeros_like(m[0, 0], bool)
 
-        pairs = lax.map(lambda mo: lax.cond(mo[1], one, skip, mo[0]), (a, active))
-        return pairs
+        return _one_at_a_time(one, skip, a, active)
     return _inverse_root_of_stack(a, root, config, active)
 
 
