@@ -235,7 +235,9 @@ def refresh_inverse_roots(
 ) -> tuple[Groups, Array]:
     """On root steps (eqs. 8, 8b at ``lr_ratio``), recompute every inverse root.
 
-    ``lax.cond`` so other steps pay nothing.
+    ``lax.cond`` so other steps pay nothing. On CPU the plain roots are written
+    into the state one matrix at a time (:func:`_writes_roots_in_place`); elsewhere
+    the factors of one size are batched.
 
     Roots are computed in the factor dtype; with ``inverse_root_dtype`` they
     are stored rounded to it (eq. 11a, XLA's round-to-nearest-even convert,
@@ -262,8 +264,12 @@ def refresh_inverse_roots(
     if on is False or not any(grp.preconditioned_dims for grp in layout.groups):
         return groups, zero
 
+    in_place = _writes_roots_in_place(config, groups)
+
     def run(operand: tuple[Groups, list[Array]]) -> tuple[Groups, list[Array]]:
         groups, block_ok = operand
+        if in_place:
+            return _roots_in_place(groups, layout, block_ok, config)
         # Eq. (7): bias-corrected factors; then batch every factor of one size
         # and root r, from every block group and dim, into one decomposition.
         # A sketched factor (eq. 10d) is batched apart from the eq. (10)-(11) roots of its size.
@@ -272,22 +278,7 @@ def refresh_inverse_roots(
         for gi, (grp, gs) in enumerate(zip(layout.groups, groups, strict=False)):
             n = gs.statistics_updates
             for i, (k, lk) in enumerate(zip(grp.preconditioned_dims, gs.factors, strict=False)):
-                a = lk
-                if stats.corrects_bias and config.factor_storage_dtype is not None:
-                    # Eq. (11b): bc in the factor dtype, the division in float32, rounded.
-                    work = factor_dtype(config)
-                    beta2 = jnp.asarray(stats.beta2, work)
-                    bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(work), 1.0)
-                    a = rounded(lk.astype(jnp.float32) / bc.astype(jnp.float32)[:, None, None],
-                                lk.dtype)
-                elif stats.corrects_bias:
-                    beta2 = jnp.asarray(stats.beta2, lk.dtype)
-                    bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(lk.dtype), 1.0)
-                    a = lk / bc[:, None, None]
-                tau = stats.trace_scaling_exponent
-                if tau > 0:  # eq. (7b), per block
-                    trace = jnp.trace(a, axis1=-2, axis2=-1)
-                    a = a * (jnp.maximum(trace, config.epsilon.value) ** -tau)[:, None, None]
+                a = _corrected_factor(lk, n, config)
                 key = (grp.shape[k], grp.roots[k], gs.sketch(i) is not None)
                 batches.setdefault(key, []).append((gi, i, a))
                 wanted.setdefault(key, []).append(block_ok[gi])
@@ -402,6 +393,119 @@ def refresh_inverse_roots(
     else:
         groups, failed = lax.cond(on, run, keep, (groups, block_ok))
     return groups, sum((jnp.sum(f, dtype=jnp.int32) for f in failed), zero)  # int32 under x64
+
+
+def _writes_roots_in_place(config: ShampooConfig, groups: Groups) -> bool:
+    """Whether :func:`refresh_inverse_roots` writes each root into the state in place
+    (:func:`_roots_in_place`) rather than batching the factors of one size.
+
+    On CPU, where every root goes one matrix at a time anyway
+    (:func:`compute_inverse_root`), the plain roots of eqs. (10), (11): no stack of
+    the factors of one size and none of their roots, so the temporaries are one
+    matrix's workspace. The methods that read other state or whole stacks keep
+    the batches: eigenbases (eqs. 10f, 10h, 17), sketches (eq. 10d), eq. (10g)'s
+    parameter maxima and eq. (20c)'s quantization.
+    """
+    return (jax.default_backend() == "cpu" and config.eigenvalue_correction is None
+            and not config.root_inverse_stores_basis and not config.statistics.quantized
+            and not config.epsilon.cuts_rank_per_parameter
+            and all(gs.sketches is None or all(x is None for x in gs.sketches)
+                    for gs in groups))
+
+
+def _corrected_factor(lk: Array, n: Array, config: ShampooConfig) -> Array:
+    """Eqs. (7), (7b): a stack of stored factors ``[nb, m, m]`` as their roots take them,
+    bias-corrected after ``n`` (``[nb]``) statistics updates and trace-scaled, per block."""
+    stats = config.statistics
+    a = lk
+    if stats.corrects_bias and config.factor_storage_dtype is not None:
+        # Eq. (11b): bc in the factor dtype, the division in float32, rounded.
+        work = factor_dtype(config)
+        beta2 = jnp.asarray(stats.beta2, work)
+        bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(work), 1.0)
+        a = rounded(lk.astype(jnp.float32) / bc.astype(jnp.float32)[:, None, None], lk.dtype)
+    elif stats.corrects_bias:
+        beta2 = jnp.asarray(stats.beta2, lk.dtype)
+        bc = jnp.where(n > 0, 1.0 - beta2 ** n.astype(lk.dtype), 1.0)
+        a = lk / bc[:, None, None]
+    tau = stats.trace_scaling_exponent
+    if tau > 0:  # eq. (7b), per block
+        trace = jnp.trace(a, axis1=-2, axis2=-1)
+        a = a * (jnp.maximum(trace, config.epsilon.value) ** -tau)[:, None, None]
+    return a
+
+
+def _roots_in_place(groups: Groups, layout: B.Layout, block_ok: list[Array],
+                    config: ShampooConfig) -> tuple[Groups, list[Array]]:
+    """:func:`refresh_inverse_roots`'s eqs. (7), (10), (11), (13) one matrix at a time,
+    each accepted root written into the stored stack in place
+    (:func:`_factor_roots_in_place`). Returns the groups and each group's failed
+    factors per block."""
+    token: Array | None = None
+    new, failures = [], []
+    for grp, gs, ok in zip(layout.groups, groups, block_ok, strict=False):
+        inverse_roots: list[Array] = []
+        any_failed = jnp.zeros_like(ok, bool)
+        failed_factors = jnp.zeros_like(ok, jnp.int32)
+        for k, lk, xk in zip(grp.preconditioned_dims, gs.factors, gs.inverse_roots,
+                             strict=True):
+            if token is not None:
+                # One root loop after another (the batched path's order; one workspace).
+                token, xk = lax.optimization_barrier((token, xk))
+            x, good = _factor_roots_in_place(lk, gs.statistics_updates, xk, ok,
+                                             grp.roots[k], config)
+            token = x
+            failed = ok & ~good
+            inverse_roots.append(x)
+            any_failed = any_failed | failed
+            failed_factors = failed_factors + failed.astype(jnp.int32)
+        consecutive = jnp.where(
+            ok, jnp.where(any_failed, gs.consecutive_failures + 1, 0), gs.consecutive_failures)
+        new.append(gs._replace(inverse_roots=tuple(inverse_roots),
+                               consecutive_failures=consecutive))
+        failures.append(failed_factors)
+    return tuple(new), failures
+
+
+def _factor_roots_in_place(lk: Array, n: Array, xk: Array, ok: Array, root: float,
+                           config: ShampooConfig) -> tuple[Array, Array]:
+    """One factor of every block of a group: ``(inverse roots, good)``, ``[nb, m, m]``, ``[nb]``.
+
+    A ``lax.fori_loop`` over the blocks carries the stored inverse roots ``xk``
+    and writes each accepted root into it (XLA updates the carried buffer in
+    place). Block b's factor ``lk[b]``, after ``n[b]`` statistics updates, is
+    corrected (eqs. 7, 7b) and rooted by :func:`compute_inverse_root` on a stack
+    of one, the batched path's per-matrix operations, so the same bits; rounded
+    to ``inverse_root_dtype`` where set (eq. 11a, a non-finite rounded root
+    failing). A block masked this step (``ok`` False, eq. 3) is not decomposed
+    and, like a failed root (eq. 13), keeps its previous inverse root; its
+    ``good`` is False (not counted: the caller counts ``ok & ~good``).
+    """
+    def body(b: Array, carry: tuple[Array, Array]) -> tuple[Array, Array]:
+        xs, good = carry
+
+        # The previous root is read in each branch, after the root is computed: read
+        # before the cond, it would be one more matrix held through the workspace.
+        def compute(b: Array) -> tuple[Array, Array]:
+            a = _corrected_factor(lax.dynamic_index_in_dim(lk, b),
+                                  lax.dynamic_index_in_dim(n, b), config)
+            x, g = compute_inverse_root(a, root, config)
+            old = lax.dynamic_index_in_dim(xs, b)
+            if x.dtype != old.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
+                x = x.astype(old.dtype)
+                g = g & jnp.all(jnp.isfinite(x), axis=(1, 2))
+            return jnp.where(g[:, None, None], x, old), g
+
+        def skip(b: Array) -> tuple[Array, Array]:
+            return (lax.dynamic_index_in_dim(xs, b),
+                    jnp.zeros_like(lax.dynamic_index_in_dim(ok, b)))
+
+        x, g = lax.cond(ok[b], compute, skip, b)
+        return (lax.dynamic_update_index_in_dim(xs, x, b, 0),
+                lax.dynamic_update_index_in_dim(good, g, b, 0))
+
+    out: tuple[Array, Array] = lax.fori_loop(0, ok.shape[0], body, (xk, jnp.zeros_like(ok)))
+    return out
 
 
 def _owners(layout: B.Layout) -> list[Array]:
