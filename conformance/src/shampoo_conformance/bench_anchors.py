@@ -28,7 +28,8 @@ the measured eigh rate, amortized) over the measured one.
 Memory: torch, peak RSS after 110 steps in a fresh process per optimizer,
 over a process that runs forward and backward only; and the optimizer state
 (bytes of the tensors it holds). JAX, XLA's memory analysis of the compiled
-update (temporaries) and the state's bytes; and compile + first step time.
+update (temporaries; also with the state donated) and the state's bytes;
+and compile + first step time.
 
 Prints, never asserts (docs/results.md has measured figures).
 """
@@ -322,13 +323,21 @@ def jax_side(batches: list[int], periods: int, large_period: int) -> None:
           "(same kwargs; ours through from_google) ==")
     params = jb.init_mlp(jax.random.PRNGKey(2))
     grads = jax.tree.map(jnp.ones_like, params)
-    print(f"{'':8} {'state MiB':>9} {'update temp MiB':>15}")
+    # Temporaries of the update alone, and of the same update with the state
+    # donated (as a training step donates it: XLA may then add copies).
+    print(f"{'':8} {'state MiB':>9} {'update temp MiB':>15} {'donated':>8}"
+          f" {'(temp+state)/state':>18}")
     for name, opt in opts.items():
         state = opt.init(params)
-        mem = jax.jit(opt.update).lower(grads, state, params).compile().memory_analysis()
-        temp = getattr(mem, "temp_size_in_bytes", float("nan"))
+        temps = []
+        for donate in ((), (1,)):
+            update = jax.jit(opt.update, donate_argnums=donate).lower(
+                grads, state, params).compile()
+            temps.append(getattr(update.memory_analysis(), "temp_size_in_bytes", float("nan")))
         size = sum(leaf.nbytes for leaf in jax.tree.leaves(state) if hasattr(leaf, "nbytes"))
-        print(f"{name:8} {size / 2**20:9.1f} {temp / 2**20:15.1f}")
+        over = (size + temps[0]) / size if size else float("nan")
+        print(f"{name:8} {size / 2**20:9.1f} {temps[0] / 2**20:15.1f} {temps[1] / 2**20:8.1f}"
+              f" {over:18.2f}")
     for batch in batches:
         period = FREQUENCY if batch <= 1024 else large_period
         key = jax.random.PRNGKey(0)
