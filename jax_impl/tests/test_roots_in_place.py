@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_jax import preconditioner, shampoo
+from shampoo_jax import preconditioner, schedule, shampoo
 
 _BLOCKED = {"blocking": ss.BlockingConfig(max_preconditioner_dim=8),
             "schedule": ss.ScheduleConfig(precondition_frequency=2),
@@ -41,9 +41,13 @@ CONFIGS = {
 }
 
 
+_MASKED_STEP = 4
+
+
 def _run(config: ss.ShampooConfig, in_place: bool, monkeypatch: pytest.MonkeyPatch
          ) -> tuple[list[Any], Any]:
-    """Six steps (roots at steps 1, 3, 5); step 3's gradient of ``w`` has a NaN in one block."""
+    """Six steps; step 4's gradient of ``w`` has a NaN in one block, on a root step, so
+    the masked block's root is skipped and kept."""
     monkeypatch.setattr(preconditioner, "_writes_roots_in_place",
                         lambda config, groups: in_place)
     rng = np.random.default_rng(0)
@@ -56,7 +60,7 @@ def _run(config: ss.ShampooConfig, in_place: bool, monkeypatch: pytest.MonkeyPat
     outs = []
     for t in range(6):
         g = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
-        if t == 2:
+        if t + 1 == _MASKED_STEP:
             g["w"][0, 0] = np.nan
         u, state = update({k: jnp.asarray(v) for k, v in g.items()}, state, params)
         outs.append(u)
@@ -70,6 +74,7 @@ def test_in_place_roots_equal_the_batched_ones_bit_for_bit(
     groups = shampoo(config).init({"w": jnp.zeros((16, 12))}).groups
     assert jax.default_backend() == "cpu"
     assert preconditioner._writes_roots_in_place(config, groups)
+    assert schedule.is_root_step(jnp.asarray(_MASKED_STEP), config.schedule, 1.0)
     outs, state = _run(config, True, monkeypatch)
     want_outs, want = _run(config, False, monkeypatch)
     got_leaves, got_def = jax.tree.flatten((outs, state))
