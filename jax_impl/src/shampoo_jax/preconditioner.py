@@ -365,9 +365,7 @@ def refresh_inverse_roots(
                 inverse_roots.append(jnp.where((ok & good)[:, None, None], x, xk))
                 any_failed = any_failed | failed
                 failed_factors = failed_factors + failed.astype(jnp.int32)
-            consecutive = jnp.where(
-                ok, jnp.where(any_failed, gs.consecutive_failures + 1, 0), gs.consecutive_failures
-            )
+            consecutive = _consecutive_failures(gs, ok, any_failed)
             new_sketches = gs.sketches
             if gs.sketches is not None:
                 # Eq. (10d): an admitted block keeps its folded sketch whatever
@@ -393,6 +391,14 @@ def refresh_inverse_roots(
     else:
         groups, failed = lax.cond(on, run, keep, (groups, block_ok))
     return groups, sum((jnp.sum(f, dtype=jnp.int32) for f in failed), zero)  # int32 under x64
+
+
+def _consecutive_failures(gs: BlockGroupState, ok: Array, any_failed: Array) -> Array:
+    """Eq. (13)'s count per block: root steps with any failed factor in a row (0 after
+    one without); a block masked this step (``ok`` False, eq. 3) keeps its count."""
+    out: Array = jnp.where(
+        ok, jnp.where(any_failed, gs.consecutive_failures + 1, 0), gs.consecutive_failures)
+    return out
 
 
 def _writes_roots_in_place(config: ShampooConfig, groups: Groups) -> bool:
@@ -459,10 +465,8 @@ def _roots_in_place(groups: Groups, layout: B.Layout, block_ok: list[Array],
             inverse_roots.append(x)
             any_failed = any_failed | failed
             failed_factors = failed_factors + failed.astype(jnp.int32)
-        consecutive = jnp.where(
-            ok, jnp.where(any_failed, gs.consecutive_failures + 1, 0), gs.consecutive_failures)
         new.append(gs._replace(inverse_roots=tuple(inverse_roots),
-                               consecutive_failures=consecutive))
+                               consecutive_failures=_consecutive_failures(gs, ok, any_failed)))
         failures.append(failed_factors)
     return tuple(new), failures
 
