@@ -209,17 +209,20 @@ def torch_side(batches: list[int], periods: int, large_period: int, threads: int
     makers = _torch_optimizers()
     print(f"\n== torch {torch.__version__}, {threads} threads: "
           f"{', '.join(makers)} (same kwargs; ours through from_meta) ==")
-    rate = tb.matmul_rate()
+    # Each optimizer's ideal at the rate of the GEMM it calls: ours shampoo_torch.gemm
+    # (oneDNN on CPU), Meta's torch's BLAS.
+    rates = {"ours": tb.matmul_rate(), "meta": tb.matmul_rate(ours=False)}
     probe = tb.make_model()
     config = from_meta(META_KWARGS)
     flops = {"ours": tb.step_flops(probe, config, triangle_from=SYMMETRIC_GRAM_MIN),
              "meta": tb.step_flops(probe, config)}  # Meta's G G^T is a whole GEMM
     eigh_s = _eigh_seconds(_factor_sizes(probe), torch.float32)
-    print(f"float32 1024^2 matmul {rate / 1e9:.0f} GFLOP/s; eigh of every factor "
+    print(f"float32 1024^2 matmul {rates['ours'] / 1e9:.0f} GFLOP/s (ours: shampoo_torch.gemm), "
+          f"{rates['meta'] / 1e9:.0f} GFLOP/s (torch's BLAS); eigh of every factor "
           f"{eigh_s * 1e3:.0f} ms; non-root optimizer FLOPs (G G^T and the mode products of "
           f"every block) ours {flops['ours'] / 1e9:.2f} GFLOP, Meta's "
           f"{flops['meta'] / 1e9:.2f} GFLOP: ratio {flops['ours'] / flops['meta']:.2f}")
-    ideal = {name: f / rate + eigh_s / FREQUENCY for name, f in flops.items()}
+    ideal = {name: f / rates[name] + eigh_s / FREQUENCY for name, f in flops.items()}
     for batch in batches:
         period = FREQUENCY if batch <= 1024 else large_period
         trainers = {name: tb.Trainer(name, make, batch=batch) for name, make in makers.items()}

@@ -37,6 +37,7 @@ import torch
 
 from shampoo_spec import ShampooConfig, from_meta, is_root_step, plan_parameter
 
+from . import gemm
 from .blocks import SYMMETRIC_GRAM_MIN
 from .optimizer import Shampoo
 
@@ -124,16 +125,25 @@ def step_flops(
     return total
 
 
-def matmul_rate(n: int = 1024, repeats: int = 10, trials: int = 5) -> float:
-    """Best of ``trials`` timings of ``repeats`` float32 n x n matmuls (FLOP/s)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_rate(n: int = 1024, repeats: int = 10, trials: int = 5, ours: bool = True) -> float:
+    """Best of ``trials`` timings of ``repeats`` float32 n x n matmuls (FLOP/s).
+
+    ``ours``: through :func:`shampoo_torch.gemm.bmm`, the kernel the optimizer's
+    products use (oneDNN on CPU); False: ``a @ b``, torch's BLAS (MKL), as
+    other libraries call it.
+    """
+    a, b = torch.randn(1, n, n), torch.randn(1, n, n)
+
+    def product() -> torch.Tensor:
+        return gemm.bmm(a, b) if ours else a[0] @ b[0]
+
     for _ in range(3):
-        a @ b
+        product()
     best = math.inf
     for _ in range(trials):
         start = time.perf_counter()
         for _ in range(repeats):
-            a @ b
+            product()
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 * repeats / best
 

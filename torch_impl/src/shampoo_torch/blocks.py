@@ -25,6 +25,7 @@ import torch
 
 from shampoo_spec import FrequentDirectionsConfig, ParameterPlan
 
+from . import gemm
 from .packed import PACKED_MIN, SymmetricStack
 
 #: The block-group rows taking part: their indices, a consecutive run of them (a
@@ -573,10 +574,10 @@ def gram_update_(
     """
     m = c.shape[-1]
     if m < SYMMETRIC_GRAM_MIN:
-        return c.baddbmm_(a, b, beta=beta, alpha=alpha)
+        return gemm.baddbmm_(c, a, b, beta, alpha)
     h = m // 2
-    c[:, :h, :h].baddbmm_(a[:, :h], b[..., :h], beta=beta, alpha=alpha)
-    c[:, h:].baddbmm_(a[:, h:], b, beta=beta, alpha=alpha)
+    gemm.baddbmm_(c[:, :h, :h], a[:, :h], b[..., :h], beta, alpha)
+    gemm.baddbmm_(c[:, h:], a[:, h:], b, beta, alpha)
     c[:, :h, h:] = c[:, h:, :h].mT
     return c
 
@@ -611,10 +612,10 @@ def mode_product(x: torch.Tensor, m: torch.Tensor, k: int, transpose: bool = Fal
     b, n = x.shape[0], x.shape[k + 1]
     mt = m if transpose else m.transpose(1, 2)  # the matrix applied from the right
     if k == x.dim() - 2:  # last dim: X_(rest, n) @ M^T
-        return torch.bmm(x.reshape(b, -1, n), mt).reshape(x.shape)
+        return gemm.bmm(x.reshape(b, -1, n), mt).reshape(x.shape)
     ml = mt.transpose(1, 2)  # M (or M^T) applied from the left
     if k == 0:
-        return torch.bmm(ml, x.reshape(b, n, -1)).reshape(x.shape)
+        return gemm.bmm(ml, x.reshape(b, n, -1)).reshape(x.shape)
     moved = x.movedim(k + 1, 1)
-    out = torch.bmm(ml, moved.reshape(b, n, -1)).reshape(moved.shape)
+    out = gemm.bmm(ml, moved.reshape(b, n, -1)).reshape(moved.shape)
     return out.movedim(1, k + 1)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from . import gemm
+
 #: Factor size from which factors and inverse roots are stored packed (smaller
 #: ones stay full: a 1 x 1 matrix has nothing to save).
 PACKED_MIN = 2
@@ -155,13 +157,13 @@ class SymmetricStack:
         data = self._rows(rows)
         h, m = self.h, self.m
         a21, y = self._pieces(data)
-        a21.baddbmm_(a[:, h:], b[..., :h], beta=beta, alpha=alpha)
+        gemm.baddbmm_(a21, a[:, h:], b[..., :h], beta, alpha)
         y11, y22 = y[:, 1:, :h], y[:, :m, :]
         c11 = y11.clone(memory_format=torch.contiguous_format)
-        c11.baddbmm_(a[:, :h], b[..., :h], beta=beta, alpha=alpha)
+        gemm.baddbmm_(c11, a[:, :h], b[..., :h], beta, alpha)
         torch.where(_lower(h, data.device), c11, y11, out=y11)
         c22 = y22.mT.clone(memory_format=torch.contiguous_format)  # its lower triangle: A22's
-        c22.baddbmm_(a[:, h:], b[..., h:], beta=beta, alpha=alpha)
+        gemm.baddbmm_(c22, a[:, h:], b[..., h:], beta, alpha)
         torch.where(_lower(m, data.device).mT, c22.mT, y22, out=y22)
 
     def rank1_update_(self, rows: slice | None, g: torch.Tensor, beta: float | None,

@@ -33,6 +33,7 @@ from shampoo_spec import (
     power_iteration_start,
 )
 
+from . import gemm
 from .blocks import Sketch
 from .invariance import rowwise
 from .lobpcg import lobpcg_top_k, pth_root_difference
@@ -267,7 +268,7 @@ def root_from_eigendecomposition(
     values = inverse_root_eigenvalues(lam, root, eps, scale)
     if low_rank is not None:
         values = low_rank_eigenvalues(values, low_rank)
-    return torch.matmul(q * values.unsqueeze(1), q.transpose(1, 2))
+    return gemm.bmm(q * values.unsqueeze(1), q.transpose(1, 2))
 
 
 def sketch_epsilon(lam_1: torch.Tensor, eps: EpsilonConfig, relative_floor: float
