@@ -15,6 +15,8 @@ from shampoo_conformance.adapters.torch import run as torch_run
 from shampoo_reference import run as reference_run
 from shampoo_spec import BlockingConfig, EpsilonConfig, ScheduleConfig, ShampooConfig
 from shampoo_torch import gemm
+from shampoo_torch.blocks import SYMMETRIC_GRAM_MIN, contraction_operands
+from shampoo_torch.packed import SymmetricStack
 
 N = gemm.ONEDNN_MIN
 ONEDNN = torch.backends.mkldnn.is_available()
@@ -130,3 +132,34 @@ def test_the_optimizer_is_as_close_to_the_reference_as_with_torch_bmm(
     blas = np.abs(_run(config, params, grads) - ref).max() / scale
     assert onednn <= max(2 * blas, 1e-6), (onednn, blas)
     assert onednn < 1e-3
+
+
+def test_stack_copies_are_exact() -> None:
+    x = torch.randn(3, N, N + 1)
+    for view in (x, x.mT, x[:, 1:, 2:], x.mT[:, :, :5]):
+        out = gemm.contiguous(view)
+        assert out.is_contiguous() and torch.equal(out, view)
+        dst = torch.empty(view.shape)
+        assert gemm.copy_(dst, view) is dst and torch.equal(dst, view)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_packed_triangle_update_is_the_closed_form(k: int) -> None:
+    """Eq. (6) on a packed factor of SYMMETRIC_GRAM_MIN rows through oneDNN, from both
+    layouts of G_(k) (k = 1, the last block dim: a transposed view, copied once)."""
+    gen = torch.Generator().manual_seed(3)
+    n = SYMMETRIC_GRAM_MIN
+    shape = (2, n, N + 44) if k == 0 else (2, N + 44, n)
+    g = torch.randn(shape, generator=gen)
+    a, b = contraction_operands(g, k)
+    assert gemm.uses_onednn(a, b) == ONEDNN and a.is_contiguous() == (k == 0)
+    start = torch.randn(2, n, n, generator=gen, dtype=torch.float64)
+    start = (start @ start.mT).float()
+    stack = SymmetricStack.from_full(start)
+    stack.gram_update_(None, a, b, 0.9, 0.1)
+    gk = g.double().movedim(k + 1, 1).flatten(2)
+    exact = 0.9 * start.double() + 0.1 * (gk @ gk.mT)
+    unit = torch.finfo(torch.float32).eps / 2
+    bound = (0.1 * _bound(gk.float(), gk.mT.float())
+             + 4 * unit * (0.9 * start.double().abs() + 0.1 * (gk.abs() @ gk.abs().mT)))
+    assert bool(((stack.unpack().double() - exact).abs() <= bound).all())

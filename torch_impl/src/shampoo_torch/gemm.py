@@ -83,6 +83,26 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return linear(a if _unit_stride(a) else a.contiguous(), b.mT.contiguous())
 
 
+def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)`` for stacks ``[B, r, c]``, one matrix at a time on CPU: torch
+    copies a transposed 3-d view several times slower than its 2-d matrices
+    (1024 x 1024: 1.9 against 0.44 ms measured)."""
+    if src.device.type != "cpu" or src.dim() != 3:
+        return dst.copy_(src)
+    for i in range(src.shape[0]):
+        dst[i].copy_(src[i])
+    return dst
+
+
+def contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous()`` for a stack ``[B, r, c]``, by :func:`copy_`."""
+    if x.is_contiguous():
+        return x
+    if x.device.type != "cpu" or x.dim() != 3:
+        return x.contiguous()
+    return copy_(torch.empty(x.shape, dtype=x.dtype, device=x.device), x)
+
+
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.bmm(a, b)``: ``[B, m, k] @ [B, k, n]``, a new contiguous ``[B, m, n]``."""
     if not uses_onednn(a, b):

@@ -117,7 +117,7 @@ class SymmetricStack:
         a21, y = self._pieces(data)
         out = torch.empty((data.shape[0], n, n), dtype=data.dtype, device=data.device)
         out[:, h:, :h] = a21
-        out[:, :h, h:] = a21.mT
+        gemm.copy_(out[:, :h, h:], a21.mT)
         y11, y22 = y[:, 1:, :h], y[:, :m, :]
         torch.where(_lower(h, data.device), y11, y11.mT, out=out[:, :h, :h])
         torch.where(_lower(m, data.device), y22.mT, y22, out=out[:, h:, h:])
@@ -146,7 +146,7 @@ class SymmetricStack:
     def gram_update_(self, rows: slice | None, a: torch.Tensor, b: torch.Tensor, beta: float,
                      alpha: float) -> None:
         """Eq. (6) on the stored triangles of ``rows`` (None: all): ``L <- beta L +
-        alpha A B`` with ``A B = G_(k) G_(k)^T`` (``a`` ``[b, n, c]``, ``b`` ``[b, c, n]``).
+        alpha A B`` with ``A B = G_(k) G_(k)^T`` (``a`` ``[b, n, c]``, ``b = a^T`` ``[b, c, n]``).
 
         Three GEMMs, each ``beta C + alpha A B`` on one block of L:
         ``A21`` in place, ``A11`` and ``A22`` on a copy whose lower triangle
@@ -157,6 +157,12 @@ class SymmetricStack:
         data = self._rows(rows)
         h, m = self.h, self.m
         a21, y = self._pieces(data)
+        if gemm.uses_onednn(a, b) and not a.is_contiguous():
+            # A = G_(k)^T as a view (k the last block dim): the column slices of B = A^T
+            # below would be oneDNN weights with strided rows (gemm's copies of each);
+            # one transposed copy of A serves all three products.
+            a = gemm.contiguous(a)
+            b = a.mT
         gemm.baddbmm_(a21, a[:, h:], b[..., :h], beta, alpha)
         y11, y22 = y[:, 1:, :h], y[:, :m, :]
         c11 = y11.clone(memory_format=torch.contiguous_format)
