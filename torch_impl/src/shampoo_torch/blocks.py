@@ -576,6 +576,7 @@ def gram_update_(
     if m < SYMMETRIC_GRAM_MIN:
         return gemm.baddbmm_(c, a, b, beta, alpha)
     h = m // 2
+    a, b = gemm.gram_operands(a, b)
     gemm.baddbmm_(c[:, :h, :h], a[:, :h], b[..., :h], beta, alpha)
     gemm.baddbmm_(c[:, h:], a[:, h:], b, beta, alpha)
     c[:, :h, h:] = c[:, h:, :h].mT

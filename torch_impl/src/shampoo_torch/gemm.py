@@ -111,6 +111,17 @@ def contiguous(x: torch.Tensor) -> torch.Tensor:
     return copy_(torch.empty(x.shape, dtype=x.dtype, device=x.device), x)
 
 
+def gram_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operands of ``A B = G_(k) G_(k)^T`` (``b = a^T``) for products of their row and
+    column slices: with ``a`` a transposed view (k the last block dim) the column
+    slices of ``b`` would be oneDNN weights with strided rows, each copied by
+    :func:`_product`; one transposed copy of ``a`` serves them all."""
+    if uses_onednn(a, b) and not a.is_contiguous():
+        a = contiguous(a)
+        return a, a.mT
+    return a, b
+
+
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.bmm(a, b)``: ``[B, m, k] @ [B, k, n]``, a new contiguous ``[B, m, n]``."""
     if not uses_onednn(a, b):

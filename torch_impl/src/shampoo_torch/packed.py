@@ -157,12 +157,7 @@ class SymmetricStack:
         data = self._rows(rows)
         h, m = self.h, self.m
         a21, y = self._pieces(data)
-        if gemm.uses_onednn(a, b) and not a.is_contiguous():
-            # A = G_(k)^T as a view (k the last block dim): the column slices of B = A^T
-            # below would be oneDNN weights with strided rows (gemm's copies of each);
-            # one transposed copy of A serves all three products.
-            a = gemm.contiguous(a)
-            b = a.mT
+        a, b = gemm.gram_operands(a, b)
         gemm.baddbmm_(a21, a[:, h:], b[..., :h], beta, alpha)
         y11, y22 = y[:, 1:, :h], y[:, :m, :]
         c11 = y11.clone(memory_format=torch.contiguous_format)
