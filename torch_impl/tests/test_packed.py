@@ -80,6 +80,43 @@ def test_gram_update_is_eq6_on_the_triangle(n: int, rows: slice | None) -> None:
         assert torch.equal(stack.unpack(slice(0, 1)), _mirrored(a0[:1]))
 
 
+@pytest.mark.parametrize("n", [2, 3, 10, 65, 300])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_gram_update_with_beta_zero_and_one(n: int, beta: float) -> None:
+    """``beta = 1`` adds the product to L; ``beta = 0`` replaces L and, as BLAS, never
+    reads it (a NaN there is not carried)."""
+    gen = torch.Generator().manual_seed(n)
+    g = torch.randn(2, n, 5, generator=gen, dtype=torch.float64)
+    a0 = torch.randn(2, n, n, generator=gen, dtype=torch.float64)
+    stack = SymmetricStack.from_full(a0)
+    if beta == 0.0:
+        stack.data[0, ::3] = float("nan")
+    stack.gram_update_(None, g, g.mT, beta, 0.5)
+    want = 0.5 * (g @ g.mT) + (_mirrored(a0) if beta == 1.0 else 0.0)
+    torch.testing.assert_close(stack.unpack(), _mirrored(want), rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 17, 64, 65, 512])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [None, slice(1, 3), torch.tensor([2, 0])], ids=str)
+def test_matvec_is_the_symmetric_product(n: int, dtype: torch.dtype,
+                                         rows: torch.Tensor | slice | None) -> None:
+    """``X v`` from the stored triangle equals the unpacked matrix times v, each entry
+    within the dot product's bound ``n u sum_j |X_ij v_j|`` (spec section 5)."""
+    gen = torch.Generator().manual_seed(n)
+    a = torch.randn(3, n, n, generator=gen, dtype=dtype)
+    stack = SymmetricStack.from_full(a)
+    index = torch.arange(3) if rows is None else torch.arange(3)[rows]
+    v = torch.randn(len(index), n, generator=gen, dtype=dtype)
+    full = stack.unpack(rows).double()
+    got = stack.matvec(rows, v)
+    assert got.shape == v.shape and got.dtype == dtype
+    want = (full @ v.double()[..., None])[..., 0]
+    magnitude = (full.abs() @ v.double().abs()[..., None])[..., 0]
+    bound = (n + 2) * torch.finfo(dtype).eps / 2 * magnitude
+    assert ((got.double() - want).abs() <= bound).all()
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize(("beta", "weight"), [(None, 1.0), (0.9, 1.0), (0.9, 0.1)])
 def test_rank1_update_is_the_full_update_bit_for_bit(n: int, beta: float | None,

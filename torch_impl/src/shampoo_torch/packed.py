@@ -4,10 +4,12 @@ inverse roots X_k of eqs. 10-11).
 A factor or an inverse root is symmetric, so its lower triangle (diagonal
 included) determines it: :class:`SymmetricStack` keeps ``n (n + 1) / 2``
 entries per matrix instead of ``n^2``, about half the block state, as
-Meta's ``use_symmetric_packing`` does. Every use unpacks the rows it needs
-into a full ``[b, n, n]`` tensor (in chunks of ``blocks.WORKSPACE_BYTES``),
-and a new value is packed from its lower triangle, which is all LAPACK's
-``eigh`` reads; the upper triangle becomes the mirror of the lower one.
+Meta's ``use_symmetric_packing`` does. The statistics update (eq. 6) and a
+1-d block's direction (eq. 16, a matrix-vector product) work on the stored
+triangle; every other use unpacks the rows it needs into a full ``[b, n, n]``
+tensor (in chunks of ``blocks.WORKSPACE_BYTES``), and a new value is packed
+from its lower triangle, which is all LAPACK's ``eigh`` reads; the upper
+triangle becomes the mirror of the lower one.
 Packing and unpacking copy entries and compute nothing (docs/spec.md,
 "Symmetric storage").
 
@@ -148,24 +150,31 @@ class SymmetricStack:
         """Eq. (6) on the stored triangles of ``rows`` (None: all): ``L <- beta L +
         alpha A B`` with ``A B = G_(k) G_(k)^T`` (``a`` ``[b, n, c]``, ``b = a^T`` ``[b, c, n]``).
 
-        Three GEMMs, each ``beta C + alpha A B`` on one block of L:
-        ``A21`` in place, ``A11`` and ``A22`` on a copy whose lower triangle
-        is then stored (3/4 of the whole product's FLOPs, as
-        :func:`~shampoo_torch.blocks.gram_update_`); nothing ``[n, n]`` is
-        formed.
+        Three GEMMs, 3/4 of the whole product's FLOPs (as
+        :func:`~shampoo_torch.blocks.gram_update_`), nothing ``[n, n]`` formed:
+        ``A21 <- beta A21 + alpha P21`` in place, and the diagonal blocks'
+        products ``P11`` and ``P22`` added into Y, whose two triangles tile it:
+        Y is scaled by ``beta`` once, then each product is added with its other
+        triangle zeroed (``tril_`` / ``triu_``; adding 0 leaves an entry as it
+        was), every entry ``beta L_ij + alpha P_ij`` as the whole update forms
+        it. Y holds A22's lower triangle transposed, its upper one, so P22's
+        upper triangle is added where it lies: ``P_rc`` for ``P_cr``, the same
+        products summed perhaps in another order (spec section 5). No masked
+        select and no transposed read: each costs several passes of a copy.
         """
         data = self._rows(rows)
         h, m = self.h, self.m
         a21, y = self._pieces(data)
         a, b = gemm.gram_operands(a, b)
         gemm.baddbmm_(a21, a[:, h:], b[..., :h], beta, alpha)
-        y11, y22 = y[:, 1:, :h], y[:, :m, :]
-        c11 = y11.clone(memory_format=torch.contiguous_format)
-        gemm.baddbmm_(c11, a[:, :h], b[..., :h], beta, alpha)
-        torch.where(_lower(h, data.device), c11, y11, out=y11)
-        c22 = y22.mT.clone(memory_format=torch.contiguous_format)  # its lower triangle: A22's
-        gemm.baddbmm_(c22, a[:, h:], b[..., h:], beta, alpha)
-        torch.where(_lower(m, data.device).mT, c22.mT, y22, out=y22)
+        p11 = gemm.bmm(a[:, :h], b[..., :h]).tril_()
+        p22 = gemm.bmm(a[:, h:], b[..., h:]).triu_()
+        if beta == 0.0:  # as BLAS: the old value is not read
+            y.zero_()
+        elif beta != 1.0:
+            y.mul_(beta)
+        y[:, 1:, :h].add_(p11, alpha=alpha)
+        y[:, :m, :].add_(p22, alpha=alpha)
 
     def rank1_update_(self, rows: slice | None, g: torch.Tensor, beta: float | None,
                       weight: float) -> None:
@@ -185,11 +194,41 @@ class SymmetricStack:
         upper = torch.nn.functional.pad(hi, pad)[:, :, None] * hi[:, None, :]
         lower = torch.nn.functional.pad(lo, (1, 0))[:, :, None] \
             * torch.nn.functional.pad(lo, (0, m - h))[:, None, :]
-        oy = torch.where(_lower(m, g.device, h + 1).mT, upper, lower)  # A22's where r <= c
+        # The triangles tile Y: each outer product with the other one zeroed, summed
+        # (adding 0 is exact), as a masked select would choose but in one cheap pass.
+        oy = upper.triu_().add_(lower.tril_(-1))
         if weight != 1.0:
             o21, oy = weight * o21, weight * oy
         for stored, outer in ((a21, o21), (y, oy)):
             (stored.mul_(beta) if beta is not None else stored).add_(outer)
+
+    def matvec(self, rows: torch.Tensor | slice | None, v: torch.Tensor) -> torch.Tensor:
+        """``X v`` for each matrix of ``rows`` (None: all) and vector of ``v`` ``[b, n]``
+        (eq. 16 for a 1-d block), read from the stored triangle without unpacking.
+
+        With ``X = [[A11, A21^T], [A21, A22]]`` and ``v = (v1, v2)``: the top is
+        ``A11 v1 + A21^T v2``, the bottom ``A21 v1 + A22 v2``, and a diagonal
+        block as ``S v + S^T v + d * v`` from its strict triangle ``S`` (copied out
+        of Y, half the block) and its diagonal ``d``: each entry the dot product
+        of X's row with v, its terms summed in another order (spec section 5).
+        A product of X reads each stored entry twice, where unpacking first
+        would write and read all ``n^2``: the matrix-vector product is bound by
+        memory, not arithmetic.
+        """
+        data = self._rows(rows)
+        h, m = self.h, self.m
+        a21, y = self._pieces(data)
+        y11, y22 = y[:, 1:, :h], y[:, :m, :]
+        v1, v2 = v[:, None, :h], v[:, None, h:]  # rows: X w = (w^T X^T)^T
+
+        def diagonal_block(stored: torch.Tensor, strict: torch.Tensor,
+                           w: torch.Tensor) -> torch.Tensor:
+            return (torch.bmm(w, strict.mT) + torch.bmm(w, strict)
+                    + w * stored.diagonal(dim1=1, dim2=2)[:, None, :])
+
+        top = diagonal_block(y11, torch.tril(y11, -1), v1) + torch.bmm(v2, a21)
+        bottom = torch.bmm(v1, a21.mT) + diagonal_block(y22, torch.triu(y22, 1), v2)
+        return torch.cat((top, bottom), dim=2)[:, 0]
 
     def row(self, row: int) -> torch.Tensor:
         """One full matrix, a new ``[n, n]`` tensor."""

@@ -524,9 +524,12 @@ def shampoo_direction(
             pb = mode_product_in(pb, take(bg.inverse_roots[k], rows), k, bg.root_dtype)
         return pb.to(bg.dtype)
     for k in bg.dims:
+        root = bg.inverse_roots[k]
+        if isinstance(root, SymmetricStack) and pb.dim() == 2:
+            pb = root.matvec(rows, pb)  # a 1-d block: X g from the triangle, not unpacked
+            continue
         # Eq. (20c): a read-back root is applied as Google does, X^T on its dim.
-        pb = mode_product(pb, take(bg.inverse_roots[k], rows), k,
-                          transpose=cfg.statistics.quantized)
+        pb = mode_product(pb, take(root, rows), k, transpose=cfg.statistics.quantized)
     return pb
 
 
