@@ -108,19 +108,26 @@ def _run(config: ShampooConfig, params: dict[str, np.ndarray],
     return np.asarray(torch_run(config, params, grads, dtype=np.float32)[-1]["w"], np.float64)
 
 
+@pytest.mark.parametrize("rows", [N, 2 * N])
 def test_the_optimizer_is_as_close_to_the_reference_as_with_torch_bmm(
-    monkeypatch: pytest.MonkeyPatch,
+    rows: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A (N, N + 8) float32 parameter (both factors and every product through oneDNN),
-    6 steps: its displacement from the reference's is within twice that of the same
-    run with oneDNN off (torch's bmm), and small (float32 rounding, spec section 5)."""
+    """A (rows, N + 8) float32 parameter (both factors and every product through
+    oneDNN), 6 steps: its displacement from the reference's is within twice that of
+    the same run with oneDNN off (torch's bmm), and small (float32 rounding, spec
+    section 5). With 2N rows the left factor, below SYMMETRIC_GRAM_MIN, is updated on
+    its stored triangle, its halves' products through oneDNN."""
     rng = np.random.default_rng(0)
-    shape = (N, N + 8)
+    shape = (rows, N + 8)
     params = {"w": rng.standard_normal(shape)}
     grads = [{"w": rng.standard_normal(shape)} for _ in range(6)]
+    on_triangle = []
+    direct = SymmetricStack.gram_update_
+    monkeypatch.setattr(SymmetricStack, "gram_update_", lambda self, *a: (
+        on_triangle.append(self.n), direct(self, *a))[1])
     config = ShampooConfig(
         learning_rate=0.1,
-        blocking=BlockingConfig(max_preconditioner_dim=N + 8),
+        blocking=BlockingConfig(max_preconditioner_dim=max(shape)),
         epsilon=EpsilonConfig(value=1e-1),
         schedule=ScheduleConfig(precondition_frequency=2),
     )
@@ -128,6 +135,7 @@ def test_the_optimizer_is_as_close_to_the_reference_as_with_torch_bmm(
     start = params["w"]
     scale = np.abs(ref - start).max()
     onednn = np.abs(_run(config, params, grads) - ref).max() / scale
+    assert set(on_triangle) == ({2 * N} if rows == 2 * N and ONEDNN else set())
     monkeypatch.setattr(gemm, "ONEDNN_MIN", 10**9)
     blas = np.abs(_run(config, params, grads) - ref).max() / scale
     assert onednn <= max(2 * blas, 1e-6), (onednn, blas)
