@@ -100,8 +100,14 @@ def direction(
     if graft.corrects_bias:
         state = state / graft.bias_correction_factor(t)
     if graft.epsilon_placement == "inside_sqrt":
-        return clip(x / torch.sqrt(state + graft.epsilon), graft)
-    return clip(x / (torch.sqrt(state) + graft.epsilon), graft)
+        denom = torch.sqrt(state + graft.epsilon)
+    else:
+        denom = torch.sqrt(state).add_(graft.epsilon)
+    # The quotient over its fresh denominator: the same operations, one parameter-sized
+    # temporary where three were (each a new allocation the kernel first faults in).
+    if denom.shape == x.shape and denom.dtype == torch.result_type(x, denom):
+        return clip(torch.div(x, denom, out=denom), graft)
+    return clip(x / denom, graft)
 
 
 def clip(u: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:
