@@ -104,7 +104,7 @@ def direction(
     else:
         denom = torch.sqrt(state).add_(graft.epsilon)
     # The quotient over its fresh denominator: the same operations, one parameter-sized
-    # temporary where three were (each a new allocation the kernel first faults in).
+    # temporary where three were.
     if denom.shape == x.shape and denom.dtype == torch.result_type(x, denom):
         return clip(torch.div(x, denom, out=denom), graft)
     return clip(x / denom, graft)
