@@ -553,6 +553,19 @@ def contraction_operands(g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 SYMMETRIC_GRAM_MIN = 768
 
 
+def gram_on_triangle(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether eq. (6) for a packed factor (``a @ b = G_(k) G_(k)^T``, ``a`` ``[B, n, c]``)
+    runs on its stored triangle (:meth:`~shampoo_torch.packed.SymmetricStack.gram_update_`):
+    factors of :data:`SYMMETRIC_GRAM_MIN` or more, or smaller ones whose halves'
+    products go through oneDNN. Below the size, torch picks a small GEMM's kernel by
+    its operands' layout, which slices of them change between one batch row and
+    several (:mod:`.invariance`), so the factor takes one whole GEMM; oneDNN's
+    calls are one matrix each, and there the triangle is the faster (512: 1.3 ms
+    against 1.8 ms for unpacking, one GEMM and packing, caches cold)."""
+    h = a.shape[1] // 2
+    return a.shape[1] >= SYMMETRIC_GRAM_MIN or gemm.uses_onednn(a[:, :h], b[..., :h])
+
+
 def gram_update_(
     c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float
 ) -> torch.Tensor:

@@ -36,7 +36,7 @@ from . import gemm
 #: ones stay full: a 1 x 1 matrix has nothing to save).
 PACKED_MIN = 2
 
-_MASKS: dict[tuple[int, int, str], torch.Tensor] = {}
+_MASKS: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def packed_size(n: int) -> int:
@@ -44,13 +44,13 @@ def packed_size(n: int) -> int:
     return n * (n + 1) // 2
 
 
-def _lower(n: int, device: torch.device, cols: int | None = None) -> torch.Tensor:
-    """The ``[n, cols]`` (``cols`` None: ``n``) boolean mask of the lower triangle,
-    diagonal included (cached: the masks are used every step)."""
-    key = (n, n if cols is None else cols, str(device))
+def _lower(n: int, device: torch.device) -> torch.Tensor:
+    """The ``[n, n]`` boolean mask of the lower triangle, diagonal included (cached:
+    the masks are used every step)."""
+    key = (n, str(device))
     mask = _MASKS.get(key)
     if mask is None:
-        mask = torch.ones(key[:2], dtype=torch.bool, device=device).tril_()
+        mask = torch.ones((n, n), dtype=torch.bool, device=device).tril_()
         _MASKS[key] = mask
     return mask
 

@@ -37,13 +37,13 @@ from shampoo_spec import (
     StatisticsConfig,
 )
 
-from . import gemm, grafting, roots
+from . import grafting, roots
 from .blocks import (
-    SYMMETRIC_GRAM_MIN,
     BlockGroup,
     Rows,
     Sketch,
     contraction_operands,
+    gram_on_triangle,
     gram_update_,
     mode_product,
     mode_product_in,
@@ -129,14 +129,7 @@ def update_statistics(
                     bg.factors[k] = put(bg.factors[k], rows, old)
                 continue
             new = outer + (beta2 * old if stats.decays else old)
-        elif direct and (bg.shape[k] >= SYMMETRIC_GRAM_MIN
-                         or gemm.uses_onednn(a[:, : bg.shape[k] // 2], b[..., : bg.shape[k] // 2])):
-            # A smaller factor takes one whole GEMM (as gram_update_): torch picks a
-            # small GEMM's kernel by its operands' layout, which slices of them change
-            # between one batch row and several (:mod:`.invariance`). Not so when the
-            # halves' products go through oneDNN, one matrix per call; then the three
-            # products on the triangle are the faster (512: 1.3 ms against 1.8 ms for
-            # unpacking, one GEMM and packing, measured with caches cold).
+        elif direct and gram_on_triangle(a, b):
             assert isinstance(factor, SymmetricStack) and not isinstance(rows, torch.Tensor)
             factor.gram_update_(rows, a, b, beta2, weight)
             continue
