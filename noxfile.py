@@ -29,8 +29,8 @@ MEMBERS = tuple(
 FRAMEWORKS = {"torch_impl": ("torch",), "jax_impl": ("jax[cpu]", "optax")}
 #: The conformance property suite, run against every installed backend.
 SUITE = "conformance/src/shampoo_conformance/suite"
-#: Member tests, the documentation's runnable examples, and the suite.
-TEST_DIRS = (*(f"{member}/tests" for member in MEMBERS), "docs/tests", SUITE)
+#: The house rules (tests/), member tests, the documentation's runnable examples, the suite.
+TEST_DIRS = ("tests", *(f"{member}/tests" for member in MEMBERS), "docs/tests", SUITE)
 #: Options every pytest run gets: no .pytest_cache (a read-only checkout works).
 PYTEST_OPTIONS = ("-p", "no:cacheprovider")
 #: The CI sessions also list their slowest tests, to keep the run within its budget.
