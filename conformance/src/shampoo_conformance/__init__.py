@@ -6,12 +6,8 @@ dtype)`` (contract 8.2 of DESIGN.md); ``"reference"`` is built in, and any
 """
 
 from .adapters.reference import ReferenceBackend
-from .backends import (
-    Backend,
-    BackendUnavailable,
-    available_backends,
-    get_backend,
-)
+from .backends import BackendUnavailable, available_backends, get_backend
+from .protocol import Backend
 
 __all__ = [
     "Backend",

@@ -168,7 +168,7 @@ def settings_for(
     if problems is not None:
         base["problems"] = tuple(check_names("problem", problems, available_problems()))
     if backends is not None:
-        from ..backends import known_backends
+        from shampoo_conformance.backends import known_backends
 
         base["backends"] = tuple(check_names("backend", backends, known_backends()))
     if out is not None:
