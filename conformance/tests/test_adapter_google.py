@@ -53,7 +53,7 @@ except ImportError:
 needs_google = pytest.mark.skipif(
     ds is None, reason="needs Google's library: " + THIRD_PARTY["google"].install)
 if ds is not None:
-    from shampoo_conformance.thirdparty.registry import google as G
+    from shampoo_conformance.thirdparty import google as G
 
 Arrays = dict[str, np.ndarray]
 

@@ -396,7 +396,7 @@ def test_heavyball_crashes_on_a_single_element_matrix() -> None:
     refresh step (step 2 with a basis every step); known_crash predicts it; beside a
     (1,) and a () it runs."""
     pytest.importorskip("heavyball")
-    from shampoo_conformance.thirdparty.registry import heavyball_soap as hb
+    from shampoo_conformance.thirdparty import heavyball_soap as hb
 
     config = hb.from_kwargs({"lr": 0.1, "precondition_frequency": 1})
     params, grads = make_problem({"w": (1, 1)}, 2, 0)

@@ -47,7 +47,7 @@ except ImportError:
 needs_tearfree = pytest.mark.skipif(
     tf_optimizer is None, reason="needs Google's library: " + THIRD_PARTY["tearfree"].install)
 if tf_optimizer is not None:
-    from shampoo_conformance.thirdparty.registry import tearfree as T
+    from shampoo_conformance.thirdparty import tearfree as T
 
 Arrays = dict[str, np.ndarray]
 
