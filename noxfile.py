@@ -18,7 +18,7 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
-#: Installable members, in dependency order (see DESIGN.md section 2); the
+#: Installable members, in dependency order; the
 #: framework implementations join when their folders exist.
 MEMBERS = tuple(
     member

@@ -104,7 +104,7 @@ _BUILTIN: dict[str, Callable[[], Backend]] = {
     "reference": _reference,
     "torch": lambda: FrameworkBackend("torch", "shampoo_conformance.adapters.torch"),
     "jax": lambda: FrameworkBackend("jax", "shampoo_conformance.adapters.jax"),
-    # Two gloo processes on CPU (DESIGN.md 4): rank 0's parameters.
+    # Two gloo processes on CPU: rank 0's parameters.
     "torch-ddp": lambda: FrameworkBackend("torch-ddp", "shampoo_conformance.adapters.torch_ddp"),
     # The same two processes, parameters as FSDP2 DTensors (shard_mode="lossless").
     "torch-fsdp2": lambda: FrameworkBackend(

@@ -1,7 +1,7 @@
 """The ``torch-ddp`` backend: NumPy in, NumPy out over 2 gloo processes (contract 8.2).
 
 ``run(config, params, grads, dtype)`` has the contract of
-:func:`shampoo_conformance.adapters.torch.run` (DESIGN.md 8.2): it steps
+:func:`shampoo_conformance.adapters.torch.run`: it steps
 ``Shampoo(..., distributed=DistributedConfig())`` on two CPU processes joined
 by gloo, every rank fed the same gradients (as after DistributedDataParallel's
 averaging), and returns rank 0's parameters after each step; it also checks

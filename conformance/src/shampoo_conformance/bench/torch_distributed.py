@@ -22,7 +22,7 @@ other rank);
 the bytes of block state held (``Shampoo.block_state_bytes()``: factors,
 inverse roots, counters); the bytes one all-gather moves into every rank per
 step (``Shampoo.exchange_bytes``). The
-targets (DESIGN.md 9, issue 6) are <= 0.6x root time and <= 0.6x factor
+targets (issue 6) are <= 0.6x root time and <= 0.6x factor
 memory on the busier rank. It also checks that the 2-rank parameters equal
 the 1-process ones bit for bit. It prints and never asserts.
 """
