@@ -15,7 +15,7 @@ import os
 
 from hypothesis import settings
 
-from shampoo_conformance.pytest_plugin import register_profiles
+from shampoo_conformance.suite.pytest_plugin import register_profiles
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -18,7 +18,7 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
-#: Installable members, in dependency order (see DESIGN.md section 2); the
+#: Installable members, in dependency order; the
 #: framework implementations join when their folders exist.
 MEMBERS = tuple(
     member
@@ -158,7 +158,7 @@ REGISTRY_LIBRARIES = {"pytorch-optimizer": ("pytorch-optimizer",),
                       "heavyball": ("heavyball", "opt-einsum")}
 #: Every library a third-party conformance backend runs.
 LIBRARIES = (*ANCHOR_LIBRARIES, *REGISTRY_LIBRARIES)
-#: The conformance backends of each library (shampoo_conformance/thirdparty.py).
+#: The conformance backends of each library (shampoo_conformance/thirdparty/registry.py).
 LIBRARY_BACKENDS = {
     # Google's package ships distributed_shampoo and precondition.tearfree.
     "google": ("google", "tearfree"),
@@ -197,8 +197,8 @@ def install_library(session: nox.Session, library: str) -> None:
     install_members(session, "pytest", "hypothesis", "scikit-learn")
     if not install_snapshot(session, library):
         session.skip(f"{ANCHOR_LIBRARIES[library][0]} not found in {THIRDPARTY}: this session "
-                     "needs the library's snapshot (shampoo_conformance/thirdparty.py has the "
-                     "install command)")
+                     "needs the library's snapshot (shampoo_conformance/thirdparty/registry.py has "
+                     "the install command)")
 
 
 def run_anchors(session: nox.Session, library: str) -> None:
@@ -249,7 +249,7 @@ def anchors_tearfree(session: nox.Session) -> None:
 
     Tearfree runs with each stack's eigh one matrix per call (jaxlib's batched
     CPU eigh deadlocks tearfree's program on 2 cores;
-    ``shampoo_conformance.adapters.tearfree.sequential_eigh``, bitwise the same
+    ``shampoo_conformance.thirdparty.tearfree.sequential_eigh``, bitwise the same
     numbers). Installs Google's library as ``anchors`` does; args go to pytest.
     """
     install_library(session, "google")
@@ -361,12 +361,12 @@ def bench(session: nox.Session) -> None:
     """Benchmarks that print ratios measured side by side (docs/results.md). Args go to each."""
     install_members(session)
     if "torch_impl" in MEMBERS:
-        session.run("python", "-m", "shampoo_torch.bench", *session.posargs)
-        session.run("python", "-m", "shampoo_torch.bench_variants", *session.posargs)
-        session.run("python", "-m", "shampoo_torch.bench_distributed", *session.posargs)
+        session.run("python", "-m", "shampoo_conformance.bench.torch_step", *session.posargs)
+        session.run("python", "-m", "shampoo_conformance.bench.torch_variants", *session.posargs)
+        session.run("python", "-m", "shampoo_conformance.bench.torch_distributed", *session.posargs)
     if "jax_impl" in MEMBERS:
-        session.run("python", "-m", "shampoo_jax.bench", *session.posargs)
-        session.run("python", "-m", "shampoo_jax.bench_sharded", *session.posargs)
+        session.run("python", "-m", "shampoo_conformance.bench.jax_step", *session.posargs)
+        session.run("python", "-m", "shampoo_conformance.bench.jax_sharded", *session.posargs)
 
 
 @nox.session
@@ -378,17 +378,17 @@ def bench_anchors(session: nox.Session) -> None:
     prints step time, p99, optimizer time, efficiency, memory and compile
     ratios; then per-rank FSDP2 state and step time at 1, 2 and 4 gloo ranks,
     ours and Meta's fully_shard distributors (docs/results.md). Args go to
-    ``python -m shampoo_conformance.bench_anchors`` (and skip the FSDP2 part).
+    ``python -m shampoo_conformance.bench.anchors`` (and skip the FSDP2 part).
     """
     install_members(session)
     for library in ANCHOR_LIBRARIES:
         if not install_snapshot(session, library):
             session.log(f"{ANCHOR_LIBRARIES[library][0]} not found in {THIRDPARTY}: "
                         f"the benchmark runs without {library}")
-    session.run("python", "-m", "shampoo_conformance.bench_anchors", *session.posargs,
+    session.run("python", "-m", "shampoo_conformance.bench.anchors", *session.posargs,
                 env=blas_env())
     if not session.posargs:  # FSDP2 per rank at 1, 2, 4 gloo ranks, ours and Meta's
-        session.run("python", "-m", "shampoo_conformance.bench_fsdp2", env=blas_env())
+        session.run("python", "-m", "shampoo_conformance.bench.fsdp2", env=blas_env())
 
 
 @nox.session
@@ -397,7 +397,7 @@ def bench_scale(session: nox.Session) -> None:
 
     A fresh process per (width, block, optimizer): amortized step time, root
     step, state and peak RSS, and a plot (docs/results.md); about 10 minutes on
-    2 cores. Args go to ``python -m shampoo_conformance.bench_scale`` (e.g.
+    2 cores. Args go to ``python -m shampoo_conformance.bench.scale`` (e.g.
     ``-- --optimizers ours meta adamw`` adds Meta's, installed from
     ../shared/thirdparty).
     """
@@ -405,7 +405,7 @@ def bench_scale(session: nox.Session) -> None:
     if "meta" in session.posargs and not install_snapshot(session, "meta"):
         session.error(f"{ANCHOR_LIBRARIES['meta'][0]} not found in {THIRDPARTY}")
     args = session.posargs or ["--plot", os.path.join("docs", "img", "scale_torch.png")]
-    session.run("python", "-m", "shampoo_conformance.bench_scale", *args, env=blas_env())
+    session.run("python", "-m", "shampoo_conformance.bench.scale", *args, env=blas_env())
 
 
 @nox.session

@@ -99,8 +99,8 @@ from sklearn.datasets import load_digits  # noqa: E402
 
 import shampoo_jax  # noqa: E402
 import shampoo_spec as ss  # noqa: E402
-from shampoo_conformance.adapters.google import google_init, google_kwargs  # noqa: E402
-from shampoo_conformance.anchor_cases import GOOGLE_CASES  # noqa: E402
+from shampoo_conformance.thirdparty.anchor_cases import GOOGLE_CASES  # noqa: E402
+from shampoo_conformance.thirdparty.google import google_init, google_kwargs  # noqa: E402
 from shampoo_spec import from_google  # noqa: E402
 
 STEPS = 50
@@ -117,7 +117,7 @@ Kwargs = dict[str, object]
 BASE: Kwargs = {"learning_rate": 0.01, "block_size": 32, "relative_matrix_epsilon": False}
 
 # Google's argument sets (one list for the emulator test, this test and the google
-# conformance backend): shampoo_conformance.anchor_cases.GOOGLE_CASES.
+# conformance backend): shampoo_conformance.thirdparty.anchor_cases.GOOGLE_CASES.
 CASES: dict[str, Kwargs] = GOOGLE_CASES
 
 # Other "same numerics" rows of docs/migrating.md's inventory.

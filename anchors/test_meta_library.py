@@ -97,8 +97,8 @@ from distributed_shampoo.preconditioner import (  # noqa: E402
 )
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from shampoo_conformance.adapters.meta import meta_kwargs  # noqa: E402
-from shampoo_conformance.anchor_cases import ADAGRAD, EIGEN64, META_CASES  # noqa: E402
+from shampoo_conformance.thirdparty.anchor_cases import ADAGRAD, EIGEN64, META_CASES  # noqa: E402
+from shampoo_conformance.thirdparty.meta import meta_kwargs  # noqa: E402
 from shampoo_spec import EighConfig, from_meta  # noqa: E402
 from shampoo_torch import Shampoo, from_meta_distributed  # noqa: E402
 from shampoo_torch.blocks import mode_product_in  # noqa: E402
@@ -132,7 +132,7 @@ STORAGE_DTYPES = {
 }
 
 # --------------------------------------------------------------------------- cases
-# The argument sets the emulator check runs too (shampoo_conformance.anchor_cases).
+# The argument sets the emulator check runs too (shampoo_conformance.thirdparty.anchor_cases).
 CASES: dict[str, dict[str, Any]] = META_CASES
 
 def _eigenvalue_corrected(amortized: dict[str, Any], **config: Any) -> dict[str, Any]:

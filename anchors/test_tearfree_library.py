@@ -78,7 +78,7 @@ from precondition.tearfree import optimizer as tf_optimizer  # noqa: E402
 from precondition.tearfree import sketchy as tf_sketchy  # noqa: E402
 
 import shampoo_jax  # noqa: E402
-from shampoo_conformance.adapters.tearfree import (  # noqa: E402
+from shampoo_conformance.thirdparty.tearfree import (  # noqa: E402
     eigh_one_matrix_at_a_time,
     sequential_eigh,
     tearfree_options,
@@ -280,7 +280,7 @@ class _SketchyX64Numpy:
 @pytest.fixture(autouse=True)
 def _tearfree_eigh_one_matrix_at_a_time() -> Any:
     """Every test here runs tearfree with its stacks' eigh one matrix per call
-    (``shampoo_conformance.adapters.tearfree.sequential_eigh``: jaxlib's batched CPU
+    (``shampoo_conformance.thirdparty.tearfree.sequential_eigh``: jaxlib's batched CPU
     eigh deadlocks tearfree's program; the numbers are unchanged)."""
     with sequential_eigh():
         yield

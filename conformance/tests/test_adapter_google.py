@@ -1,4 +1,4 @@
-"""The ``google`` backend (shampoo_conformance.adapters.google) against Google's own API.
+"""The ``google`` backend (shampoo_conformance.thirdparty.google) against Google's own API.
 
 Needs Google's library (``precondition-opt``; the anchors-library-google
 environment); without it every test here but the first skips, and the first
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import shampoo_spec as ss
 from shampoo_conformance import BackendUnavailable, get_backend
-from shampoo_conformance.divergence import bound_and_reference
-from shampoo_conformance.thirdparty import THIRD_PARTY
+from shampoo_conformance.suite.divergence import bound_and_reference
+from shampoo_conformance.thirdparty.registry import THIRD_PARTY
 from shampoo_spec import Inexpressible, from_google
 
 #: Google kwargs every test below starts from (preconditioning from step 1, roots every step).
@@ -37,7 +37,7 @@ def test_unavailable_library_names_the_install_command(monkeypatch: pytest.Monke
     """Without Google's library the backend is unavailable, with the command that installs it."""
     monkeypatch.setitem(sys.modules, "precondition", None)  # import precondition fails
     monkeypatch.setitem(sys.modules, "precondition.distributed_shampoo", None)
-    monkeypatch.delitem(sys.modules, "shampoo_conformance.adapters.google", raising=False)
+    monkeypatch.delitem(sys.modules, "shampoo_conformance.thirdparty.google", raising=False)
     with pytest.raises(BackendUnavailable) as err:
         get_backend("google")
     assert "backend 'google' is not installed" in str(err.value)
@@ -53,7 +53,7 @@ except ImportError:
 needs_google = pytest.mark.skipif(
     ds is None, reason="needs Google's library: " + THIRD_PARTY["google"].install)
 if ds is not None:
-    from shampoo_conformance.adapters import google as G
+    from shampoo_conformance.thirdparty import google as G
 
 Arrays = dict[str, np.ndarray]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import trajectory_bound
 
 pytest.importorskip("shampoo_jax")
 

@@ -17,9 +17,9 @@ import torch  # noqa: E402
 from distributed_shampoo import shampoo_types  # noqa: E402
 
 import shampoo_spec as ss  # noqa: E402
-from shampoo_conformance.adapters import meta  # noqa: E402
 from shampoo_conformance.backends import get_backend  # noqa: E402
-from shampoo_conformance.cases import CASE_SHAPES, make_problem  # noqa: E402
+from shampoo_conformance.suite.cases import CASE_SHAPES, make_problem  # noqa: E402
+from shampoo_conformance.thirdparty import meta  # noqa: E402
 
 
 def test_json_kwargs_become_metas_objects() -> None:

@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("pytorch_optimizer")
 
 import shampoo_spec as ss  # noqa: E402
-from shampoo_conformance.adapters import pytorch_optimizer as po  # noqa: E402
-from shampoo_conformance.adapters import pytorch_optimizer_shampoo as pos  # noqa: E402
 from shampoo_conformance.backends import get_backend  # noqa: E402
-from shampoo_conformance.cases import CASE_SHAPES, make_problem  # noqa: E402
-from shampoo_conformance.divergence import assert_matches_reference  # noqa: E402
+from shampoo_conformance.suite.cases import CASE_SHAPES, make_problem  # noqa: E402
+from shampoo_conformance.suite.divergence import assert_matches_reference  # noqa: E402
+from shampoo_conformance.thirdparty import pytorch_optimizer as po  # noqa: E402
+from shampoo_conformance.thirdparty import pytorch_optimizer_shampoo as pos  # noqa: E402
 
 
 def test_scalable_kwargs_round_trip_its_own_arguments() -> None:

@@ -29,16 +29,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shampoo_spec as ss
-from shampoo_conformance.adapters.soap import FULL_RANK_SHAPES
-from shampoo_conformance.cases import make_problem
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import bound_and_reference
+from shampoo_conformance.suite.cases import make_problem
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import bound_and_reference
+from shampoo_conformance.thirdparty.soap import FULL_RANK_SHAPES
 
 #: backend -> (library in the model, module it needs, adapter module)
 BACKENDS = {
     "pytorch-optimizer-soap": ("pytorch-optimizer", "pytorch_optimizer",
-                               "shampoo_conformance.adapters.pytorch_optimizer_soap"),
-    "heavyball-soap": ("heavyball", "heavyball", "shampoo_conformance.adapters.heavyball_soap"),
+                               "shampoo_conformance.thirdparty.pytorch_optimizer_soap"),
+    "heavyball-soap": ("heavyball", "heavyball", "shampoo_conformance.thirdparty.heavyball_soap"),
 }
 
 
@@ -396,7 +396,7 @@ def test_heavyball_crashes_on_a_single_element_matrix() -> None:
     refresh step (step 2 with a basis every step); known_crash predicts it; beside a
     (1,) and a () it runs."""
     pytest.importorskip("heavyball")
-    from shampoo_conformance.adapters import heavyball_soap as hb
+    from shampoo_conformance.thirdparty import heavyball_soap as hb
 
     config = hb.from_kwargs({"lr": 0.1, "precondition_frequency": 1})
     params, grads = make_problem({"w": (1, 1)}, 2, 0)

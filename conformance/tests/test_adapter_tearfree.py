@@ -1,4 +1,4 @@
-"""The ``tearfree`` backend (shampoo_conformance.adapters.tearfree) against tearfree's own API.
+"""The ``tearfree`` backend (shampoo_conformance.thirdparty.tearfree) against tearfree's own API.
 
 Needs Google's library (``precondition-opt``, which ships ``precondition.tearfree``;
 the anchors-library-google environment); without it every test here but the
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import shampoo_spec as ss
 from shampoo_conformance import BackendUnavailable, get_backend
-from shampoo_conformance.divergence import bound_and_reference, first_divergence
-from shampoo_conformance.thirdparty import THIRD_PARTY
+from shampoo_conformance.suite.divergence import bound_and_reference, first_divergence
+from shampoo_conformance.thirdparty.registry import THIRD_PARTY
 from shampoo_reference import run as reference_run
 from shampoo_spec import Inexpressible, from_tearfree
 
@@ -32,7 +32,7 @@ def test_unavailable_library_names_the_install_command(monkeypatch: pytest.Monke
     """Without Google's library the backend is unavailable, with the command that installs it."""
     monkeypatch.setitem(sys.modules, "precondition", None)  # import precondition fails
     monkeypatch.setitem(sys.modules, "precondition.tearfree", None)
-    monkeypatch.delitem(sys.modules, "shampoo_conformance.adapters.tearfree", raising=False)
+    monkeypatch.delitem(sys.modules, "shampoo_conformance.thirdparty.tearfree", raising=False)
     with pytest.raises(BackendUnavailable) as err:
         get_backend("tearfree")
     assert "backend 'tearfree' is not installed" in str(err.value)
@@ -47,7 +47,7 @@ except ImportError:
 needs_tearfree = pytest.mark.skipif(
     tf_optimizer is None, reason="needs Google's library: " + THIRD_PARTY["tearfree"].install)
 if tf_optimizer is not None:
-    from shampoo_conformance.adapters import tearfree as T
+    from shampoo_conformance.thirdparty import tearfree as T
 
 Arrays = dict[str, np.ndarray]
 

@@ -15,8 +15,8 @@ from shampoo_spec import GraftingConfig, ShampooConfig
 
 torch = pytest.importorskip("torch")
 
+from shampoo_conformance.adapters import gloo_pool, torch_ddp, torch_fsdp2  # noqa: E402
 from shampoo_conformance.adapters import torch as torch_adapter  # noqa: E402
-from shampoo_conformance.adapters import torch_ddp, torch_fsdp2  # noqa: E402
 
 CONFIG = ShampooConfig(learning_rate=0.1, grafting=GraftingConfig(type="adagrad"))
 
@@ -53,10 +53,10 @@ def test_run_is_shampoo_stepped_on_the_gradients(dtype: type) -> None:
 def test_input_errors_name_the_backend(module: object) -> None:
     params, grads = _problem(1)
     name = {torch_adapter: "torch", torch_ddp: "torch-ddp"}.get(module, "torch-fsdp2")
-    pool = torch_ddp._POOL
+    pool = gloo_pool._POOL
     with pytest.raises(ValueError, match=rf"invalid for the {name} backend"):
         module.run(CONFIG, params, grads, dtype=np.float16)  # type: ignore[attr-defined]
-    assert torch_ddp._POOL is pool  # rejected before any worker started
+    assert gloo_pool._POOL is pool  # rejected before any worker started
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

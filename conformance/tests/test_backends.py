@@ -12,7 +12,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance import BackendUnavailable, get_backend
-from shampoo_conformance.thirdparty import Deviation, deviation_for, nearest_config
+from shampoo_conformance.thirdparty.registry import Deviation, deviation_for, nearest_config
 
 
 def test_reference_run_returns_params_after_each_step() -> None:

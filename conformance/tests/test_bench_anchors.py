@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shampoo_conformance import bench_anchors as ba
+from shampoo_conformance.bench import anchors as ba
 
 torch = pytest.importorskip("torch")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shampoo_conformance import bench_scale as bs
+from shampoo_conformance.bench import scale as bs
 
 torch = pytest.importorskip("torch")
 

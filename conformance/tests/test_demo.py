@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shampoo_conformance import demo
 from shampoo_conformance.__main__ import build_parser, main
+from shampoo_conformance.report import demo, settings_for
 from shampoo_conformance.report import settings as S
-from shampoo_conformance.report import settings_for
 
 
 def test_demo_preset_is_small_and_complete() -> None:

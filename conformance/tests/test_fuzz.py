@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shampoo_spec as ss
-from shampoo_conformance.fuzz import COUNTS
+from shampoo_conformance.fuzz import COUNTS, corruption
 from shampoo_conformance.fuzz import configs as fc
 from shampoo_conformance.fuzz import data as fd
 from shampoo_conformance.fuzz import invariants as inv
@@ -290,9 +290,9 @@ def test_e_corrupt_checkpoint_refused(fuzz_backend: str, data: st.DataObject) ->
         pytest.skip("the reference has no checkpoint API")
     config, params, stream = data.draw(problems(fuzz_backend))
     other = data.draw(fc.fixed_cases() if fuzz_backend == "jax" else fc.step_configs())
-    kind = data.draw(st.sampled_from(inv.CORRUPTIONS))
-    inv.check_corrupt_checkpoint(fuzz_backend, config, other, params, stream[:2], kind,
-                                 data.draw(st.integers(0, 2**16)))
+    kind = data.draw(st.sampled_from(corruption.CORRUPTIONS))
+    corruption.check_corrupt_checkpoint(fuzz_backend, config, other, params, stream[:2], kind,
+                                        data.draw(st.integers(0, 2**16)))
 
 
 # ------------------------------------------------------------------ (f)

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import shampoo_spec as ss
-from shampoo_conformance import strategies as S
-from shampoo_conformance.cases import named_cases
-from shampoo_conformance.compare import compare, load_config
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.report.compare import compare, load_config
+from shampoo_conformance.suite import strategies as S
+from shampoo_conformance.suite.cases import named_cases
+from shampoo_conformance.suite.tolerances import trajectory_bound
 
 
 @given(S.configs())

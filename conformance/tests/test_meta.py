@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from shampoo_conformance.mutants import MUTANTS
-from shampoo_conformance.runner import mutant_is_killed
+from shampoo_conformance.suite.mutants import MUTANTS
+from shampoo_conformance.suite.runner import mutant_is_killed
 
 THIRD_PARTY = pathlib.Path(__file__).parent / "third_party"
 

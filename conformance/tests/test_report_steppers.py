@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from shampoo_conformance import get_backend
+from shampoo_conformance.adapters.first_order import AdamW
 from shampoo_conformance.backends import BackendUnavailable, StepperUnavailable, has_stepper
-from shampoo_conformance.first_order import AdamW
 from shampoo_conformance.report import report_shampoo_config
 
 SHAPES = {"w": (5, 3), "b": (3,)}

@@ -1,4 +1,5 @@
-"""The scaling model (shampoo_conformance.scaling): hand-computed cases, brute force, the spec.
+"""The scaling study (shampoo_conformance.studies.scaling): hand-computed cases, brute force,
+the spec.
 
 Every number of docs/scaling.md comes from this module; these tests check
 its cost model on cases small enough to compute by hand or by enumerating
@@ -18,7 +19,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shampoo_conformance import scaling as S
+from shampoo_conformance.studies.scaling.blocks import (
+    assign_owners,
+    block_table,
+    lower_bound,
+    lpt_makespan,
+    shard_rows,
+)
+from shampoo_conformance.studies.scaling.loads import (
+    BYTES_PER_ENTRY,
+    ddp_loads,
+    local_loads,
+    lossless_loads,
+)
+from shampoo_conformance.studies.scaling.models import LLAMA2_7B, LLAMA2_70B
+from shampoo_conformance.studies.scaling.rows import COLUMNS, scaling_rows
+from shampoo_conformance.studies.scaling.tables import summary_rows, summary_tables
 from shampoo_spec import (
     ROOT_FLOPS_PER_CUBE,
     BlockingConfig,
@@ -33,25 +49,25 @@ CFG = ShampooConfig()
 
 def test_llama2_parameter_counts_are_the_published_ones() -> None:
     """6,738,415,616 (7B) and 68,976,648,192 (70B) parameters, as Meta publishes them."""
-    for model, count in ((S.LLAMA2_7B, 6_738_415_616), (S.LLAMA2_70B, 68_976_648_192)):
+    for model, count in ((LLAMA2_7B, 6_738_415_616), (LLAMA2_70B, 68_976_648_192)):
         params = model.parameters()
         assert sum(math.prod(s) for _, s in params) == count
         assert len({n for n, _ in params}) == len(params) == 9 * model.layers + 3
-    shapes = dict(S.LLAMA2_70B.parameters())
+    shapes = dict(LLAMA2_70B.parameters())
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (1024, 8192)  # GQA: 8 x 128
     assert shapes["lm_head.weight"] == (32000, 8192)
 
 
 def test_shard_rows_cut_as_torch_chunk() -> None:
-    assert [n for _, n in S.shard_rows(10, 4)] == [3, 3, 3, 1]
-    assert S.shard_rows(10, 6) == [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 0)]
-    assert [n for _, n in S.shard_rows(3, 5)] == [1, 1, 1, 0, 0]
+    assert [n for _, n in shard_rows(10, 4)] == [3, 3, 3, 1]
+    assert shard_rows(10, 6) == [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 0)]
+    assert [n for _, n in shard_rows(3, 5)] == [1, 1, 1, 0, 0]
 
 
 def test_local_shard_of_a_10x4_parameter_over_4_ranks() -> None:
     """Chunks of 3, 3, 3, 1 rows: blocks (3, 4) x 3 and (4,) (the 1 squeezed away)."""
     unmerged = replace(CFG, blocking=BlockingConfig(merge_dims_up_to=None))
-    loads = S.local_loads([(10, 4)], unmerged, 4)
+    loads = local_loads([(10, 4)], unmerged, 4)
     assert loads.elementwise.tolist() == [12, 12, 12, 4]
     assert loads.blocks.tolist() == [1, 1, 1, 1]
     c = ROOT_FLOPS_PER_CUBE
@@ -61,7 +77,7 @@ def test_local_shard_of_a_10x4_parameter_over_4_ranks() -> None:
     assert loads.memory.tolist() == [2 * (9 + 16)] * 3 + [2 * 16]
     assert loads.comm.tolist() == [0, 0, 0, 0]
     # The default merges dims while the product stays <= 1024: (3, 4) is one (12,) block.
-    merged = S.local_loads([(10, 4)], CFG, 4)
+    merged = local_loads([(10, 4)], CFG, 4)
     assert merged.root.tolist() == [c * 12**3] * 3 + [c * 64]
     assert merged.memory.tolist() == [2 * 144] * 3 + [2 * 16]
 
@@ -77,16 +93,16 @@ def test_two_parameters_on_two_ranks_by_hand() -> None:
     slice of the vector's direction (1), rank 1 the vector's other entry (1)
     and its half of A's direction (4): 5 entries, 20 bytes each.
     """
-    table = S.block_table([(4, 2), (2,)], replace(CFG, blocking=BlockingConfig(
+    table = block_table([(4, 2), (2,)], replace(CFG, blocking=BlockingConfig(
         merge_dims_up_to=None)))  # the default would merge (4, 2) into one (8,) block
-    owners = S.assign_owners(table.costs, 2)
+    owners = assign_owners(table.costs, 2)
     assert owners.tolist() == [0, 1]
-    ddp = S.ddp_loads(table, owners, 2)
+    ddp = ddp_loads(table, owners, 2)
     assert ddp.root.tolist() == [720.0, 80.0]
-    assert (ddp.memory * S.BYTES_PER_ENTRY).tolist() == [160.0, 32.0]
+    assert (ddp.memory * BYTES_PER_ENTRY).tolist() == [160.0, 32.0]
     assert ddp.comm.tolist() == [32.0, 32.0]
     assert ddp.elementwise.tolist() == [10.0, 10.0]
-    lossless = S.lossless_loads(table, owners, 2)
+    lossless = lossless_loads(table, owners, 2)
     assert lossless.comm.tolist() == [20.0, 20.0]
     assert lossless.pieces.tolist() == [2, 2]  # A with rank 1; the vector with rank 0
     assert lossless.elementwise.tolist() == [5.0, 5.0]
@@ -106,7 +122,7 @@ def _brute_lossless(shapes: list[tuple[int, ...]], config: ShampooConfig,
         rows = shape[0] if shape else 1
         per_row = plan.size // rows
         holder = np.zeros(plan.size, dtype=np.int64)
-        for r, (start, length) in enumerate(S.shard_rows(rows, world)):
+        for r, (start, length) in enumerate(shard_rows(rows, world)):
             holder[start * per_row:(start + length) * per_row] = r
         for block in plan.blocks:
             owner = owners[i]
@@ -137,12 +153,12 @@ def test_lossless_bytes_equal_entry_by_entry_count(
     """Overlap arithmetic (merged dims, squeezed dims, empty chunks) = enumerating entries."""
     config = replace(CFG, blocking=BlockingConfig(
         max_preconditioner_dim=block, merge_dims_up_to=merge, squeeze=squeeze))
-    table = S.block_table(shapes, config)
-    owners = S.assign_owners(table.costs, world)
-    loads = S.lossless_loads(table, owners, world)
+    table = block_table(shapes, config)
+    owners = assign_owners(table.costs, world)
+    loads = lossless_loads(table, owners, world)
     sent, received, pairs = _brute_lossless(shapes, config, owners.tolist(), world)
     assert sent == received
-    assert (loads.comm / S.BYTES_PER_ENTRY).tolist() == received
+    assert (loads.comm / BYTES_PER_ENTRY).tolist() == received
     assert loads.pieces.tolist() == pairs
     assert loads.elementwise.sum() == sum(math.prod(s) for s in shapes)
 
@@ -155,9 +171,9 @@ def test_factor_memory_sums_to_one_process(
     """DDP and lossless only distribute the single-process blocks: sums over ranks match."""
     config = replace(CFG, blocking=BlockingConfig(max_preconditioner_dim=block))
     costs = plan_block_costs([plan_parameter(s, config) for s in shapes], config)
-    table = S.block_table(shapes, config)
-    owners = S.assign_owners(table.costs, world)
-    for loads in (S.ddp_loads(table, owners, world), S.lossless_loads(table, owners, world)):
+    table = block_table(shapes, config)
+    owners = assign_owners(table.costs, world)
+    for loads in (ddp_loads(table, owners, world), lossless_loads(table, owners, world)):
         assert loads.memory.sum() == sum(c.memory for c in costs)
         assert loads.root.sum() == pytest.approx(sum(c.root for c in costs), rel=1e-12)
         assert loads.blocks.sum() == len(costs)
@@ -170,17 +186,17 @@ def test_lower_bound_and_lpt_bracket_the_optimum(costs: list[int], world: int) -
         max(sum(c for c, r in zip(costs, owners, strict=True) if r == k) for k in range(world))
         for owners in itertools.product(range(world), repeat=len(costs))
     )
-    assert S.lower_bound(np.array(costs, float), world) <= best + 1e-9
-    assert best <= S.lpt_makespan(np.array(costs, float), world) <= 4 / 3 * best + 1e-9
+    assert lower_bound(np.array(costs, float), world) <= best + 1e-9
+    assert best <= lpt_makespan(np.array(costs, float), world) <= 4 / 3 * best + 1e-9
 
 
 def test_lower_bound_of_equal_blocks_is_their_ceiling_share() -> None:
-    assert S.lower_bound(np.ones(10), 4) == 3.0
-    assert S.lower_bound(np.ones(3), 4) == 1.0
+    assert lower_bound(np.ones(10), 4) == 3.0
+    assert lower_bound(np.ones(3), 4) == 1.0
 
 
 def test_hsdp_rows_are_lossless_over_the_shard_group() -> None:
-    rows = S.scaling_rows([S.LLAMA2_7B], [4096], [8, 32], [8])
+    rows = scaling_rows([LLAMA2_7B], [4096], [8, 32], [8])
     get = {(r["mode"], r["world"]): r for r in rows}
     for key in ("root_max", "memory_max_bytes", "comm_max_bytes", "step_mean"):
         assert get[("hsdp-8", 32)][key] == get[("lossless", 8)][key]
@@ -195,7 +211,7 @@ def test_cli_writes_csv_markdown_and_plot(tmp_path: Path) -> None:
     assert main(["scaling", "--out", str(tmp_path), "--models", "llama-2-7b",
                  "--block-sizes", "4096", "--world-sizes", "8,16", "--shard-groups", "8"]) == 0
     header = (tmp_path / "scaling.csv").read_text().splitlines()[0]
-    assert header.split(",") == list(S.COLUMNS)
+    assert header.split(",") == list(COLUMNS)
     assert "| hsdp-8 | 16 |" in (tmp_path / "scaling.md").read_text()
     assert (tmp_path / "scaling.png").stat().st_size > 0
 
@@ -214,6 +230,6 @@ def _doc_tables() -> list[str]:
 
 def test_the_tables_of_docs_scaling_are_computed_today() -> None:
     """Every summary table on the page equals the module's output now (no stale numbers)."""
-    expected = [table for _, table in S.summary_tables(S.summary_rows())]
+    expected = [table for _, table in summary_tables(summary_rows())]
     on_page = [t for t in _doc_tables() if re.match(r"\| (mode \| N|model \| block size) \|", t)]
     assert on_page == expected

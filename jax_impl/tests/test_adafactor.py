@@ -35,8 +35,8 @@ from jax.sharding import PartitionSpec as P
 import shampoo_jax
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_jax.grafting import FactoredMoments, adafactor_decay
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run

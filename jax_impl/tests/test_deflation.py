@@ -24,13 +24,13 @@ import pytest
 from jax.experimental.sparse.linalg import lobpcg_standard
 
 import shampoo_spec as ss
-from shampoo_conformance.deflation_factors import (
+from shampoo_conformance.suite.deflation_factors import (
     RELATIVE,
     deflation_factor,
     google_newton,
 )
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_jax.lobpcg import lobpcg_top_k, pth_root_difference, top_k_one
 from shampoo_jax.roots import compute_inverse_root, root_inverse_deflated_newton
 from shampoo_reference.linalg import root_inverse_deflated_newton as reference_root

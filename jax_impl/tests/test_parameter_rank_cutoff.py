@@ -31,7 +31,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
-from shampoo_conformance.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
+from shampoo_conformance.suite.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
 from shampoo_jax.blocks import make_layout
 from shampoo_jax.sharded import group_costs, placement
 from shampoo_reference import run as reference_run

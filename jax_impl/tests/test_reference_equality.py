@@ -22,9 +22,9 @@ import pytest
 import shampoo_jax
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
-from shampoo_conformance.basis_reuse import CountingReference
-from shampoo_conformance.eigh_failures import reference_eigh_failures
-from shampoo_conformance.tolerances import fraction_not_bitwise, trajectory_bound
+from shampoo_conformance.suite.basis_reuse import CountingReference
+from shampoo_conformance.suite.eigh_failures import reference_eigh_failures
+from shampoo_conformance.suite.tolerances import fraction_not_bitwise, trajectory_bound
 from shampoo_jax.blocks import make_layout
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run

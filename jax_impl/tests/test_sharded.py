@@ -8,7 +8,7 @@ on 4 devices are padded to 8).
 
 The whole step's parameters are compared bitwise where the programs round
 alike, else within the float bound of docs/spec.md section 5
-(``shampoo_conformance.tolerances``). Why they can differ: XLA's CPU
+(``shampoo_conformance.suite.tolerances``). Why they can differ: XLA's CPU
 backend always lets LLVM contract ``a * b + c`` into one FMA
 (``AllowFPOpFusion = Fast``), and whether it does depends on fusion
 boundaries; the sharded program (shard_map, pads, all_gather) fuses the
@@ -29,8 +29,8 @@ import pytest
 
 import shampoo_jax
 import shampoo_spec as ss
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_jax.blocks import make_layout
 from shampoo_jax.preconditioner import BlockInputs, block_step
 from shampoo_jax.sharded import group_costs, placement, shard_state, sharded_block_step

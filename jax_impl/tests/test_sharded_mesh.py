@@ -5,7 +5,7 @@ the parameter-scope rescale of eq. 18) and the batch sum of a data-parallel
 gradient are split into per-device partial sums plus an all-reduce, a
 different summation order than one device's: the trajectories then agree
 within the float bound of docs/spec.md section 5 (computed per case by
-``shampoo_conformance.tolerances``), not bitwise.
+``shampoo_conformance.suite.tolerances``), not bitwise.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from jax.sharding import PartitionSpec as P
 
 import shampoo_jax
 import shampoo_spec as ss
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import trajectory_bound
 
 from .helpers import stream
 from .sharded_helpers import MESH_SHAPES, MESH_SPECS, devices, run_on_2x2_mesh, trajectory

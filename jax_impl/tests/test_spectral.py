@@ -25,8 +25,8 @@ import pytest
 import shampoo_jax
 import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_jax.blocks import make_layout
 from shampoo_jax.preconditioner import BlockInputs, block_step, orthogonalize
 from shampoo_jax.sharded import group_costs, placement, shard_state, sharded_block_step

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shampoo_conformance.deflation_factors import (
+from shampoo_conformance.suite.deflation_factors import (
     GOOGLE_NEWTON,
     RELATIVE,
     google_newton,

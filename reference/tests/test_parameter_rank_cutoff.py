@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_conformance.rank_cutoff_problems import RTOL, diagonal_stream, tearfree_shampoo
+from shampoo_conformance.suite.rank_cutoff_problems import RTOL, diagonal_stream, tearfree_shampoo
 
 from .helpers import directions
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from shampoo_conformance.adapters.torch import run as torch_run
-from shampoo_conformance.deflation_factors import (
+from shampoo_conformance.suite.deflation_factors import (
     RELATIVE,
     deflation_factor,
     google_newton,

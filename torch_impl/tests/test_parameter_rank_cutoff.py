@@ -32,7 +32,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_conformance.adapters.torch import run as torch_run
-from shampoo_conformance.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
+from shampoo_conformance.suite.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
 from shampoo_reference import run as reference_run
 
 from .helpers import max_relative_error, spawn_ok

@@ -32,9 +32,9 @@ import pytest
 import torch
 
 from shampoo_conformance.adapters.torch import run as torch_run
-from shampoo_conformance.basis_reuse import CountingReference
-from shampoo_conformance.eigh_failures import reference_eigh_failures
-from shampoo_conformance.tolerances import STORAGE_UNIT_ROUNDOFF, fraction_not_bitwise
+from shampoo_conformance.suite.basis_reuse import CountingReference
+from shampoo_conformance.suite.eigh_failures import reference_eigh_failures
+from shampoo_conformance.suite.tolerances import STORAGE_UNIT_ROUNDOFF, fraction_not_bitwise
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 from shampoo_reference.linalg import effective_epsilon

@@ -1,17 +1,13 @@
 """shampoo_conformance: check any Shampoo backend against the spec and the reference.
 
 ``get_backend(name)`` returns a backend with ``run(config, params, grads,
-dtype)`` (contract 8.2 of DESIGN.md); ``"reference"`` is built in, and any
+dtype)`` (contract 8.2, docs/conformance.md); ``"reference"`` is built in, and any
 ``"package.module:factory"`` names a third-party backend.
 """
 
 from .adapters.reference import ReferenceBackend
-from .backends import (
-    Backend,
-    BackendUnavailable,
-    available_backends,
-    get_backend,
-)
+from .backends import BackendUnavailable, available_backends, get_backend
+from .protocol import Backend
 
 __all__ = [
     "Backend",

@@ -19,7 +19,7 @@ def _comma_list(text: str) -> list[str]:
 
 
 def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
-    from .report import settings as S
+    from shampoo_conformance.report import settings as S
 
     parser.add_argument(
         "--problems", nargs="+", metavar="NAME",
@@ -49,9 +49,9 @@ def _add_report_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
 
 
 def _report_handler(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    from . import report
-    from .backends import known_backends
-    from .report import settings as S
+    from shampoo_conformance import report
+    from shampoo_conformance.backends import known_backends
+    from shampoo_conformance.report import settings as S
 
     def handler(args: argparse.Namespace) -> int:
         for flag, value in (("--seeds", args.seeds), ("--steps", args.steps)):
@@ -93,7 +93,7 @@ def _check(
 
 
 def _add_demo(subparsers: Any) -> None:
-    from . import demo
+    from shampoo_conformance.report import demo
 
     parser = subparsers.add_parser(
         "demo",
@@ -106,7 +106,7 @@ def _add_demo(subparsers: Any) -> None:
 
 
 def _add_report(subparsers: Any) -> None:
-    from . import report
+    from shampoo_conformance import report
 
     parser = subparsers.add_parser(
         "report",
@@ -124,7 +124,7 @@ def _add_report(subparsers: Any) -> None:
 
 
 def _add_run(subparsers: Any) -> None:
-    from . import runner
+    from shampoo_conformance.suite import runner
 
     parser = subparsers.add_parser(
         "run",
@@ -149,7 +149,7 @@ def _add_run(subparsers: Any) -> None:
 
 
 def _add_compare(subparsers: Any) -> None:
-    from . import compare
+    from shampoo_conformance.report import compare
 
     parser = subparsers.add_parser(
         "compare",
@@ -175,7 +175,7 @@ def _add_compare(subparsers: Any) -> None:
 
 
 def _add_mutants(subparsers: Any) -> None:
-    from . import runner
+    from shampoo_conformance.suite import runner
 
     parser = subparsers.add_parser(
         "mutants",
@@ -196,7 +196,10 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def _add_scaling(subparsers: Any) -> None:
-    from . import scaling
+    from shampoo_conformance.studies import scaling
+    from shampoo_conformance.studies.scaling.models import MODELS
+    from shampoo_conformance.studies.scaling.outputs import main as run_study
+    from shampoo_conformance.studies.scaling.rows import BLOCK_SIZES, SHARD_GROUPS, WORLD_SIZES
 
     parser = subparsers.add_parser(
         "scaling",
@@ -208,24 +211,24 @@ def _add_scaling(subparsers: Any) -> None:
     parser.add_argument("--out", default="shampoo-scaling",
                         help="output folder (default: %(default)s)")
     parser.add_argument("--models", nargs="+", metavar="NAME",
-                        help=f"models (default: all of {', '.join(scaling.MODELS)})")
+                        help=f"models (default: all of {', '.join(MODELS)})")
     parser.add_argument("--block-sizes", type=_positive_ints,
-                        default=list(scaling.BLOCK_SIZES), metavar="B,B",
+                        default=list(BLOCK_SIZES), metavar="B,B",
                         help="blocking.max_preconditioner_dim values (default: %(default)s)")
     parser.add_argument("--world-sizes", type=_positive_ints,
-                        default=list(scaling.WORLD_SIZES), metavar="N,N",
+                        default=list(WORLD_SIZES), metavar="N,N",
                         help="world sizes (default: %(default)s)")
     parser.add_argument("--shard-groups", type=_positive_ints,
-                        default=list(scaling.SHARD_GROUPS), metavar="S,S",
+                        default=list(SHARD_GROUPS), metavar="S,S",
                         help="HSDP shard-group sizes (default: %(default)s)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
 
     def handler(args: argparse.Namespace) -> int:
         models = None if args.models is None else _flatten(args.models)
         if models is not None:
-            _check(parser, "--models", models, list(scaling.MODELS))
-        return scaling.main(args.out, models, args.block_sizes, args.world_sizes,
-                            args.shard_groups, plot=not args.no_plot)
+            _check(parser, "--models", models, list(MODELS))
+        return run_study(args.out, models, args.block_sizes, args.world_sizes,
+                         args.shard_groups, plot=not args.no_plot)
 
     parser.set_defaults(handler=handler)
 

@@ -1,85 +1,29 @@
-"""The backend protocol (contract 8.2) and the registry of backends.
+"""The registry of backends: every backend by name (contract 8.2, :mod:`.protocol`).
 
-A backend is any object with ``run(config, params, grads, dtype)`` returning
-the parameters after each step. Our backends are named (``"reference"``,
-``"torch"``, ``"jax"``, ``"torch-ddp"``, ``"torch-fsdp2"``, ``"jax-sharded"``); the real
-third-party libraries too (``"meta"``, ``"google"``: see
-:mod:`shampoo_conformance.thirdparty`); any other backend is named
+Our backends are named (``"reference"``, ``"torch"``, ``"jax"``,
+``"torch-ddp"``, ``"torch-fsdp2"``, ``"jax-sharded"``); the real third-party
+libraries too (``"meta"``, ``"google"``: see
+:mod:`shampoo_conformance.thirdparty.registry`); any other backend is named
 ``"package.module:factory"``, where ``factory()`` returns such an object,
 so anyone can test their own Shampoo without editing this package.
-
-For closed-loop training (the backend report) a backend may also have
-``stepper(optimizer, params, *, lr, config=None, weight_decay=0.0, dtype)``
-returning a :class:`Stepper`: ``"shampoo"`` or ``"adamw"`` stepped one
-gradient at a time, so gradients can be computed at the current parameters.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from hypothesis.strategies import SearchStrategy
-from numpy.typing import NDArray
 
+from shampoo_conformance.adapters.reference import ReferenceBackend
+from shampoo_conformance.protocol import Backend, BackendBase, Params, StepperFactory
+from shampoo_conformance.thirdparty.registry import THIRD_PARTY, Deviation, ThirdParty
 from shampoo_spec import BackendUnavailable, ShampooConfig, StepperUnavailable
 
-from .adapters.inputs import check_stepper_arguments
-from .thirdparty import THIRD_PARTY, Deviation, ThirdParty
 
-Params = dict[str, NDArray[Any]]
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """Contract 8.2: run a config over a gradient stream.
-
-    A backend may also declare ``dtypes`` (the parameter dtypes it runs;
-    float64 and float32 when absent).
-    """
-
-    name: str
-
-    def run(
-        self,
-        config: ShampooConfig,
-        params: Mapping[str, NDArray[Any]],
-        grads: Sequence[Mapping[str, NDArray[Any]]],
-        dtype: Any = np.float64,
-    ) -> list[Params]:
-        """Parameters (numpy arrays, same shapes) after each of ``len(grads)`` steps."""
-        ...
-
-
-@runtime_checkable
-class Stepper(Protocol):
-    """One optimizer, stepped with NumPy gradients (closed loop).
-
-    ``step(grads)`` applies one step and returns the parameters after it;
-    ``last_step_seconds`` is the wall time of the optimizer's own update in
-    the last ``step`` (conversions excluded); ``state_bytes()`` the size of
-    the optimizer state the backend stores.
-
-    Optional: ``step_with_peak(grads) -> (params, peak_bytes | None)``, one
-    untimed step and the most bytes the optimizer held during it (state plus
-    temporaries; parameters and gradients excluded). The report shows peak
-    memory for the steppers that have it.
-    """
-
-    last_step_seconds: float
-
-    def step(self, grads: Mapping[str, NDArray[Any]]) -> Params:
-        """One step with ``grads``: the parameters after it."""
-        ...
-
-    def state_bytes(self) -> int:
-        """Bytes of the optimizer state."""
-        ...
-
-
-class FrameworkBackend:
+class FrameworkBackend(BackendBase):
     """A backend reached through an adapter module's numpy-in/numpy-out ``run``.
 
     The adapters (``shampoo_conformance.adapters.torch``, ``.torch_ddp``,
@@ -98,44 +42,24 @@ class FrameworkBackend:
                 f"backend {name!r} is not installed ({module}: {err}); install it with {how}."
             ) from err
 
-    def run(
-        self,
-        config: ShampooConfig,
-        params: Mapping[str, NDArray[Any]],
-        grads: Sequence[Mapping[str, NDArray[Any]]],
-        dtype: Any = np.float64,
-    ) -> list[Params]:
-        out: list[Params] = self._module.run(
-            config, dict(params), [dict(g) for g in grads], dtype=dtype
-        )
+    def _run(self, config: ShampooConfig, params: Params, grads: list[Params],
+             dtype: Any) -> list[Params]:
+        out: list[Params] = self._module.run(config, params, grads, dtype=dtype)
         return out
 
-    def stepper(
-        self,
-        optimizer: str,
-        params: Mapping[str, NDArray[Any]],
-        *,
-        lr: float,
-        config: ShampooConfig | None = None,
-        weight_decay: float = 0.0,
-        dtype: Any = np.float64,
-    ) -> Stepper:
+    def _stepper_factory(self, dtype: Any) -> StepperFactory:
         """The package's ``stepper`` (raises :class:`StepperUnavailable` when it has none)."""
-        make = getattr(self._module, "stepper", None)
+        make: StepperFactory | None = getattr(self._module, "stepper", None)
         if make is None:
             raise StepperUnavailable(
                 f"backend {self.name!r} has no stepper ({self._module.__name__}.stepper): "
                 "it runs open-loop only."
             )
-        check_stepper_arguments(optimizer, config, weight_decay)
-        out: Stepper = make(
-            optimizer, dict(params), lr=lr, config=config, weight_decay=weight_decay, dtype=dtype
-        )
-        return out
+        return make
 
 
 class ThirdPartyBackend(FrameworkBackend):
-    """A real library run from our exporters' kwargs (:mod:`shampoo_conformance.thirdparty`).
+    """A real library run from our exporters' kwargs (:mod:`.thirdparty.registry`).
 
     Besides ``run`` it states its capabilities: ``dtypes``, ``expressible``,
     ``configs()`` (the configs its library expresses, for the suite's random
@@ -173,9 +97,6 @@ def has_stepper(backend: object) -> bool:
 
 
 def _reference() -> Backend:
-    # Imported here: the adapter module itself builds on this module's protocols.
-    from .adapters.reference import ReferenceBackend
-
     return ReferenceBackend()
 
 
@@ -183,7 +104,7 @@ _BUILTIN: dict[str, Callable[[], Backend]] = {
     "reference": _reference,
     "torch": lambda: FrameworkBackend("torch", "shampoo_conformance.adapters.torch"),
     "jax": lambda: FrameworkBackend("jax", "shampoo_conformance.adapters.jax"),
-    # Two gloo processes on CPU (DESIGN.md 4): rank 0's parameters.
+    # Two gloo processes on CPU: rank 0's parameters.
     "torch-ddp": lambda: FrameworkBackend("torch-ddp", "shampoo_conformance.adapters.torch_ddp"),
     # The same two processes, parameters as FSDP2 DTensors (shard_mode="lossless").
     "torch-fsdp2": lambda: FrameworkBackend(
@@ -224,7 +145,7 @@ def get_backend(name: str) -> Backend:
     if name in THIRD_PARTY:
         return ThirdPartyBackend(THIRD_PARTY[name])
     if name.startswith("mutant:"):
-        from .mutants import mutant_backend
+        from shampoo_conformance.suite.mutants import mutant_backend
 
         return mutant_backend(name.removeprefix("mutant:"))
     if ":" in name:

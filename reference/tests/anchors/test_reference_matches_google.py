@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from google_emulator import emulate_google
 
-from shampoo_conformance.anchor_cases import GOOGLE_CASES
+from shampoo_conformance.thirdparty.anchor_cases import GOOGLE_CASES
 from shampoo_reference import run
 from shampoo_spec import from_google
 

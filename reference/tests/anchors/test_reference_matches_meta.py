@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from meta_emulator import emulate_meta
 
-from shampoo_conformance.anchor_cases import META_CASES
+from shampoo_conformance.thirdparty.anchor_cases import META_CASES
 from shampoo_reference import run
 from shampoo_spec import from_meta
 

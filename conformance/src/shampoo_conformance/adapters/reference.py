@@ -2,7 +2,7 @@
 
 ``run`` (open loop), ``trajectory`` (closed loop: each gradient computed at
 the current parameters) and ``stepper`` (``"shampoo"`` or the NumPy AdamW of
-:mod:`shampoo_conformance.first_order`, one step at a time, timed). Float64
+:mod:`shampoo_conformance.adapters.first_order`, one step at a time, timed). Float64
 only, by design.
 """
 
@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shampoo_conformance.protocol import BackendBase, Params, Stepper, StepperFactory
 from shampoo_spec import ShampooConfig
-
-from ..backends import Params, Stepper
-from .inputs import check_stepper_arguments
 
 
 class _ReferenceStepper:
@@ -55,23 +53,17 @@ def _array_bytes(tree: Any) -> int:
     return 0
 
 
-class ReferenceBackend:
+class ReferenceBackend(BackendBase):
     """The float64 NumPy/SciPy reference (``shampoo_reference``)."""
 
     name = "reference"
     dtypes = (np.float64,)
 
-    def run(
-        self,
-        config: ShampooConfig,
-        params: Mapping[str, NDArray[Any]],
-        grads: Sequence[Mapping[str, NDArray[Any]]],
-        dtype: Any = np.float64,
-    ) -> list[Params]:
-        self._check_dtype(dtype)
+    def _run(self, config: ShampooConfig, params: Params, grads: list[Params],
+             dtype: Any) -> list[Params]:
         from shampoo_reference import run
 
-        return run(config, dict(params), [dict(g) for g in grads])
+        return run(config, params, grads)
 
     def trajectory(
         self,
@@ -93,32 +85,26 @@ class ReferenceBackend:
             out.append(current)
         return out
 
-    def stepper(
-        self,
-        optimizer: str,
-        params: Mapping[str, NDArray[Any]],
-        *,
-        lr: float,
-        config: ShampooConfig | None = None,
-        weight_decay: float = 0.0,
-        dtype: Any = np.float64,
-    ) -> Stepper:
+    def _stepper_factory(self, dtype: Any) -> StepperFactory:
+        self._check_dtype(dtype)
+        return self._new_stepper
+
+    @staticmethod
+    def _new_stepper(optimizer: str, params: Params, *, lr: float, config: ShampooConfig | None,
+                     weight_decay: float, dtype: Any) -> Stepper:
         """``"shampoo"``: :class:`ReferenceShampoo` with ``config`` at learning rate
         ``lr``; ``"adamw"``: :class:`~.first_order.AdamW` (float64 NumPy)."""
-        self._check_dtype(dtype)
-        check_stepper_arguments(optimizer, config, weight_decay)
         if optimizer == "adamw":
-            from ..first_order import AdamW
+            from shampoo_conformance.adapters.first_order import AdamW
 
             return _ReferenceStepper(AdamW(params, lr=lr, weight_decay=weight_decay))
         from shampoo_reference import ReferenceShampoo
 
         config = ShampooConfig() if config is None else config
         config = dataclasses.replace(config, learning_rate=lr)
-        return _ReferenceStepper(ReferenceShampoo(config, dict(params)))
+        return _ReferenceStepper(ReferenceShampoo(config, params))
 
-    @staticmethod
-    def _check_dtype(dtype: Any) -> None:
+    def _check_dtype(self, dtype: Any) -> None:
         if np.dtype(dtype) != np.float64:
             raise ValueError(
                 f"dtype = {np.dtype(dtype)} is invalid for the reference backend: "

@@ -1,4 +1,4 @@
-"""The ``torch`` backend: ``shampoo_torch`` NumPy in, NumPy out (contract 8.2 of DESIGN.md).
+"""The ``torch`` backend: ``shampoo_torch`` NumPy in, NumPy out (contract 8.2).
 
 ``run(config, params, grads, dtype)`` steps :class:`~shampoo_torch.Shampoo`
 on CPU with parameters in ``dtype`` and factors in the same precision

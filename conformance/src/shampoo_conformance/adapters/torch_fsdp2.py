@@ -14,7 +14,7 @@ and so must equal the reference. ``"local"`` preconditions each rank's piece
 as a parameter of its own, another algorithm whose oracle is the reference
 run on the pieces (torch_impl/tests/test_fsdp2.py checks it so).
 
-It runs on the two worker processes of :mod:`.torch_ddp` (started once,
+It runs on the two worker processes of :mod:`.gloo_pool` (started once,
 shared with ``torch-ddp``).
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shampoo_conformance.adapters.gloo_pool import run_on_pool
 from shampoo_conformance.adapters.inputs import check_run_inputs
 from shampoo_conformance.adapters.torch import _DTYPES
 from shampoo_spec import ShampooConfig
@@ -85,7 +86,5 @@ def run(
     dtype: Any = np.float64,
 ) -> list[dict[str, np.ndarray]]:
     """Rank 0's whole parameters (``dtype`` arrays) after each step, on 2 gloo ranks."""
-    from shampoo_conformance.adapters import torch_ddp
-
     check_run_inputs(NAME, params, grads, np.dtype(dtype).name)
-    return torch_ddp.run_on_pool(NAME, "fsdp2", config, params, grads, dtype)
+    return run_on_pool(NAME, run_rank, config, params, grads, dtype)

@@ -10,8 +10,9 @@ Modules:
   hostile gradient streams, and which blocks eq. (3) must refuse;
 - :mod:`.drivers`: one interface (step, snapshot, checkpoint) over the
   reference, torch and JAX;
-- :mod:`.invariants`: the invariants (a)-(e), each raising :class:`Violation`,
+- :mod:`.invariants`: the invariants (a)-(d), each raising :class:`Violation`,
   and :data:`COUNTS`, the cases run;
+- :mod:`.corruption`: invariant (e), damaged checkpoints;
 - :mod:`.ddp`: invariant (f), two gloo ranks.
 
 ``conformance/tests/test_fuzz.py`` runs it (Hypothesis profile ``ci`` in CI,

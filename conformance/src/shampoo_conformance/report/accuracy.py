@@ -8,11 +8,11 @@ dtype, and the trajectories are compared step by step, exactly as
 
     error = max_t max_param ||theta_t - theta_t^ref|| / ||theta_t^ref - theta_0||
 
-(:func:`~shampoo_conformance.compare.max_relative_error`), next to the
+(:func:`~shampoo_conformance.report.compare.max_relative_error`), next to the
 tolerance derived from dtype, factor conditioning and step count
-(:func:`~shampoo_conformance.tolerances.bound_and_reference`, docs/spec.md
+(:func:`~shampoo_conformance.suite.tolerances.bound_and_reference`, docs/spec.md
 section 5); ``within`` is the suite's own verdict
-(:func:`~shampoo_conformance.divergence.first_divergence` finds no step out of
+(:func:`~shampoo_conformance.suite.divergence.first_divergence` finds no step out of
 bounds). The bound grows with kappa; with the report's relative epsilon of
 1e-6 kappa can reach 1e6, which makes the float32 bound loose (the table
 shows it), so the recommendation also asks for a practical accuracy.
@@ -26,14 +26,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shampoo_conformance.adapters.reference import ReferenceBackend
+from shampoo_conformance.protocol import Backend
+from shampoo_conformance.report.compare import max_relative_error
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import bound_and_reference
 from shampoo_datasets import Problem
 from shampoo_spec import ShampooConfig
-
-from ..adapters.reference import ReferenceBackend
-from ..backends import Backend
-from ..compare import max_relative_error
-from ..divergence import first_divergence
-from ..tolerances import bound_and_reference
 
 
 @dataclass(frozen=True)

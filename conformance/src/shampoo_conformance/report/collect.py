@@ -20,11 +20,12 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from shampoo_conformance.backends import BackendUnavailable, get_backend, has_stepper
+from shampoo_conformance.protocol import Backend
+from shampoo_conformance.thirdparty.registry import nearest_config
 from shampoo_datasets import load_problem
 from shampoo_spec import ShampooConfig
 
-from ..backends import Backend, BackendUnavailable, get_backend, has_stepper
-from ..thirdparty import nearest_config
 from . import settings as S
 from .accuracy import AccuracyResult, measure_accuracy
 from .convergence import ConvergenceResult, tune_and_evaluate
@@ -151,7 +152,7 @@ def _configs(
     backends: dict[str, Backend], config: ShampooConfig, status: list[BackendStatus]
 ) -> dict[str, ShampooConfig]:
     """The config each backend runs: ``config``, or for another library the nearest
-    config it expresses (:func:`~shampoo_conformance.thirdparty.nearest_config`),
+    config it expresses (:func:`~shampoo_conformance.thirdparty.registry.nearest_config`),
     with the changes written into that backend's status note."""
     out = {}
     for index, entry in enumerate(status):

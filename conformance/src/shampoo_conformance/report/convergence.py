@@ -34,10 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from shampoo_conformance.protocol import Backend
 from shampoo_datasets import Problem, load_problem
 from shampoo_spec import ShampooConfig
-
-from ..backends import Backend
 
 #: A loss this many times the starting loss counts as divergence.
 DIVERGENCE_FACTOR = 1e3

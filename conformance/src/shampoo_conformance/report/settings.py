@@ -68,7 +68,7 @@ FULL_GRID: tuple[float, ...] = (
 )
 DEMO_GRID: tuple[float, ...] = (1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0)
 
-#: Steps of the accuracy comparison (DESIGN.md 9: agreement after 20 steps).
+#: Steps of the accuracy comparison (agreement after 20 steps).
 ACCURACY_STEPS = 20
 #: Dtype of the framework backends in the convergence and timing runs
 #: (the reference is float64 by design).
@@ -168,7 +168,7 @@ def settings_for(
     if problems is not None:
         base["problems"] = tuple(check_names("problem", problems, available_problems()))
     if backends is not None:
-        from ..backends import known_backends
+        from shampoo_conformance.backends import known_backends
 
         base["backends"] = tuple(check_names("backend", backends, known_backends()))
     if out is not None:

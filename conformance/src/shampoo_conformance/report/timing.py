@@ -36,10 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from shampoo_conformance.protocol import Backend
 from shampoo_datasets import Problem
 from shampoo_spec import ShampooConfig
-
-from ..backends import Backend
 
 
 @dataclass(frozen=True)

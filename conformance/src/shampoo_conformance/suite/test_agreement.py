@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shampoo_conformance import strategies as S
-from shampoo_conformance.backends import Backend
-from shampoo_conformance.cases import CASE_SHAPES, make_problem, named_cases
-from shampoo_conformance.divergence import assert_matches_reference, first_divergence
-from shampoo_conformance.tolerances import bound_and_reference
+from shampoo_conformance.protocol import Backend
+from shampoo_conformance.suite import strategies as S
+from shampoo_conformance.suite.cases import CASE_SHAPES, make_problem, named_cases
+from shampoo_conformance.suite.divergence import assert_matches_reference, first_divergence
+from shampoo_conformance.suite.tolerances import bound_and_reference
 
 CASES = {case.name: case for case in named_cases()}
 FLOAT32_CASES = [

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shampoo_spec as ss
-from shampoo_conformance import first_order
-from shampoo_conformance import strategies as S
-from shampoo_conformance.backends import Backend
-from shampoo_conformance.divergence import first_divergence
-from shampoo_conformance.tolerances import trajectory_bound
+from shampoo_conformance.adapters import first_order
+from shampoo_conformance.protocol import Backend
+from shampoo_conformance.suite import strategies as S
+from shampoo_conformance.suite.divergence import first_divergence
+from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_spec.config import GraftingType
 
 HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture,

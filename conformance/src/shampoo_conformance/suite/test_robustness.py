@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_conformance.backends import Backend
+from shampoo_conformance.protocol import Backend
 
 F64 = np.float64
 

@@ -16,9 +16,9 @@ import pytest
 from numpy.typing import NDArray
 
 import shampoo_spec as ss
-from shampoo_conformance.backends import Backend
-from shampoo_conformance.strategies import spd_matrix
-from shampoo_conformance.tolerances import SAFETY, unit_roundoff
+from shampoo_conformance.protocol import Backend
+from shampoo_conformance.suite.strategies import spd_matrix
+from shampoo_conformance.suite.tolerances import SAFETY, unit_roundoff
 
 N = 6
 METHODS: dict[str, ss.RootInverseConfig] = {
