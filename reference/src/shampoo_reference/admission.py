@@ -1,4 +1,4 @@
-"""Admission of a gradient: real arrays, L2 decay (eq. 2) and the refusal of eq. (3).
+"""What a step admits: its arguments, then L2 decay (eq. 2) and the refusal of eq. (3).
 
 Eq. numbers refer to docs/spec.md. A block is refused when its gradient is
 not finite or could take its float32 state (or float16 factors) out of
@@ -8,6 +8,9 @@ raises, with nothing changed, or masks the block out of the step.
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +47,34 @@ def real_array(what: str, name: object, value: object) -> Array:
             "float) array."
         )
     return np.array(array, dtype=np.float64, copy=True)
+
+
+def checked_gradients(grads: object, params: Mapping[str, Array], mode: str, lr: object
+                      ) -> dict[str, Array]:
+    """A step's gradients as float64 copies, once its arguments are checked: ``grads`` a
+    dict with the names of ``params`` and their shapes, the optimizer in train ``mode``
+    (eq. 20d), lr_t = ``lr`` a finite number. ValueError (RuntimeError for the mode)."""
+    if not isinstance(grads, Mapping):
+        raise ValueError(f"grads = {shown(grads)} is invalid: allowed a dict name -> array.")
+    if mode != "train":
+        raise RuntimeError(
+            "step() in eval mode: the parameters hold the averaged sequence x "
+            "(eq. 20d); call train() before step()."
+        )
+    if set(grads) != set(params):
+        raise ValueError(
+            f"grads keys {sorted(grads)} do not match parameter names {sorted(params)}."
+        )
+    if not isinstance(lr, numbers.Real) or isinstance(lr, bool) or not math.isfinite(lr):
+        raise ValueError(f"learning_rate = {shown(lr)} is invalid: allowed a finite number.")
+    arrays = {name: real_array("gradient", name, g) for name, g in grads.items()}
+    for name, g in arrays.items():
+        if g.shape != params[name].shape:
+            raise ValueError(
+                f"gradient of {name!r} has shape {g.shape}, parameter has "
+                f"{params[name].shape}."
+            )
+    return arrays
 
 
 @dataclass

@@ -72,6 +72,17 @@ def graft_direction(config: ShampooConfig, t: int, st: ParameterState, filtered:
     return grafting.direction(filtered, st.graft, t, graft)
 
 
+def preconditioned_input(config: ShampooConfig, t: int, st: ParameterState, filtered: Array
+                         ) -> Array:
+    """What eq. (16) preconditions: the filtered gradient F~, or with a diagonal
+    preconditioner D(F~), eq. (14c) with its state V_D (eq. 16b)."""
+    # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with V_D);
+    # every block root is 0, so eq. (16) passes them through unchanged.
+    diagonal = None if config.diagonal is None else config.diagonal.as_graft()
+    return filtered if diagonal is None else grafting.direction(
+        filtered, st.diagonal, t, diagonal)
+
+
 def momentum_step(
     config: ShampooConfig,
     learning_rate: float,

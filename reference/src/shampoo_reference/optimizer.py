@@ -5,6 +5,15 @@ applies eqs. (1)-(21) one step at a time. It favours clarity over speed:
 one block at a time, plain NumPy, no batching. It is the oracle the fast
 backends are tested against, so every rule is spelled out here once.
 
+Its methods are the phases of a step, in order; the arithmetic of each is
+a function of the module of its job: :mod:`.admission` (the arguments,
+eqs. 2-3), :mod:`.state` (the records, their creation and int storage),
+:mod:`.elementwise` (eqs. 14-15, 19-22), :mod:`.statistics` (eqs. 6-7),
+:mod:`.roots` (eqs. 9-13, 17; :mod:`.roots.dispatch` picks each factor's
+method) and :mod:`.directions` (eqs. 16-17). A method that only calls such
+a function is a seam tests and mutants override
+(``shampoo_conformance.mutants``).
+
 Failures leave the state whole (eqs. 3, 13): a refused block (non-finite
 gradient, or one that could overflow float32 state,
 :func:`shampoo_spec.block_overflows`) raises before anything changes, or is
@@ -17,7 +26,6 @@ checked (a ShampooConfig, real arrays) with ``ValueError``; a block dim above
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from collections.abc import Mapping
 
@@ -36,14 +44,14 @@ from shampoo_spec import (
     uses_preconditioner,
 )
 
-from . import grafting
-from .admission import Admitted, admit, real_array, shown
+from .admission import Admitted, admit, checked_gradients, real_array, shown
 from .directions import corrected_direction, kronecker_direction, update_corrected_moment
 from .elementwise import (
     apply_update,
     filter_gradient,
     graft_direction,
     momentum_step,
+    preconditioned_input,
     update_diagonal_state,
     update_graft_state,
     withhold_nonfinite,
@@ -79,7 +87,6 @@ class ReferenceShampoo:
     >>> opt = ReferenceShampoo(config, {"w": w0})
     >>> params = opt.step({"w": g})      # new parameters after step 1
     """
-
 
     def __init__(self, config: ShampooConfig, params: dict[str, Array]) -> None:
         if not isinstance(config, ShampooConfig):
@@ -126,30 +133,13 @@ class ReferenceShampoo:
         after the step has completed for every parameter; the new parameters
         are then in :attr:`params`.
         """
-        if not isinstance(grads, Mapping):
-            raise ValueError(f"grads = {shown(grads)} is invalid: allowed a dict name -> array.")
-        if self.mode != "train":
-            raise RuntimeError(
-                "step() in eval mode: the parameters hold the averaged sequence x "
-                "(eq. 20d); call train() before step()."
-            )
-        if set(grads) != set(self.params):
-            raise ValueError(
-                f"grads keys {sorted(grads)} do not match parameter names {sorted(self.params)}."
-            )
         lr = self.config.learning_rate if learning_rate is None else learning_rate
-        if not isinstance(lr, numbers.Real) or isinstance(lr, bool) or not math.isfinite(lr):
-            raise ValueError(f"learning_rate = {shown(lr)} is invalid: allowed a finite number.")
-        arrays = {name: real_array("gradient", name, g) for name, g in grads.items()}
-        for name, g in arrays.items():
-            if g.shape != self.params[name].shape:
-                raise ValueError(
-                    f"gradient of {name!r} has shape {g.shape}, parameter has "
-                    f"{self.params[name].shape}."
-                )
+        arrays = checked_gradients(grads, self.params, self.mode, lr)
         # Eqs. (2)-(3) for every parameter before any state changes.
-        admitted = {name: admit(self.config, self.state[name], self.params[name], name, g,
-                          self.t + 1) for name, g in arrays.items()}
+        admitted = {
+            name: admit(self.config, self.state[name], self.params[name], name, g, self.t + 1)
+            for name, g in arrays.items()
+        }
         self.t += 1
         self.learning_rate = float(lr)
         if self.first_learning_rate is None:
@@ -198,11 +188,7 @@ class ReferenceShampoo:
         # Eqs. (16)-(18): Shampoo direction, rescaled to the graft norm.
         use_shampoo = uses_preconditioner(t, cfg.schedule)
         need_shampoo = use_shampoo or st.graft_momentum is not None
-        # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with V_D);
-        # every block root is 0, so eq. (16) passes them through unchanged.
-        diagonal = None if cfg.diagonal is None else cfg.diagonal.as_graft()
-        source = filtered if diagonal is None else grafting.direction(
-            filtered, st.diagonal, t, diagonal)
+        source = preconditioned_input(cfg, t, st, filtered)  # eq. (16b): D(F~) or F~
         shampoo_dir = self._shampoo_direction(st, source, graft_dir) if need_shampoo else None
         if lagged:
             # Eq. (8), roots_take_effect="next_step": this step's direction used the
