@@ -30,6 +30,15 @@ class EighResult:
     error: float
 
 
+def eigh_input(matrix: Array, eps: float, placement: str) -> Array:
+    """B of eq. (10), the matrix eigh decomposes: ``sym(A) + eps I`` (ridge placements),
+    else ``sym(A)``."""
+    a = symmetrize(matrix)
+    if placement in ("ridge", "ridge_floor"):
+        a = a + eps * np.eye(a.shape[0])
+    return a
+
+
 def eigh_error(b: Array, lam: Array, q: Array) -> float:
     """Eq. (10b): ``e = max_ij |(Q^T B Q - diag(lambda))_ij|`` for ``eigh(B) = (lambda, Q)``.
 
@@ -51,15 +60,6 @@ def eigh_fails(error: float, threshold_float32: float) -> bool:
     with np.errstate(over="ignore"):
         e32 = np.float32(error)
     return not bool(e32 < np.float32(threshold_float32))
-
-
-def eigh_input(matrix: Array, eps: float, placement: str) -> Array:
-    """B of eq. (10), the matrix eigh decomposes: ``sym(A) + eps I`` (ridge placements),
-    else ``sym(A)``."""
-    a = symmetrize(matrix)
-    if placement in ("ridge", "ridge_floor"):
-        a = a + eps * np.eye(a.shape[0])
-    return a
 
 
 def inverse_root_eigenvalues(lam: Array, root: float, rank: tuple[float, float] | None) -> Array:
