@@ -59,7 +59,7 @@ def test_bound_covers_a_mirrored_newton_root() -> None:
     triangle mirrored (Meta's packed storage). On factors g g^T + 1e-3 I with g
     up to 1.7e3 (kappa 3e9) the two directions differ by ~1e-4 relative: the
     bound's asymmetry term covers it, and without it the bound would not."""
-    from shampoo_reference.linalg import coupled_newton_iteration
+    from shampoo_reference.roots.newton import coupled_newton_iteration
 
     g = np.array([-651.791, -174.717, 1663.724, 659.148, -1641.397, -5.203,
                   -623.464, 148.632, -1608.188, 241.772, 235.381, 1575.626])

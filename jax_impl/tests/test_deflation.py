@@ -2,7 +2,7 @@
 reference (docs/spec.md eq. 11d).
 
 First the oracle check of the reference's NumPy port
-(``shampoo_reference.lobpcg.lobpcg_top_k``) against JAX's own
+(``shampoo_reference.roots.lobpcg.lobpcg_top_k``) against JAX's own
 ``jax.experimental.sparse.linalg.lobpcg_standard``, the routine Google calls: in
 float64 the Ritz values and ``V diag(theta) V^T`` agree to 1e-12 relative after the
 same number of iterations. Then :mod:`shampoo_jax.lobpcg`, a port of that routine
@@ -33,9 +33,9 @@ from shampoo_conformance.suite.divergence import first_divergence
 from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_jax.lobpcg import lobpcg_top_k, pth_root_difference, top_k_one
 from shampoo_jax.roots import compute_inverse_root, root_inverse_deflated_newton
-from shampoo_reference.linalg import root_inverse_deflated_newton as reference_root
-from shampoo_reference.lobpcg import lobpcg_top_k as reference_top_k
-from shampoo_reference.lobpcg import pth_root_difference as reference_difference
+from shampoo_reference.roots.lobpcg import lobpcg_top_k as reference_top_k
+from shampoo_reference.roots.lobpcg import pth_root_difference as reference_difference
+from shampoo_reference.roots.newton import root_inverse_deflated_newton as reference_root
 
 from .helpers import reference_error, stream
 from .sharded_helpers import trajectory

@@ -34,9 +34,9 @@ from shampoo_jax.roots import frequent_directions_root, tearfree_sketch_root
 from shampoo_jax.state import Sketch
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
-from shampoo_reference.linalg import Sketch as ReferenceSketch
-from shampoo_reference.linalg import frequent_directions_root as reference_root
-from shampoo_reference.linalg import tearfree_sketch_root as reference_tearfree_root
+from shampoo_reference.roots.sketch import Sketch as ReferenceSketch
+from shampoo_reference.roots.sketch import frequent_directions_root as reference_root
+from shampoo_reference.roots.sketch import tearfree_sketch_root as reference_tearfree_root
 
 from .helpers import reference_error, relative_error, run_x64, stream
 from .sharded_helpers import assert_bitwise, trajectory, transformation

@@ -89,7 +89,7 @@ def test_qr_eigenbasis_equals_the_reference(iterations: int) -> None:
     signs (one stops early at the tolerance, one runs every step); 400 steps compile as
     a loop."""
     from shampoo_jax.roots import qr_eigenbasis
-    from shampoo_reference.linalg import qr_eigenbasis as reference_qr
+    from shampoo_reference.roots.basis import qr_eigenbasis as reference_qr
 
     rng = np.random.default_rng(iterations)
     mats = [spd(6, 1e2, seed=s) for s in (1, 2)]
@@ -144,7 +144,7 @@ def test_qr_root_equals_the_reference(placement: str, iterations: int) -> None:
     on the columns' signs; the basis equals it up to them), per matrix, with and without
     the early stop."""
     from shampoo_jax.roots import root_inverse_qr
-    from shampoo_reference.linalg import root_inverse_qr as reference_root
+    from shampoo_reference.roots.basis import root_inverse_qr as reference_root
 
     rng = np.random.default_rng(10 + iterations)
     mats = [spd(6, 1e2, seed=s) for s in (3, 4)]
@@ -176,7 +176,7 @@ def test_reused_basis_root_equals_the_reference(placement: str) -> None:
     from scipy.linalg import expm
 
     from shampoo_jax.roots import root_inverse_reusing_basis
-    from shampoo_reference.linalg import root_inverse_reusing_basis as reference_root
+    from shampoo_reference.roots.basis import root_inverse_reusing_basis as reference_root
 
     rng = np.random.default_rng(12)
     mats = [spd(6, 1e2, seed=s) for s in (5, 6, 7)]

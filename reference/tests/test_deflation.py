@@ -14,12 +14,12 @@ from shampoo_conformance.suite.deflation_factors import (
     RELATIVE,
     google_newton,
 )
-from shampoo_reference.linalg import (
-    effective_epsilon,
+from shampoo_reference.roots.lobpcg import lobpcg_top_k, pth_root_difference
+from shampoo_reference.roots.newton import (
     root_inverse_coupled_newton,
     root_inverse_deflated_newton,
 )
-from shampoo_reference.lobpcg import lobpcg_top_k, pth_root_difference
+from shampoo_reference.roots.regularize import effective_epsilon
 from shampoo_spec import CoupledNewtonConfig
 
 

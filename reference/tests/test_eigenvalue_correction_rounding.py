@@ -18,7 +18,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo, round_to
-from shampoo_reference.linalg import basis_still_fits
+from shampoo_reference.roots.basis import basis_still_fits
 
 ROUNDED = ("float32", "bfloat16", "float16")
 

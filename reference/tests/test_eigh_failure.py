@@ -16,7 +16,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo, eigh_error, root_inverse_eigh
-from shampoo_reference.linalg import eigh_input
+from shampoo_reference.roots.eigh import eigh_input
 
 SHAPE = (4, 3)  # one block, factors 4 x 4 and 3 x 3, roots 4
 EPS = 1e-6

@@ -18,7 +18,8 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo
-from shampoo_reference.linalg import root_inverse_eigh_stored, round_to
+from shampoo_reference.roots.eigh import root_inverse_eigh_stored
+from shampoo_reference.rounding import round_to
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from shampoo_reference import ReferenceShampoo
-from shampoo_reference.linalg import root_inverse_eigh, root_inverse_qr
+from shampoo_reference.roots.basis import root_inverse_qr
+from shampoo_reference.roots.eigh import root_inverse_eigh
 from shampoo_spec import BlockingConfig, EighConfig, EpsilonConfig, ShampooConfig
 
 

@@ -159,8 +159,8 @@ def test_int16_step_closed_form(scale_dtype: str, beta2: float) -> None:
     on R(L) + eps I as it is (not symmetrized), stored; the direction is
     R(X_0)^T G R(X_1) (Google's contraction of the roots' first index).
     """
-    from shampoo_reference.linalg import root_inverse_coupled_newton
     from shampoo_reference.quantization import dequantize_with_diagonal, quantize_with_diagonal
+    from shampoo_reference.roots.newton import root_inverse_coupled_newton
 
     cfg = _int16_config(scale_dtype, beta2)
     rng = np.random.default_rng(3)

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+import shampoo_reference.optimizer
 import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo
-from shampoo_reference.optimizer import ParameterState
+from shampoo_reference.state import ParameterState
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -296,10 +297,10 @@ def test_large_block_warns_naming_the_parameter(monkeypatch: pytest.MonkeyPatch)
     class Allocating(Exception):
         pass
 
-    def refuse(self: ReferenceShampoo, shape: tuple[int, ...]) -> None:
+    def refuse(config: ss.ShampooConfig, shape: tuple[int, ...]) -> None:
         raise Allocating
 
-    monkeypatch.setattr(ReferenceShampoo, "_init_parameter", refuse)
+    monkeypatch.setattr(shampoo_reference.optimizer, "init_parameter", refuse)
     n = ss.LARGE_BLOCK_DIM + 1
     config = ss.ShampooConfig(
         blocking=ss.BlockingConfig(max_preconditioner_dim=n, merge_dims_up_to=None)

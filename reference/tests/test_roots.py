@@ -28,11 +28,9 @@ from shampoo_reference import (
     root_inverse_eigh,
     root_inverse_eigh_with_error,
 )
-from shampoo_reference.linalg import (
-    eigh_input,
-    qr_eigenbasis,
-    root_inverse_higher_order,
-)
+from shampoo_reference.roots.basis import qr_eigenbasis
+from shampoo_reference.roots.eigh import eigh_input
+from shampoo_reference.roots.newton import root_inverse_higher_order
 from shampoo_spec import CoupledNewtonConfig
 
 U = np.finfo(np.float64).eps / 2
@@ -111,7 +109,7 @@ def test_power_iteration_stops_on_a_small_change_far_from_lambda_max() -> None:
     """Eq. (9b): on a factor with eigenvalues <= 1e-6 the first quotient already moves
     by <= the tolerance 1e-6 from 0, so the estimate is the Rayleigh quotient of the
     start vector, well below lambda_max (why Google's relative epsilon differs)."""
-    from shampoo_reference.linalg import power_iteration_lambda_max
+    from shampoo_reference.roots.regularize import power_iteration_lambda_max
 
     n = 6
     a = np.diag(1e-7 * np.arange(1.0, n + 1))

@@ -18,7 +18,7 @@ import pytest
 
 import shampoo_spec as ss
 from shampoo_reference import ReferenceShampoo, round_to
-from shampoo_reference.linalg import round_to_bfloat16
+from shampoo_reference.rounding import round_to_bfloat16
 
 ROUNDED = ("float32", "bfloat16", "float16")
 

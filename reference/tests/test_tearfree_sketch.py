@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_reference.linalg import Sketch, tearfree_sketch_root
+from shampoo_reference.roots.sketch import Sketch, tearfree_sketch_root
 
 from .helpers import directions
 

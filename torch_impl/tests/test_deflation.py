@@ -25,9 +25,9 @@ from shampoo_conformance.suite.deflation_factors import (
     google_newton,
 )
 from shampoo_reference import run as reference_run
-from shampoo_reference.linalg import root_inverse_deflated_newton as reference_root
-from shampoo_reference.lobpcg import lobpcg_top_k as reference_top_k
-from shampoo_reference.lobpcg import pth_root_difference as reference_difference
+from shampoo_reference.roots.lobpcg import lobpcg_top_k as reference_top_k
+from shampoo_reference.roots.lobpcg import pth_root_difference as reference_difference
+from shampoo_reference.roots.newton import root_inverse_deflated_newton as reference_root
 from shampoo_spec import (
     BlockingConfig,
     GraftingConfig,

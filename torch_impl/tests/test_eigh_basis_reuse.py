@@ -15,7 +15,7 @@ import torch
 from shampoo_conformance.adapters.torch import run as torch_run
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
-from shampoo_reference.linalg import root_inverse_reusing_basis
+from shampoo_reference.roots.basis import root_inverse_reusing_basis
 from shampoo_spec import (
     BlockingConfig,
     EighConfig,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from shampoo_reference.linalg import root_inverse_qr
+from shampoo_reference.roots.basis import root_inverse_qr
 from shampoo_spec import EpsilonConfig
 from shampoo_torch.roots import root_inverse_qr as torch_root
 

@@ -37,7 +37,7 @@ from shampoo_conformance.suite.eigh_failures import reference_eigh_failures
 from shampoo_conformance.suite.tolerances import STORAGE_UNIT_ROUNDOFF, fraction_not_bitwise
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
-from shampoo_reference.linalg import effective_epsilon
+from shampoo_reference.roots.regularize import effective_epsilon
 from shampoo_spec import (
     BlockingConfig,
     CoupledNewtonConfig,

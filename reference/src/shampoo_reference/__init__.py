@@ -5,26 +5,22 @@
 docstrings refer to docs/spec.md.
 """
 
-from .linalg import (
+from shampoo_spec import NonFiniteGradientError, RootFailureError
+
+from .linalg import factor_contraction, mode_product
+from .optimizer import ReferenceShampoo, run
+from .roots import (
     EighResult,
     coupled_newton_iteration,
     eigenbasis_with_error,
     eigh_error,
     eigh_fails,
-    factor_contraction,
-    mode_product,
     root_inverse_coupled_newton,
     root_inverse_eigh,
     root_inverse_eigh_with_error,
-    round_to,
 )
-from .optimizer import (
-    Metrics,
-    NonFiniteGradientError,
-    ReferenceShampoo,
-    RootFailureError,
-    run,
-)
+from .rounding import round_to
+from .state import Metrics
 
 __all__ = [
     "EighResult",

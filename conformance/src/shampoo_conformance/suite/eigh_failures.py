@@ -21,7 +21,7 @@ def reference_eigh_failures(
     """The reference's root failures over ``grads``, after checking that every eigh error
     of every root step is at least 100x from ``tau`` (and that some roots pass, some fail)."""
     from shampoo_reference import ReferenceShampoo, eigh_error
-    from shampoo_reference.linalg import eigh_input
+    from shampoo_reference.roots.eigh import eigh_input
 
     opt = ReferenceShampoo(config, params)
     passed = 0

@@ -17,9 +17,10 @@ from numpy.typing import NDArray
 
 from shampoo_conformance.protocol import GradStream, Params, ParamsIn
 from shampoo_reference import ReferenceShampoo, grafting
-from shampoo_reference.linalg import Sketch, root_inverse_coupled_newton
-from shampoo_reference.lobpcg import lobpcg_top_k
-from shampoo_reference.optimizer import Array, BlockState, ParameterState
+from shampoo_reference.roots.lobpcg import lobpcg_top_k
+from shampoo_reference.roots.newton import root_inverse_coupled_newton
+from shampoo_reference.roots.sketch import Sketch
+from shampoo_reference.state import Array, BlockState, ParameterState
 from shampoo_spec import CoupledNewtonConfig, EighConfig, ShampooConfig
 
 

@@ -54,7 +54,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from shampoo_reference import ReferenceShampoo
-from shampoo_reference.linalg import effective_epsilon, regularized_eigenvalues
+from shampoo_reference.roots.regularize import effective_epsilon, regularized_eigenvalues
 from shampoo_spec import (
     CoupledNewtonConfig,
     HigherOrderNewtonConfig,
