@@ -58,9 +58,8 @@ rank of the trainer group.
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -72,7 +71,16 @@ from shampoo_spec import (
     is_statistics_step,
 )
 
-from . import checkpoint, elementwise, grafting, preconditioner, refusal, sharding
+from . import (
+    checkpoint,
+    distributed_checkpoint,
+    elementwise,
+    grafting,
+    preconditioner,
+    refusal,
+    sharding,
+)
+from .arguments import as_config, check_lr
 from .blocks import assemble, expand_blocks, gather, row_chunks, select_rows
 from .cohorts import (
     AVERAGING_MODE,
@@ -85,7 +93,14 @@ from .cohorts import (
     write_back,
 )
 from .distributed import BlockKey, DistributedConfig, Distributor
-from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
+from .metrics import StepCounters
+from .state import (
+    BlockView,
+    CheckpointState,
+    ParamGroupPlan,
+    block_views,
+    build_param_group_plan,
+)
 
 
 class Shampoo(torch.optim.Optimizer):
@@ -153,7 +168,7 @@ class Shampoo(torch.optim.Optimizer):
             self._dist = None  # each rank steps its own pieces: no optimizer communication
         self._lr_override = lr
         self._plans: list[ParamGroupPlan] = []
-        self._counters: dict[torch.device, dict[str, torch.Tensor]] = {}
+        self._counters = StepCounters()
         defaults = {"lr": config.learning_rate if lr is None else lr, "config": config}
         super().__init__(params, defaults)
 
@@ -188,14 +203,6 @@ class Shampoo(torch.optim.Optimizer):
                 param_group[LR_POWER_SUM] = 0.0
 
     # ------------------------------------------------ metrics and views
-    def _counter(self, device: torch.device) -> dict[str, torch.Tensor]:
-        if device not in self._counters:
-            self._counters[device] = {
-                name: torch.zeros((), dtype=torch.int64, device=device)
-                for name in ("root_failures", "skipped_blocks", "withheld_updates")
-            }
-        return self._counters[device]
-
     @property
     def metrics(self) -> dict[str, int]:
         """Counters since construction (read lazily; this reads the device).
@@ -211,11 +218,7 @@ class Shampoo(torch.optim.Optimizer):
         blocks only (the ranks of a trainer group add up to the
         single-process count).
         """
-        out = {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}
-        for counters in self._counters.values():
-            for name, value in counters.items():
-                out[name] += int(value)
-        return out
+        return self._counters.read()
 
     def blocks(self) -> Iterator[BlockView]:
         """A read-only :class:`~shampoo_torch.BlockView` of every block, in order.
@@ -330,7 +333,7 @@ class Shampoo(torch.optim.Optimizer):
         for inp, code, r in zip(live, codes, raising, strict=True):
             if not r:
                 inp.ok = code == refusal.OK
-                self._counter(code.device)["skipped_blocks"].add_((code != refusal.OK).sum())
+                self._counters.on(code.device)["skipped_blocks"].add_((code != refusal.OK).sum())
 
     def _agree_local_raise(self, codes: list[torch.Tensor]) -> None:
         """``shard_mode="local"``, eq. (3) ``"raise"``: every rank raises, or none.
@@ -488,7 +491,7 @@ class Shampoo(torch.optim.Optimizer):
         scales = c.rank_scales.get(index) if c.cuts_rank_per_parameter else None
         updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config, c.t,
                                                                  scales)
-        self._counter(bg.device)["root_failures"].add_(failures)
+        self._counters.on(bg.device)["root_failures"].add_(failures)
         c.root_counts.append((bg, members, updated))
 
     def _parameter_rank_scales(self, cohorts: list[Cohort]) -> None:
@@ -718,7 +721,7 @@ class Shampoo(torch.optim.Optimizer):
         withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
                                             buffers, st, cfg, inp.lr, ok, delta)
         write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
-        self._counter(withheld.device)["withheld_updates"].add_(withheld)
+        self._counters.on(withheld.device)["withheld_updates"].add_(withheld)
 
     def _device(self) -> torch.device:
         device: torch.device = self.param_groups[0]["params"][0].device
@@ -764,7 +767,7 @@ class Shampoo(torch.optim.Optimizer):
         and per block its factors, inverse roots/eigenbases and counters. Each
         group keeps its hyper-parameters with ``config`` as ``config.to_dict()``.
         """
-        return checkpoint.state_dict(self)
+        return checkpoint.state_dict(self._checkpoint_state())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; tensors move to each parameter's device.
@@ -774,7 +777,7 @@ class Shampoo(torch.optim.Optimizer):
         state entry is not finite. Version 1 dicts (saved before
         ``param_shape``) load too (:mod:`shampoo_torch.checkpoint`).
         """
-        checkpoint.load_state_dict(self, state_dict)
+        checkpoint.load_state_dict(self._checkpoint_state(), state_dict)
 
     def distributed_state_dict(self) -> dict[str, Any]:
         """Every block's state, keyed by parameter name and block, loadable at any world size.
@@ -789,7 +792,7 @@ class Shampoo(torch.optim.Optimizer):
         :meth:`state_dict` per rank, at the same world size).
         """
         self._refuse_local_pieces("distributed_state_dict")
-        return checkpoint.distributed_state_dict(self)
+        return distributed_checkpoint.distributed_state_dict(self._checkpoint_state())
 
     def load_distributed_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`distributed_state_dict` saved at any world size (1 included).
@@ -799,7 +802,8 @@ class Shampoo(torch.optim.Optimizer):
         is not finite. Version 1 dicts (saved before ``param_shape``) load too.
         """
         self._refuse_local_pieces("load_distributed_state_dict")
-        checkpoint.load_distributed_state_dict(self, state_dict)
+        distributed_checkpoint.load_distributed_state_dict(self._checkpoint_state(),
+                                                           state_dict)
 
     def _refuse_local_pieces(self, method: str) -> None:
         if self._shard_mode == "local" and any(
@@ -811,42 +815,10 @@ class Shampoo(torch.optim.Optimizer):
                 "size, or shard_mode='lossless' (portable across world sizes)."
             )
 
-    # The internal API of :mod:`shampoo_torch.checkpoint` (nothing else calls it).
-    def _checkpoint_blocks(self) -> list[list[list[dict[str, Any] | None]]]:
-        """Per param group :meth:`ParamGroupPlan.block_states`: live views (packed matrices
-        as copies, written back by :meth:`_checkpoint_store`), None if not held."""
-        return [gp.block_states() for gp in self._plans]
-
-    def _checkpoint_store(self, blocks: Sequence[Sequence[Sequence[Mapping[str, Any]]]]
-                          ) -> None:
-        """Write back the packed matrices of :meth:`_checkpoint_blocks`' block states
-        (after a copy into them; an empty entry is another rank's block)."""
-        for gp, per_group in zip(self._plans, blocks, strict=True):
-            gp.store_block_states(per_group)
-
-    def _checkpoint_names(self) -> list[list[str]]:
-        """The parameters' names per param group (the keys of a distributed checkpoint)."""
-        return [list(gp.names) for gp in self._plans]
-
-    def _checkpoint_gather(self, obj: object) -> list[object]:
-        """``obj`` of every rank of the trainer group (``[obj]`` in one process)."""
-        return [obj] if self._dist is None else self._dist.all_gather_object(obj)
-
-    def _restore_metrics(self, metrics: Mapping[str, Any]) -> None:
-        """Set :attr:`metrics` to saved counts.
-
-        ``root_failures`` is a sum over the ranks of a trainer group (each
-        counts its own blocks), so only rank 0 of a distributed optimizer
-        takes the saved total.
-        """
-        self._counters.clear()
-        if not (self.param_groups and self.param_groups[0]["params"]):
-            return
-        counters = self._counter(self._device())
-        for name in ("skipped_blocks", "withheld_updates"):  # the same on every rank
-            counters[name].fill_(int(metrics.get(name, 0)))
-        if self._dist is None or self._dist.rank == 0:
-            counters["root_failures"].fill_(int(metrics.get("root_failures", 0)))
+    def _checkpoint_state(self) -> CheckpointState:
+        """What :mod:`shampoo_torch.checkpoint` reads and writes of this optimizer."""
+        return CheckpointState(self.param_groups, self.state, self._plans, self._counters,
+                               self._dist)
 
 
 def _parameter_direction(
@@ -870,45 +842,3 @@ def _planned(gp: ParamGroupPlan, j: int, p: torch.Tensor) -> torch.Tensor:
     """Parameter j as the group's plan sees it: itself, or under FSDP2 its whole value
     (``"lossless"``, an all-gather over the shard group) or this rank's piece (``"local"``)."""
     return sharding.planned(p, gp.shards[j] if gp.shards else None, gp.local_shards)
-
-
-def check_lr(lr: object, name: str) -> None:
-    """A learning rate: a finite real number >= 0 (not a bool, not a tensor); else ValueError.
-
-    ``name`` says where it came from (``"lr"``, ``"param_groups[1]['lr']"``).
-    """
-    ok = (isinstance(lr, numbers.Real) and not isinstance(lr, bool)
-          and not isinstance(lr, torch.Tensor))
-    if ok:
-        try:
-            ok = math.isfinite(float(lr)) and float(lr) >= 0.0  # type: ignore[arg-type]
-        except (OverflowError, TypeError, ValueError):
-            ok = False
-    if not ok:
-        text = repr(lr)
-        text = text if len(text) <= 80 else text[:60] + "..."
-        raise ValueError(f"{name} = {text} is invalid: allowed a finite number >= 0 (a Python "
-                         "float or int; tensor learning rates are not supported).")
-
-
-def as_config(value: object, default: ShampooConfig, name: str) -> ShampooConfig:
-    """The one rule for a config argument, at the top level and in a param group.
-
-    A :class:`~shampoo_spec.ShampooConfig`; its ``to_dict()`` form (a dict,
-    read by ``ShampooConfig.from_dict``, as checkpoints store it); or None
-    for ``default``. Anything else, or a dict ``from_dict`` refuses, raises
-    ValueError naming ``name`` (``"config"``, ``"param_groups[1]['config']"``).
-    """
-    if value is None:
-        return default
-    if isinstance(value, ShampooConfig):
-        return value
-    if isinstance(value, dict):
-        try:
-            return ShampooConfig.from_dict(value)
-        except (ValueError, TypeError, KeyError) as err:
-            raise ValueError(f"{name} is an invalid ShampooConfig dict: {err}") from err
-    text = repr(value)
-    text = text if len(text) <= 80 else text[:60] + "..."
-    raise ValueError(f"{name} = {text} ({type(value).__name__}) is invalid: allowed a "
-                     "shampoo_spec.ShampooConfig, its to_dict() form (a dict) or None.")
