@@ -11,6 +11,7 @@ raises if any rank found an error.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -27,8 +28,23 @@ from .checkpoint_validation import (
     fail,
     shown,
 )
+from .state import ParamGroupPlan
 
 FORMAT = "shampoo_torch.distributed_state_dict"
+
+
+def refuse_local_pieces(method: str, shard_mode: str | None, plans: Sequence[ParamGroupPlan]
+                        ) -> None:
+    """``shard_mode="local"`` with DTensor parameters: ``Shampoo.<method>()`` is refused (each
+    rank's state belongs to pieces whose plan depends on the world size)."""
+    if shard_mode == "local" and any(
+            info is not None for gp in plans for info in gp.shards):
+        raise ValueError(
+            f"Shampoo.{method}() with DistributedConfig.shard_mode = 'local' is invalid: "
+            "each rank's state belongs to its own pieces, whose plan depends on the world "
+            "size; allowed state_dict() / load_state_dict() per rank at the same world "
+            "size, or shard_mode='lossless' (portable across world sizes)."
+        )
 
 
 def distributed_state_dict(opt: CheckpointTarget) -> dict[str, Any]:

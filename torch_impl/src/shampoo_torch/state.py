@@ -24,10 +24,11 @@ import torch
 
 from shampoo_spec import EighConfig, ShampooConfig, large_block_warnings, plan_parameter
 
-from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_groups
+from .block_grid import BlockGrid, block_grid
+from .blocks import BlockGroup, ParamLayout, build_block_groups
 from .distributed import Distributor
 from .metrics import StepCounters
-from .sharding import PieceGather, ShardInfo, shard_info
+from .sharding import PieceGather, ShardInfo, planned, shard_info
 
 FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: ``config.root_dtype`` (``inverse_root_dtype`` or ``eigenvectors_dtype``, else
@@ -66,6 +67,12 @@ class ParamGroupPlan:
     @property
     def total_blocks(self) -> int:
         return sum(g.num_blocks for g in self.grids)
+
+    def planned(self, j: int, p: torch.Tensor) -> torch.Tensor:
+        """Parameter j as the plan sees it: itself, or under FSDP2 its whole value
+        (``"lossless"``, an all-gather over the shard group) or this rank's piece
+        (``"local"``)."""
+        return planned(p, self.shards[j] if self.shards else None, self.local_shards)
 
     def held_rows(self) -> dict[tuple[int, int], tuple[BlockGroup, int]]:
         """(position, block) -> (its block group, row) for every block held here."""
