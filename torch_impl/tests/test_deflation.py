@@ -1,7 +1,7 @@
 """Eq. (11d) in torch: the LOBPCG top-k deflation of the coupled Newton root, against the
 reference (docs/spec.md eq. 11d).
 
-The torch port (:mod:`shampoo_torch.lobpcg`, ``roots.root_inverse_deflated_newton``)
+The torch port (:mod:`shampoo_torch.roots.lobpcg`, ``root_inverse_deflated_newton``)
 makes the reference's choices in its order, so in float64 it agrees with it to rounding:
 the Ritz values and the deflated part ``V diag(theta) V^T`` to 1e-12 relative after the
 same number of iterations, the root to 1e-12 relative of its largest entry, and the
@@ -36,8 +36,8 @@ from shampoo_spec import (
     from_google,
 )
 from shampoo_torch import Shampoo
-from shampoo_torch.lobpcg import lobpcg_top_k, pth_root_difference
-from shampoo_torch.roots import root_inverse_deflated_newton
+from shampoo_torch.roots.lobpcg import lobpcg_top_k, pth_root_difference
+from shampoo_torch.roots.newton import root_inverse_deflated_newton
 
 from .helpers import max_relative_error, stream
 

@@ -25,7 +25,7 @@ from shampoo_spec import (
     StatisticsConfig,
     from_meta,
 )
-from shampoo_torch.roots import root_inverse_reusing_basis as torch_root
+from shampoo_torch.roots.basis import root_inverse_reusing_basis as torch_root
 
 from .helpers import max_relative_error, stepped, stream
 

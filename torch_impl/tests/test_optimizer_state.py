@@ -709,6 +709,6 @@ def test_metrics_are_lazy_device_counters() -> None:
     opt = Shampoo(params, RICH)
     assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}
     run_steps(opt, params, make_grads(2))
-    counters = next(iter(opt._counters.values()))
+    counters = next(iter(opt._counters.by_device.values()))
     assert all(isinstance(v, torch.Tensor) for v in counters.values())
     assert opt.metrics == {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}

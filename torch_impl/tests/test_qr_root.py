@@ -8,7 +8,7 @@ import torch
 
 from shampoo_reference.roots.basis import root_inverse_qr
 from shampoo_spec import EpsilonConfig
-from shampoo_torch.roots import root_inverse_qr as torch_root
+from shampoo_torch.roots.basis import root_inverse_qr as torch_root
 
 
 def spd(n: int, cond: float, seed: int) -> np.ndarray:

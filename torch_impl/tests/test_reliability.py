@@ -299,7 +299,7 @@ def test_load_refuses_a_transposed_parameter_shape(distributed: bool) -> None:
 
 def _rename_to(dst: Shampoo, sd: dict[str, Any]) -> None:
     """Key a distributed ``sd`` by ``dst``'s names (they hold the shapes) to reach the checks."""
-    names = dst._checkpoint_names()[0]
+    names = dst.distributed_state_dict()["param_groups"][0]["params"]
     sd["state"] = dict(zip(names, sd["state"].values(), strict=True))
     sd["param_groups"][0]["params"] = names
 

@@ -13,7 +13,7 @@ param group; parameters of a group at the same step t form a *cohort*:
    (eqs. 6-13, 17; :mod:`shampoo_torch.preconditioner`); with
    ``epsilon.rank_cutoff_scope = "parameter"`` (eq. 10g) the roots come after
    every group's statistics, once each parameter's largest eigenvalue per dim
-   is known (3b);
+   is known (3b, :mod:`shampoo_torch.rank_cutoff`);
 4. directions: graft (eqs. 14c, 14e), Shampoo per block group (eqs. 16-17) with the
    per-block graft rescale (eq. 18), exchanged between ranks when distributed;
    with ``schedule.roots_take_effect = "next_step"`` the inverse roots of
@@ -25,7 +25,8 @@ param group; parameters of a group at the same step t form a *cohort*:
    parameter's weights), so the block directions of every parameter never
    live at once;
 6. the eq. (13) failure limit, raised only now, after every parameter moved
-   (failed inverse roots kept the previous ones): a step is never half done.
+   (failed inverse roots kept the previous ones): a step is never half done
+   (:mod:`shampoo_torch.failure_limit`).
 
 Schedule decisions come from ``shampoo_spec.schedule``, blocking from
 ``shampoo_spec.plan_parameter`` and every derived rule (update weights, bias
@@ -58,34 +59,40 @@ rank of the trainer group.
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from shampoo_spec import (
-    NonFiniteGradientError,
-    RootFailureError,
-    ShampooConfig,
-    is_statistics_step,
-)
+from shampoo_spec import ShampooConfig, is_statistics_step
 
-from . import checkpoint, elementwise, grafting, preconditioner, refusal, sharding
-from .blocks import assemble, expand_blocks, gather, row_chunks, select_rows
+from . import (
+    averaging,
+    checkpoint,
+    distributed_checkpoint,
+    elementwise,
+    failure_limit,
+    grafting,
+    preconditioner,
+    rank_cutoff,
+    refusal,
+)
+from .arguments import as_config, check_lr
+from .block_grid import expand_blocks
+from .blocks import assemble, gather, row_chunks, select_rows
 from .cohorts import (
     AVERAGING_MODE,
     FIRST_LR,
     LR_POWER_SUM,
     Cohort,
-    StepInput,
     read_gradients,
     split_cohorts,
     write_back,
 )
 from .distributed import BlockKey, DistributedConfig, Distributor
-from .state import BlockView, ParamGroupPlan, block_views, build_param_group_plan
+from .metrics import StepCounters
+from .state import BlockView, CheckpointState, ParamGroupPlan, block_views, build_param_group_plan
 
 
 class Shampoo(torch.optim.Optimizer):
@@ -153,7 +160,7 @@ class Shampoo(torch.optim.Optimizer):
             self._dist = None  # each rank steps its own pieces: no optimizer communication
         self._lr_override = lr
         self._plans: list[ParamGroupPlan] = []
-        self._counters: dict[torch.device, dict[str, torch.Tensor]] = {}
+        self._counters = StepCounters()
         defaults = {"lr": config.learning_rate if lr is None else lr, "config": config}
         super().__init__(params, defaults)
 
@@ -180,7 +187,7 @@ class Shampoo(torch.optim.Optimizer):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
                                    lay.plan.shape)
             if cfg.averaging is not None:  # eq. (20d): Z starts at W (the planned tensor)
-                w = _planned(plan, j, p.detach())
+                w = plan.planned(j, p.detach())
                 self.state[p]["averaged"] = w.to(dt).reshape(lay.merged_shape).clone()
         if cfg.averaging is not None:
             param_group[AVERAGING_MODE] = "train"
@@ -188,14 +195,6 @@ class Shampoo(torch.optim.Optimizer):
                 param_group[LR_POWER_SUM] = 0.0
 
     # ------------------------------------------------ metrics and views
-    def _counter(self, device: torch.device) -> dict[str, torch.Tensor]:
-        if device not in self._counters:
-            self._counters[device] = {
-                name: torch.zeros((), dtype=torch.int64, device=device)
-                for name in ("root_failures", "skipped_blocks", "withheld_updates")
-            }
-        return self._counters[device]
-
     @property
     def metrics(self) -> dict[str, int]:
         """Counters since construction (read lazily; this reads the device).
@@ -211,11 +210,7 @@ class Shampoo(torch.optim.Optimizer):
         blocks only (the ranks of a trainer group add up to the
         single-process count).
         """
-        out = {"root_failures": 0, "skipped_blocks": 0, "withheld_updates": 0}
-        for counters in self._counters.values():
-            for name, value in counters.items():
-                out[name] += int(value)
-        return out
+        return self._counters.read()
 
     def blocks(self) -> Iterator[BlockView]:
         """A read-only :class:`~shampoo_torch.BlockView` of every block, in order.
@@ -267,7 +262,8 @@ class Shampoo(torch.optim.Optimizer):
             read_gradients(gi, group, gp, self.state)
             for gi, (group, gp) in enumerate(zip(self.param_groups, self._plans, strict=True))
         ]
-        self._refuse_blocks(inputs)
+        refusal.refuse_blocks(inputs, self.state, self.param_groups, self._plans, self._dist,
+                              self._shard_mode, self._counters, self._device)
         for inp in inputs:  # eq. (8b)'s lr_1, once the step can no longer be refused
             if inp is not None and inp.gp.config.schedule.precondition_frequency_growth:
                 self.param_groups[inp.gi].setdefault(FIRST_LR, inp.lr)
@@ -281,7 +277,8 @@ class Shampoo(torch.optim.Optimizer):
         for c in cohorts:
             self._block_state(c)  # 3. statistics, inverse roots, corrected moment
         if any(c.cuts_rank_per_parameter and c.root_step for c in cohorts):
-            self._parameter_rank_scales(cohorts)  # 3b. eq. (10g): one max over the blocks
+            # 3b. eq. (10g): one max over the blocks
+            rank_cutoff.parameter_rank_scales(cohorts, self._device(), self._dist)
             for c in cohorts:
                 if c.cuts_rank_per_parameter and not c.roots_lag:
                     self._refresh_roots(c)
@@ -292,132 +289,9 @@ class Shampoo(torch.optim.Optimizer):
         blocks = self._exchange(cohorts)  # distributed: all-gather
         for c in cohorts:
             self._update(c, blocks)  # 5. parameter rescale, momentum, update
-        self._check_root_failures(cohorts)  # 6. eq. (13), after the whole step
+        failure_limit.check_root_failures(  # 6. eq. (13), after the whole step
+            cohorts, self._plans, self._dist, self._shard_mode, self._device)
         return loss
-
-    def _refuse_blocks(self, inputs: list[StepInput | None]) -> None:
-        """Eq. (3), before any state changes: the blocks whose step is refused.
-
-        Per param group :func:`refusal.block_codes` (on the device, no host
-        sync). Distributed: one all-reduce (max) of every group's codes over
-        the whole process group, so every rank and replica refuses the same
-        blocks whichever rank saw the bad gradient or holds the block's
-        factors. ``"raise"``: the codes are read on the host (once per step)
-        and the error comes before anything changed; ``"skip_block"``: the
-        flags stay on the device (``inp.ok``) and the refused blocks are counted.
-        """
-        live = [inp for inp in inputs if inp is not None]
-        codes = [refusal.block_codes(inp, self.state) for inp in live]
-        raising = [inp.gp.config.failure.nonfinite_gradient == "raise" for inp in live]
-        if self._shard_mode == "local" and any(
-                gp.config.failure.nonfinite_gradient == "raise" for gp in self._plans):
-            # Every step, on every rank (one whose pieces are all empty too).
-            self._agree_local_raise([c for c, r in zip(codes, raising, strict=True) if r])
-        if not live:
-            return
-        local = codes
-        if self._dist is not None:
-            flat = torch.cat(codes)  # one device per rank
-            if any(raising):
-                local = list(flat.clone().split([len(c) for c in codes]))
-            self._dist.agree_max(flat)
-            codes = list(flat.split([len(c) for c in codes]))
-        if any(raising):
-            self._raise_refused(
-                [(inp, code, mine) for inp, code, mine, r in zip(live, codes, local, raising,
-                                                                  strict=True) if r]
-            )
-        for inp, code, r in zip(live, codes, raising, strict=True):
-            if not r:
-                inp.ok = code == refusal.OK
-                self._counter(code.device)["skipped_blocks"].add_((code != refusal.OK).sum())
-
-    def _agree_local_raise(self, codes: list[torch.Tensor]) -> None:
-        """``shard_mode="local"``, eq. (3) ``"raise"``: every rank raises, or none.
-
-        Each rank decides on its own pieces; one all-reduce (max) of one flag
-        over the world, every step of an optimizer with a ``"raise"`` group,
-        then makes the ranks whose pieces were fine raise too (a rank raising
-        alone would leave the others waiting in FSDP's next collective). With
-        :meth:`_agree_local_root_failure`, the only optimizer collectives of
-        the local mode.
-        """
-        import torch.distributed as tdist
-
-        mine = any(bool((c != refusal.OK).any()) for c in codes)
-        flag = torch.tensor([int(mine)], dtype=torch.int32, device=self._device())
-        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
-        if int(flag.item()) and not mine:
-            raise NonFiniteGradientError(
-                "a non-finite or too large gradient in another rank's pieces (shard_mode="
-                "'local': each rank decides on its own pieces; that rank's error names the "
-                "parameter); failure.nonfinite_gradient='raise' (no optimizer state or "
-                "parameter was changed by this step on any rank)."
-            )
-
-    def _agree_local_root_failure(self, mine: bool) -> None:
-        """``shard_mode="local"``, eq. (13) limit: every rank raises, or none (one flag)."""
-        import torch.distributed as tdist
-
-        flag = torch.tensor([int(mine)], dtype=torch.int32, device=self._device())
-        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
-        if int(flag.item()) and not mine:
-            raise RootFailureError(
-                "inverse roots of a block of another rank's pieces failed too many root steps "
-                "in a row (failure.max_consecutive_root_failures; shard_mode='local': that "
-                "rank's error names the block). This step was completed before raising."
-            )
-
-    def _raise_refused(
-        self, raising: list[tuple[StepInput, torch.Tensor, torch.Tensor]]
-    ) -> None:
-        """Eq. (3) ``"raise"``: NonFiniteGradientError for the first refused block, if any.
-
-        ``raising``: per param group with that policy, its agreed codes and
-        this rank's own. One host read per device; distributed, every rank
-        sees the same agreed codes, and one more all-reduce (on the error path
-        only) names the lowest rank that saw a refused block.
-        """
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for _, code, _ in raising:
-            by_device.setdefault(code.device, []).append(code)
-        if not any(bool(torch.cat(cs).any()) for cs in by_device.values()):
-            return
-        first: tuple[int, ...] | None = None  # (group, position, block, code), seen here
-        for inp, _, mine in raising:
-            host = mine.cpu().tolist()
-            gp = inp.gp
-            for pos in sorted(inp.g):
-                off = gp.offsets[pos]
-                bad = [b for b in range(gp.grids[pos].num_blocks) if host[off + b]]
-                if bad:
-                    first = (inp.gi, pos, bad[0], host[off + bad[0]])
-                    break
-            if first is not None:
-                break
-        where = ""
-        if self._dist is not None:
-            found = self._dist.first_flagged(first, 4, self._device(), whole_world=True)
-            assert found is not None  # the agreed codes say some rank saw one
-            rank, first = found
-            where = f" on rank {rank} of {self._dist.full_world} (every rank raises this error)"
-        assert first is not None
-        gi, pos, block, kind = first
-        step = self.state[self.param_groups[gi]["params"][pos]]["step"] + 1
-        if kind == refusal.NONFINITE:
-            what, why = "non-finite gradient", ""
-        else:
-            what = "too large gradient"
-            why = (": finite, but max|state| + |B| max|G_B|^2 > 2^127, so the block's state "
-                   "could overflow float32 (eq. 3, shampoo_spec.block_overflows)")
-            if self._plans[gi].config.factor_storage_dtype == "float16":
-                why += (", or max|factors| + |B| max|G_B|^2 > 2^15, so its float16 factors "
-                        "could overflow (factor_storage_dtype, eq. 11b)")
-        raise NonFiniteGradientError(
-            f"{what} in parameter {self._plans[gi].names[pos]!r} at step {step} (block {block})"
-            f"{where}{why}; failure.nonfinite_gradient='raise' (no optimizer state or "
-            "parameter was changed by this step; 'skip_block' skips such blocks instead)."
-        )
 
     def _elementwise_state(self, c: Cohort) -> None:
         """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (14e), (15),
@@ -488,101 +362,8 @@ class Shampoo(torch.optim.Optimizer):
         scales = c.rank_scales.get(index) if c.cuts_rank_per_parameter else None
         updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config, c.t,
                                                                  scales)
-        self._counter(bg.device)["root_failures"].add_(failures)
+        self._counters.on(bg.device)["root_failures"].add_(failures)
         c.root_counts.append((bg, members, updated))
-
-    def _parameter_rank_scales(self, cohorts: list[Cohort]) -> None:
-        """Eq. (10g): ``Lambda_k = max over blocks b of lambda_max(A_{b,k})`` for every
-        (parameter, dim k) of the cohorts whose root step cuts the rank per parameter,
-        stored per block-group row in ``c.rank_scales``.
-
-        Blocks of all parameters share block groups (by shape), so each row's
-        lambda_max (:func:`preconditioner.largest_eigenvalues`: -inf for a row
-        that is not admitted or not finite) goes to its (parameter, k) slot by one
-        scatter max per group and dim; the max never crosses parameters. The slots
-        are laid out from the plans (every stepping parameter, every dim), not
-        from the rows held here, so they agree across ranks: distributed, one
-        all-reduce (max) over the trainer group, whose ranks own the parameter's
-        blocks between them, completes every slot at once (a max is exact and
-        order-free, so the result equals one process bit for bit). Then each
-        row reads its slot back. Called on every rank alike (the cohorts and
-        their root steps are the same on every rank).
-        """
-        jobs = [c for c in cohorts if c.cuts_rank_per_parameter and c.root_step]
-        device = self._device()
-        dtype = (torch.float64 if any(c.inp.gp.factor_dtype == torch.float64 for c in jobs)
-                 else torch.float32)  # exact for every group's Lambda (a max of its values)
-        slots: dict[tuple[int, int, int], int] = {}  # (cohort, position, dim) -> slot
-        for j, c in enumerate(jobs):
-            for pos in c.positions:
-                plan = c.inp.gp.layouts[pos].plan
-                if plan.preconditioned:
-                    for k in range(max(len(b.shape) for b in plan.blocks)):
-                        slots[(j, pos, k)] = len(slots)
-        lambdas = torch.full((len(slots),), -math.inf, dtype=dtype, device=device)
-        reads: list[tuple[Cohort, int, int, torch.Tensor]] = []
-        for j, c in enumerate(jobs):
-            gp = c.inp.gp
-            for index, (members, rows, ok) in c.selected.items():
-                bg = gp.block_groups[index]
-                for k in bg.dims:
-                    top = preconditioner.largest_eigenvalues(bg, k, rows, ok, c.config)
-                    ids = torch.tensor([slots[(j, bg.members[r][0], k)] for r in members],
-                                       dtype=torch.int64, device=device)
-                    lambdas.scatter_reduce_(0, ids, top.to(device, dtype), "amax")
-                    reads.append((c, index, k, ids))
-        if self._dist is not None:
-            self._dist.max_over_trainers(lambdas)
-        for c, index, k, ids in reads:
-            bg = c.inp.gp.block_groups[index]
-            lam = lambdas.index_select(0, ids).to(bg.device, bg.dtype)
-            c.rank_scales.setdefault(index, {})[k] = lam
-
-    def _check_root_failures(self, cohorts: list[Cohort]) -> None:
-        """Eq. (13): raise when a block's inverse roots failed too many root steps in a row.
-
-        Checked at the end of the step, after every parameter was updated
-        (the failed inverse roots kept the previous ones), so the step is
-        complete when it raises; distributed: one all-reduce over the trainer
-        group on root steps, so every rank raises for the same block (named
-        with its owner).
-        """
-        exceeded: tuple[int, ...] | None = None  # (group, position, block, count, step)
-        checked = False
-        for c in cohorts:
-            limit = c.config.failure.max_consecutive_root_failures
-            if limit is None or not c.root_step:
-                continue
-            checked = True
-            for bg, members, updated in c.root_counts:
-                over = updated > limit
-                if bool(over.any()):  # root steps only (amortized)
-                    j = int(torch.nonzero(over)[0, 0])
-                    pos, block = bg.members[members[j]]
-                    found = (c.inp.gi, pos, block, int(updated[j]), c.t)
-                    exceeded = found if exceeded is None else min(exceeded, found)
-        where = ""
-        if self._dist is not None and checked:
-            agreed = self._dist.first_flagged(exceeded, 5, self._device(), whole_world=False)
-            exceeded = None if agreed is None else agreed[1]
-            if agreed is not None:
-                where = f" (owned by rank {agreed[0]}; every rank raises this error)"
-        if self._shard_mode == "local" and any(
-                gp.config.failure.max_consecutive_root_failures is not None
-                for gp in self._plans):  # every step, on every rank
-            self._agree_local_root_failure(exceeded is not None)
-        if exceeded is None:
-            return
-        gi, pos, block, count, t = exceeded
-        gp = self._plans[gi]
-        raise RootFailureError(
-            f"inverse roots of block {block} (shape {gp.layouts[pos].plan.blocks[block].shape}) "
-            f"of parameter {gp.names[pos]!r} failed on {count} root steps in a row, the last "
-            f"at step {t} (failure.max_consecutive_root_failures="
-            f"{gp.config.failure.max_consecutive_root_failures}){where}. This step was "
-            "completed (every parameter updated, the failed inverse roots kept the previous "
-            "ones) before raising."
-        )
 
     def _directions(self, c: Cohort) -> None:
         """Eq. (14c) per parameter; eqs. (16)-(17) per block group, (18) when per block.
@@ -718,7 +499,7 @@ class Shampoo(torch.optim.Optimizer):
         withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
                                             buffers, st, cfg, inp.lr, ok, delta)
         write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
-        self._counter(withheld.device)["withheld_updates"].add_(withheld)
+        self._counters.on(withheld.device)["withheld_updates"].add_(withheld)
 
     def _device(self) -> torch.device:
         device: torch.device = self.param_groups[0]["params"][0].device
@@ -730,31 +511,14 @@ class Shampoo(torch.optim.Optimizer):
         """Put the averaged sequence ``x = (W - (1 - mu_y) Z) / mu_y`` in the parameters of
         every group with ``config.averaging`` (eq. 20d); ``step()`` then refuses until
         :meth:`train`. Groups without averaging, or already in eval mode, are left alone."""
-        self._switch("eval", lambda mu_y: 1.0 - 1.0 / mu_y)
+        averaging.switch_sequence(self.param_groups, self._plans, self.state, "eval",
+                                  lambda mu_y: 1.0 - 1.0 / mu_y)
 
     @torch.no_grad()
     def train(self) -> None:
         """Back to the training sequence ``y = mu_y x + (1 - mu_y) Z`` (eq. 20d)."""
-        self._switch("train", lambda mu_y: 1.0 - mu_y)
-
-    def _switch(self, mode: str, coefficient: Callable[[float], float]) -> None:
-        """``W <- W + c (Z - W)`` for every parameter of the groups not yet in ``mode``.
-
-        Under FSDP2 a collective in ``"lossless"`` mode: every rank of the shard
-        group calls :meth:`train` / :meth:`eval` together, as it calls ``step``."""
-        for group, gp in zip(self.param_groups, self._plans, strict=True):
-            av = gp.config.averaging
-            if av is None or group[AVERAGING_MODE] == mode:
-                continue
-            c = coefficient(av.train_interp)
-            for j, p in enumerate(group["params"]):
-                z = self.state[p]["averaged"]
-                whole = _planned(gp, j, p.detach())  # FSDP2 "lossless": all-gathered
-                w = whole.to(z.dtype).reshape(z.shape)
-                new = (w + c * (z - w)).reshape(whole.shape).to(whole.dtype)
-                sharding.store_planned(p, new, gp.shards[j] if gp.shards else None,
-                                       gp.local_shards)
-            group[AVERAGING_MODE] = mode
+        averaging.switch_sequence(self.param_groups, self._plans, self.state, "train",
+                                  lambda mu_y: 1.0 - mu_y)
 
     # ------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -764,7 +528,7 @@ class Shampoo(torch.optim.Optimizer):
         and per block its factors, inverse roots/eigenbases and counters. Each
         group keeps its hyper-parameters with ``config`` as ``config.to_dict()``.
         """
-        return checkpoint.state_dict(self)
+        return checkpoint.state_dict(self._checkpoint_state())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; tensors move to each parameter's device.
@@ -774,7 +538,7 @@ class Shampoo(torch.optim.Optimizer):
         state entry is not finite. Version 1 dicts (saved before
         ``param_shape``) load too (:mod:`shampoo_torch.checkpoint`).
         """
-        checkpoint.load_state_dict(self, state_dict)
+        checkpoint.load_state_dict(self._checkpoint_state(), state_dict)
 
     def distributed_state_dict(self) -> dict[str, Any]:
         """Every block's state, keyed by parameter name and block, loadable at any world size.
@@ -788,8 +552,9 @@ class Shampoo(torch.optim.Optimizer):
         loads at another world size; ``shard_mode="local"`` refuses it (use
         :meth:`state_dict` per rank, at the same world size).
         """
-        self._refuse_local_pieces("distributed_state_dict")
-        return checkpoint.distributed_state_dict(self)
+        distributed_checkpoint.refuse_local_pieces("distributed_state_dict", self._shard_mode,
+                                                   self._plans)
+        return distributed_checkpoint.distributed_state_dict(self._checkpoint_state())
 
     def load_distributed_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`distributed_state_dict` saved at any world size (1 included).
@@ -798,55 +563,15 @@ class Shampoo(torch.optim.Optimizer):
         nothing) when names, configs, blocks or shapes differ or a state entry
         is not finite. Version 1 dicts (saved before ``param_shape``) load too.
         """
-        self._refuse_local_pieces("load_distributed_state_dict")
-        checkpoint.load_distributed_state_dict(self, state_dict)
+        distributed_checkpoint.refuse_local_pieces("load_distributed_state_dict",
+                                                   self._shard_mode, self._plans)
+        distributed_checkpoint.load_distributed_state_dict(self._checkpoint_state(),
+                                                           state_dict)
 
-    def _refuse_local_pieces(self, method: str) -> None:
-        if self._shard_mode == "local" and any(
-                info is not None for gp in self._plans for info in gp.shards):
-            raise ValueError(
-                f"Shampoo.{method}() with DistributedConfig.shard_mode = 'local' is invalid: "
-                "each rank's state belongs to its own pieces, whose plan depends on the world "
-                "size; allowed state_dict() / load_state_dict() per rank at the same world "
-                "size, or shard_mode='lossless' (portable across world sizes)."
-            )
-
-    # The internal API of :mod:`shampoo_torch.checkpoint` (nothing else calls it).
-    def _checkpoint_blocks(self) -> list[list[list[dict[str, Any] | None]]]:
-        """Per param group :meth:`ParamGroupPlan.block_states`: live views (packed matrices
-        as copies, written back by :meth:`_checkpoint_store`), None if not held."""
-        return [gp.block_states() for gp in self._plans]
-
-    def _checkpoint_store(self, blocks: Sequence[Sequence[Sequence[Mapping[str, Any]]]]
-                          ) -> None:
-        """Write back the packed matrices of :meth:`_checkpoint_blocks`' block states
-        (after a copy into them; an empty entry is another rank's block)."""
-        for gp, per_group in zip(self._plans, blocks, strict=True):
-            gp.store_block_states(per_group)
-
-    def _checkpoint_names(self) -> list[list[str]]:
-        """The parameters' names per param group (the keys of a distributed checkpoint)."""
-        return [list(gp.names) for gp in self._plans]
-
-    def _checkpoint_gather(self, obj: object) -> list[object]:
-        """``obj`` of every rank of the trainer group (``[obj]`` in one process)."""
-        return [obj] if self._dist is None else self._dist.all_gather_object(obj)
-
-    def _restore_metrics(self, metrics: Mapping[str, Any]) -> None:
-        """Set :attr:`metrics` to saved counts.
-
-        ``root_failures`` is a sum over the ranks of a trainer group (each
-        counts its own blocks), so only rank 0 of a distributed optimizer
-        takes the saved total.
-        """
-        self._counters.clear()
-        if not (self.param_groups and self.param_groups[0]["params"]):
-            return
-        counters = self._counter(self._device())
-        for name in ("skipped_blocks", "withheld_updates"):  # the same on every rank
-            counters[name].fill_(int(metrics.get(name, 0)))
-        if self._dist is None or self._dist.rank == 0:
-            counters["root_failures"].fill_(int(metrics.get("root_failures", 0)))
+    def _checkpoint_state(self) -> CheckpointState:
+        """What :mod:`shampoo_torch.checkpoint` reads and writes of this optimizer."""
+        return CheckpointState(self.param_groups, self.state, self._plans, self._counters,
+                               self._dist)
 
 
 def _parameter_direction(
@@ -864,51 +589,3 @@ def _parameter_direction(
     if graft.rescale_scope == "parameter":
         p = preconditioner.rescale_to_graft(p, c.graft_dir[i], graft.norm_epsilon)
     return p
-
-
-def _planned(gp: ParamGroupPlan, j: int, p: torch.Tensor) -> torch.Tensor:
-    """Parameter j as the group's plan sees it: itself, or under FSDP2 its whole value
-    (``"lossless"``, an all-gather over the shard group) or this rank's piece (``"local"``)."""
-    return sharding.planned(p, gp.shards[j] if gp.shards else None, gp.local_shards)
-
-
-def check_lr(lr: object, name: str) -> None:
-    """A learning rate: a finite real number >= 0 (not a bool, not a tensor); else ValueError.
-
-    ``name`` says where it came from (``"lr"``, ``"param_groups[1]['lr']"``).
-    """
-    ok = (isinstance(lr, numbers.Real) and not isinstance(lr, bool)
-          and not isinstance(lr, torch.Tensor))
-    if ok:
-        try:
-            ok = math.isfinite(float(lr)) and float(lr) >= 0.0  # type: ignore[arg-type]
-        except (OverflowError, TypeError, ValueError):
-            ok = False
-    if not ok:
-        text = repr(lr)
-        text = text if len(text) <= 80 else text[:60] + "..."
-        raise ValueError(f"{name} = {text} is invalid: allowed a finite number >= 0 (a Python "
-                         "float or int; tensor learning rates are not supported).")
-
-
-def as_config(value: object, default: ShampooConfig, name: str) -> ShampooConfig:
-    """The one rule for a config argument, at the top level and in a param group.
-
-    A :class:`~shampoo_spec.ShampooConfig`; its ``to_dict()`` form (a dict,
-    read by ``ShampooConfig.from_dict``, as checkpoints store it); or None
-    for ``default``. Anything else, or a dict ``from_dict`` refuses, raises
-    ValueError naming ``name`` (``"config"``, ``"param_groups[1]['config']"``).
-    """
-    if value is None:
-        return default
-    if isinstance(value, ShampooConfig):
-        return value
-    if isinstance(value, dict):
-        try:
-            return ShampooConfig.from_dict(value)
-        except (ValueError, TypeError, KeyError) as err:
-            raise ValueError(f"{name} is an invalid ShampooConfig dict: {err}") from err
-    text = repr(value)
-    text = text if len(text) <= 80 else text[:60] + "..."
-    raise ValueError(f"{name} = {text} ({type(value).__name__}) is invalid: allowed a "
-                     "shampoo_spec.ShampooConfig, its to_dict() form (a dict) or None.")

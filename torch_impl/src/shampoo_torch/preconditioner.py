@@ -28,10 +28,8 @@ from functools import partial
 import torch
 
 from shampoo_spec import (
-    CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
     EighConfig,
-    HigherOrderNewtonConfig,
     ShampooConfig,
     SpectralDescentConfig,
     StatisticsConfig,
@@ -41,7 +39,6 @@ from . import grafting, roots
 from .blocks import (
     BlockGroup,
     Rows,
-    Sketch,
     contraction_operands,
     gram_on_triangle,
     gram_update_,
@@ -276,53 +273,22 @@ def _refresh_rows(
     where it passed and ``ok``; returns the rows that failed (eq. 13). ``scale``: eq.
     (10g)'s Lambda_k per row (the config allows it with plain eigh roots only)."""
     stats = cfg.statistics
-    method = cfg.root_inverse
     a = take(bg.factors[k], rows)
     if bg.storage_dtype is not None:  # eq. (11b): the root in s
         if bc is not None:  # float32 division, rounded to s (Meta's 0-d divisor)
             a = (a.float() / bc.float()[:, None, None]).to(bg.storage_dtype)
-        new, good = rowwise(
-            partial(roots.root_inverse_eigh_stored, root=bg.roots[k], eps=cfg.epsilon,
-                    work_dtype=bg.dtype),
-            a,
-        )
+        new, good = roots.root_inverse_in_storage_dtype(a, bg.roots[k], cfg.epsilon, bg.dtype)
         new = new.contiguous().to(bg.root_dtype)  # eq. (11a) when set; exact otherwise
         return _accept(bg, k, rows, new, good & roots.finite_rows(new), ok)
     a = _root_input(a, bc, cfg)  # eqs. (7), (7b)
     ec = cfg.eigenvalue_correction
-    if ec is not None and ec.eigenbasis_method == "qr":  # eq. (17c)
-        prev = take(bg.inverse_roots[k], rows)
-        new, good = rowwise(
-            partial(roots.qr_eigenbasis, eps=cfg.epsilon,
-                    max_iterations=ec.qr_max_iterations,
-                    tolerance=ec.basis_reuse_tolerance),
-            torch.stack([prev.to(a.dtype), a], dim=1),
-        )
-    # The eigh and Newton roots take the rows together: their operations are batch
-    # invariant (:mod:`.invariance`) but for pow, which they take per row inside; one
-    # call per chunk, not per block.
-    elif ec is not None:
-        new, good = roots.eigenbasis(a, failure_threshold=tau)
-    elif cfg.low_rank is not None and cfg.low_rank.compresses(bg.shape[k]):  # eq. (10c)
-        lr = cfg.low_rank
-        new, good = roots.root_inverse_eigh(
-            a, bg.roots[k], lr.epsilon_for(cfg.epsilon), lr.eigh.failure_threshold_float32,
-            (lr.rank, lr.keep))
-    elif isinstance(method, HigherOrderNewtonConfig):
-        new, good = rowwise(
-            partial(roots.root_inverse_higher_order, root=bg.roots[k], config=method), a
-        )
-    elif isinstance(method, CoupledNewtonConfig) and method.deflates(a.shape[-1]):  # eq. (11d)
-        new, good = roots.root_inverse_deflated_newton(a, int(bg.roots[k]), cfg.epsilon, method)
-    elif isinstance(method, CoupledNewtonConfig):
-        new, good = roots.root_inverse_coupled_newton(
-            a, int(bg.roots[k]), cfg.epsilon, method,
-            symmetric=not stats.quantized)  # eq. (20c): as read back
-    elif cfg.root_inverse_stores_basis:  # eqs. (10f), (10h)
-        assert isinstance(method, EighConfig)
-        new, good = _stored_basis_root(bg, k, rows, ok, a, cfg, method)
-    else:
-        new, good = roots.root_inverse_eigh(a, bg.roots[k], cfg.epsilon, tau, scale=scale)
+    basis = None
+    if roots.starts_from_basis(cfg):  # eq. (17c): the roots are the bases; eqs. (10f), (10h)
+        basis = take((bg.eigenbases if ec is None else bg.inverse_roots)[k], rows)
+    new, good, new_basis = roots.compute_inverse_root(a, bg.roots[k], cfg, tau, basis, scale)
+    if new_basis is not None:  # eqs. (10f), (10h)
+        assert basis is not None
+        _store_basis(bg, k, rows, ok, basis, new_basis, good)
     # Row-major, whatever layout the decomposition returned (:mod:`.invariance`).
     new = new.contiguous()
     if bg.rounds_roots:
@@ -343,53 +309,28 @@ def _refresh_rows(
     return _accept(bg, k, rows, new, good, ok)
 
 
-def _stored_basis_root(
-    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, a: torch.Tensor,
-    cfg: ShampooConfig, method: EighConfig,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The root of factor k of ``rows`` (``a`` bias corrected, eq. 7b applied) from its
-    stored eigenbasis: eq. (10f)'s QR root, or eq. (10h)'s (the basis kept while it fits,
-    else eigh); one row per call (batch invariance). The new basis is stored where the
-    root is accepted (good and ``ok``, as :func:`_accept`; eq. 13). Returns (X, good)."""
-    prev = take(bg.eigenbases[k], rows)
-    if method.qr:
-        from_basis = partial(roots.root_inverse_qr, max_iterations=method.qr_max_iterations,
-                             tolerance=method.qr_tolerance)
-    else:
-        from_basis = partial(roots.root_inverse_reusing_basis,
-                             tolerance=method.basis_reuse_tolerance)
-    out, good = rowwise(partial(from_basis, root=bg.roots[k], eps=cfg.epsilon),
-                        torch.stack([prev, a], dim=1))
+def _store_basis(
+    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, prev: torch.Tensor,
+    basis: torch.Tensor, good: torch.Tensor,
+) -> None:
+    """Eqs. (10f), (10h): the new eigenbasis of factor k of ``rows`` is stored where its
+    root is accepted (good and ``ok``, as :func:`_accept`; eq. 13), ``prev`` kept elsewhere."""
     keep = good if ok is None else (good & ok)
-    basis = torch.where(keep[:, None, None], out[:, 1], prev).contiguous()
+    basis = torch.where(keep[:, None, None], basis, prev).contiguous()
     bg.eigenbases[k] = put(bg.eigenbases[k], rows, basis)
-    return out[:, 0], good
 
 
 def _fold_sketch(
     bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int
 ) -> torch.Tensor:
     """Eq. (10d) (eq. 10e with ``frequent_directions.rule = "tearfree"``) at root step t
-    for sketched factor k of ``rows``: the sketch, emptied
-    first when ``frequent_directions.resets(t)``, takes the observation C_k of eq. (6c)
-    (no eq. 7 or 7b: the config refuses them); the new sketch is stored where the row
-    steps (``ok``) whatever X is, X by eq. (13) (:func:`_accept`); returns the rows
-    that failed."""
-    fd = cfg.frequent_directions
-    assert fd is not None
+    for sketched factor k of ``rows`` (:func:`shampoo_torch.roots.dispatch.sketch_root`): the
+    sketch takes the observation C_k of eq. (6c) (no eq. 7 or 7b: the config refuses them);
+    the new sketch is stored where the row steps (``ok``) whatever X is, X by eq. (13)
+    (:func:`_accept`); returns the rows that failed."""
     stored = bg.sketches[k]
     sketch = stored.take(rows)
-    rtol = fd.zero_rtol(bg.shape[k], cfg.factor_dtype)
-    c, beta = take(bg.factors[k], rows), cfg.statistics.beta2
-    if fd.rule == "tearfree":  # eq. (10e): no reset, epsilon by its own rule
-        e = cfg.epsilon
-        new, x, good = roots.tearfree_sketch_root(
-            sketch, c, bg.roots[k], beta, e.value, e.scale == "relative", rtol)
-    else:
-        if fd.resets(t):
-            sketch = Sketch(*(torch.zeros_like(x) for x in sketch.tensors()))
-        eps = roots.sketch_epsilon(sketch.lam[:, 0], cfg.epsilon, fd.relative_floor)
-        new, x, good = roots.frequent_directions_root(sketch, c, bg.roots[k], beta, eps, rtol)
+    new, x, good = roots.sketch_root(sketch, take(bg.factors[k], rows), bg.roots[k], cfg, t)
     if ok is not None:
         new = stored.take(rows).where(ok, new)
     stored.put(rows, new)

@@ -12,7 +12,7 @@ inf), so it is treated exactly like a non-finite one: raised under
 
 :func:`block_codes` computes the decision for every block of a param group
 at once, on the device and without a host sync: one separable max per
-parameter over its blocks (:func:`~shampoo_torch.blocks.block_max_abs`) for
+parameter over its blocks (:func:`~shampoo_torch.block_grid.block_max_abs`) for
 the gradient and the graft state, one max per row of each block group's
 factors and moment (max |x| over the whole factor, not its diagonal: a
 loaded factor need not be PSD), and the bound on the param group's flat
@@ -20,21 +20,30 @@ vector of blocks (every parameter's blocks in order, as
 :class:`~shampoo_torch.state.ParamGroupPlan` numbers them). The bound is
 computed in float64 (float32 where the device has no float64), so the
 decision matches the reference's.
+
+:func:`refuse_blocks` then takes the step's decision from the codes: agreed
+over the process group when distributed (one all-reduce, max), raised under
+``"raise"`` before anything changed, or kept as per-row flags on the device
+and counted under ``"skip_block"``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from shampoo_spec import STATE_LIMIT, factor_limit
+from shampoo_spec import STATE_LIMIT, NonFiniteGradientError, factor_limit
 
-from .blocks import BlockGroup, block_max_abs
+from .block_grid import block_max_abs
+from .blocks import BlockGroup
 from .cohorts import StepInput
+from .distributed import Distributor
 from .grafting import adafactor_max_abs
+from .metrics import StepCounters
 from .packed import SymmetricStack
+from .state import ParamGroupPlan
 
 OK, TOO_LARGE, NONFINITE = 0, 1, 2
 CODE_DTYPE = torch.int32
@@ -108,3 +117,126 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
         codes = torch.where(factor_bound <= limit, codes, TOO_LARGE)
     codes = torch.where(torch.isfinite(gmax), codes, NONFINITE)
     return codes.to(CODE_DTYPE)
+
+
+def refuse_blocks(
+    inputs: list[StepInput | None], state: Mapping[torch.Tensor, dict[str, Any]],
+    param_groups: Sequence[Mapping[str, Any]], plans: Sequence[ParamGroupPlan],
+    dist: Distributor | None, shard_mode: str | None, counters: StepCounters,
+    device: Callable[[], torch.device],
+) -> None:
+    """Eq. (3), before any state changes: the blocks whose step is refused.
+
+    Per param group :func:`block_codes` (on the device, no host
+    sync). Distributed: one all-reduce (max) of every group's codes over
+    the whole process group, so every rank and replica refuses the same
+    blocks whichever rank saw the bad gradient or holds the block's
+    factors. ``"raise"``: the codes are read on the host (once per step)
+    and the error comes before anything changed; ``"skip_block"``: the
+    flags stay on the device (``inp.ok``) and the refused blocks are counted.
+    """
+    live = [inp for inp in inputs if inp is not None]
+    codes = [block_codes(inp, state) for inp in live]
+    raising = [inp.gp.config.failure.nonfinite_gradient == "raise" for inp in live]
+    if shard_mode == "local" and any(
+            gp.config.failure.nonfinite_gradient == "raise" for gp in plans):
+        # Every step, on every rank (one whose pieces are all empty too).
+        _agree_local_raise([c for c, r in zip(codes, raising, strict=True) if r], device)
+    if not live:
+        return
+    local = codes
+    if dist is not None:
+        flat = torch.cat(codes)  # one device per rank
+        if any(raising):
+            local = list(flat.clone().split([len(c) for c in codes]))
+        dist.agree_max(flat)
+        codes = list(flat.split([len(c) for c in codes]))
+    if any(raising):
+        _raise_refused(
+            [(inp, code, mine) for inp, code, mine, r in zip(live, codes, local, raising,
+                                                              strict=True) if r],
+            state, param_groups, plans, dist, device,
+        )
+    for inp, code, r in zip(live, codes, raising, strict=True):
+        if not r:
+            inp.ok = code == OK
+            counters.on(code.device)["skipped_blocks"].add_((code != OK).sum())
+
+
+def _agree_local_raise(codes: list[torch.Tensor], device: Callable[[], torch.device]) -> None:
+    """``shard_mode="local"``, eq. (3) ``"raise"``: every rank raises, or none.
+
+    Each rank decides on its own pieces; one all-reduce (max) of one flag
+    over the world, every step of an optimizer with a ``"raise"`` group,
+    then makes the ranks whose pieces were fine raise too (a rank raising
+    alone would leave the others waiting in FSDP's next collective). With
+    :mod:`shampoo_torch.failure_limit`'s, the only optimizer collectives of
+    the local mode.
+    """
+    import torch.distributed as tdist
+
+    mine = any(bool((c != OK).any()) for c in codes)
+    flag = torch.tensor([int(mine)], dtype=torch.int32, device=device())
+    tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+    if int(flag.item()) and not mine:
+        raise NonFiniteGradientError(
+            "a non-finite or too large gradient in another rank's pieces (shard_mode="
+            "'local': each rank decides on its own pieces; that rank's error names the "
+            "parameter); failure.nonfinite_gradient='raise' (no optimizer state or "
+            "parameter was changed by this step on any rank)."
+        )
+
+
+def _raise_refused(
+    raising: list[tuple[StepInput, torch.Tensor, torch.Tensor]],
+    state: Mapping[torch.Tensor, dict[str, Any]], param_groups: Sequence[Mapping[str, Any]],
+    plans: Sequence[ParamGroupPlan], dist: Distributor | None,
+    device: Callable[[], torch.device],
+) -> None:
+    """Eq. (3) ``"raise"``: NonFiniteGradientError for the first refused block, if any.
+
+    ``raising``: per param group with that policy, its agreed codes and
+    this rank's own. One host read per device; distributed, every rank
+    sees the same agreed codes, and one more all-reduce (on the error path
+    only) names the lowest rank that saw a refused block.
+    """
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for _, code, _ in raising:
+        by_device.setdefault(code.device, []).append(code)
+    if not any(bool(torch.cat(cs).any()) for cs in by_device.values()):
+        return
+    first: tuple[int, ...] | None = None  # (group, position, block, code), seen here
+    for inp, _, mine in raising:
+        host = mine.cpu().tolist()
+        gp = inp.gp
+        for pos in sorted(inp.g):
+            off = gp.offsets[pos]
+            bad = [b for b in range(gp.grids[pos].num_blocks) if host[off + b]]
+            if bad:
+                first = (inp.gi, pos, bad[0], host[off + bad[0]])
+                break
+        if first is not None:
+            break
+    where = ""
+    if dist is not None:
+        found = dist.first_flagged(first, 4, device(), whole_world=True)
+        assert found is not None  # the agreed codes say some rank saw one
+        rank, first = found
+        where = f" on rank {rank} of {dist.full_world} (every rank raises this error)"
+    assert first is not None
+    gi, pos, block, kind = first
+    step = state[param_groups[gi]["params"][pos]]["step"] + 1
+    if kind == NONFINITE:
+        what, why = "non-finite gradient", ""
+    else:
+        what = "too large gradient"
+        why = (": finite, but max|state| + |B| max|G_B|^2 > 2^127, so the block's state "
+               "could overflow float32 (eq. 3, shampoo_spec.block_overflows)")
+        if plans[gi].config.factor_storage_dtype == "float16":
+            why += (", or max|factors| + |B| max|G_B|^2 > 2^15, so its float16 factors "
+                    "could overflow (factor_storage_dtype, eq. 11b)")
+    raise NonFiniteGradientError(
+        f"{what} in parameter {plans[gi].names[pos]!r} at step {step} (block {block})"
+        f"{where}{why}; failure.nonfinite_gradient='raise' (no optimizer state or "
+        "parameter was changed by this step; 'skip_block' skips such blocks instead)."
+    )

@@ -6,6 +6,9 @@ s holding the Kronecker state, names, dtypes, owners when distributed).
 
 :class:`BlockView`: the public, read-only view of one block's state that
 :meth:`Shampoo.blocks() <shampoo_torch.Shampoo.blocks>` yields.
+
+:class:`CheckpointState`: what a checkpoint reads and writes of the optimizer
+(:mod:`shampoo_torch.checkpoint`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import torch
 
 from shampoo_spec import EighConfig, ShampooConfig, large_block_warnings, plan_parameter
 
-from .blocks import BlockGrid, BlockGroup, ParamLayout, block_grid, build_block_groups
+from .block_grid import BlockGrid, block_grid
+from .blocks import BlockGroup, ParamLayout, build_block_groups
 from .distributed import Distributor
-from .sharding import PieceGather, ShardInfo, shard_info
+from .metrics import StepCounters
+from .sharding import PieceGather, ShardInfo, planned, shard_info
 
 FACTOR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: ``config.root_dtype`` (``inverse_root_dtype`` or ``eigenvectors_dtype``, else
@@ -62,6 +67,12 @@ class ParamGroupPlan:
     @property
     def total_blocks(self) -> int:
         return sum(g.num_blocks for g in self.grids)
+
+    def planned(self, j: int, p: torch.Tensor) -> torch.Tensor:
+        """Parameter j as the plan sees it: itself, or under FSDP2 its whole value
+        (``"lossless"``, an all-gather over the shard group) or this rank's piece
+        (``"local"``)."""
+        return planned(p, self.shards[j] if self.shards else None, self.local_shards)
 
     def held_rows(self) -> dict[tuple[int, int], tuple[BlockGroup, int]]:
         """(position, block) -> (its block group, row) for every block held here."""
@@ -298,3 +309,48 @@ def _held_view(view: BlockView, bg: BlockGroup, row: int) -> BlockView:
         consecutive_failures=int(st["consecutive_failures"]), corrected=st.get("corrected"),
         corrected_updates=None if corrected_updates is None else int(corrected_updates),
     )
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """What :mod:`shampoo_torch.checkpoint` reads and writes of a
+    :class:`~shampoo_torch.Shampoo` (its
+    :class:`~shampoo_torch.checkpoint.CheckpointTarget`): the optimizer's param groups
+    and state, its plans' block states, its counters and its trainer group."""
+
+    param_groups: list[dict[str, Any]]
+    state: Mapping[torch.Tensor, dict[str, Any]]
+    plans: Sequence[ParamGroupPlan]
+    counters: StepCounters
+    distributor: Distributor | None
+
+    @property
+    def metrics(self) -> dict[str, int]:
+        return self.counters.read()
+
+    def block_states(self) -> list[list[list[dict[str, Any] | None]]]:
+        """Per param group :meth:`ParamGroupPlan.block_states`: live views (packed matrices
+        as copies, written back by :meth:`store_block_states`), None if not held."""
+        return [gp.block_states() for gp in self.plans]
+
+    def store_block_states(self, blocks: Sequence[Sequence[Sequence[Mapping[str, Any]]]]
+                           ) -> None:
+        """Write back the packed matrices of :meth:`block_states`' block states
+        (after a copy into them; an empty entry is another rank's block)."""
+        for gp, per_group in zip(self.plans, blocks, strict=True):
+            gp.store_block_states(per_group)
+
+    def parameter_names(self) -> list[list[str]]:
+        """The parameters' names per param group (the keys of a distributed checkpoint)."""
+        return [list(gp.names) for gp in self.plans]
+
+    def gather(self, obj: object) -> list[object]:
+        """``obj`` of every rank of the trainer group (``[obj]`` in one process)."""
+        return [obj] if self.distributor is None else self.distributor.all_gather_object(obj)
+
+    def restore_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """Set the counters to saved counts; the saved ``root_failures`` (a sum over the
+        ranks of a trainer group) to rank 0's alone (:meth:`StepCounters.restore`)."""
+        first = self.param_groups[0]["params"] if self.param_groups else []
+        self.counters.restore(metrics, first[0].device if first else None,
+                              self.distributor is None or self.distributor.rank == 0)

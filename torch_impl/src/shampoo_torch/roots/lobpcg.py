@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from .invariance import rowwise
+from ..invariance import rowwise
 
 
 class TopK(NamedTuple):
