@@ -36,7 +36,8 @@ from .checkpoint import (
 )
 from .checks import check_state
 from .grafting import FactoredMoments
-from .sharded import ShardingConfig, shard_state, unshard_state
+from .placement import ShardingConfig
+from .sharded import shard_state, unshard_state
 from .state import BlockGroupState, ParameterInfo, ShampooState
 from .transform import shampoo
 
