@@ -1,4 +1,4 @@
-"""Grafting, eq. (14): elementwise state and the graft direction of one parameter.
+"""Grafting, eq. (14), and its rescale, eq. (18): the whole graft of a step.
 
 Same rules as ``shampoo_reference.grafting``; the state V is elementwise, so
 it lives in the parameter's (merged) shape and never depends on blocking.
@@ -6,6 +6,13 @@ Which types keep a state is ``GraftingConfig.has_state``. Eq. (14e)'s
 Adafactor graft (``GraftingConfig.factored``) is not elementwise: its
 moments (:class:`FactoredMoments`) are row and column means of the whole
 parameter in its own shape (not merged, not blocked).
+
+Per leaf: :func:`update_state` (eq. 14b), :func:`direction` (eqs. 14a, 14c,
+14d), the Adafactor moments and direction (eq. 14e). Per step, over every
+leaf: :func:`update_states`, :func:`update_adafactor_moments`,
+:func:`directions`, :func:`adafactor_directions`. Eq. (18)'s rescale of the
+Shampoo direction to the graft's norm: per block (:func:`graft_blocks`,
+:func:`rescale_blocks`) or per parameter (:func:`rescale_parameter`).
 """
 
 from __future__ import annotations
@@ -274,22 +281,22 @@ def rescale_parameter(p: Array, gd: Array, graft: GraftingConfig) -> Array:
 
 
 __all__ = [
-    "update_states",
-    "update_adafactor_moments",
-    "rescale_parameter",
-    "rescale_blocks",
-    "graft_blocks",
-    "directions",
-    "adafactor_directions",
     "FactoredMoments",
     "adafactor_decay",
     "adafactor_direction",
+    "adafactor_directions",
     "adafactor_init",
     "adafactor_update",
     "clip",
     "direction",
+    "directions",
+    "graft_blocks",
     "graft_input",
     "moments_max",
     "norm",
+    "rescale_blocks",
+    "rescale_parameter",
+    "update_adafactor_moments",
     "update_state",
+    "update_states",
 ]

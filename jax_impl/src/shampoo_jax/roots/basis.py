@@ -163,3 +163,12 @@ def root_inverse_reusing_basis(
     q = jnp.where(keep[..., None, None], q_kept, q_new)
     x = root_from_eigendecomposition(lam, q, root, e, eps.placement, _rank_cutoff(a, eps))
     return x, q, ok & all_finite(q) & all_finite(x)
+
+
+__all__ = [
+    "basis_still_fits",
+    "qr_eigenbasis",
+    "qr_eigendecomposition",
+    "root_inverse_qr",
+    "root_inverse_reusing_basis",
+]

@@ -110,3 +110,8 @@ def _inverse_root_of_stack(
         ok = ok & passes
     ok = ok & all_finite(x)
     return x, ok
+
+
+__all__ = [
+    "compute_inverse_root",
+]

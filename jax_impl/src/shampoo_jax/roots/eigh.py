@@ -210,3 +210,17 @@ def root_at_cutoff(lam: Array, q: Array, ok: Array, root: float, cutoff: Array
     values = cut_eigenvalues(lam, root, cutoff[..., None])
     x: Array = _matmul(q * values[..., None, :], jnp.swapaxes(q, -1, -2))
     return x, ok & all_finite(x)
+
+
+__all__ = [
+    "cut_eigenvalues",
+    "eigenbasis",
+    "eigh_error",
+    "eigh_for_parameter_cutoff",
+    "eigh_passes",
+    "inverse_root_eigenvalues",
+    "root_at_cutoff",
+    "root_from_eigendecomposition",
+    "root_inverse_eigh",
+    "root_inverse_eigh_stored",
+]

@@ -256,3 +256,11 @@ def root_inverse_higher_order(
     if q > 1:
         x = matrix_power(x, q)
     return x, ok & all_finite(x)
+
+
+__all__ = [
+    "matrix_power",
+    "root_inverse_coupled_newton",
+    "root_inverse_deflated_newton",
+    "root_inverse_higher_order",
+]

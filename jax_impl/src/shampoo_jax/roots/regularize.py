@@ -164,3 +164,14 @@ def regularized_eigenvalues(lam: Array, eps: Array, placement: str) -> Array:
     if placement == "shift_after":
         return lam - jnp.minimum(lam_min, 0.0) + e
     return jnp.maximum(lam, e)  # "floor" and "ridge_floor"
+
+
+__all__ = [
+    "all_finite",
+    "effective_epsilon",
+    "eigh",
+    "power_iteration_lambda_max",
+    "regularized_eigenvalues",
+    "rounded",
+    "symmetrize",
+]

@@ -173,3 +173,13 @@ def tearfree_sketch_root(
     x = x + const[..., None, None] * eye
     new = select_sketch(finite, Sketch(u, lam, rho), sketch)
     return new, x, finite & all_finite(x)
+
+
+__all__ = [
+    "Sketch",
+    "frequent_directions_root",
+    "low_rank_eigenvalues",
+    "select_sketch",
+    "sketch_epsilon",
+    "tearfree_sketch_root",
+]
