@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import shampoo_jax
 import shampoo_spec as ss
-from shampoo_jax.sharded import group_costs, placement
+from shampoo_jax.placement import group_costs, placement
 
 AXIS = "blocks"
 

@@ -5,7 +5,7 @@ First the oracle check of the reference's NumPy port
 (``shampoo_reference.roots.lobpcg.lobpcg_top_k``) against JAX's own
 ``jax.experimental.sparse.linalg.lobpcg_standard``, the routine Google calls: in
 float64 the Ritz values and ``V diag(theta) V^T`` agree to 1e-12 relative after the
-same number of iterations. Then :mod:`shampoo_jax.lobpcg`, a port of that routine
+same number of iterations. Then :mod:`shampoo_jax.roots.lobpcg`, a port of that routine
 whose loop also runs under ``shard_map``: bit for bit ``lobpcg_standard``, each matrix
 of a stack (``lax.map`` on CPU, ``vmap``) exactly its own result although they stop
 at different iterations. Then ``roots.root_inverse_deflated_newton`` against the
@@ -31,8 +31,8 @@ from shampoo_conformance.suite.deflation_factors import (
 )
 from shampoo_conformance.suite.divergence import first_divergence
 from shampoo_conformance.suite.tolerances import trajectory_bound
-from shampoo_jax.lobpcg import lobpcg_top_k, pth_root_difference, top_k_one
 from shampoo_jax.roots import compute_inverse_root, root_inverse_deflated_newton
+from shampoo_jax.roots.lobpcg import lobpcg_top_k, pth_root_difference, top_k_one
 from shampoo_reference.roots.lobpcg import lobpcg_top_k as reference_top_k
 from shampoo_reference.roots.lobpcg import pth_root_difference as reference_difference
 from shampoo_reference.roots.newton import root_inverse_deflated_newton as reference_root

@@ -30,8 +30,7 @@ import pytest
 import shampoo_jax
 import shampoo_spec as ss
 from shampoo_jax.blocks import make_layout
-from shampoo_jax.roots import frequent_directions_root, tearfree_sketch_root
-from shampoo_jax.state import Sketch
+from shampoo_jax.roots import Sketch, frequent_directions_root, tearfree_sketch_root
 from shampoo_reference import ReferenceShampoo
 from shampoo_reference import run as reference_run
 from shampoo_reference.roots.sketch import Sketch as ReferenceSketch

@@ -33,7 +33,7 @@ import shampoo_spec as ss
 from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_conformance.suite.rank_cutoff_problems import diagonal_stream, tearfree_shampoo
 from shampoo_jax.blocks import make_layout
-from shampoo_jax.sharded import group_costs, placement
+from shampoo_jax.placement import group_costs, placement
 from shampoo_reference import run as reference_run
 
 from .helpers import relative_error

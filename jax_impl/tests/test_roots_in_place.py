@@ -1,6 +1,6 @@
 """On CPU the inverse roots are written into the state in place (eqs. 7, 10, 11, 13).
 
-``preconditioner._roots_in_place`` runs each factor's root one matrix at a
+``refresh._roots_in_place`` runs each factor's root one matrix at a
 time and writes it into the stored stack; the batched path stacks the factors
 of one size and their roots. Both must leave the same state bit for bit:
 bias correction and trace scaling (eqs. 7, 7b), roots rounded to
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import shampoo_spec as ss
-from shampoo_jax import preconditioner, schedule, shampoo
+from shampoo_jax import refresh, schedule, shampoo
 
 _BLOCKED = {"blocking": ss.BlockingConfig(max_preconditioner_dim=8),
             "schedule": ss.ScheduleConfig(precondition_frequency=2),
@@ -48,7 +48,7 @@ def _run(config: ss.ShampooConfig, in_place: bool, monkeypatch: pytest.MonkeyPat
          ) -> tuple[list[Any], Any]:
     """Six steps; step 4's gradient of ``w`` has a NaN in one block, on a root step, so
     the masked block's root is skipped and kept."""
-    monkeypatch.setattr(preconditioner, "_writes_roots_in_place",
+    monkeypatch.setattr(refresh, "_writes_roots_in_place",
                         lambda config, groups: in_place)
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.standard_normal((16, 12)), jnp.float32),
@@ -73,7 +73,7 @@ def test_in_place_roots_equal_the_batched_ones_bit_for_bit(
     config = CONFIGS[name]
     groups = shampoo(config).init({"w": jnp.zeros((16, 12))}).groups
     assert jax.default_backend() == "cpu"
-    assert preconditioner._writes_roots_in_place(config, groups)
+    assert refresh._writes_roots_in_place(config, groups)
     assert schedule.is_root_step(jnp.asarray(_MASKED_STEP), config.schedule, 1.0)
     outs, state = _run(config, True, monkeypatch)
     want_outs, want = _run(config, False, monkeypatch)
@@ -106,7 +106,7 @@ def test_the_root_step_holds_no_stack_of_factors_or_roots(
     stack = 8 * 256 * 256 * 4
 
     def temp(in_place: bool) -> int:
-        monkeypatch.setattr(preconditioner, "_writes_roots_in_place",
+        monkeypatch.setattr(refresh, "_writes_roots_in_place",
                             lambda config, groups: in_place)
         opt = shampoo(config)
         mem = jax.jit(opt.update).lower(params, opt_state, params).compile().memory_analysis()

@@ -32,8 +32,9 @@ import shampoo_spec as ss
 from shampoo_conformance.suite.divergence import first_divergence
 from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_jax.blocks import make_layout
+from shampoo_jax.placement import group_costs, placement
 from shampoo_jax.preconditioner import BlockInputs, block_step
-from shampoo_jax.sharded import group_costs, placement, shard_state, sharded_block_step
+from shampoo_jax.sharded import shard_state, sharded_block_step
 
 from .helpers import stream
 from .sharded_helpers import (

@@ -28,8 +28,9 @@ from shampoo_conformance.adapters.jax import run as jax_run
 from shampoo_conformance.suite.divergence import first_divergence
 from shampoo_conformance.suite.tolerances import trajectory_bound
 from shampoo_jax.blocks import make_layout
+from shampoo_jax.placement import group_costs, placement
 from shampoo_jax.preconditioner import BlockInputs, block_step, orthogonalize
-from shampoo_jax.sharded import group_costs, placement, shard_state, sharded_block_step
+from shampoo_jax.sharded import shard_state, sharded_block_step
 from shampoo_reference import run as reference_run
 
 from .helpers import adam_grafts, reference_error, relative_error, run_x64, stream

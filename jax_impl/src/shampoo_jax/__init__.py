@@ -6,17 +6,23 @@
 >>> updates, state = opt.update(grads, state, params)
 >>> params = optax.apply_updates(params, updates)
 
-Modules: :mod:`state` (the state pytree and its init), :mod:`schedule`
-(eq. 8 on a traced step), :mod:`blocks` (static layout of block groups,
-stacking, contractions), :mod:`roots` (inverse roots, eqs. 9-13),
-:mod:`grafting` (eq. 14; eq. 14e's Adafactor moments,
+Modules, in the order of a step: :mod:`transform` (the optax
+transformation: the step's phases in order), :mod:`state` (the state pytree,
+its init and the dtype rules), :mod:`schedule` (eq. 8 on a traced step),
+:mod:`blocks` (static layout of block groups, stacking, contractions, the
+merged leaves of eq. 4), :mod:`elementwise` (the elementwise phases: inputs
+and L2 decay, eq. 6c's gradient sum, the filter, momentum and the update,
+eqs. 2, 15, 16b, 19-22), :mod:`refusal` (eq. 3 in jit: refused blocks),
+:mod:`grafting` (eq. 14 and eq. 18's rescale; eq. 14e's Adafactor moments,
 :class:`FactoredMoments`), :mod:`preconditioner` (the per-block maths, eqs.
-6-13 and 16-18), :mod:`averaging` (iterate averaging, eq. 20d, and
-:func:`averaged_params`, the parameters to evaluate at),
-:mod:`refusal` (eq. 3 in jit: refused blocks),
-:mod:`checks` (argument checks and :func:`check_state`, on the host),
-:mod:`transform` (the optax transformation: the step's phases in order),
-:mod:`sharded` (block state and inverse roots sharded over a mesh axis:
+6, 16-18), :mod:`refresh` (the root step on the block state, eqs. 7-13),
+:mod:`roots` (inverse roots, eqs. 9-13: ``regularize``, ``eigh``, ``basis``,
+``newton``, ``lobpcg``, ``sketch``, ``dispatch``), :mod:`eigenvalue_correction`
+(eq. 17), :mod:`averaging` (iterate averaging, eq. 20d, and
+:func:`averaged_params`, the parameters to evaluate at), :mod:`checks`
+(argument checks and :func:`check_state`, on the host), :mod:`placement`
+(:class:`ShardingConfig` and which device holds which block), :mod:`sharded`
+(block state and inverse roots sharded over a mesh axis:
 ``shampoo(config, sharding=ShardingConfig(mesh, axis))``),
 :mod:`checkpoint`, :mod:`bench` (``python -m shampoo_jax.bench``),
 :mod:`bench_sharded`. The conformance adapters (contract 8.2) live in
@@ -36,7 +42,8 @@ from .checkpoint import (
 )
 from .checks import check_state
 from .grafting import FactoredMoments
-from .sharded import ShardingConfig, shard_state, unshard_state
+from .placement import ShardingConfig
+from .sharded import shard_state, unshard_state
 from .state import BlockGroupState, ParameterInfo, ShampooState
 from .transform import shampoo
 

@@ -86,7 +86,7 @@ def averaged_step(
 
     The direction decay (eq. 19's alpha_t, ``weight_decay.direction_value``)
     shrinks Z first, ``Z (1 - lr_t alpha_t)``, in place of ``P + alpha W``
-    (``_momentum_step`` leaves it out of P under averaging). The caller rounds
+    (``elementwise.momentum_step`` leaves it out of P under averaging). The caller rounds
     Delta (eq. 21a) and applies eq. (22)'s guard to W and Z alike. A traced
     ``mu_x`` (Schedule-Free, in ``S_t``'s dtype, the widest leaf's) is cast
     to this leaf's dtype, and the new Z keeps the old one's.

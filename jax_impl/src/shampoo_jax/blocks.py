@@ -11,6 +11,9 @@ their own block group rather than being padded: grouping by exact shape changes 
 result, and keeps ``lambda_min`` of eq. (10), ``lambda_max`` of eq. (9) and
 the Frobenius norm of eq. (11) free of padding.
 
+:class:`ParameterTree` maps the parameter tree to its leaves in their merged
+shapes (eq. 4) and back, for the elementwise phases of a step.
+
 Everything here runs at trace time on static shapes except the array
 helpers (:func:`gather`, :func:`scatter`, :func:`factor_contraction`,
 :func:`mode_product`), which emit slicing, stacking and ``dot_general``.
@@ -22,7 +25,9 @@ import functools
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import Array, lax
 from jax.typing import DTypeLike
@@ -99,6 +104,34 @@ def make_layout(shapes: tuple[tuple[int, ...], ...], config: ShampooConfig) -> L
         for i, plan in enumerate(plans)
     )
     return Layout(leaves, groups)
+
+
+class ParameterTree:
+    """The parameters' tree structure and plans: leaves <-> merged-shape lists (eq. 4)."""
+
+    def __init__(self, treedef: Any, plans: Sequence[ParameterPlan]) -> None:
+        # Any: jaxlib's PyTreeDef has no type stubs (mypy sees an unresolved type).
+        self.treedef = treedef
+        self.plans = plans
+
+    def leaves(self, tree: Any) -> list[Any]:
+        """The leaves of ``tree``, which must have the updates' structure."""
+        leaves: list[Any] = self.treedef.flatten_up_to(tree)
+        return leaves
+
+    def merged(self, tree: Any) -> list[Array]:
+        """The leaves of ``tree`` reshaped to their plans' merged shapes (eq. 4)."""
+        return [x.reshape(p.merged_shape)
+                for x, p in zip(self.leaves(tree), self.plans, strict=True)]
+
+    def unmerged(self, xs: list[Array] | None, like: Any) -> Any:
+        """Merged-shape arrays back into the structure and shapes of ``like`` (None: None)."""
+        if xs is None:
+            return None
+        return jax.tree.unflatten(
+            self.treedef,
+            [x.reshape(ref.shape) for x, ref in zip(xs, self.leaves(like), strict=True)],
+        )
 
 
 def gather(
@@ -205,6 +238,7 @@ __all__ = [
     "BlockGroupLayout",
     "Layout",
     "LeafLayout",
+    "ParameterTree",
     "assemble",
     "block_flags_to_leaf",
     "block_norms",

@@ -101,7 +101,8 @@ import numpy as np
 
 from shampoo_spec import ShampooConfig, config_differences
 
-from .sharded import ShardingConfig, shard_state, unshard_state
+from .placement import ShardingConfig
+from .sharded import shard_state, unshard_state
 from .state import ShampooState, config_json
 
 # Fields added by the update guard (eq. 22): absent from older checkpoints.

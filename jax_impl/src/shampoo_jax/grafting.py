@@ -1,4 +1,4 @@
-"""Grafting, eq. (14): elementwise state and the graft direction of one parameter.
+"""Grafting, eq. (14), and its rescale, eq. (18): the whole graft of a step.
 
 Same rules as ``shampoo_reference.grafting``; the state V is elementwise, so
 it lives in the parameter's (merged) shape and never depends on blocking.
@@ -6,12 +6,20 @@ Which types keep a state is ``GraftingConfig.has_state``. Eq. (14e)'s
 Adafactor graft (``GraftingConfig.factored``) is not elementwise: its
 moments (:class:`FactoredMoments`) are row and column means of the whole
 parameter in its own shape (not merged, not blocked).
+
+Per leaf: :func:`update_state` (eq. 14b), :func:`direction` (eqs. 14a, 14c,
+14d), the Adafactor moments and direction (eq. 14e). Per step, over every
+leaf: :func:`update_states`, :func:`update_adafactor_moments`,
+:func:`directions`, :func:`adafactor_directions`. Eq. (18)'s rescale of the
+Shampoo direction to the graft's norm: per block (:func:`graft_blocks`,
+:func:`rescale_blocks`) or per parameter (:func:`rescale_parameter`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,12 +28,12 @@ from jax.typing import DTypeLike
 
 from shampoo_spec import GraftingConfig
 
-from .blocks import frobenius
+from . import blocks as B
 
 
 def norm(x: Array) -> Array:
     """The Frobenius norm of a whole array (eq. 18's parameter scope), overflow-safe."""
-    return frobenius(x)
+    return B.frobenius(x)
 
 
 def graft_input(x: Array, graft: GraftingConfig) -> Array:
@@ -184,16 +192,111 @@ def moments_max(m: FactoredMoments) -> Array:
     return out
 
 
+# ------------------------------------------------------ a step's graft, every leaf
+def update_states(
+    graft_state: Any, grads: list[Array], finite: list[Array], tree: B.ParameterTree,
+    graft: GraftingConfig,
+) -> list[Array] | None:
+    """Eq. (14b): the graft state V of every leaf (merged, from the merged gradients
+    ``grads``), left unchanged where the gradient was non-finite or refused (eq. 3's
+    ``finite``); None without a state."""
+    if graft_state is None:
+        return None
+    return [
+        jnp.where(f, update_state(v, x, graft), v)
+        for f, v, x in zip(finite, tree.merged(graft_state), grads, strict=False)
+    ]
+
+
+def update_adafactor_moments(
+    moments: list[FactoredMoments] | None, grads: list[Array], finite: list[Array], t: Array,
+    tree: B.ParameterTree, graft: GraftingConfig,
+) -> list[FactoredMoments] | None:
+    """Eq. (14e): each parameter's R, C (or V) at step t, from G in the parameter's own shape.
+
+    The moments are means over the whole parameter, so a step in which eq. (3)
+    refuses any block of the parameter leaves them unchanged (the refused
+    gradient entries are zero in ``grads``, so the unused branch stays
+    finite). None without the Adafactor graft.
+    """
+    if moments is None:
+        return None
+    beta = adafactor_decay(t, graft.decay_exponent)
+    out = []
+    for m, f, x, plan in zip(moments, finite, grads, tree.plans, strict=True):
+        new = adafactor_update(m, x.reshape(plan.shape), beta, graft)
+        admitted = jnp.all(f)
+        out.append(jax.tree.map(lambda a, b, ok=admitted: jnp.where(ok, a, b), new, m))
+    return out
+
+
+def adafactor_directions(
+    used: list[Array], moments: list[FactoredMoments], params: Any | None,
+    tree: B.ParameterTree, graft: GraftingConfig,
+) -> list[Array]:
+    """Eq. (14e): ``graft(X)`` of every leaf from its new moments (merged shape, as eq. 14c's).
+
+    X (the filtered gradient, eq. 15) is taken in the parameter's own shape;
+    ``params`` (W before the step) only with ``parameter_scale_floor``.
+    """
+    p_leaves = tree.leaves(params) if params is not None else [None] * len(used)
+    return [
+        adafactor_direction(u.reshape(plan.shape), m, p, graft).reshape(u.shape)
+        for u, m, p, plan in zip(used, moments, p_leaves, tree.plans, strict=True)
+    ]
+
+
+def directions(
+    used: list[Array], graft_state: list[Array] | None, t: Array, graft: GraftingConfig
+) -> list[Array]:
+    """Eq. (14c): the graft direction of every leaf."""
+    states: Sequence[Array | None] = graft_state if graft_state is not None else [None] * len(used)
+    return [direction(u, v, t, graft) for u, v in zip(used, states, strict=True)]
+
+
+# ------------------------------------------------------------- eq. (18)
+def graft_blocks(graft_dir: list[Array], layout: B.Layout, fdt: Any, graft: GraftingConfig
+                 ) -> list[Array] | None:
+    """Eq. (18) with ``rescale_scope = "block"``: the blocks of the graft direction (each
+    leaf's ``graft_dir``, merged) in ``fdt``, whose norms the Shampoo blocks take
+    (:func:`rescale_blocks`); None for the other scopes (no rescale per block)."""
+    if graft.rescale_scope == "block":
+        return B.gather(graft_dir, layout, fdt)
+    return None
+
+
+def rescale_blocks(pb: Array, gd: Array, graft: GraftingConfig) -> Array:
+    """Eq. (18), block scope: each block of the stack ``pb`` times
+    ``||graft block|| / (||P_B|| + norm_epsilon)`` (``gd``: the graft direction's blocks)."""
+    scale = B.block_norms(gd) / (B.block_norms(pb) + graft.norm_epsilon)
+    out: Array = pb * B.expand(scale, pb)
+    return out
+
+
+def rescale_parameter(p: Array, gd: Array, graft: GraftingConfig) -> Array:
+    """Eq. (18), parameter scope: ``P ||graft(X)|| / (||P|| + norm_epsilon)`` over the whole
+    parameter (``gd``: its graft direction)."""
+    out: Array = p * (norm(gd) / (norm(p) + graft.norm_epsilon))
+    return out
+
+
 __all__ = [
     "FactoredMoments",
     "adafactor_decay",
     "adafactor_direction",
+    "adafactor_directions",
     "adafactor_init",
     "adafactor_update",
     "clip",
     "direction",
+    "directions",
+    "graft_blocks",
     "graft_input",
     "moments_max",
     "norm",
+    "rescale_blocks",
+    "rescale_parameter",
+    "update_adafactor_moments",
     "update_state",
+    "update_states",
 ]

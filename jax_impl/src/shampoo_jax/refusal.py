@@ -24,7 +24,7 @@ from jax import Array
 from shampoo_spec.limits import STATE_LIMIT
 
 from . import blocks as B
-from .sharded import ShardingConfig, real_blocks
+from .placement import ShardingConfig, real_blocks
 from .state import BlockGroupState, ShampooState
 
 

@@ -25,20 +25,7 @@ from shampoo_spec import ShampooConfig
 
 from . import blocks as B
 from .grafting import adafactor_init
-
-
-class Sketch(NamedTuple):
-    """Eq. (10d): the frequent-directions sketch of one factor of every block of a group.
-
-    ``u`` ``[nb, n, r]`` (orthonormal or zero columns), ``lam`` ``[nb, r]``
-    (descending, >= 0) and the tail ``rho`` ``[nb]``, all 0 at first, in
-    :func:`factor_dtype`; r is ``frequent_directions.sketch_rank(n)`` (``rank``; eq. 10e:
-    ``min(n, rank)``).
-    """
-
-    u: Array
-    lam: Array
-    rho: Array
+from .roots import Sketch
 
 
 class BlockGroupState(NamedTuple):
@@ -75,6 +62,10 @@ class BlockGroupState(NamedTuple):
     def sketch(self, i: int) -> Sketch | None:
         """The sketch of the i-th preconditioned dim's factor (eq. 10d), None if not sketched."""
         return None if self.sketches is None else self.sketches[i]
+
+
+#: The block state of every block group, in the layout's order.
+Groups = tuple[BlockGroupState, ...]
 
 
 @jax.tree_util.register_static
@@ -235,11 +226,13 @@ def statistics_scale_dtype(config: ShampooConfig) -> Any:
     return jnp.float32
 
 
-def _storage_dtype(config: ShampooConfig, field: str, stored: str | None) -> Any:
-    """A storage dtype rule's JAX dtype: :func:`factor_dtype` for None; float64 needs x64."""
-    if stored is None:
+def _storage_dtype(config: ShampooConfig, field: str, dtype: str) -> Any:
+    """The JAX dtype of one of the config's storage dtypes (``ShampooConfig.root_dtype``,
+    ``.corrected_dtype``, which are ``field`` when set): :func:`factor_dtype` where it is
+    the factor dtype; float64 needs x64, the error naming ``field``."""
+    if dtype == config.factor_dtype:
         return factor_dtype(config)
-    if stored == "float64":
+    if dtype == "float64":
         if not _x64_enabled():
             raise ValueError(
                 f"{field} = 'float64' needs 64-bit JAX: call "
@@ -248,7 +241,7 @@ def _storage_dtype(config: ShampooConfig, field: str, stored: str | None) -> Any
                 "'bfloat16', 'float16' or None."
             )
         return jnp.float64
-    return _ROOT_DTYPES[stored]
+    return _ROOT_DTYPES[dtype]
 
 
 def stored_factor_dtype(config: ShampooConfig) -> Any:
@@ -259,22 +252,21 @@ def stored_factor_dtype(config: ShampooConfig) -> Any:
 
 
 def root_dtype(config: ShampooConfig) -> Any:
-    """The dtype inverse roots are stored in (eq. 11a): ``config.inverse_root_dtype``, or
-    with eigenvalue correction the eigenbases' ``eigenvectors_dtype`` (eq. 17a), or
-    :func:`factor_dtype` when None. float64 needs x64, as for the factors."""
-    ec = config.eigenvalue_correction
-    if ec is None:
-        return _storage_dtype(config, "inverse_root_dtype", config.inverse_root_dtype)
-    return _storage_dtype(config, "eigenvalue_correction.eigenvectors_dtype",
-                          ec.eigenvectors_dtype)
+    """The dtype inverse roots are stored in (eq. 11a): ``config.root_dtype``, that is
+    ``inverse_root_dtype``, or with eigenvalue correction the eigenbases'
+    ``eigenvectors_dtype`` (eq. 17a), or :func:`factor_dtype` when None. float64 needs
+    x64, as for the factors."""
+    field = ("inverse_root_dtype" if config.eigenvalue_correction is None
+             else "eigenvalue_correction.eigenvectors_dtype")
+    return _storage_dtype(config, field, config.root_dtype)
 
 
 def corrected_dtype(config: ShampooConfig) -> Any:
-    """The dtype the corrected moment D is stored in (eq. 17a):
-    ``eigenvalue_correction.corrected_eigenvalues_dtype``, or :func:`factor_dtype` when None."""
-    ec = config.eigenvalue_correction
+    """The dtype the corrected moment D is stored in (eq. 17a): ``config.corrected_dtype``,
+    that is ``eigenvalue_correction.corrected_eigenvalues_dtype``, or :func:`factor_dtype`
+    when None."""
     return _storage_dtype(config, "eigenvalue_correction.corrected_eigenvalues_dtype",
-                          None if ec is None else ec.corrected_eigenvalues_dtype)
+                          config.corrected_dtype)
 
 
 def elementwise_dtype(leaf_dtype: Any) -> Any:
@@ -297,17 +289,6 @@ def init_sketch(nb: int, n: int, rank: int, fdt: Any) -> Sketch:
     """Eq. (10d): the empty sketch (U, lambda, rho all 0) of one factor of ``nb`` blocks."""
     return Sketch(jnp.zeros((nb, n, rank), fdt), jnp.zeros((nb, rank), fdt),
                   jnp.zeros((nb,), fdt))
-
-
-def select_sketch(flags: Array | bool, new: Sketch, old: Sketch) -> Sketch:
-    """Per block (``flags`` ``[nb]``, or one Python bool for all): ``new`` where True, else
-    ``old``."""
-    if flags is True:
-        return new
-    if flags is False:
-        return old
-    return Sketch(*(jnp.where(B.expand(jnp.asarray(flags), a), a, b)
-                    for a, b in zip(new, old, strict=True)))
 
 
 def init_group(grp: B.BlockGroupLayout, config: ShampooConfig, fdt: Any) -> BlockGroupState:
@@ -427,9 +408,9 @@ def power_sum_dtype(leaves: Sequence[Any]) -> Any:
 
 __all__ = [
     "BlockGroupState",
+    "Groups",
     "ParameterInfo",
     "ShampooState",
-    "Sketch",
     "block_dtype",
     "config_json",
     "corrected_dtype",
@@ -443,7 +424,6 @@ __all__ = [
     "power_sum_dtype",
     "root_dtype",
     "scale_dtype",
-    "select_sketch",
     "sketched",
     "stored_factor_dtype",
 ]

@@ -172,7 +172,7 @@ def _worker_env() -> dict[str, str]:
     env = dict(os.environ)
     flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = f"{flags.strip()} --xla_force_host_platform_device_count={DEVICES}".strip()
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # see shampoo_jax.roots._eigh
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # see shampoo_jax.roots.regularize.eigh
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

@@ -76,7 +76,7 @@ class _SequentialEighNumpy:
     ``BlockingCounter::Wait`` under ``lapack_dsyevd_ffi``; the anchors' (64, 16)
     weight in 32 blocks of 32 hung in 8 of 8 runs, and 0 of 10 with this shim,
     on 2 cores). One matrix per call does not use the pool
-    (``shampoo_jax.roots._eigh`` does the same). Tearfree's numbers are unchanged.
+    (``shampoo_jax.roots.regularize.eigh`` does the same). Tearfree's numbers are unchanged.
     """
 
     linalg = types.SimpleNamespace(**{

@@ -13,7 +13,7 @@ current Ritz vectors, the previous step's direction and the residuals
 
 A port rather than the call, because ``lobpcg_standard`` starts its
 ``while_loop`` from constants (the iteration and convergence counters,
-X0): inside ``jax.shard_map`` (the sharded state, :mod:`.sharded`) the loop
+X0): inside ``jax.shard_map`` (the sharded state, :mod:`shampoo_jax.sharded`) the loop
 then carries values that do not vary over the mesh axis into ones that
 do, which ``shard_map`` refuses. Here every carried value is built from
 the factor. The per-matrix function equals ``lobpcg_standard`` bit for bit
@@ -183,7 +183,7 @@ def lobpcg_top_k(a: Array, k: int, max_iterations: int, active: Array | None = N
     """:func:`top_k_one` for each symmetric matrix of the stack ``a`` ``[b, n, n]``.
 
     On CPU one matrix at a time (``lax.map``), for the reason of
-    ``roots._eigh``: each step's eigendecomposition would otherwise be a
+    ``regularize.eigh``: each step's eigendecomposition would otherwise be a
     batched LAPACK call, which jaxlib spreads over the thread pool. Elsewhere
     ``jax.vmap``: a matrix whose loop has stopped keeps its state (the
     batched while_loop selects) while the others go on, so each gets its
