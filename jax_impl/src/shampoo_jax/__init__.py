@@ -24,8 +24,8 @@ eqs. 2, 15, 16b, 19-22), :mod:`refusal` (eq. 3 in jit: refused blocks),
 (:class:`ShardingConfig` and which device holds which block), :mod:`sharded`
 (block state and inverse roots sharded over a mesh axis:
 ``shampoo(config, sharding=ShardingConfig(mesh, axis))``),
-:mod:`checkpoint`, :mod:`bench` (``python -m shampoo_jax.bench``),
-:mod:`bench_sharded`. The conformance adapters (contract 8.2) live in
+:mod:`checkpoint`. Its benchmarks live in ``shampoo_conformance.bench``
+(``jax_step``, ``jax_sharded``). The conformance adapters (contract 8.2) live in
 ``shampoo_conformance.adapters.jax`` and ``.jax_sharded``; this package never
 imports them.
 """

@@ -272,7 +272,7 @@ class ReferenceShampoo:
                 bs.sketches[k], new = self._sketch_root(sketch, a, roots[k])
             elif ec is not None and ec.eigenbasis_method == "qr":
                 new = qr_basis(cfg, bs.inverse_roots[k], a)  # eq. (17c)
-            elif eigenbasis_still_fits(cfg, bs.inverse_roots[k], a):
+            elif self._basis_still_fits(bs.inverse_roots[k], a):
                 continue  # eq. (17b): the eigenbasis is kept (not a failure)
             elif bs.eigenbases[k] is not None:
                 new, basis = self._stored_basis_root(bs.eigenbases[k], a, roots[k])
@@ -310,6 +310,10 @@ class ReferenceShampoo:
     def _sketch_root(self, sketch: Sketch, c: Array, root: float) -> tuple[Sketch, Array]:
         """Eqs. (10d), (10e) at this step: :func:`.roots.sketch_root`."""
         return sketch_root(self.config, self.t, sketch, c, root)
+
+    def _basis_still_fits(self, basis: Array | None, a: Array) -> bool:
+        """Eq. (17b): whether the stored eigenbasis is kept (a seam the basis-reuse tests count)."""
+        return eigenbasis_still_fits(self.config, basis, a)
 
     def _stored_basis_root(self, basis: Array | None, a: Array, root: float
                            ) -> tuple[Array | None, Array | None]:

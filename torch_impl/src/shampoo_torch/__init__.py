@@ -9,12 +9,13 @@
 - :func:`from_meta_distributed`: Meta's ``DistributedShampoo`` kwargs as the
   config and the :class:`DistributedConfig` that reproduce its numerics;
 - :class:`NonFiniteGradientError`, :class:`RootFailureError`: the failure policy;
-- ``python -m shampoo_torch.bench``: step time against AdamW, FLOP rate;
-- ``python -m shampoo_torch.bench_distributed``: 2 ranks vs 1 (root time, memory).
+- its benchmarks live in ``shampoo_conformance.bench`` (``torch_step``,
+  ``torch_variants``, ``torch_distributed``, ``anchors``, ``scale``, ``fsdp2``).
 
 Modules: :mod:`.optimizer` (the step's phases), :mod:`.preconditioner` (the
 maths of one block group: statistics, inverse roots, directions),
-:mod:`.blocks` (block groups: equal-shape blocks stacked), :mod:`.roots`,
+:mod:`.blocks` (block groups: equal-shape blocks stacked), :mod:`.roots` (``regularize``,
+``eigh``, ``basis``, ``newton``, ``lobpcg``, ``sketch``, ``dispatch``),
 :mod:`.grafting`, :mod:`.elementwise`, :mod:`.distributed`,
 :mod:`.checkpoint`, :mod:`.processes` (fresh gloo processes for tests and
 benchmarks). The conformance adapters (numpy in, numpy out, contract 8.2)

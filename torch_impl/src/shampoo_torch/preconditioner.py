@@ -17,7 +17,7 @@ eigh and Newton roots too; the stored-dtype, higher-order and QR roots run
 
 The optimizer calls these functions through this module
 (``preconditioner.refresh_inverse_roots(...)``), so a benchmark can time a
-phase by wrapping the module attribute (``python -m shampoo_torch.bench_distributed``
+phase by wrapping the module attribute (``python -m shampoo_conformance.bench.torch_distributed``
 times :func:`refresh_inverse_roots` that way).
 """
 

@@ -38,7 +38,7 @@ def _request_devices(n: int) -> None:
     """Ask XLA for n host devices; must run before jax initialises its backend."""
     flags = re.sub(rf"{_FLAG}=\S*", "", os.environ.get("XLA_FLAGS", ""))
     os.environ["XLA_FLAGS"] = f"{flags.strip()} {_FLAG}={n}".strip()
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see shampoo_jax.roots._eigh
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see shampoo_jax.roots.regularize.eigh
 
 
 def _parse() -> argparse.Namespace:
@@ -70,15 +70,15 @@ import shampoo_spec as ss  # noqa: E402
 from shampoo_conformance.bench.jax_step import init_mlp, shampoo_config  # noqa: E402
 from shampoo_jax import ShardingConfig, shampoo  # noqa: E402
 from shampoo_jax import blocks as B  # noqa: E402
-from shampoo_jax.sharded import placement  # noqa: E402
+from shampoo_jax.placement import placement  # noqa: E402
 
 
 def root_work(layout: B.Layout, sharding: ShardingConfig | None) -> dict[str, float]:
     """Per device on a root step: factors decomposed and their sum of ``n^3`` (max over devices).
 
     Device d owns slots ``[d c, (d + 1) c)`` of each padded group stack
-    (:func:`shampoo_jax.sharded.placement` puts the real blocks). ``real``:
-    the real blocks only (CPU: padding is not decomposed, see roots._eigh);
+    (:func:`shampoo_jax.placement.placement` puts the real blocks). ``real``:
+    the real blocks only (CPU: padding is not decomposed, see roots.regularize.eigh);
     ``padded``: every slot (a batched eigh, as on GPU/TPU, decomposes the
     padding too).
     """

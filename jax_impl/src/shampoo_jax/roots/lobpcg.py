@@ -6,7 +6,7 @@ locally optimal block preconditioned conjugate gradient, without
 preconditioner) from X0 = the first k unit vectors. After m iterations the
 answer is the Rayleigh-Ritz approximation on a subspace that depends on
 every choice the routine makes, so this module is a line-by-line port of
-that routine (jax 0.10.2), as ``shampoo_reference.lobpcg`` is in NumPy:
+that routine (jax 0.10.2), as ``shampoo_reference.roots.lobpcg`` is in NumPy:
 iteration i maximizes the Rayleigh quotient over span(X_i, P_i, R_i), the
 current Ritz vectors, the previous step's direction and the residuals
 ``A X - X diag(theta)``.

@@ -73,7 +73,7 @@ def root_inverse_coupled_newton(
 ) -> tuple[Array, Array]:
     """``(A + eps I)^(-1/root)`` by eq. (11), retries included: ``(X, final error)``.
 
-    ``shampoo_reference.linalg`` runs the iteration, then reruns it at a
+    ``shampoo_reference.roots.newton`` runs the iteration, then reruns it at a
     ridge ``retry_epsilon_factor`` times larger while the error exceeds
     ``retry_error_threshold`` (at most ``retries`` times). Here the whole
     stack runs in one ``lax.while_loop`` and each matrix carries its own

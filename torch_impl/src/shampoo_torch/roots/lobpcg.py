@@ -1,6 +1,6 @@
 """Eq. (11d)'s top-k eigenpairs, batched: LOBPCG as Google's deflated Newton root runs it.
 
-The torch port of reference ``shampoo_reference.lobpcg`` (itself a port of
+The torch port of reference ``shampoo_reference.roots.lobpcg`` (itself a port of
 JAX's ``jax.experimental.sparse.linalg.lobpcg_standard``, which Google's
 ``lobpcg_topk_precondition`` calls) on a stack ``[B, n, n]`` of symmetric
 factors, one per leading row (docs/spec.md eq. 11d). After at most m
