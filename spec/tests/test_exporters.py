@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shampoo_spec as ss
-from shampoo_spec.serialization import _flatten
+from shampoo_spec.config import flatten as _flatten
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -60,6 +60,9 @@ from .config import (
     StatisticsConfig,
     UpdateDtype,
     WeightDecayConfig,
+    config_differences,
+    config_from_dict,
+    config_to_dict,
 )
 from .errors import (
     BackendUnavailable,
@@ -87,7 +90,6 @@ from .schedule import (
     root_period,
     uses_preconditioner,
 )
-from .serialization import config_differences, config_from_dict, config_to_dict
 
 __all__ = [
     "EPSILON_PLACEMENTS",

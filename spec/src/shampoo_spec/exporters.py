@@ -41,14 +41,15 @@ from .config import (
     OrderOverride,
     ShampooConfig,
     SpectralDescentConfig,
+    config_to_dict,
 )
+from .config import flatten as _flatten
 from .errors import Inexpressible
 from .importers import from_google, from_meta, from_tearfree
 from .importers.google import GRAFTS, SIDES, ConstantSchedule
 from .importers.meta import MAX_ORDER
 from .importers.tearfree import ADAFACTOR_SCALE_FLOOR as TEARFREE_SCALE_FLOOR
 from .importers.tearfree import RANK_RTOL as TEARFREE_RANK_RTOL
-from .serialization import _flatten, config_to_dict
 
 __all__ = ["to_google", "to_meta", "to_tearfree"]
 
