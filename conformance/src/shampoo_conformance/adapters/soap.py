@@ -48,6 +48,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from shampoo_spec import EighConfig, Inexpressible, ShampooConfig, config_differences
+from shampoo_spec.anchors._parse import UNBOUNDED
 from shampoo_spec.config import (
     BlockingConfig,
     EigenvalueCorrectionConfig,
@@ -59,7 +60,6 @@ from shampoo_spec.config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from shampoo_spec.importers._parse import UNBOUNDED
 
 #: One factor per dim of the parameter as it is: no blocks, no merging, no squeezing
 #: (a size-1 dim is a 1 x 1 factor, basis 1, as SOAP's identity), a 0-d parameter
