@@ -305,7 +305,7 @@ def power_iteration_lambda_max(a: Array, steps: int, tolerance: float) -> Array:
     """Eq. (9b) per matrix of ``a`` [..., n, n]: Google's power iteration (its while loop,
     vmapped: a matrix that has stopped keeps its vector and quotient)."""
     n = a.shape[-1]
-    start = jnp.asarray(power_iteration_start(n), a.dtype)
+    start = jnp.asarray(np.asarray(power_iteration_start(n), dtype=np.float64), a.dtype)
 
     def one(m: Array) -> Array:
         def cond(state: tuple[Array, Array, Array, Array]) -> Array:

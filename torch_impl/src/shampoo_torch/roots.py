@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from shampoo_spec import (
@@ -133,7 +134,8 @@ def power_iteration_lambda_max(a: torch.Tensor, steps: int, tolerance: float) ->
     row has stopped; the steps in between change no stopped row.
     """
     b, n = a.shape[0], a.shape[-1]
-    start = torch.as_tensor(power_iteration_start(n).copy(), dtype=a.dtype, device=a.device)
+    start = torch.as_tensor(np.asarray(power_iteration_start(n), dtype=np.float64),
+                            dtype=a.dtype, device=a.device)
     v = start.expand(b, n).clone()
     s = torch.zeros(b, dtype=a.dtype, device=a.device)
     running = torch.ones(b, dtype=torch.bool, device=a.device)
