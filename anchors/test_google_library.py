@@ -497,7 +497,7 @@ CLIPPED_GRAFT: Kwargs = {
 #: ratio is 1 and Google's period is floor(15 / 10) * 10 = 10, not 15.
 CONSTANT_CALLABLE: Kwargs = {
     "graft_type": "ADAGRAD",
-    "learning_rate": ss.importers.google.ConstantSchedule(0.01),
+    "learning_rate": ss.anchors.google.ConstantSchedule(0.01),
     "preconditioning_compute_steps": 15,
     "decay_preconditioning_compute_steps": True,
     "end_preconditioning_compute_steps": 5,

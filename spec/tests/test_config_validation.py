@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 import shampoo_spec as ss
-from shampoo_spec import config as cfgmod
 
 SECTIONS = [
     ss.StatisticsConfig,
@@ -45,7 +44,7 @@ BAD_BY_TYPE: dict[str, list[object]] = {
 
 
 def _kind(cls: type, name: str) -> str:
-    hint = typing.get_type_hints(cls, vars(cfgmod))[name]
+    hint = typing.get_type_hints(cls)[name]
     text = repr(hint)
     if "Literal" in text:
         return "literal"

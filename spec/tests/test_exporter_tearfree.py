@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shampoo_spec as ss
+from shampoo_spec.anchors.tearfree import exporter as tearfree_exporter
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -79,7 +80,7 @@ def tearfree_options(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def test_exported() -> None:
-    assert "to_tearfree" in ss.__all__ and ss.exporters.to_tearfree is ss.to_tearfree
+    assert "to_tearfree" in ss.__all__ and tearfree_exporter.to_tearfree is ss.to_tearfree
 
 
 @SETTINGS

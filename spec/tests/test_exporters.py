@@ -20,7 +20,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shampoo_spec as ss
-from shampoo_spec.serialization import _flatten
+from shampoo_spec.anchors import _export
+from shampoo_spec.anchors.google import exporter as google_exporter
+from shampoo_spec.anchors.google import keys as google_keys
+from shampoo_spec.anchors.meta import exporter as meta_exporter
+from shampoo_spec.config import flatten as _flatten
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -216,10 +220,10 @@ def meta_kwargs(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def google_kwargs(draw: st.DrawFn) -> dict[str, Any]:
     """Keyword arguments of Google's distributed_shampoo, JSON form (enums in every spelling)."""
-    graft = draw(st.sampled_from(sorted(ss.importers.google.GRAFT_VALUES)))
-    name = ss.importers.google.GRAFT_VALUES[graft]
+    graft = draw(st.sampled_from(sorted(google_keys.GRAFT_VALUES)))
+    name = google_keys.GRAFT_VALUES[graft]
     side = draw(st.sampled_from([1, 2, 3]))
-    side_name = ss.importers.google.SIDE_VALUES[side]
+    side_name = google_keys.SIDE_VALUES[side]
     lr = draw(st.floats(1e-4, 1.0))
     # A callable learning rate (an optax schedule in Google's hands) lets the root
     # period follow it (eq. 8b); the importer reads its value at count 0.
@@ -648,7 +652,7 @@ def test_google_root_period_growth_and_graft_clip() -> None:
     assert c.learning_rate == 0.1 and c.schedule.precondition_frequency_growth == 40
     assert c.grafting.clip_rms == 0.5
     exported = ss.to_google(c)
-    assert exported["learning_rate"] == ss.importers.google.ConstantSchedule(0.1)
+    assert exported["learning_rate"] == google_keys.ConstantSchedule(0.1)
     assert exported["learning_rate"](7) == 0.1
     assert exported["decay_preconditioning_compute_steps"] is True
     assert exported["end_preconditioning_compute_steps"] == 40
@@ -826,10 +830,10 @@ def test_single_root_override_exports_as_one_exponent() -> None:
 
 def test_roots_export_as_exact_reciprocals_or_are_named() -> None:
     for root in (0.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 1.0 / 0.3):
-        e = ss.exporters._reciprocal(root)
+        e = _export._reciprocal(root)
         assert e is not None and (root == 0.0 or 1.0 / e == root)
     # No float e has 1 / e == 49: Meta's exponent cannot state root 49 exactly.
-    assert ss.exporters._reciprocal(49.0) is None
+    assert _export._reciprocal(49.0) is None
     meta = ss.from_meta({})
     odd = dataclasses.replace(meta, exponents=ss.ExponentConfig(
         overrides_by_order=(ss.OrderOverride(order=1, roots=(49.0,)),)))
@@ -857,7 +861,7 @@ def test_inexpressible_configs_name_each_option() -> None:
 
 def test_package_exports_the_exporters() -> None:
     assert {"to_meta", "to_google"} <= set(ss.__all__)
-    assert ss.to_meta is ss.exporters.to_meta and ss.to_google is ss.exporters.to_google
+    assert ss.to_meta is meta_exporter.to_meta and ss.to_google is google_exporter.to_google
 
 
 def test_meta_eigenvalue_correction_without_graft_needs_start_1() -> None:

@@ -13,19 +13,29 @@ from typing import Any
 import pytest
 
 import shampoo_spec as ss
-from shampoo_spec import importers
-from shampoo_spec.importers import _parse, google, meta
+from shampoo_spec import anchors as importers
+from shampoo_spec.anchors import _parse
+from shampoo_spec.anchors.google import import_preconditioner as google_pre
+from shampoo_spec.anchors.google import importer as google
+from shampoo_spec.anchors.google import keys as google_keys
+from shampoo_spec.anchors.meta import import_distribution as meta_dist
+from shampoo_spec.anchors.meta import import_exponents as meta_exp
+from shampoo_spec.anchors.meta import import_preconditioner as meta_pre
+from shampoo_spec.anchors.meta import import_roots as meta_roots
+from shampoo_spec.anchors.meta import importer as meta
+from shampoo_spec.anchors.meta import keys as meta_keys
 
 
 def m(**kwargs: Any) -> _parse.Args:
-    return _parse.Args("from_meta", kwargs, meta.KEYS)
+    return _parse.Args("from_meta", kwargs, meta_keys.KEYS)
 
 
 def g(**kwargs: Any) -> _parse.Args:
-    return _parse.Args("from_google", kwargs, google.KEYS)
+    return _parse.Args("from_google", kwargs, google_keys.KEYS)
 
 
-SHARED = meta.Shared(lr=0.5, beta1=0.9, beta2=0.99, beta3=None, epsilon=1e-8, bias_correction=True)
+SHARED = meta_keys.Shared(lr=0.5, beta1=0.9, beta2=0.99, beta3=None, epsilon=1e-8,
+                          bias_correction=True)
 
 
 # ----------------------------------------------------------------- package
@@ -36,9 +46,9 @@ def test_package_keeps_the_public_names() -> None:
     assert from_google is importers.from_google is google.from_google
     public = {"from_meta", "from_google", "from_tearfree", "meta_distribution",
               "MetaDistribution"}
-    assert set(importers.__all__) == public
+    assert set(importers.__all__) == public | {"to_meta", "to_google", "to_tearfree"}
     assert public <= set(ss.__all__)
-    assert ss.meta_distribution is meta.meta_distribution
+    assert ss.meta_distribution is meta_dist.meta_distribution
 
 
 # ------------------------------------------------------------------ _parse
@@ -80,12 +90,12 @@ def test_number_dim_limit_choice_type_of() -> None:
 
 # -------------------------------------------------------------------- Meta
 def test_meta_shared_defaults_and_values() -> None:
-    assert meta._shared(m()) == meta.Shared(
+    assert meta._shared(m()) == meta_keys.Shared(
         lr=1e-2, beta1=0.9, beta2=1.0, beta3=None, epsilon=1e-12, bias_correction=True
     )
     s = meta._shared(m(lr=0.5, betas=[0.0, 0.99], beta3=0.5, epsilon=1e-8,
                        use_bias_correction=False))
-    assert s == meta.Shared(lr=0.5, beta1=0.0, beta2=0.99, beta3=0.5, epsilon=1e-8,
+    assert s == meta_keys.Shared(lr=0.5, beta1=0.0, beta2=0.99, beta3=0.5, epsilon=1e-8,
                             bias_correction=False)
 
 
@@ -172,37 +182,38 @@ def test_meta_iterate_averaging() -> None:
 
 def test_meta_distribution() -> None:
     for dist in (None, {"type": "DDPDistributedConfig"}, {"type": "SingleDeviceDistributedConfig"}):
-        meta._distribution(m(distributed_config=dist))
+        meta_dist._distribution(m(distributed_config=dist))
     with pytest.raises(NotImplementedError, match=r"distributed_config\.type = 'HSDP"):
-        meta._distribution(m(distributed_config={"type": "HSDPDistributedConfig"}))
-    assert meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
+        meta_dist._distribution(m(distributed_config={"type": "HSDPDistributedConfig"}))
+    assert meta_dist._distribution(m(distributed_config={"type": "DDPDistributedConfig",
                                                     "target_parameter_dimensionality": 2})) == (
         2, "float32")
     for inf in ("inf", "Infinity", float("inf")):
-        assert meta._distribution(m(distributed_config={
+        assert meta_dist._distribution(m(distributed_config={
             "type": "SingleDeviceDistributedConfig",
             "target_parameter_dimensionality": inf})) == (None, None)
     # Eq. (21a): DDP rounds every update to communication_dtype (float64: nothing).
     for comm, want in (("bfloat16", "bfloat16"), ("torch.float16", "float16"),
                        ("float32", "float32"), ("torch.float64", None)):
-        assert meta._distribution(m(distributed_config={
+        assert meta_dist._distribution(m(distributed_config={
             "type": "DDPDistributedConfig", "communication_dtype": comm})) == (1, want)
     # communicate_params gathers the parameters themselves: rounded, not the update.
-    assert meta._distribution(m(distributed_config={
+    assert meta_dist._distribution(m(distributed_config={
         "type": "DDPDistributedConfig", "communicate_params": True})) == (1, None)
     with pytest.raises(NotImplementedError, match="communicate_params = True"):
-        meta._distribution(m(distributed_config={
+        meta_dist._distribution(m(distributed_config={
             "type": "DDPDistributedConfig", "communicate_params": True,
             "communication_dtype": "bfloat16"}))
     for key, bad in (("communication_dtype", "int8"), ("communicate_params", "yes")):
         with pytest.raises(ValueError, match=key):
-            meta._distribution(m(distributed_config={"type": "DDPDistributedConfig", key: bad}))
+            meta_dist._distribution(m(distributed_config={"type": "DDPDistributedConfig",
+                                                          key: bad}))
     for bad in (0, 2.5, "2", True):
         with pytest.raises(ValueError, match="target_parameter_dimensionality"):
-            meta._distribution(m(distributed_config={"type": "DDPDistributedConfig",
+            meta_dist._distribution(m(distributed_config={"type": "DDPDistributedConfig",
                                                      "target_parameter_dimensionality": bad}))
     with pytest.raises(NotImplementedError, match="use_merge_dims"):
-        meta._distribution(m(use_merge_dims=False))
+        meta_dist._distribution(m(use_merge_dims=False))
 
 
 def test_meta_lossless_fully_shard() -> None:
@@ -213,7 +224,7 @@ def test_meta_lossless_fully_shard() -> None:
     mesh = {"device_mesh": [2, 2]}
 
     def read(kind: str, **dist: Any) -> tuple[int | None, ss.UpdateDtype | None]:
-        return meta._distribution(m(distributed_config={"type": kind, **dist}))
+        return meta_dist._distribution(m(distributed_config={"type": kind, **dist}))
 
     for strategy in ("REPLICATE", "ROUND_ROBIN", "FSDPParamAssignmentStrategy.ROUND_ROBIN"):
         assert read(fully, param_assignment_strategy=strategy) == (1, None)
@@ -240,11 +251,11 @@ def test_meta_lossless_fully_shard() -> None:
                                      r"rank's piece.*shard_local=True"):
                 read(kind, **given, **extra)
             dist = {"type": kind, **given, **extra}
-            assert meta._distribution(m(distributed_config=dist), shard_local=True) == (
+            assert meta_dist._distribution(m(distributed_config=dist), shard_local=True) == (
                 1, None if kind == fully else "float32")
             assert ss.meta_distribution({"distributed_config": dist}) == "pieces"
         with pytest.raises(ValueError, match="shard_local = True is invalid with .*'REPLICATE'"):
-            meta._distribution(m(distributed_config={
+            meta_dist._distribution(m(distributed_config={
                 "type": kind, "param_assignment_strategy": "REPLICATE", **extra}),
                 shard_local=True)
         assert ss.meta_distribution({"distributed_config": {
@@ -252,7 +263,7 @@ def test_meta_lossless_fully_shard() -> None:
     for dist in (None, {"type": "SingleDeviceDistributedConfig"}, {"type": "DDPDistributedConfig"}):
         with pytest.raises(ValueError, match="shard_local = True is invalid with "
                                              r"distributed_config\.type"):
-            meta._distribution(m(distributed_config=dist), shard_local=True)
+            meta_dist._distribution(m(distributed_config=dist), shard_local=True)
     assert ss.meta_distribution({}) == "single_device"
     assert ss.meta_distribution({"distributed_config": {"type": "DDPDistributedConfig"}}) == "ddp"
     with pytest.raises(ValueError, match="shard_local = 1 is invalid"):
@@ -279,7 +290,7 @@ def test_meta_lossless_fully_shard() -> None:
 
 
 def test_meta_preconditioner_defaults() -> None:
-    p = meta._preconditioner(m(), SHARED)
+    p = meta_pre._preconditioner(m(), SHARED)
     assert p.statistics == ss.StatisticsConfig(beta2=0.99, bias_correction=True,
                                                initial_value="zero")
     assert p.epsilon == ss.EpsilonConfig(value=1e-8, scale="absolute", placement="ridge")
@@ -289,7 +300,7 @@ def test_meta_preconditioner_defaults() -> None:
 
 
 def test_meta_preconditioner_values() -> None:
-    p = meta._preconditioner(m(preconditioner_config={
+    p = meta_pre._preconditioner(m(preconditioner_config={
         "type": "RootInvShampooPreconditionerConfig",
         "amortized_computation_config": {"type": "CoupledNewtonConfig", "max_iterations": 20},
         "inverse_exponent_override": {"1": 0.25},
@@ -313,74 +324,74 @@ def test_meta_preconditioner_values() -> None:
 def test_meta_preconditioner_refuses(config: dict[str, Any], match: str) -> None:
     config = {"type": "RootInvShampooPreconditionerConfig", **config}
     with pytest.raises(NotImplementedError, match=match):
-        meta._preconditioner(m(preconditioner_config=config), SHARED)
+        meta_pre._preconditioner(m(preconditioner_config=config), SHARED)
     with pytest.raises(ValueError, match=r"preconditioner_config has unknown key\(s\) \['x'\]"):
-        meta._preconditioner(m(preconditioner_config={"x": 1, "type": "T"}), SHARED)
+        meta_pre._preconditioner(m(preconditioner_config={"x": 1, "type": "T"}), SHARED)
 
 
 def test_meta_root_inverse() -> None:
-    assert meta._root_inverse(None) == (
+    assert meta_roots._root_inverse(None) == (
         ss.EighConfig(), {"placement": "ridge"}, {"basis_reuse_tolerance": 0.0})
     after = {"type": "EigenConfig",
              "rank_deficient_stability_config": {"type": "PerturbationConfig",
                                                  "perturb_before_computation": False}}
-    assert meta._root_inverse(after) == (
+    assert meta_roots._root_inverse(after) == (
         ss.EighConfig(), {"placement": "shift_after"}, {"basis_reuse_tolerance": 0.0})
-    assert meta._root_inverse({"type": "CoupledNewtonConfig"}) == (
+    assert meta_roots._root_inverse({"type": "CoupledNewtonConfig"}) == (
         ss.CoupledNewtonConfig(max_iterations=100, tolerance=1e-6), {"placement": "ridge"}, {}
     )
     # Eq. (17b): the eigenbasis reuse tolerance of eigenvalue correction's eigh config.
     eigh = {"type": "EighEigendecompositionConfig", "tolerance": 0.01}
-    assert meta._root_inverse(eigh, corrected=True) == (
+    assert meta_roots._root_inverse(eigh, corrected=True) == (
         ss.EighConfig(), {"placement": "ridge"}, {"basis_reuse_tolerance": 0.01})
     # RootInv's EigenConfig: Meta's matrix_inverse_root_eigen passes tolerance=0.0.
-    assert meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01}) == (
+    assert meta_roots._root_inverse({"type": "EigenConfig", "tolerance": 0.01}) == (
         ss.EighConfig(), {"placement": "ridge"}, {"basis_reuse_tolerance": 0.0})
     with pytest.raises(ValueError, match=r"amortized_computation_config\.tolerance"):
-        meta._root_inverse({"type": "EigenConfig", "tolerance": 2})
+        meta_roots._root_inverse({"type": "EigenConfig", "tolerance": 2})
     # Eq. (10h): Eigendecomposed Shampoo's eigh root keeps its basis while it fits.
-    assert meta._root_inverse(eigh, eigendecomposed=True) == (
+    assert meta_roots._root_inverse(eigh, eigendecomposed=True) == (
         ss.EighConfig(basis_reuse_tolerance=0.01), {"placement": "ridge"}, {})
     with pytest.raises(NotImplementedError, match=r"amortized_computation_config\.tolerance"):
-        meta._root_inverse({"type": "EigenConfig", "tolerance": 0.01}, corrected=True)
+        meta_roots._root_inverse({"type": "EigenConfig", "tolerance": 0.01}, corrected=True)
     pseudo = {"type": "EigenConfig", "rank_deficient_stability_config": {
         "type": "PseudoInverseConfig", "rank_rtol": None, "rank_atol": 1e-9}}
-    assert meta._root_inverse(pseudo) == (ss.EighConfig(), {
+    assert meta_roots._root_inverse(pseudo) == (ss.EighConfig(), {
         "placement": "pseudo_inverse", "rank_rtol": None, "rank_atol": 1e-9},
         {"basis_reuse_tolerance": 0.0})
-    assert meta._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
+    assert meta_roots._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
         "type": "PseudoInverseConfig"}})[1] == {
         "placement": "pseudo_inverse", "rank_rtol": 0.0, "rank_atol": 0.0}
     with pytest.raises(ValueError, match=r"rank_deficient_stability_config\.type = 'Other' is "
                        "invalid: allowed 'PerturbationConfig' or 'PseudoInverseConfig'"):
-        meta._root_inverse({"type": "EigenConfig",
+        meta_roots._root_inverse({"type": "EigenConfig",
                             "rank_deficient_stability_config": {"type": "Other"}})
     with pytest.raises(ValueError, match=r"rank_deficient_stability_config\.rank_rtol = 'x'"):
-        meta._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
+        meta_roots._root_inverse({"type": "EigenConfig", "rank_deficient_stability_config": {
             "type": "PseudoInverseConfig", "rank_rtol": "x"}})
     higher = {"type": "CoupledHigherOrderConfig", "rel_epsilon": 1e-6, "abs_epsilon": 0.0,
               "order": 4, "tolerance": 1e-10, "disable_tf32": True}
-    assert meta._root_inverse(higher) == (ss.HigherOrderNewtonConfig(
+    assert meta_roots._root_inverse(higher) == (ss.HigherOrderNewtonConfig(
         order=4, rel_epsilon=1e-6, abs_epsilon=0.0, tolerance=1e-10), {"placement": "ridge"}, {})
     with pytest.raises(ValueError, match=r"amortized_computation_config\.abs_epsilon is "
                        "required"):
-        meta._root_inverse({"type": "CoupledHigherOrderConfig", "rel_epsilon": 0.0})
+        meta_roots._root_inverse({"type": "CoupledHigherOrderConfig", "rel_epsilon": 0.0})
     with pytest.raises(NotImplementedError, match=r"disable_tf32 = False"):
-        meta._root_inverse({**higher, "disable_tf32": False})
+        meta_roots._root_inverse({**higher, "disable_tf32": False})
     with pytest.raises(ValueError, match=r"amortized_computation_config\.order = 1 is invalid"):
-        meta._root_inverse({**higher, "order": 1})
+        meta_roots._root_inverse({**higher, "order": 1})
     with pytest.raises(ValueError, match=r"type = 'QREigendecompositionConfig' is invalid: "
                        "allowed only with EigenvalueCorrected"):
-        meta._root_inverse({"type": "QREigendecompositionConfig"})
+        meta_roots._root_inverse({"type": "QREigendecompositionConfig"})
     # Eq. (17c): Meta's QR algorithm for eigenvalue correction's eigenbases.
-    assert meta._root_inverse({"type": "QREigendecompositionConfig"}, corrected=True) == (
+    assert meta_roots._root_inverse({"type": "QREigendecompositionConfig"}, corrected=True) == (
         ss.EighConfig(), {"placement": "ridge"},
         {"eigenbasis_method": "qr", "qr_max_iterations": 1, "basis_reuse_tolerance": 0.0})
-    assert meta._root_inverse({"type": "QREigendecompositionConfig", "max_iterations": 4,
+    assert meta_roots._root_inverse({"type": "QREigendecompositionConfig", "max_iterations": 4,
                                "tolerance": 0.01}, corrected=True)[2] == {
         "eigenbasis_method": "qr", "qr_max_iterations": 4, "basis_reuse_tolerance": 0.01}
     with pytest.raises(ValueError, match=r"amortized_computation_config\.tolerance = 2"):
-        meta._root_inverse({"type": "QREigendecompositionConfig", "tolerance": 2},
+        meta_roots._root_inverse({"type": "QREigendecompositionConfig", "tolerance": 2},
                            corrected=True)
 
 
@@ -400,55 +411,55 @@ def test_meta_pseudo_inverse_needs_epsilon_zero_and_only_it() -> None:
 
 
 def test_meta_exponents() -> None:
-    assert meta._exponents({}) == ss.ExponentConfig() == meta._exponents(None, {})
+    assert meta_exp._exponents({}) == ss.ExponentConfig() == meta_exp._exponents(None, {})
     # Values are exponents e (root 1/e); a per-dim dict keeps the default 1/(2 order) elsewhere.
-    e = meta._exponents({"1": 0.5, "2": {"1": 0.125}, "3": 0})
+    e = meta_exp._exponents({"1": 0.5, "2": {"1": 0.125}, "3": 0})
     assert e.overrides_by_order == (
         ss.OrderOverride(order=1, roots=(2.0,)),
         ss.OrderOverride(order=2, roots=(4.0, 8.0)),
         ss.OrderOverride(order=3, roots=(0.0, 0.0, 0.0)),  # e = 0: not preconditioned
     )
     # Ignored basis-change dims get root 0, the others the default root 2 * order.
-    assert meta._exponents({}, {"2": [0]}).overrides_by_order == (
+    assert meta_exp._exponents({}, {"2": [0]}).overrides_by_order == (
         ss.OrderOverride(order=2, roots=(0.0, 4.0)),
     )
     with pytest.raises(ValueError, match="inverse_exponent_override = .* allowed an object"):
-        meta._exponents([0.5])
+        meta_exp._exponents([0.5])
     with pytest.raises(ValueError, match=r"inverse_exponent_override\.1 = 'x' is invalid"):
-        meta._exponents({"1": "x"})
+        meta_exp._exponents({"1": "x"})
 
 
 def test_meta_eigenvalue_correction() -> None:
     corrected = {"type": "EigenvalueCorrectedShampooPreconditionerConfig"}
-    p = meta._preconditioner(m(preconditioner_config=corrected), SHARED)
+    p = meta_pre._preconditioner(m(preconditioner_config=corrected), SHARED)
     assert p.eigenvalue_correction == ss.EigenvalueCorrectionConfig(
         beta2=0.99, epsilon=1e-8, bias_correction=True, root=2.0
     )
     same = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.25}}
-    assert meta._preconditioner(m(preconditioner_config=same), SHARED).eigenvalue_correction
+    assert meta_pre._preconditioner(m(preconditioner_config=same), SHARED).eigenvalue_correction
     # drop_weighting_factor_on_gsquare: weight 1 and no bias correction for the
     # factors and the corrected eigenvalues alike (one flag and one bc in Meta).
-    drop = meta._preconditioner(m(preconditioner_config={
+    drop = meta_pre._preconditioner(m(preconditioner_config={
         **corrected, "drop_weighting_factor_on_gsquare": True}), SHARED)
     assert drop.eigenvalue_correction == ss.EigenvalueCorrectionConfig(
         beta2=0.99, ema_weight="one", epsilon=1e-8, bias_correction=False, root=2.0)
     assert drop.statistics == ss.StatisticsConfig(beta2=0.99, ema_weight="one",
                                                   bias_correction=False)
     assert drop.eigenvalue_correction.update_weight == 1.0
-    args = _parse.Args("preconditioner_config", same, meta.PRECONDITIONER_KEYS)
-    ec = meta._eigenvalue_correction(args, SHARED, ss.EighConfig(), "ridge")
+    args = _parse.Args("preconditioner_config", same, meta_keys.PRECONDITIONER_KEYS)
+    ec = meta_exp._eigenvalue_correction(args, SHARED, ss.EighConfig(), "ridge")
     # Orders Meta's map does not name keep exponent 1/2 (root 2), not the listed one.
     assert (ec.root, ec.roots_by_order) == (2.0, ((1, 4.0), (2, 4.0)))
     different = {**corrected, "inverse_exponent_override": {"1": 0.25, "2": 0.5}}
-    ec = meta._preconditioner(m(preconditioner_config=different), SHARED).eigenvalue_correction
+    ec = meta_pre._preconditioner(m(preconditioner_config=different), SHARED).eigenvalue_correction
     assert ec is not None and (ec.root, ec.roots_by_order) == (2.0, ((1, 4.0),))
     every = {**corrected, "inverse_exponent_override": {
-        **{str(o): 0.25 for o in range(1, meta.MAX_ORDER + 1)}, "3": 1.0}}
-    ec = meta._preconditioner(m(preconditioner_config=every), SHARED).eigenvalue_correction
+        **{str(o): 0.25 for o in range(1, meta_exp.MAX_ORDER + 1)}, "3": 1.0}}
+    ec = meta_pre._preconditioner(m(preconditioner_config=every), SHARED).eigenvalue_correction
     assert ec is not None and (ec.root, ec.roots_by_order) == (4.0, ((3, 1.0),))
     newton = {**corrected, "amortized_computation_config": {"type": "CoupledNewtonConfig"}}
     with pytest.raises(NotImplementedError, match="amortized_computation_config: eigenvalue"):
-        meta._preconditioner(m(preconditioner_config=newton), SHARED)
+        meta_pre._preconditioner(m(preconditioner_config=newton), SHARED)
 
 
 def test_meta_schedule() -> None:
@@ -477,32 +488,33 @@ def test_meta_blocking() -> None:
 
 
 def test_meta_grafting() -> None:
-    assert meta._grafting(None) == ss.GraftingConfig(type="none")
-    assert meta._grafting({"type": "SGDPreconditionerConfig"}).type == "sgd"
-    assert meta._grafting({"type": "AdaGradPreconditionerConfig"}) == ss.GraftingConfig(
+    assert meta_pre._grafting(None) == ss.GraftingConfig(type="none")
+    assert meta_pre._grafting({"type": "SGDPreconditionerConfig"}).type == "sgd"
+    assert meta_pre._grafting({"type": "AdaGradPreconditionerConfig"}) == ss.GraftingConfig(
         type="adagrad", epsilon=1e-10
     )
-    assert meta._grafting({"type": "RMSpropPreconditionerConfig"}) == ss.GraftingConfig(
+    assert meta_pre._grafting({"type": "RMSpropPreconditionerConfig"}) == ss.GraftingConfig(
         type="rmsprop", beta2=0.99, epsilon=1e-10, bias_correction=False
     )
-    adam = meta._grafting({"type": "AdamPreconditionerConfig", "epsilon": 1e-8})
+    adam = meta_pre._grafting({"type": "AdamPreconditionerConfig", "epsilon": 1e-8})
     assert adam == ss.GraftingConfig(type="adam", beta2=0.999, epsilon=1e-8, bias_correction=True)
     assert adam.norm_scope == "block" and adam.norm_epsilon == 1e-16
     with pytest.raises(ValueError, match="grafting_config = 'adam'"):
-        meta._grafting("adam")
+        meta_pre._grafting("adam")
     with pytest.raises(ValueError, match=r"grafting_config has unknown key\(s\) \['beta1'\]"):
-        meta._grafting({"type": "AdamPreconditionerConfig", "beta1": 0.9})
+        meta_pre._grafting({"type": "AdamPreconditionerConfig", "beta1": 0.9})
     with pytest.raises(NotImplementedError, match=r"grafting_config\.type = 'Lion'"):
-        meta._grafting({"type": "Lion"})
+        meta_pre._grafting({"type": "Lion"})
     # drop_weighting_factor_on_gsquare: V <- beta2 V + G^2, and Meta then drops
     # Adam's bias correction too (RMSprop's and Adam's are the same method).
     for kind, default in (("RMSpropPreconditionerConfig", 0.99),
                           ("AdamPreconditionerConfig", 0.999)):
-        g = meta._grafting({"type": kind, "drop_weighting_factor_on_gsquare": True})
+        g = meta_pre._grafting({"type": kind, "drop_weighting_factor_on_gsquare": True})
         assert (g.beta2, g.ema_weight, g.bias_correction) == (default, "one", False)
         assert g.update_weight == 1.0 and g.bias_correction_factor(3) == 1.0
     with pytest.raises(ValueError, match=r"drop_weighting_factor_on_gsquare"):
-        meta._grafting({"type": "AdamPreconditionerConfig", "drop_weighting_factor_on_gsquare": 1})
+        meta_pre._grafting({"type": "AdamPreconditionerConfig",
+                            "drop_weighting_factor_on_gsquare": 1})
 
 
 def test_meta_diagonal_preconditioners() -> None:
@@ -737,13 +749,14 @@ def test_google_require_and_unsupported() -> None:
     google._require(g(learning_rate=0.1), "learning_rate")
     with pytest.raises(ValueError, match="block_size is required"):
         google._require(g(learning_rate=0.1), "block_size")
-    google._unsupported(g(**{key: default for key, (default, _) in google.UNSUPPORTED.items()}))
+    google._unsupported(g(**{key: default
+                             for key, (default, _) in google_keys.UNSUPPORTED.items()}))
 
 
 def test_google_imports_every_key() -> None:
     """At 239a8cd nothing of Google's distributed_shampoo is refused for itself (only
     the combinations :func:`google._unsupported` and ``_deflation`` name)."""
-    assert google.UNSUPPORTED == {}
+    assert google_keys.UNSUPPORTED == {}
 
 
 def test_google_lobpcg_is_deflation_of_the_newton_root() -> None:
@@ -751,7 +764,7 @@ def test_google_lobpcg_is_deflation_of_the_newton_root() -> None:
     deflation_iterations (0: k, as Google's; < 0: none, as its loop runs); no effect on
     the eigh path or at k <= 0 (Google's ``if lobpcg_topk_precondition > 0``)."""
     def root(**kw: object) -> object:
-        return google._preconditioner(g(**kw), 0.999, True).root_inverse
+        return google_pre._preconditioner(g(**kw), 0.999, True).root_inverse
     newton = root(lobpcg_topk_precondition=3)
     assert isinstance(newton, ss.CoupledNewtonConfig)
     assert (newton.deflation_rank, newton.deflation_iterations) == (3, None)
@@ -803,7 +816,7 @@ def test_google_grafting() -> None:
 
 
 def test_google_preconditioner() -> None:
-    p = google._preconditioner(g(), 0.95)
+    p = google_pre._preconditioner(g(), 0.95)
     assert p.statistics == ss.StatisticsConfig(beta2=0.95, bias_correction=False,
                                                initial_value="epsilon_identity")
     assert p.epsilon == ss.EpsilonConfig(value=1e-6, scale="relative", relative_floor=1e-25,
@@ -811,46 +824,46 @@ def test_google_preconditioner() -> None:
     assert isinstance(p.root_inverse, ss.CoupledNewtonConfig)
     assert (p.root_inverse.retries, p.root_inverse.failure_threshold) == (5, 0.1)
     assert p.exponents == ss.ExponentConfig(default="preconditioned_dims", override=0.0)
-    e = google._preconditioner(g(eigh=True, relative_matrix_epsilon=False, matrix_epsilon=1e-4,
+    e = google_pre._preconditioner(g(eigh=True, relative_matrix_epsilon=False, matrix_epsilon=1e-4,
                                  exponent_override=4), 0.95)
     # Google judges eigh roots by inverse_failure_threshold too (eq. 13), default 0.1.
     assert e.root_inverse == ss.EighConfig(failure_threshold=0.1) and e.exponents.override == 4.0
     assert (e.epsilon.value, e.epsilon.scale, e.epsilon.relative_floor) == (1e-4, "absolute", 1e-6)
-    strict = google._preconditioner(g(eigh=True, inverse_failure_threshold=1e-30), 0.95)
+    strict = google_pre._preconditioner(g(eigh=True, inverse_failure_threshold=1e-30), 0.95)
     assert strict.root_inverse == ss.EighConfig(failure_threshold=1e-30)
-    assert google._preconditioner(g(exponent_override=-2), 0.95).exponents.override == 0.0
+    assert google_pre._preconditioner(g(exponent_override=-2), 0.95).exponents.override == 0.0
     # Eq. (20c): int16 statistics and roots with best_effort and a pmap axis, in Google's dtype.
-    q = google._preconditioner(g(best_effort_memory_usage_reduction=True, batch_axis_name="b"),
+    q = google_pre._preconditioner(g(best_effort_memory_usage_reduction=True, batch_axis_name="b"),
                                0.95, x64=False).statistics
     assert q.storage == "int16_columnwise_diagonal" and q.scale_dtype == "float32"
-    assert not google._preconditioner(g(best_effort_memory_usage_reduction=True),
+    assert not google_pre._preconditioner(g(best_effort_memory_usage_reduction=True),
                                       0.95).statistics.quantized
     with pytest.raises(ValueError, match="matrix_epsilon = 'small'"):
-        google._preconditioner(g(matrix_epsilon="small"), 0.95)
+        google_pre._preconditioner(g(matrix_epsilon="small"), 0.95)
     with pytest.raises(ValueError, match="root_inverse.failure_threshold"):
-        google._preconditioner(g(inverse_failure_threshold=0), 0.95)
+        google_pre._preconditioner(g(inverse_failure_threshold=0), 0.95)
     with pytest.raises(ValueError, match=r"root_inverse.failure_threshold = 0.0 .*2\^-126"):
-        google._preconditioner(g(eigh=True, inverse_failure_threshold=0), 0.95)
+        google_pre._preconditioner(g(eigh=True, inverse_failure_threshold=0), 0.95)
 
 
 def test_google_compression_rank_is_low_rank_roots() -> None:
     """Eq. (10c): |compression_rank| kept eigenvalues, the largest when it is positive, the
     root judged at inverse_failure_threshold and lambda_max floored at 1e-6 (the eigh
     path's floor already: then no floor of its own)."""
-    assert google._preconditioner(g(), 0.95).low_rank is None
-    newton = google._preconditioner(g(compression_rank=3, inverse_failure_threshold=0.5), 0.95)
+    assert google_pre._preconditioner(g(), 0.95).low_rank is None
+    newton = google_pre._preconditioner(g(compression_rank=3, inverse_failure_threshold=0.5), 0.95)
     assert newton.low_rank == ss.LowRankRootConfig(rank=3, keep="largest", failure_threshold=0.5,
                                                    relative_floor=1e-6)
     assert newton.epsilon.relative_floor == 1e-25  # the Newton roots' own
-    eigh = google._preconditioner(g(compression_rank=-4, eigh=True), 0.95)
+    eigh = google_pre._preconditioner(g(compression_rank=-4, eigh=True), 0.95)
     assert eigh.low_rank == ss.LowRankRootConfig(rank=4, keep="smallest", failure_threshold=0.1)
     assert eigh.low_rank.epsilon_for(eigh.epsilon).relative_floor == 1e-6
     # Google turns its int16 statistics off with compression (the momentum stays int8).
-    q = google._preconditioner(g(best_effort_memory_usage_reduction=True, batch_axis_name="b",
+    q = google_pre._preconditioner(g(best_effort_memory_usage_reduction=True, batch_axis_name="b",
                                  compression_rank=2), 0.95)
     assert not q.statistics.quantized
     with pytest.raises(ValueError, match="compression_rank = 2.5"):
-        google._preconditioner(g(compression_rank=2.5), 0.95)
+        google_pre._preconditioner(g(compression_rank=2.5), 0.95)
 
 
 def test_google_frequent_directions_are_sketches() -> None:
@@ -858,12 +871,12 @@ def test_google_frequent_directions_are_sketches() -> None:
     average_grad averages the statistics gradient, Google's floor 1e-6; Google's own
     refusals are kept, and FD without reuse_preconditioner (Google crashes) is refused."""
     fd = {"frequent_directions": True, "compression_rank": 3, "reuse_preconditioner": True}
-    pre = google._preconditioner(g(**fd, average_grad=True), 0.95)
+    pre = google_pre._preconditioner(g(**fd, average_grad=True), 0.95)
     assert pre.low_rank is None
     assert pre.frequent_directions == ss.FrequentDirectionsConfig(
         rank=3, average_gradients=True, reset_every=None, relative_floor=1e-6)
     # Google turns its int16 statistics off with frequent directions.
-    q = google._preconditioner(g(**fd, best_effort_memory_usage_reduction=True,
+    q = google_pre._preconditioner(g(**fd, best_effort_memory_usage_reduction=True,
                                  batch_axis_name="b"), 0.95)
     assert not q.statistics.quantized
     for bad, message in [
@@ -876,7 +889,7 @@ def test_google_frequent_directions_are_sketches() -> None:
         ({**fd, "average_grad": 1}, "average_grad = 1"),
     ]:
         with pytest.raises(ValueError, match=message):
-            google._preconditioner(g(**bad), 0.95)
+            google_pre._preconditioner(g(**bad), 0.95)
 
 
 def test_google_reset_preconditioner_is_a_reset_period_with_beta2_one() -> None:

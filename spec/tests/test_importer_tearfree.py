@@ -24,7 +24,7 @@ def _with(section: str, **values: Any) -> dict[str, Any]:
 
 def test_exported() -> None:
     assert "from_tearfree" in ss.__all__
-    assert ss.importers.from_tearfree is from_tearfree
+    assert ss.anchors.from_tearfree is from_tearfree
 
 
 def test_adafactor_graft_is_eq_14e() -> None:

@@ -1,13 +1,15 @@
 """shampoo_spec: the one specification of Shampoo every backend implements.
 
-- :class:`ShampooConfig` and its sections (validated, frozen, JSON round trip);
+- :mod:`config`: :class:`ShampooConfig` and its sections (validated, frozen,
+  JSON round trip);
 - :func:`plan_parameter`: squeeze, merge, block, roots (eqs. 4-5, 12);
 - :mod:`schedule`: which work happens at step t (eq. 8);
 - :func:`assign_blocks`, :func:`plan_block_costs`: which rank owns which block
   (distributed backends);
-- :func:`from_meta`, :func:`from_google`: import the anchors' arguments;
-  :func:`to_meta`, :func:`to_google`, :func:`to_tearfree`: export a config to them;
-- :data:`PRESETS`: named configurations;
+- :mod:`anchors`: :func:`from_meta`, :func:`from_google`, :func:`from_tearfree`
+  import the anchors' arguments; :func:`to_meta`, :func:`to_google`,
+  :func:`to_tearfree` export a config to them;
+- :func:`power_iteration_start`: the start vector of eq. (9b);
 - :mod:`errors`: every exception of the project (re-exported by backends);
 - :mod:`limits`: the overflow rule of eq. (3) and the large-block warning.
 
@@ -15,6 +17,16 @@ Equation numbers refer to docs/spec.md. Standard library only.
 """
 
 from ._validate import MAX_INTEGER
+from .anchors import (
+    MetaDistribution,
+    from_google,
+    from_meta,
+    from_tearfree,
+    meta_distribution,
+    to_google,
+    to_meta,
+    to_tearfree,
+)
 from .assignment import (
     ROOT_FLOPS_PER_CUBE,
     Assignment,
@@ -60,6 +72,9 @@ from .config import (
     StatisticsConfig,
     UpdateDtype,
     WeightDecayConfig,
+    config_differences,
+    config_from_dict,
+    config_to_dict,
 )
 from .errors import (
     BackendUnavailable,
@@ -68,8 +83,6 @@ from .errors import (
     RootFailureError,
     StepperUnavailable,
 )
-from .exporters import to_google, to_meta, to_tearfree
-from .importers import MetaDistribution, from_google, from_meta, from_tearfree, meta_distribution
 from .limits import (
     FLOAT16_FACTOR_LIMIT,
     LARGE_BLOCK_DIM,
@@ -87,7 +100,6 @@ from .schedule import (
     root_period,
     uses_preconditioner,
 )
-from .serialization import config_differences, config_from_dict, config_to_dict
 
 __all__ = [
     "EPSILON_PLACEMENTS",

@@ -29,7 +29,7 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_finite(value: int | float) -> bool:
+def is_finite(value: int | float) -> bool:
     """``math.isfinite`` for ints beyond float's range too (10**400 is not finite here)."""
     try:
         return math.isfinite(value)
@@ -52,7 +52,7 @@ def real(
     hi = ")" if high_open else "]"
     allowed = f"a finite number in {lo}{low if low is not None else '-inf'}, "
     allowed += f"{high if high is not None else 'inf'}{hi}"
-    if not _is_real(value) or not _is_finite(value):
+    if not _is_real(value) or not is_finite(value):
         fail(owner, field, value, allowed)
     if low is not None and (value < low or (low_open and value == low)):
         fail(owner, field, value, allowed)
@@ -72,7 +72,7 @@ _NORMAL = f"a finite number >= 2^-126 = {SMALLEST_EPSILON:.6g} (float32's smalle
 def epsilon(owner: str, field: str, value: Any, *, zero: bool) -> None:
     """An epsilon: 0 (only when ``zero``, i.e. it never divides) or >= :data:`SMALLEST_EPSILON`."""
     allowed = "0 or " + _NORMAL if zero else _NORMAL
-    if not _is_real(value) or not _is_finite(value):
+    if not _is_real(value) or not is_finite(value):
         fail(owner, field, value, allowed)
     if value < SMALLEST_EPSILON and not (zero and value == 0):
         fail(owner, field, value, allowed)
@@ -82,7 +82,7 @@ def optional_normal(owner: str, field: str, value: Any, *, none_means: str) -> N
     """None, or a finite real >= :data:`SMALLEST_EPSILON` (a float32 normal when rounded)."""
     if value is None:
         return
-    if not _is_real(value) or not _is_finite(value) or value < SMALLEST_EPSILON:
+    if not _is_real(value) or not is_finite(value) or value < SMALLEST_EPSILON:
         fail(owner, field, value, f"{_NORMAL}, or None ({none_means})")
 
 

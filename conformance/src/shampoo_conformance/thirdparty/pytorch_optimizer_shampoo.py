@@ -44,6 +44,7 @@ from shampoo_conformance.thirdparty.pytorch_optimizer import (
 from shampoo_conformance.thirdparty.registry import Deviation
 from shampoo_conformance.thirdparty.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_spec import EighConfig, Inexpressible, ShampooConfig
+from shampoo_spec.anchors._parse import UNBOUNDED
 from shampoo_spec.config import (
     BlockingConfig,
     EpsilonConfig,
@@ -54,7 +55,6 @@ from shampoo_spec.config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from shampoo_spec.importers._parse import UNBOUNDED
 
 #: Parameter dtypes this backend runs (its statistics and roots follow them).
 dtypes = (np.float64, np.float32)

@@ -49,6 +49,7 @@ from typing import Any, Literal
 
 from shampoo_conformance.thirdparty.registry import Deviation
 from shampoo_spec import EighConfig, Inexpressible, ShampooConfig, config_differences
+from shampoo_spec.anchors._parse import UNBOUNDED
 from shampoo_spec.config import (
     BlockingConfig,
     EigenvalueCorrectionConfig,
@@ -60,7 +61,6 @@ from shampoo_spec.config import (
     StatisticsConfig,
     WeightDecayConfig,
 )
-from shampoo_spec.importers._parse import UNBOUNDED
 
 #: One factor per dim of the parameter as it is: no blocks, no merging, no squeezing
 #: (a size-1 dim is a 1 x 1 factor, basis 1, as SOAP's identity), a 0-d parameter

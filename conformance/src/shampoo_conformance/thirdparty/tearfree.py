@@ -4,7 +4,7 @@ Tearfree (google-research/precondition, import ``precondition.tearfree``, the
 same package and snapshot as the ``google`` backend) is an optax-style
 transformation, ``tearfree(learning_rate, TearfreeOptions)``, driven here
 from ``to_tearfree(config)``: the learning rate and options tearfree takes
-for the same Shampoo (:mod:`shampoo_spec.importers.tearfree` has the rules).
+for the same Shampoo (:mod:`shampoo_spec.anchors.tearfree.importer` has the rules).
 Each step is ``tx.update`` then ``optax.apply_updates``, jitted, on the CPU.
 ``float64`` runs under ``jax.enable_x64(True)`` (tearfree's state follows
 the parameters' dtype), ``float32`` without it.

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 
 from shampoo_spec import EpsilonConfig, power_iteration_start
@@ -130,7 +131,8 @@ def power_iteration_lambda_max(a: Array, steps: int, tolerance: float) -> Array:
     """Eq. (9b) per matrix of ``a`` [..., n, n]: Google's power iteration (its while loop,
     vmapped: a matrix that has stopped keeps its vector and quotient)."""
     n = a.shape[-1]
-    start = jnp.asarray(power_iteration_start(n), a.dtype)
+    # The spec's start is a tuple of Python floats: float64 first, then a's dtype (one rounding).
+    start = jnp.asarray(np.asarray(power_iteration_start(n), dtype=np.float64), a.dtype)
 
     def one(m: Array) -> Array:
         def cond(state: tuple[Array, Array, Array, Array]) -> Array:

@@ -33,7 +33,7 @@ def effective_epsilon(matrix: Array, eps: EpsilonConfig) -> float:
 
 def power_iteration_lambda_max(matrix: Array, steps: int, tolerance: float) -> float:
     """Eq. (9b): Google's power iteration on A as it is (not symmetrized)."""
-    v = power_iteration_start(matrix.shape[0]).astype(matrix.dtype)
+    v = np.asarray(power_iteration_start(matrix.shape[0]), dtype=np.float64).astype(matrix.dtype)
     s = 0.0
     for _ in range(steps):
         u = v / np.sqrt(np.sum(v * v))

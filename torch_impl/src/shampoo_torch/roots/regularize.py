@@ -61,7 +61,8 @@ def power_iteration_lambda_max(a: torch.Tensor, steps: int, tolerance: float) ->
     row has stopped; the steps in between change no stopped row.
     """
     b, n = a.shape[0], a.shape[-1]
-    start = torch.as_tensor(power_iteration_start(n).copy(), dtype=a.dtype, device=a.device)
+    # The spec's start is a tuple of Python floats: float64 first, then a's dtype (one rounding).
+    start = torch.tensor(power_iteration_start(n), dtype=torch.float64).to(a.device, a.dtype)
     v = start.expand(b, n).clone()
     s = torch.zeros(b, dtype=a.dtype, device=a.device)
     running = torch.ones(b, dtype=torch.bool, device=a.device)

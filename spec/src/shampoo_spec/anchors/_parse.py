@@ -1,4 +1,4 @@
-"""Reading the anchors' JSON arguments: the helpers both importers share.
+"""Reading the anchors' JSON arguments: the helpers the three importers share.
 
 One reader per kind of value, each raising ``ValueError`` that names the key
 path, the value and what is allowed (never a bare ``int()``, ``float()`` or

@@ -1,8 +1,14 @@
-"""JSON round trip of :class:`ShampooConfig`: plain dicts, lists and scalars.
+"""JSON round trip of a :class:`ShampooConfig`: plain dicts, lists and scalars.
 
-``config_from_dict(config_to_dict(c)) == c`` for every valid config. Unknown
-keys are rejected with the list of known ones, so a typo never silently
-falls back to a default.
+``ShampooConfig.from_dict(config_to_dict(c)) == c`` for every valid config
+(``config_from_dict`` beside the class says the same). Unknown keys are
+rejected with the list of known ones, so a typo never silently falls back to
+a default. :func:`flatten` gives the ``"section.field"`` view that
+:func:`config_differences`, the exporters' round-trip check and the
+checkpoint loaders compare.
+
+The sections are read here; the config itself is built by its class
+(``ShampooConfig.from_dict``), so this module needs only the sections.
 """
 
 from __future__ import annotations
@@ -10,29 +16,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .config import (
-    BlockingConfig,
-    CoupledNewtonConfig,
+from .execution import BlockingConfig, FailureConfig, ScheduleConfig
+from .grafting import GraftingConfig
+from .preconditioners import (
     DiagonalPreconditionerConfig,
     EigenvalueCorrectionConfig,
-    EighConfig,
-    EpsilonConfig,
-    ExponentConfig,
-    FailureConfig,
-    FrequentDirectionsConfig,
-    GradientFilterConfig,
-    GraftingConfig,
-    HigherOrderNewtonConfig,
-    IterateAveragingConfig,
-    LowRankRootConfig,
-    MomentumConfig,
-    OrderOverride,
-    ScheduleConfig,
-    ShampooConfig,
     SpectralDescentConfig,
-    StatisticsConfig,
-    WeightDecayConfig,
 )
+from .roots import (
+    CoupledNewtonConfig,
+    EighConfig,
+    ExponentConfig,
+    HigherOrderNewtonConfig,
+    OrderOverride,
+)
+from .sketches import FrequentDirectionsConfig, LowRankRootConfig
+from .statistics import EpsilonConfig, StatisticsConfig
+from .update import GradientFilterConfig, IterateAveragingConfig, MomentumConfig, WeightDecayConfig
 
 _SECTIONS: dict[str, type[Any]] = {
     "statistics": StatisticsConfig,
@@ -67,8 +67,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def config_to_dict(config: ShampooConfig) -> dict[str, Any]:
-    """Nested plain dict of every field (JSON-serialisable)."""
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Nested plain dict of every field of a :class:`ShampooConfig` (JSON-serialisable)."""
     out = _plain(config)
     assert isinstance(out, dict)
     return out
@@ -120,9 +120,11 @@ def _section(name: str, cls: type[Any], data: Any) -> Any:
     return cls(**kwargs)
 
 
-def config_from_dict(data: dict[str, Any]) -> ShampooConfig:
-    """Inverse of :func:`config_to_dict`; missing keys take our defaults."""
-    kwargs = _check_keys("ShampooConfig", data, ShampooConfig)
+def config_kwargs_from_dict(data: dict[str, Any], config_class: type[Any]) -> dict[str, Any]:
+    """The keyword arguments of ``config_class`` (:class:`ShampooConfig`) that
+    :func:`config_to_dict` wrote as ``data``, each section built; missing keys are left
+    out (the class's defaults)."""
+    kwargs = _check_keys(config_class.__name__, data, config_class)
     for name, cls in _SECTIONS.items():
         if name in kwargs and kwargs[name] is not None:
             kwargs[name] = _section(name, cls, kwargs[name])
@@ -135,18 +137,20 @@ def config_from_dict(data: dict[str, Any]) -> ShampooConfig:
                 f"{sorted(_ROOT_METHODS)}."
             )
         kwargs["root_inverse"] = _section("root_inverse", _ROOT_METHODS[method], root)
-    return ShampooConfig(**kwargs)
+    return kwargs
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+def flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    """Writes the leaves of the nested dict ``value`` into ``out`` as ``"prefix.key.key"``
+    (``config_to_dict``'s output becomes ``{"section.field": value}``)."""
     if isinstance(value, dict):
         for key, item in value.items():
-            _flatten(f"{prefix}.{key}" if prefix else key, item, out)
+            flatten(f"{prefix}.{key}" if prefix else key, item, out)
     else:
         out[prefix] = value
 
 
-def config_differences(saved: ShampooConfig, current: ShampooConfig) -> list[str]:
+def config_differences(saved: Any, current: Any) -> list[str]:
     """The fields where two configs differ, as ``"section.field: saved -> current"``.
 
     Empty when they are equal. Checkpoint loaders use it to refuse a state
@@ -154,8 +158,8 @@ def config_differences(saved: ShampooConfig, current: ShampooConfig) -> list[str
     """
     before: dict[str, Any] = {}
     after: dict[str, Any] = {}
-    _flatten("", config_to_dict(saved), before)
-    _flatten("", config_to_dict(current), after)
+    flatten("", config_to_dict(saved), before)
+    flatten("", config_to_dict(current), after)
     return [
         f"{key}: {before.get(key, '<absent>')!r} -> {after.get(key, '<absent>')!r}"
         for key in sorted(set(before) | set(after))
