@@ -1,4 +1,4 @@
-"""check_run_inputs: the shared input errors of every backend's run (contract 8.2)."""
+"""check_run_inputs: the shared input errors of every backend's run (the backend contract)."""
 
 from __future__ import annotations
 

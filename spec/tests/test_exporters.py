@@ -1,4 +1,4 @@
-"""to_meta / to_google: the importers' inverse on every expressible config (contract 8.1).
+"""to_meta / to_google: the importers' inverse on every expressible config (the importer contract).
 
 The expressible configs of an anchor are exactly the images of its importer,
 so the property tests draw the anchor's own arguments, import them and

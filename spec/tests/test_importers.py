@@ -1,4 +1,4 @@
-"""from_meta / from_google: defaults, mappings, and clear errors (contract 8.1).
+"""from_meta / from_google: defaults, mappings, and clear errors (the importer contract).
 
 That the imported configs reproduce each library's numerics is tested in
 reference/tests/anchors against independent emulators; here we test the

@@ -1,6 +1,6 @@
 """The optimizer as a torch.optim.Optimizer: groups, lr, checkpoints, failure policy.
 
-DESIGN.md section 7: resuming continues bit-identically; a mismatched state
+docs/reliability.md: resuming continues bit-identically; a mismatched state
 fails clearly; a non-finite gradient never corrupts the state (raise naming
 the parameter, or skip the block and count it); failed roots keep the
 previous root and are counted, and too many in a row raise.

@@ -1,7 +1,7 @@
 """shampoo_conformance: check any Shampoo backend against the spec and the reference.
 
 ``get_backend(name)`` returns a backend with ``run(config, params, grads,
-dtype)`` (contract 8.2, docs/conformance.md); ``"reference"`` is built in, and any
+dtype)`` (the backend contract, docs/conformance.md); ``"reference"`` is built in, and any
 ``"package.module:factory"`` names a third-party backend.
 """
 

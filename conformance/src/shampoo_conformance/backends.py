@@ -1,4 +1,4 @@
-"""The registry of backends: every backend by name (contract 8.2, :mod:`.protocol`).
+"""The registry of backends: every backend by name (the backend contract, :mod:`.protocol`).
 
 Our backends are named (``"reference"``, ``"torch"``, ``"jax"``,
 ``"torch-ddp"``, ``"torch-fsdp2"``, ``"jax-sharded"``); the real third-party
@@ -27,7 +27,7 @@ class FrameworkBackend(BackendBase):
     """A backend reached through an adapter module's numpy-in/numpy-out ``run``.
 
     The adapters (``shampoo_conformance.adapters.torch``, ``.torch_ddp``,
-    ``.jax``, ``.jax_sharded``) take the arguments of contract 8.2 and run on
+    ``.jax``, ``.jax_sharded``) take the arguments of the backend contract and run on
     the CPU in the requested dtype; importing one fails when its framework
     is missing, which is reported as :class:`BackendUnavailable`.
     """

@@ -1,4 +1,4 @@
-"""The backend protocol (contract 8.2) and the base of our backend classes.
+"""The backend protocol (the backend contract) and the base of our backend classes.
 
 A backend is any object with ``run(config, params, grads, dtype)`` returning
 the parameters after each step (:class:`Backend`); for closed-loop training
@@ -25,7 +25,7 @@ from shampoo_spec import ShampooConfig
 
 #: Parameters (or gradients) by name, as a backend returns them.
 Params = dict[str, NDArray[Any]]
-#: Parameters by name, as contract 8.2 passes them.
+#: Parameters by name, as the backend contract passes them.
 ParamsIn = Mapping[str, NDArray[Any]]
 #: One mapping of gradients per step.
 GradStream = Sequence[ParamsIn]
@@ -79,7 +79,7 @@ StepperFactory = Callable[..., Stepper]
 
 
 class BackendBase:
-    """``run`` and ``stepper`` of contract 8.2 with their arguments handled once.
+    """``run`` and ``stepper`` of the backend contract with their arguments handled once.
 
     ``run`` checks ``dtype`` (:meth:`_check_dtype`), then hands ``_run`` the
     parameters as a dict and the gradients as a list of dicts; ``stepper``

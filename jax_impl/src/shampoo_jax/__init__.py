@@ -25,7 +25,7 @@ eqs. 2, 15, 16b, 19-22), :mod:`refusal` (eq. 3 in jit: refused blocks),
 (block state and inverse roots sharded over a mesh axis:
 ``shampoo(config, sharding=ShardingConfig(mesh, axis))``),
 :mod:`checkpoint`. Its benchmarks live in ``shampoo_conformance.bench``
-(``jax_step``, ``jax_sharded``). The conformance adapters (contract 8.2) live in
+(``jax_step``, ``jax_sharded``). The conformance adapters (the backend contract) live in
 ``shampoo_conformance.adapters.jax`` and ``.jax_sharded``; this package never
 imports them.
 """

@@ -19,14 +19,14 @@ class RootFailureError(FloatingPointError):
 
 
 class BackendUnavailable(RuntimeError):
-    """A conformance backend's framework or library is not installed (contract 8.2).
+    """A conformance backend's framework or library is not installed (the backend contract).
 
     The suite and the report show such a backend as skipped, never as failed.
     """
 
 
 class Inexpressible(ValueError):
-    """A config that another library's arguments cannot express (contract 8.1).
+    """A config that another library's arguments cannot express (the importer contract).
 
     Raised by ``to_meta`` / ``to_google`` naming every field the library has
     no argument for, and by a third-party conformance backend asked to run

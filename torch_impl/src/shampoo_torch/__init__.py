@@ -18,7 +18,7 @@ maths of one block group: statistics, inverse roots, directions),
 ``eigh``, ``basis``, ``newton``, ``lobpcg``, ``sketch``, ``dispatch``),
 :mod:`.grafting`, :mod:`.elementwise`, :mod:`.distributed`,
 :mod:`.checkpoint`, :mod:`.processes` (fresh gloo processes for tests and
-benchmarks). The conformance adapters (numpy in, numpy out, contract 8.2)
+benchmarks). The conformance adapters (numpy in, numpy out, the backend contract)
 are ``shampoo_conformance.adapters.torch`` and ``.torch_ddp``; this package
 never imports shampoo_conformance.
 

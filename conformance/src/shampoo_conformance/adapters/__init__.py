@@ -1,4 +1,4 @@
-"""Adapters: each backend of contract 8.2 as one module.
+"""Adapters: each of our backends (the backend contract, docs/conformance.md) as one module.
 
 ``reference`` (the float64 oracle; :mod:`.first_order` holds its NumPy
 AdamW), ``torch``, ``torch_ddp`` and ``torch_fsdp2`` (the PyTorch optimizer

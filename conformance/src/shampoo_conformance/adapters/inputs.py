@@ -1,4 +1,4 @@
-"""The input checks of contract 8.2's ``run(config, params, grads, dtype)`` and ``stepper``.
+"""The input checks of the backend contract's ``run(config, params, grads, dtype)`` and ``stepper``.
 
 Every backend adapter of this package (reference, torch, torch_ddp, jax,
 jax_sharded) takes the same inputs, so it rejects bad ones with the same
@@ -31,7 +31,7 @@ def check_run_inputs(
     grads: Sequence[Mapping[str, Any]],
     dtype_name: str,
 ) -> None:
-    """Raise ``ValueError`` naming the problem unless the inputs fit contract 8.2.
+    """Raise ``ValueError`` naming the problem unless the inputs fit the backend contract.
 
     ``dtype_name`` must be one of :data:`RUN_DTYPES`; every step of ``grads``
     must have exactly the parameters' names, each gradient the shape of its

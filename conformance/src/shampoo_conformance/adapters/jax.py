@@ -1,4 +1,4 @@
-"""The ``jax`` backend: ``shampoo_jax`` NumPy in, NumPy out (contract 8.2).
+"""The ``jax`` backend: ``shampoo_jax`` NumPy in, NumPy out (the backend contract).
 
 ``run(config, params, grads, dtype)`` runs the jitted Shampoo update on the
 CPU in ``dtype`` (float32 or float64; float64 enables x64 for the call) with
@@ -238,7 +238,7 @@ def library_steps(
     grads: list[dict[str, np.ndarray]],
     dtype: np.dtype[Any],
 ) -> list[dict[str, np.ndarray]]:
-    """An optax library's open loop (contract 8.2): ``state = init(params)``, then
+    """An optax library's open loop (the backend contract): ``state = init(params)``, then
     ``params, state = step(params, state, grads)`` per step, in ``dtype`` arrays;
     the parameters after each step as NumPy. Call inside the library's precision."""
     names = sorted(params)

@@ -1,4 +1,4 @@
-"""The ``jax-sharded`` backend: contract 8.2 on four host devices, NumPy in, NumPy out.
+"""The ``jax-sharded`` backend: the backend contract on four host devices, NumPy in, NumPy out.
 
 ``run(config, params, grads, dtype)`` returns what
 ``shampoo_conformance.adapters.jax.run`` returns, computed by

@@ -1,4 +1,4 @@
-"""The reference backend: the float64 NumPy/SciPy oracle behind contract 8.2.
+"""The reference backend: the float64 NumPy/SciPy oracle behind the backend contract.
 
 ``run`` (open loop), ``trajectory`` (closed loop: each gradient computed at
 the current parameters) and ``stepper`` (``"shampoo"`` or the NumPy AdamW of

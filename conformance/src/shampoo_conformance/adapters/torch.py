@@ -1,4 +1,4 @@
-"""The ``torch`` backend: ``shampoo_torch`` NumPy in, NumPy out (contract 8.2).
+"""The ``torch`` backend: ``shampoo_torch`` NumPy in, NumPy out (the backend contract).
 
 ``run(config, params, grads, dtype)`` steps :class:`~shampoo_torch.Shampoo`
 on CPU with parameters in ``dtype`` and factors in the same precision

@@ -1,4 +1,4 @@
-"""The ``torch-ddp`` backend: NumPy in, NumPy out over 2 gloo processes (contract 8.2).
+"""The ``torch-ddp`` backend: NumPy in, NumPy out over 2 gloo processes (the backend contract).
 
 ``run(config, params, grads, dtype)`` has the contract of
 :func:`shampoo_conformance.adapters.torch.run`: it steps

@@ -1,4 +1,4 @@
-"""The ``torch-fsdp2`` backend: FSDP2 DTensor parameters on 2 gloo processes (contract 8.2).
+"""The ``torch-fsdp2`` backend: FSDP2 DTensor parameters on 2 gloo processes (the backend contract).
 
 ``run(config, params, grads, dtype)`` has the contract of
 :func:`shampoo_conformance.adapters.torch.run`: every parameter becomes a

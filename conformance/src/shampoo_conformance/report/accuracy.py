@@ -2,7 +2,7 @@
 
 For one problem: the reference runs the report's Shampoo config closed-loop
 for ``steps`` steps (``g_t = grad f(theta_{t-1})``); that gradient stream
-is then replayed open-loop through ``backend.run`` (contract 8.2) in each
+is then replayed open-loop through ``backend.run`` (the backend contract) in each
 dtype, and the trajectories are compared step by step, exactly as
 ``python -m shampoo_conformance compare`` does on random data:
 

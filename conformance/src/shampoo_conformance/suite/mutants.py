@@ -253,7 +253,7 @@ MUTANTS: tuple[Mutant, ...] = (
 
 
 class MutantBackend:
-    """A backend (contract 8.2) running one mutant of the reference."""
+    """A backend (the backend contract) running one mutant of the reference."""
 
     def __init__(self, mutant: Mutant) -> None:
         self.mutant = mutant

@@ -3,7 +3,7 @@
 A third-party backend runs a real library (Meta's ``DistributedShampoo``,
 Google's ``distributed_shampoo``, ...) from the kwargs our exporters write.
 Its adapter module (``shampoo_conformance.adapters.<name>``) provides, besides
-contract 8.2's ``run``:
+the backend contract's ``run``:
 
 - ``dtypes``: the parameter dtypes it runs;
 - ``expressible(config, dtype) -> str | None``: why the library cannot run

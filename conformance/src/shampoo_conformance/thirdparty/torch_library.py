@@ -1,5 +1,5 @@
 """What every backend that runs a torch library shares: one process on the CPU,
-NumPy in and out (contract 8.2), and the closed-loop stepper of the report.
+NumPy in and out (the backend contract), and the closed-loop stepper of the report.
 
 ``make(config, tensors, dtype)`` is the adapter's constructor of the library's
 optimizer (it raises :class:`~shampoo_spec.Inexpressible` for a config the

@@ -1,4 +1,4 @@
-"""The anchors' arguments in and out of a :class:`ShampooConfig` (contract 8.1).
+"""The anchors' arguments in and out of a :class:`ShampooConfig` (the importer contract).
 
 One sub-package per anchor, its import and export side by side:
 :mod:`.meta` (Meta's ``DistributedShampoo``), :mod:`.google` (Google's

@@ -1,5 +1,5 @@
 """``to_meta``: a :class:`ShampooConfig` as the keyword arguments of Meta's
-``DistributedShampoo(params, **kwargs)`` (contract 8.1).
+``DistributedShampoo(params, **kwargs)`` (the importer contract).
 
 In exactly the JSON form :func:`from_meta` takes: nested Meta configs as
 dicts with a ``"type"`` key naming Meta's class, enums by member name
