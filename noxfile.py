@@ -35,6 +35,10 @@ TEST_DIRS = ("tests", *(f"{member}/tests" for member in MEMBERS), "docs/tests", 
 PYTEST_OPTIONS = ("-p", "no:cacheprovider")
 #: The CI sessions also list their slowest tests, to keep the run within its budget.
 SLOWEST = ("--durations=20", "--durations-min=10")
+#: Whole runs spread their test files over one worker per core (pytest-xdist, at most 4):
+#: a file stays on one worker, so its module fixtures and compiled programs serve all of
+#: its tests. A run with args (``nox -s tests -- -k roots``) stays in one process.
+PARALLEL = ("-n", "auto", "--maxprocesses=4", "--dist", "loadfile")
 
 
 def install_members(session: nox.Session, *extra: str) -> None:
@@ -75,7 +79,7 @@ def tests(session: nox.Session) -> None:
     properties here, since each example compiles a new program; they run
     in the ``conformance`` sessions. Args go to pytest (and replace the default paths).
     """
-    install_members(session, "pytest", "hypothesis", "scikit-learn", "matplotlib")
+    install_members(session, "pytest", "pytest-xdist", "hypothesis", "scikit-learn", "matplotlib")
     env = hypothesis_env("ci")
     if session.posargs:
         session.run("pytest", *PYTEST_OPTIONS, *session.posargs, env=env)
@@ -83,12 +87,14 @@ def tests(session: nox.Session) -> None:
     # torch-ddp: two gloo worker processes, started once and reused by the suite.
     eager = ["reference"] + (["torch", "torch-ddp"] if "torch_impl" in MEMBERS else [])
     session.run(
-        "pytest", *PYTEST_OPTIONS, *SLOWEST, *TEST_DIRS, *(f"--backend={b}" for b in eager),
+        "pytest", *PYTEST_OPTIONS, *PARALLEL, *SLOWEST, *TEST_DIRS,
+        *(f"--backend={b}" for b in eager),
         env=env
     )
     if "jax_impl" in MEMBERS:
         session.run(
-            "pytest", *PYTEST_OPTIONS, *SLOWEST, SUITE, "--backend=jax", "--backend=jax-sharded",
+            "pytest", *PYTEST_OPTIONS, *PARALLEL, *SLOWEST, SUITE, "--backend=jax",
+            "--backend=jax-sharded",
             "-m", "not random_configs",
             env={**env, "XLA_FLAGS": os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)},
         )
@@ -106,7 +112,7 @@ def conformance(session: nox.Session, backend: str) -> None:
     ``nox -s "conformance(backend='torch')"``; ``nox -s conformance`` runs
     every backend. ``HYPOTHESIS_PROFILE=ci`` makes it quick. Args go to pytest.
     """
-    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    install_members(session, "pytest", "pytest-xdist", "hypothesis", "scikit-learn")
     env = hypothesis_env("deep")
     if backend.startswith("jax"):
         env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
@@ -129,7 +135,7 @@ def fuzz(session: nox.Session) -> None:
     (``SHAMPOO_FUZZ_COUNTS`` overrides the path). ``HYPOTHESIS_PROFILE=ci``
     makes it quick. Args go to pytest (e.g. ``-k torch -x``).
     """
-    install_members(session, "pytest", "hypothesis")
+    install_members(session, "pytest", "pytest-xdist", "hypothesis")
     env = hypothesis_env("fuzz")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
     env["SHAMPOO_FUZZ_COUNTS"] = os.environ.get("SHAMPOO_FUZZ_COUNTS", "fuzz-counts.json")
@@ -194,7 +200,7 @@ def install_library(session: nox.Session, library: str) -> None:
     """Our members and the real ``library`` from its snapshot in ../shared/thirdparty
     (the session skips, naming the file and the backend's install command, where the
     snapshot is absent)."""
-    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    install_members(session, "pytest", "pytest-xdist", "hypothesis", "scikit-learn")
     if not install_snapshot(session, library):
         session.skip(f"{ANCHOR_LIBRARIES[library][0]} not found in {THIRDPARTY}: this session "
                      "needs the library's snapshot (shampoo_conformance/thirdparty/registry.py has "
@@ -205,7 +211,7 @@ def run_anchors(session: nox.Session, library: str) -> None:
     """The anchors tests of Meta's or Google's library (installed)."""
     env = hypothesis_env("ci")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    session.run("pytest", *PYTEST_OPTIONS, f"anchors/test_{library}_library.py",
+    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL, f"anchors/test_{library}_library.py",
                 *session.posargs, env=env)
 
 
@@ -213,7 +219,7 @@ def run_anchors_tearfree(session: nox.Session) -> None:
     """The anchors tests of Google's ``precondition.tearfree`` (installed)."""
     env = hypothesis_env("ci")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    session.run("pytest", *PYTEST_OPTIONS, "anchors/test_tearfree_library.py",
+    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL, "anchors/test_tearfree_library.py",
                 *session.posargs, env=env)
 
 
@@ -225,7 +231,7 @@ def run_thirdparty(session: nox.Session, library: str) -> None:
     adapter_tests = ADAPTER_TESTS.get(
         library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",))
     backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
-    session.run("pytest", *PYTEST_OPTIONS, *adapter_tests, SUITE, *backends, "-rxX",
+    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL, *adapter_tests, SUITE, *backends, "-rxX",
                 *session.posargs, env=env)
 
 
@@ -279,7 +285,7 @@ def libraries(session: nox.Session) -> None:
     in the same order; a library whose snapshot is absent is named and left
     out). ``HYPOTHESIS_PROFILE=ci`` makes the thirdparty runs short.
     """
-    install_members(session, "pytest", "hypothesis", "scikit-learn")
+    install_members(session, "pytest", "pytest-xdist", "hypothesis", "scikit-learn")
     present = [library for library in LIBRARIES if install_snapshot(session, library)]
     for library in LIBRARIES:
         if library not in present:
@@ -317,7 +323,7 @@ def compare(session: nox.Session) -> None:
 @nox.session
 def mutation(session: nox.Session) -> None:
     """Run the suite against every mutant of the reference; print the kill rate."""
-    install_members(session, "pytest", "hypothesis")
+    install_members(session, "pytest", "pytest-xdist", "hypothesis")
     session.run("python", "-m", "shampoo_conformance", "mutants", env=hypothesis_env("ci"))
 
 
