@@ -35,10 +35,14 @@ TEST_DIRS = ("tests", *(f"{member}/tests" for member in MEMBERS), "docs/tests", 
 PYTEST_OPTIONS = ("-p", "no:cacheprovider")
 #: The CI sessions also list their slowest tests, to keep the run within its budget.
 SLOWEST = ("--durations=20", "--durations-min=10")
-#: Whole runs spread their test files over one worker per core (pytest-xdist, at most 4):
-#: a file stays on one worker, so its module fixtures and compiled programs serve all of
-#: its tests. A run with args (``nox -s tests -- -k roots``) stays in one process.
-PARALLEL = ("-n", "auto", "--maxprocesses=4", "--dist", "loadfile")
+#: Whole runs spread their tests over one worker per core (pytest-xdist, at most 4). Over
+#: many files a file stays on one worker, so its module fixtures and compiled programs
+#: serve all of its tests; a run of one or two large files (the suite on one backend, an
+#: anchors file) spreads their tests. A run with args (``nox -s tests -- -k roots``) stays
+#: in one process.
+WORKERS = ("-n", "auto", "--maxprocesses=4")
+PARALLEL = (*WORKERS, "--dist", "loadfile")
+PARALLEL_TESTS = (*WORKERS, "--dist", "load")
 
 
 def install_members(session: nox.Session, *extra: str) -> None:
@@ -93,7 +97,7 @@ def tests(session: nox.Session) -> None:
     )
     if "jax_impl" in MEMBERS:
         session.run(
-            "pytest", *PYTEST_OPTIONS, *PARALLEL, *SLOWEST, SUITE, "--backend=jax",
+            "pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, *SLOWEST, SUITE, "--backend=jax",
             "--backend=jax-sharded",
             "-m", "not random_configs",
             env={**env, "XLA_FLAGS": os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)},
@@ -211,7 +215,7 @@ def run_anchors(session: nox.Session, library: str) -> None:
     """The anchors tests of Meta's or Google's library (installed)."""
     env = hypothesis_env("ci")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL, f"anchors/test_{library}_library.py",
+    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, f"anchors/test_{library}_library.py",
                 *session.posargs, env=env)
 
 
@@ -219,7 +223,7 @@ def run_anchors_tearfree(session: nox.Session) -> None:
     """The anchors tests of Google's ``precondition.tearfree`` (installed)."""
     env = hypothesis_env("ci")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL, "anchors/test_tearfree_library.py",
+    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, "anchors/test_tearfree_library.py",
                 *session.posargs, env=env)
 
 
@@ -231,7 +235,8 @@ def run_thirdparty(session: nox.Session, library: str) -> None:
     adapter_tests = ADAPTER_TESTS.get(
         library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",))
     backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
-    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL, *adapter_tests, SUITE, *backends, "-rxX",
+    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, *adapter_tests, SUITE, *backends,
+                "-rxX",
                 *session.posargs, env=env)
 
 
