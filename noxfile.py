@@ -95,6 +95,14 @@ def tests(session: nox.Session) -> None:
         *(f"--backend={b}" for b in eager),
         env=env
     )
+    if "torch_impl" in MEMBERS:
+        # The branches a CUDA device takes, on this CPU (shampoo_torch.device_path): the
+        # torch tests and the suite on torch and torch-ddp again, on the accelerator path.
+        session.run(
+            "pytest", *PYTEST_OPTIONS, *PARALLEL, *SLOWEST, "torch_impl/tests", SUITE,
+            "--backend=torch", "--backend=torch-ddp",
+            env={**env, "SHAMPOO_TORCH_PATH": "accelerator"},
+        )
     if "jax_impl" in MEMBERS:
         session.run(
             "pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, *SLOWEST, SUITE, "--backend=jax",

@@ -48,3 +48,29 @@ def test_state_bytes_counts_each_storage_once_and_no_parameter() -> None:
     state["view"] = state["exp_avg"][0]
     state["param_view"] = model.weight.detach()[1]
     assert ba._state_bytes(opt, model) == moments + steps
+
+
+def test_launch_count_takes_a_foreach_op_once_and_counts_host_reads() -> None:
+    """The bench's launch counter (bench.launches) against two optimizers whose step
+    is known: SGD with foreach is one multi-tensor add for all four tensors and reads
+    nothing; a step that reads one ``.item()`` has one host sync."""
+    from shampoo_conformance.bench import launches
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+    x = torch.ones(2, 4)
+    sgd = launches.count_step(model(), lambda p: torch.optim.SGD(p, lr=0.1, foreach=True),
+                              x, warmup=1)
+    assert sgd == (1, 0)
+
+    class Reading(torch.optim.SGD):
+        def step(self, closure=None):  # type: ignore[no-untyped-def]
+            out = super().step(closure)
+            float(self.param_groups[0]["params"][0].detach().sum())  # one host read
+            return out
+
+    ops, syncs = launches.count_step(model(), lambda p: Reading(p, lr=0.1, foreach=True), x,
+                                     warmup=1)
+    assert syncs == 1 and ops > 2  # the add, the sum, the read (and the detach)

@@ -108,6 +108,7 @@ def test_views_are_read_only_and_fresh() -> None:
     assert torch.equal(after.factors[0], torch.full((4, 4), 3.0, dtype=torch.float64))
 
 
+@pytest.mark.cpu_path  # packed factor bytes: CPU path only
 def test_eigenvalue_correction_views_and_state_bytes() -> None:
     config = dataclasses.replace(CONFIG, eigenvalue_correction=EigenvalueCorrectionConfig())
     opt, _ = _run(config)

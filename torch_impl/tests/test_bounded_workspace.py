@@ -32,6 +32,7 @@ def test_row_chunks_cover_the_rows_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(blocks, "WORKSPACE_BYTES", budget)
+    monkeypatch.setattr(blocks, "ACCELERATOR_WORKSPACE_BYTES", budget)  # either path
     chunks = list(row_chunks(rows, 5, row_bytes, torch.device("cpu")))
     assert [c.stop - c.start for c, _ in chunks] == sizes
     assert [c.start for c, _ in chunks] == [sum(sizes[:i]) for i in range(len(sizes))]
@@ -74,6 +75,7 @@ def test_directions_one_row_at_a_time_equal_one_whole_group(
     grads = [{k: rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(6)]
     whole = torch_run(CONFIGS[name], params, grads, dtype=np.float32)
     monkeypatch.setattr(blocks, "WORKSPACE_BYTES", 1)  # one row per chunk
+    monkeypatch.setattr(blocks, "ACCELERATOR_WORKSPACE_BYTES", 1)  # on either path
     chunked = torch_run(CONFIGS[name], params, grads, dtype=np.float32)
     moved = False
     for a, b in zip(whole, chunked, strict=True):

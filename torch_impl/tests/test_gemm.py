@@ -41,6 +41,7 @@ def _bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.shape[-1] + 2) * unit * (a.double().abs() @ b.double().abs())
 
 
+@pytest.mark.cpu_path  # oneDNN and packed factors: CPU path only
 def test_large_float32_products_go_through_onednn() -> None:
     a, b = torch.ones(1, N, N), torch.ones(1, N, N)
     assert gemm.uses_onednn(a, b) == ONEDNN
@@ -108,6 +109,7 @@ def _run(config: ShampooConfig, params: dict[str, np.ndarray],
     return np.asarray(torch_run(config, params, grads, dtype=np.float32)[-1]["w"], np.float64)
 
 
+@pytest.mark.cpu_path  # oneDNN and packed factors: CPU path only
 @pytest.mark.parametrize("rows", [N, 2 * N])
 def test_the_optimizer_is_as_close_to_the_reference_as_with_torch_bmm(
     rows: int, monkeypatch: pytest.MonkeyPatch,
@@ -152,6 +154,7 @@ def test_stack_copies_are_exact(shape: tuple[int, int, int]) -> None:
         assert gemm.copy_(dst, view) is dst and torch.equal(dst, view)
 
 
+@pytest.mark.cpu_path  # oneDNN and packed factors: CPU path only
 @pytest.mark.parametrize("k", [0, 1])
 def test_packed_triangle_update_is_the_closed_form(k: int) -> None:
     """Eq. (6) on a packed factor of SYMMETRIC_GRAM_MIN rows through oneDNN, from both

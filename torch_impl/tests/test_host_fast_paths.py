@@ -16,6 +16,7 @@ from shampoo_torch import elementwise, grafting
 BIG = 3e38  # finite in float32; two of them sum to inf
 
 
+@pytest.mark.cpu_path  # the host reads are the CPU path's
 @pytest.mark.parametrize(("values", "expected"), [
     ([1.0, -2.0, 0.0], True),
     ([1.0, math.inf], False),

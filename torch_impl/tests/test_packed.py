@@ -150,6 +150,7 @@ def _run(config: ShampooConfig, packed: bool, monkeypatch: pytest.MonkeyPatch
     return params, opt
 
 
+@pytest.mark.cpu_path  # factors are packed on the CPU path only
 @pytest.mark.parametrize("beta2", [1.0, 0.95])
 def test_optimizer_packed_equals_full_storage(beta2: float,
                                               monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,6 +96,7 @@ def test_ddp_replicas_skip_the_same_blocks_when_one_rank_sees_a_bad_gradient() -
             assert got["metrics"]["skipped_blocks"] == 2, (label, rank)
 
 
+@pytest.mark.cpu_path  # raised in its step on the CPU path; deferred: test_device_path.py
 def test_too_large_gradient_on_one_rank_raises_on_every_rank() -> None:
     ranks = distributed_outcome()
     messages = {r["too_large"] for r in ranks}
@@ -159,6 +160,7 @@ def test_huge_finite_gradient_is_skipped_counted_and_leaves_other_blocks_alone()
     assert not torch.equal(a.detach()[:4], before[:4])  # and block 0 resumed afterwards
 
 
+@pytest.mark.cpu_path  # raised in its step on the CPU path; deferred: test_device_path.py
 def test_huge_finite_gradient_under_raise_names_it_and_changes_nothing() -> None:
     p = torch.nn.Parameter(torch.randn(6, 9))
     q = torch.nn.Parameter(torch.randn(3))

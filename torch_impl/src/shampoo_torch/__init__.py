@@ -9,6 +9,9 @@
 - :func:`from_meta_distributed`: Meta's ``DistributedShampoo`` kwargs as the
   config and the :class:`DistributedConfig` that reproduce its numerics;
 - :class:`NonFiniteGradientError`, :class:`RootFailureError`: the failure policy;
+- :func:`path_for`, :func:`describe`: which branch the device-dependent choices
+  take, the CPU's or an accelerator's (``SHAMPOO_TORCH_PATH=accelerator`` forces
+  the accelerator path on any device, :mod:`.device_path`);
 - its benchmarks live in ``shampoo_conformance.bench`` (``torch_step``,
   ``torch_variants``, ``torch_distributed``, ``anchors``, ``scale``, ``fsdp2``).
 
@@ -27,6 +30,7 @@ Equation numbers in docstrings refer to docs/spec.md.
 
 from shampoo_spec import NonFiniteGradientError, RootFailureError
 
+from .device_path import describe, path_for
 from .distributed import DistributedConfig
 from .meta_import import from_meta_distributed
 from .optimizer import Shampoo
@@ -38,5 +42,7 @@ __all__ = [
     "NonFiniteGradientError",
     "RootFailureError",
     "Shampoo",
+    "describe",
     "from_meta_distributed",
+    "path_for",
 ]

@@ -27,6 +27,7 @@ import torch
 from shampoo_spec import FrequentDirectionsConfig, ParameterPlan
 
 from . import gemm
+from .device_path import on_cpu_path
 from .packed import PACKED_MIN, SymmetricStack
 
 #: The block-group rows taking part: their indices, a consecutive run of them (a
@@ -379,6 +380,10 @@ def assemble(
 #: made the root step the step's peak (docs/results.md, "Side by side"), while
 #: one row per call costs nothing measurable at that size.
 WORKSPACE_BYTES = 4 * 2**20
+#: The same bound on the accelerator path (:mod:`.device_path`): there each call is a
+#: kernel launch and the device has the memory, so a phase takes up to 64 such factors
+#: per call (a single call for the groups of most models).
+ACCELERATOR_WORKSPACE_BYTES = 256 * 2**20
 
 
 def row_chunks(
@@ -388,7 +393,8 @@ def row_chunks(
     at most :data:`WORKSPACE_BYTES` of ``row_bytes`` each (one row at least): each
     chunk's positions among them and its :data:`Rows` (``rows`` itself for a single
     chunk)."""
-    step = max(1, WORKSPACE_BYTES // max(1, row_bytes))
+    bound = WORKSPACE_BYTES if on_cpu_path(device) else ACCELERATOR_WORKSPACE_BYTES
+    step = max(1, bound // max(1, row_bytes))
     for j0 in range(0, count, step):
         j1 = min(count, j0 + step)
         if j0 == 0 and j1 == count:
@@ -433,14 +439,18 @@ def put(x: SymmetricStack, rows: Rows, value: torch.Tensor) -> SymmetricStack: .
 @overload
 def put(x: Stack, rows: Rows, value: torch.Tensor) -> Stack: ...
 def put(x: Stack, rows: Rows, value: torch.Tensor) -> Stack:
-    """Write ``value`` into the rows of ``x``; returns the tensor to keep (``value``
-    itself for all rows; a run's view already holding ``value`` is left as it is). A
-    packed stack stores the lower triangles of ``value`` and is returned."""
+    """Write ``value`` into the rows of ``x``; returns the tensor to keep (``x`` written
+    in place; ``value`` itself for all rows of another shape or dtype; a run's view
+    already holding ``value`` is left as it is). State written in place keeps its
+    storage: state replaced every step lands among the step's temporaries and pins
+    the allocator's heap. A packed stack stores the lower triangles of ``value``."""
     if isinstance(x, SymmetricStack):
         x.pack_(rows, value)
         return x
     if rows is None:
-        return value
+        if value is x or value.shape != x.shape or value.dtype != x.dtype:
+            return value
+        return x.copy_(value)
     if isinstance(rows, slice):
         view = x[rows]
         if not (view.data_ptr() == value.data_ptr() and view.shape == value.shape

@@ -1,5 +1,9 @@
 """The elementwise part of a step: filter, momentum, update (eqs. 15, 19-21).
 
+:func:`update_cohort_state` is phase 2 of the step for a cohort: eq. (3)'s
+per-entry flags, the graft state (eqs. 14b, 14e), the filter (eq. 15) and
+eq. (6c)'s gradient sum.
+
 These run per parameter in its merged shape (eq. 4), on every rank alike
 when distributed; the graft state (eq. 14) is in :mod:`shampoo_torch.grafting`.
 ``st`` is the parameter's ``optimizer.state[p]``; ``ok`` is its per-entry
@@ -10,7 +14,7 @@ value.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +22,9 @@ import torch
 from shampoo_spec import GradientFilterConfig, ShampooConfig, is_statistics_step
 
 from . import grafting
+from .block_grid import expand_blocks
+from .cohorts import Cohort
+from .device_path import on_cpu_path
 
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
@@ -264,7 +271,7 @@ def all_finite_on_host(tensors: Sequence[torch.Tensor]) -> bool:
     finite: an inf or NaN entry makes it so, and so may an overflow of finite
     entries, for which the caller's exact per-entry test then runs.
     """
-    return all(t.device.type == "cpu" and t.is_floating_point() and bool(torch.isfinite(t.sum()))
+    return all(on_cpu_path(t.device) and t.is_floating_point() and bool(torch.isfinite(t.sum()))
                for t in tensors)
 
 
@@ -335,3 +342,31 @@ def apply_update(
     p.copy_(torch.where(write, new_w, w).view(p.shape))
     withheld = ~keep if ok is None else ok & ~keep
     return withheld.any()
+
+
+def update_cohort_state(c: Cohort, state: Mapping[torch.Tensor, dict[str, Any]]) -> None:
+    """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (14e), (15),
+    and the gradient sum of eq. (6c) (``average_gradients``)."""
+    cfg, params, gp = c.config, c.inp.params, c.inp.gp
+    for i in c.positions:
+        admitted = None  # eq. (14e): whether every block of the parameter steps
+        if c.inp.ok is not None:
+            grid, off = gp.grids[i], gp.offsets[i]
+            flags = c.inp.ok[off:off + grid.num_blocks]
+            c.elem_ok[i] = expand_blocks(grid, flags).to(c.g[i].device)
+            c.g[i] = torch.where(c.elem_ok[i], c.g[i], 0.0)
+            admitted = flags.all().to(c.g[i].device)
+        st, ok = state[params[i]], c.elem_ok.get(i)
+        if cfg.grafting.has_state:
+            st["graft"] = grafting.update_state_(st["graft"], c.g[i], cfg.grafting, ok)
+        if cfg.grafting.factored:  # eq. (14e): the whole parameter, in its own shape
+            grafting.adafactor_update(st, c.g[i].reshape(gp.layouts[i].plan.shape), c.t,
+                                      cfg.grafting, admitted)
+        if "diagonal" in st:  # eq. (16b): V_D as eq. (14b), every step
+            assert cfg.diagonal is not None
+            st["diagonal"] = grafting.update_state_(st["diagonal"], c.g[i],
+                                                    cfg.diagonal.as_graft(), ok)
+        c.filtered[i] = filter_gradient(st, c.g[i], c.t, cfg.gradient_filter, ok)
+        averaged = statistics_gradient(st, c.g[i], c.t, cfg)  # eq. (6c)
+        if averaged is not None:
+            c.averaged_g[i] = averaged

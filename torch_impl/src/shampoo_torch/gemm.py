@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 
+from .device_path import on_cpu_path
+
 #: Smallest dim (rows, inner, columns) for which a float32 CPU product goes through
 #: oneDNN: measured at 2 threads, 256^3 328 against 199 GFLOP/s (MKL), 128^3 133
 #: against 127, where per-call overhead would also count for many small blocks.
@@ -59,7 +61,7 @@ def _onednn() -> Linear | None:
 
 def uses_onednn(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a @ b`` (``[.., m, k] @ [.., k, n]``) goes through oneDNN (module doc)."""
-    return (a.device.type == "cpu" and a.dtype == torch.float32 and b.dtype == torch.float32
+    return (on_cpu_path(a.device) and a.dtype == torch.float32 and b.dtype == torch.float32
             and min(a.shape[-2], a.shape[-1], b.shape[-1]) >= ONEDNN_MIN
             and _onednn() is not None)
 
@@ -88,7 +90,7 @@ def _per_matrix(x: torch.Tensor) -> bool:
     """Whether a CPU stack ``[B, r, c]`` is copied one matrix at a time: matrices of at
     least ``ONEDNN_MIN^2`` entries (for small ones a call per matrix would cost more
     than the copy)."""
-    return x.device.type == "cpu" and x.dim() == 3 and x.shape[1] * x.shape[2] >= ONEDNN_MIN**2
+    return on_cpu_path(x.device) and x.dim() == 3 and x.shape[1] * x.shape[2] >= ONEDNN_MIN**2
 
 
 def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

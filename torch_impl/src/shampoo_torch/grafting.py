@@ -22,6 +22,11 @@ import torch
 
 from shampoo_spec import GraftingConfig
 
+from .device_path import on_cpu_path
+
+#: The dtypes whose norm the accelerator path takes in float64 (:func:`norm`).
+_WIDENED = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def norm(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """``||x||_2`` (over ``dim``, else all of x) that cannot overflow for finite x.
@@ -32,14 +37,22 @@ def norm(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     rescale would then take inf / inf. Where the plain norm is not finite
     but every entry is, this returns ``max|x| * ||x / max|x|||`` instead;
     elsewhere the plain norm itself, bit for bit (a non-finite x keeps its
-    inf or NaN norm).
+    inf or NaN norm). On the accelerator path (:mod:`.device_path`) a float32
+    or narrower x takes one launch instead: its squares summed in float64,
+    which cannot overflow for finite entries, the norm rounded once to x's dtype
+    (within an ulp of the plain norm where that is finite).
     """
+    if not on_cpu_path(x.device) and x.dtype in _WIDENED and x.device.type != "mps":
+        wide = (torch.linalg.vector_norm(x, dtype=torch.float64) if dim is None
+                else torch.linalg.vector_norm(x, dim=dim, dtype=torch.float64))
+        narrowed: torch.Tensor = wide.to(x.dtype)
+        return narrowed
     plain: torch.Tensor = (
         torch.linalg.vector_norm(x) if dim is None else torch.linalg.vector_norm(x, dim=dim)
     )
     if x.numel() == 0:  # an empty parameter: its norm is 0 (amax has no identity)
         return plain
-    if plain.device.type == "cpu" and bool(torch.isfinite(plain).all()):
+    if on_cpu_path(plain.device) and bool(torch.isfinite(plain).all()):
         return plain  # what the select below gives; on CPU the read syncs no device
     big = x.abs().amax() if dim is None else x.abs().amax(dim=dim)
     safe = torch.where(big > 0, big, torch.ones_like(big))

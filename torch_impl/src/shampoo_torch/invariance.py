@@ -37,6 +37,8 @@ def rowwise(fn: Callable[[torch.Tensor], Out], x: torch.Tensor) -> Out:
     ``fn`` maps a stack ``[B, ...]`` to a tensor or a tuple of tensors with
     leading dim B, and must treat rows independently.
     """
+    # A property of the CPU's kernels, not a choice of path (device_path): the
+    # accelerator path forced on a CPU runs these same kernels.
     if x.device.type != "cpu" or x.shape[0] <= 1:
         return fn(x)
     parts = [fn(x[j:j + 1]) for j in range(x.shape[0])]

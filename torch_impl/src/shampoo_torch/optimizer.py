@@ -37,15 +37,18 @@ Distributed (``distributed=DistributedConfig(...)``, :mod:`shampoo_torch.distrib
 phase 3 and the per-block part of phase 4 run on the owning rank only, and one
 all-gather at the end of phase 4 gives every rank every block's direction.
 
-Host-device syncs: none in the default path of step(). Two documented
-exceptions: with ``failure.nonfinite_gradient = "raise"`` the eq. (3) flags
-are read on the host once per step (per device) to raise before any state
-changes (use ``"skip_block"`` for a sync-free step), and root steps (amortized) sync
-inside ``torch.linalg.eigh`` on CUDA, in the coupled Newton stopping test, and
-for ``failure.max_consecutive_root_failures``. On CPU, where there is no device
-to wait for, two shortcuts read a flag on the host: eq. (22)'s guard skips its
-per-entry test when a sum of the new values is finite, and eq. (18)'s norm its
-overflow-safe form when the plain norm is finite (each gives the same bits).
+Host-device syncs (:mod:`shampoo_torch.device_path`): on the accelerator path
+(any non-CPU device, or ``SHAMPOO_TORCH_PATH=accelerator``) none in a non-root
+step, eq. (3) ``"raise"`` included: the refused blocks are skipped on the device
+and the error is raised at the next root step or host read
+(:mod:`shampoo_torch.refusal`). Root steps (amortized) sync inside
+``torch.linalg.eigh`` on CUDA, in the coupled Newton stopping test, for
+``failure.max_consecutive_root_failures``, and once for the pending eq. (3)
+codes. On the CPU path, where there is no device to wait for, ``"raise"`` reads
+the eq. (3) flags once per step and raises in that step, and two shortcuts read
+a flag on the host: eq. (22)'s guard skips its per-entry test when a sum of the
+new values is finite, and eq. (18)'s norm its overflow-safe form when the plain
+norm is finite (each gives the same bits).
 Counters (:attr:`metrics`)
 are device tensors read lazily. Distributed, the eq. (3) flags are one
 all-reduce (max) over the process group every step (so every rank raises
@@ -79,7 +82,6 @@ from . import (
     refusal,
 )
 from .arguments import as_config, check_lr
-from .block_grid import expand_blocks
 from .blocks import assemble, gather, row_chunks, select_rows
 from .cohorts import (
     AVERAGING_MODE,
@@ -161,6 +163,7 @@ class Shampoo(torch.optim.Optimizer):
         self._lr_override = lr
         self._plans: list[ParamGroupPlan] = []
         self._counters = StepCounters()
+        self._pending = refusal.PendingRefusals()  # eq. (3) "raise", deferred (accelerator)
         defaults = {"lr": config.learning_rate if lr is None else lr, "config": config}
         super().__init__(params, defaults)
 
@@ -210,7 +213,19 @@ class Shampoo(torch.optim.Optimizer):
         blocks only (the ranks of a trainer group add up to the
         single-process count).
         """
+        self.check_refusals()
         return self._counters.read()
+
+    def check_refusals(self) -> None:
+        """Raise eq. (3)'s pending NonFiniteGradientError, if any (a host read).
+
+        On the accelerator path a ``"raise"`` policy reads nothing on the host
+        in a non-root step: refused blocks are skipped on the device and the
+        error waits for the next root step or a host read (this, :attr:`metrics`,
+        :meth:`blocks`, the state dicts; :mod:`shampoo_torch.refusal`). On the
+        CPU path the error was raised in its step, so this finds nothing.
+        """
+        self._pending.raise_any(self.state, self.param_groups, self._plans)
 
     def blocks(self) -> Iterator[BlockView]:
         """A read-only :class:`~shampoo_torch.BlockView` of every block, in order.
@@ -221,6 +236,7 @@ class Shampoo(torch.optim.Optimizer):
         the others). The tensors are the live state, not copies; the
         counters are read from the device (one read per block).
         """
+        self.check_refusals()
         return block_views(self._plans)
 
     def block_state_bytes(self) -> int:
@@ -263,7 +279,7 @@ class Shampoo(torch.optim.Optimizer):
             for gi, (group, gp) in enumerate(zip(self.param_groups, self._plans, strict=True))
         ]
         refusal.refuse_blocks(inputs, self.state, self.param_groups, self._plans, self._dist,
-                              self._shard_mode, self._counters, self._device)
+                              self._shard_mode, self._counters, self._device, self._pending)
         for inp in inputs:  # eq. (8b)'s lr_1, once the step can no longer be refused
             if inp is not None and inp.gp.config.schedule.precondition_frequency_growth:
                 self.param_groups[inp.gi].setdefault(FIRST_LR, inp.lr)
@@ -273,7 +289,7 @@ class Shampoo(torch.optim.Optimizer):
                 group[LR_POWER_SUM] = group.get(LR_POWER_SUM, 0.0) + inp.lr**av.eval_lr_power
         cohorts = [c for inp in inputs if inp is not None for c in split_cohorts(inp)]
         for c in cohorts:
-            self._elementwise_state(c)  # 2. graft state, filter
+            elementwise.update_cohort_state(c, self.state)  # 2. graft state, filter
         for c in cohorts:
             self._block_state(c)  # 3. statistics, inverse roots, corrected moment
         if any(c.cuts_rank_per_parameter and c.root_step for c in cohorts):
@@ -292,33 +308,6 @@ class Shampoo(torch.optim.Optimizer):
         failure_limit.check_root_failures(  # 6. eq. (13), after the whole step
             cohorts, self._plans, self._dist, self._shard_mode, self._device)
         return loss
-
-    def _elementwise_state(self, c: Cohort) -> None:
-        """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (14e), (15),
-        and the gradient sum of eq. (6c) (``average_gradients``)."""
-        cfg, params, gp = c.config, c.inp.params, c.inp.gp
-        for i in c.positions:
-            admitted = None  # eq. (14e): whether every block of the parameter steps
-            if c.inp.ok is not None:
-                grid, off = gp.grids[i], gp.offsets[i]
-                flags = c.inp.ok[off:off + grid.num_blocks]
-                c.elem_ok[i] = expand_blocks(grid, flags).to(c.g[i].device)
-                c.g[i] = torch.where(c.elem_ok[i], c.g[i], 0.0)
-                admitted = flags.all().to(c.g[i].device)
-            st, ok = self.state[params[i]], c.elem_ok.get(i)
-            if cfg.grafting.has_state:
-                st["graft"] = grafting.update_state_(st["graft"], c.g[i], cfg.grafting, ok)
-            if cfg.grafting.factored:  # eq. (14e): the whole parameter, in its own shape
-                grafting.adafactor_update(st, c.g[i].reshape(gp.layouts[i].plan.shape), c.t,
-                                          cfg.grafting, admitted)
-            if "diagonal" in st:  # eq. (16b): V_D as eq. (14b), every step
-                assert cfg.diagonal is not None
-                st["diagonal"] = grafting.update_state_(st["diagonal"], c.g[i],
-                                                        cfg.diagonal.as_graft(), ok)
-            c.filtered[i] = elementwise.filter_gradient(st, c.g[i], c.t, cfg.gradient_filter, ok)
-            averaged = elementwise.statistics_gradient(st, c.g[i], c.t, cfg)  # eq. (6c)
-            if averaged is not None:
-                c.averaged_g[i] = averaged
 
     def _block_state(self, c: Cohort) -> None:
         """Eqs. (6)-(13), (17) per block group: statistics, inverse roots, corrected moment."""
@@ -528,6 +517,7 @@ class Shampoo(torch.optim.Optimizer):
         and per block its factors, inverse roots/eigenbases and counters. Each
         group keeps its hyper-parameters with ``config`` as ``config.to_dict()``.
         """
+        self.check_refusals()
         return checkpoint.state_dict(self._checkpoint_state())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -554,6 +544,7 @@ class Shampoo(torch.optim.Optimizer):
         """
         distributed_checkpoint.refuse_local_pieces("distributed_state_dict", self._shard_mode,
                                                    self._plans)
+        self.check_refusals()
         return distributed_checkpoint.distributed_state_dict(self._checkpoint_state())
 
     def load_distributed_state_dict(self, state_dict: dict[str, Any]) -> None:

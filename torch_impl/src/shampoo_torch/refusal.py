@@ -25,20 +25,32 @@ decision matches the reference's.
 over the process group when distributed (one all-reduce, max), raised under
 ``"raise"`` before anything changed, or kept as per-row flags on the device
 and counted under ``"skip_block"``.
+
+``"raise"`` on the accelerator path (:mod:`.device_path`) reads nothing on the
+host in a non-root step: the refused blocks are skipped on the device, as under
+``"skip_block"`` (their state and entries unchanged; not counted), their codes
+are kept (:class:`PendingRefusals`, a max over the steps), and the error is
+raised at the next host read: the next root step (before it changes anything),
+or the user's next read of :attr:`~shampoo_torch.Shampoo.metrics`,
+:meth:`~shampoo_torch.Shampoo.blocks`, a state dict, or
+:meth:`~shampoo_torch.Shampoo.check_refusals`. Its message names the parameter,
+the block and the steps since the previous read (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from shampoo_spec import STATE_LIMIT, NonFiniteGradientError, factor_limit
+from shampoo_spec import STATE_LIMIT, NonFiniteGradientError, factor_limit, is_root_step
 
 from .block_grid import block_max_abs
 from .blocks import BlockGroup
 from .cohorts import StepInput
+from .device_path import on_cpu_path
 from .distributed import Distributor
 from .grafting import adafactor_max_abs
 from .metrics import StepCounters
@@ -47,6 +59,59 @@ from .state import ParamGroupPlan
 
 OK, TOO_LARGE, NONFINITE = 0, 1, 2
 CODE_DTYPE = torch.int32
+
+
+@dataclass
+class PendingRefusals:
+    """Eq. (3) ``"raise"`` deferred on the accelerator path: per param group, the
+    largest code of each block (flat order) since the last host read, on the device.
+
+    ``steps``: per param group, the first and last step (host ints) whose codes the
+    pending tensor holds, for the error message.
+    """
+
+    codes: dict[int, torch.Tensor] = field(default_factory=dict)
+    steps: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, gi: int, code: torch.Tensor, t: int) -> None:
+        """Fold one step's codes into the pending ones (one launch, no host read)."""
+        old = self.codes.get(gi)
+        self.codes[gi] = code.clone() if old is None else torch.maximum(old, code)
+        first = self.steps.get(gi, (t, t))[0]
+        self.steps[gi] = (first, t)
+
+    def raise_any(self, state: Mapping[torch.Tensor, dict[str, Any]],
+                  param_groups: Sequence[Mapping[str, Any]],
+                  plans: Sequence[ParamGroupPlan]) -> None:
+        """One host read of every pending code; NonFiniteGradientError for the first
+        refused block, if any. Forgets the codes either way (an error is raised once).
+
+        No collective: the codes were agreed over the process group when they were
+        computed, so every rank raises the same error at its own read.
+        """
+        if not self.codes:
+            return
+        pending, steps = self.codes, self.steps
+        self.codes, self.steps = {}, {}
+        for gi in sorted(pending):
+            host = pending[gi].cpu().tolist()
+            gp = plans[gi]
+            for pos, grid in enumerate(gp.grids):
+                off = gp.offsets[pos]
+                bad = [b for b in range(grid.num_blocks) if host[off + b]]
+                if bad:
+                    first, last = steps[gi]
+                    when = (f"at step {first}" if first == last
+                            else f"at a step from {first} to {last}")
+                    what, why = _what(host[off + bad[0]], plans[gi])
+                    raise NonFiniteGradientError(
+                        f"{what} in parameter {gp.names[pos]!r} {when} (block {bad[0]})"
+                        f"{why}; failure."
+                        "nonfinite_gradient='raise' on the accelerator path: the refused "
+                        "blocks were skipped at those steps (their state and entries "
+                        "unchanged) and the error is raised at this host read; "
+                        "'skip_block' skips such blocks without raising."
+                    )
 
 
 def bound_dtype(device: torch.device) -> torch.dtype:
@@ -123,7 +188,7 @@ def refuse_blocks(
     inputs: list[StepInput | None], state: Mapping[torch.Tensor, dict[str, Any]],
     param_groups: Sequence[Mapping[str, Any]], plans: Sequence[ParamGroupPlan],
     dist: Distributor | None, shard_mode: str | None, counters: StepCounters,
-    device: Callable[[], torch.device],
+    device: Callable[[], torch.device], pending: PendingRefusals,
 ) -> None:
     """Eq. (3), before any state changes: the blocks whose step is refused.
 
@@ -137,7 +202,9 @@ def refuse_blocks(
     """
     live = [inp for inp in inputs if inp is not None]
     codes = [block_codes(inp, state) for inp in live]
-    raising = [inp.gp.config.failure.nonfinite_gradient == "raise" for inp in live]
+    deferring = [_defers(inp) for inp in live]
+    raising = [inp.gp.config.failure.nonfinite_gradient == "raise" and not d
+               for inp, d in zip(live, deferring, strict=True)]
     if shard_mode == "local" and any(
             gp.config.failure.nonfinite_gradient == "raise" for gp in plans):
         # Every step, on every rank (one whose pieces are all empty too).
@@ -157,10 +224,41 @@ def refuse_blocks(
                                                               strict=True) if r],
             state, param_groups, plans, dist, device,
         )
-    for inp, code, r in zip(live, codes, raising, strict=True):
-        if not r:
+    for inp, code, r, d in zip(live, codes, raising, deferring, strict=True):
+        if d:  # "raise" deferred: skipped now, raised at the next host read
+            pending.add(inp.gi, code, max(inp.steps.values()))
+            inp.ok = code == OK
+        elif not r:
             inp.ok = code == OK
             counters.on(code.device)["skipped_blocks"].add_((code != OK).sum())
+    if any(_reads_host(inp) for inp in live):  # a root step syncs anyway: raise now
+        pending.raise_any(state, param_groups, plans)
+
+
+def _defers(inp: StepInput) -> bool:
+    """Whether ``inp``'s eq. (3) ``"raise"`` waits for the next host read (the
+    accelerator path, one process or DDP; the local shard mode decides at once)."""
+    return (inp.gp.config.failure.nonfinite_gradient == "raise"
+            and not on_cpu_path(inp.params[0].device) and not inp.gp.local_shards)
+
+
+def _reads_host(inp: StepInput) -> bool:
+    """Whether this step of ``inp``'s group is a root step for some parameter (eq. 8):
+    it reads the host anyway, so a pending refusal is raised before it changes anything."""
+    return _defers(inp) and any(is_root_step(t, inp.gp.config.schedule, inp.lr_ratio)
+                                for t in set(inp.steps.values()))
+
+
+def _what(code: int, gp: ParamGroupPlan) -> tuple[str, str]:
+    """The kind of refusal a code names, and why, in words."""
+    if code == NONFINITE:
+        return "non-finite gradient", ""
+    why = (": finite, but max|state| + |B| max|G_B|^2 > 2^127, so the block's state "
+           "could overflow float32 (eq. 3, shampoo_spec.block_overflows)")
+    if gp.config.factor_storage_dtype == "float16":
+        why += (", or max|factors| + |B| max|G_B|^2 > 2^15, so its float16 factors "
+                "could overflow (factor_storage_dtype, eq. 11b)")
+    return "too large gradient", why
 
 
 def _agree_local_raise(codes: list[torch.Tensor], device: Callable[[], torch.device]) -> None:
@@ -226,15 +324,7 @@ def _raise_refused(
     assert first is not None
     gi, pos, block, kind = first
     step = state[param_groups[gi]["params"][pos]]["step"] + 1
-    if kind == NONFINITE:
-        what, why = "non-finite gradient", ""
-    else:
-        what = "too large gradient"
-        why = (": finite, but max|state| + |B| max|G_B|^2 > 2^127, so the block's state "
-               "could overflow float32 (eq. 3, shampoo_spec.block_overflows)")
-        if plans[gi].config.factor_storage_dtype == "float16":
-            why += (", or max|factors| + |B| max|G_B|^2 > 2^15, so its float16 factors "
-                    "could overflow (factor_storage_dtype, eq. 11b)")
+    what, why = _what(kind, plans[gi])
     raise NonFiniteGradientError(
         f"{what} in parameter {plans[gi].names[pos]!r} at step {step} (block {block})"
         f"{where}{why}; failure.nonfinite_gradient='raise' (no optimizer state or "

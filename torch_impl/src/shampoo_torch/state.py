@@ -26,6 +26,7 @@ from shampoo_spec import EighConfig, ShampooConfig, large_block_warnings, plan_p
 
 from .block_grid import BlockGrid, block_grid
 from .blocks import BlockGroup, ParamLayout, build_block_groups
+from .device_path import on_cpu_path
 from .distributed import Distributor
 from .metrics import StepCounters
 from .sharding import PieceGather, ShardInfo, planned, shard_info
@@ -176,6 +177,8 @@ def build_param_group_plan(
     if cfg.statistics.quantized:  # eq. (20c): c I stored, read back as fl_d(c) I
         init_scale = float(torch.tensor(init_scale, dtype=getattr(
             torch, cfg.statistics.scale_dtype)))
+    packs = not cfg.statistics.quantized and on_cpu_path(
+        params[0].device if params else torch.device("cpu"))
     for bg in block_groups:
         bg.allocate(init_scale, cfg.eigenvalue_correction is not None,
                     None if cfg.low_rank is None else cfg.low_rank.compresses,
@@ -183,9 +186,10 @@ def build_param_group_plan(
                     # Eq. (20c) rounds each entry on its own scale, and a Newton root
                     # (eq. 11) is symmetric only as far as its iteration converged: both
                     # stay whole. An eigh root (Q diag(x) Q^T) is symmetric to round-off.
-                    packed=not cfg.statistics.quantized,
-                    packed_roots=not cfg.statistics.quantized
-                    and isinstance(cfg.root_inverse, EighConfig))
+                    # On the accelerator path both stay whole: packing and unpacking
+                    # are launches, and the device has the memory (device_path).
+                    packed=packs,
+                    packed_roots=packs and isinstance(cfg.root_inverse, EighConfig))
     dtypes = [torch.promote_types(p.dtype, fdt) for p in params]
     grids = [block_grid(plan, p.device) for plan, p in zip(plans, params, strict=True)]
     offsets = [0]

@@ -201,7 +201,7 @@ def _factor_sizes(model: Any) -> list[int]:
 def torch_side(batches: list[int], periods: int, large_period: int, threads: int) -> None:
     import torch
 
-    from shampoo_conformance.bench import torch_step
+    from shampoo_conformance.bench import launches, torch_step
     from shampoo_spec import from_meta
     from shampoo_torch.blocks import SYMMETRIC_GRAM_MIN
 
@@ -258,6 +258,9 @@ def torch_side(batches: list[int], periods: int, large_period: int, threads: int
             whole = step_t["ours"].amortized() / step_t["meta"].amortized()
             alone = opt_t["ours"].amortized() / opt_t["meta"].amortized()
             print(f"ours / Meta: whole step {whole:.2f}, optimizer step {alone:.2f}")
+    # Step FREQUENCY + 2: past Meta's first root step (its start is the frequency).
+    launches.print_table(makers, torch_step.make_model, torch.randn(64, torch_step.SIZES[0]),
+                         warmup=FREQUENCY + 1)
     _torch_memory(list(makers))
 
 

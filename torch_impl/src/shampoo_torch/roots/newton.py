@@ -19,6 +19,7 @@ import torch
 
 from shampoo_spec import CoupledNewtonConfig, EpsilonConfig, HigherOrderNewtonConfig
 
+from ..device_path import on_cpu_path
 from ..invariance import rowwise
 from .lobpcg import lobpcg_top_k, pth_root_difference
 from .regularize import effective_epsilon, finite_rows, sanitize, symmetrize
@@ -27,7 +28,7 @@ from .regularize import effective_epsilon, finite_rows, sanitize, symmetrize
 def check_interval(device: torch.device) -> int:
     """Iterations between host reads of "is any row still running?" (eqs. 11, 11c, 17c):
     1 on CPU, where a read costs nothing to wait for; 8 on an accelerator."""
-    return 1 if device.type == "cpu" else 8
+    return 1 if on_cpu_path(device) else 8
 
 
 def coupled_newton_iteration(

@@ -1,0 +1,71 @@
+"""Which branch a device-dependent choice takes: the CPU's or an accelerator's.
+
+Every choice of the optimizer that depends on the device goes through
+:func:`path_for`, so that the branch a CUDA device takes can run (and be
+tested) on a machine without one:
+
+- ``"cpu"``: a host read costs nothing to wait for, and small ops are cheap.
+  The CPU path takes shortcuts that read a flag on the host (eq. 22's guard
+  and eq. 18's norm skip their overflow-safe forms when a sum is finite; eq.
+  3's ``"raise"`` is decided at once), computes float32 products through
+  oneDNN (:mod:`.gemm`), applies a few elementwise functions one block at a
+  time (:mod:`.invariance`), and bounds each phase's workspace tightly.
+- ``"accelerator"``: every host read stalls the device queue and every op is
+  a kernel launch. No host read in a non-root step; products by ``torch.bmm``;
+  one call per stack; Newton's stopping test read every 8 iterations; larger
+  workspaces.
+
+``SHAMPOO_TORCH_PATH=accelerator`` forces the accelerator path on every device
+(the CPU included); unset (or ``auto``), a CPU tensor takes the CPU path and
+any other device the accelerator path. :func:`describe` says which, and why.
+Device capabilities that are not a choice of path (MPS has no float64,
+:func:`shampoo_torch.refusal.bound_dtype`) are read from the device itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+#: The environment variable that forces a path.
+ENV = "SHAMPOO_TORCH_PATH"
+Path = Literal["cpu", "accelerator"]
+#: The values :data:`ENV` may take.
+CHOICES = ("auto", "accelerator")
+
+
+def _forced() -> bool:
+    value = os.environ.get(ENV, "auto") or "auto"
+    if value not in CHOICES:
+        raise ValueError(
+            f"{ENV} = {value!r} is invalid: allowed one of {', '.join(map(repr, CHOICES))} "
+            "('accelerator' takes the branches a CUDA device takes, on any device)."
+        )
+    return value == "accelerator"
+
+
+def path_for(device: torch.device | str) -> Path:
+    """``"cpu"`` or ``"accelerator"``: the branch the device-dependent choices take on
+    ``device`` (``"accelerator"`` on every device under ``SHAMPOO_TORCH_PATH=accelerator``)."""
+    if _forced():
+        return "accelerator"
+    return "cpu" if torch.device(device).type == "cpu" else "accelerator"
+
+
+def on_cpu_path(device: torch.device | str) -> bool:
+    """Whether ``device`` takes the CPU path (host reads are free there)."""
+    return path_for(device) == "cpu"
+
+
+def describe(device: torch.device | str) -> str:
+    """Which path ``device`` takes, and why, in words (for logs and benchmark tables)."""
+    kind = torch.device(device).type
+    path = path_for(device)
+    if _forced() and kind == "cpu":
+        return f"accelerator (forced by {ENV}=accelerator on a {kind} device)"
+    return f"{path} (a {kind} device)"
+
+
+__all__ = ["CHOICES", "ENV", "Path", "describe", "on_cpu_path", "path_for"]
