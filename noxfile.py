@@ -388,6 +388,18 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "shampoo_conformance.bench.jax_sharded", *session.posargs)
 
 
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """The prepared check for a lent GPU: agreement with the reference on the device,
+    launches and host syncs per step, step times beside Meta's and AdamW
+    (``shampoo_conformance.bench.gpu``). Runs in the current Python, whose torch has
+    CUDA (the pinned CPU torch would not), with the members from this tree; without a
+    GPU, a dry run on the CPU's accelerator path. Args go to the script (``--quick``)."""
+    members = os.pathsep.join(os.path.abspath(os.path.join(m, "src")) for m in MEMBERS)
+    session.run("python", "-m", "shampoo_conformance.bench.gpu", *session.posargs,
+                env={"PYTHONPATH": members, **blas_env()}, external=True)
+
+
 @nox.session
 def bench_anchors(session: nox.Session) -> None:
     """Ours, Meta's / Google's library and AdamW side by side, one process per framework.

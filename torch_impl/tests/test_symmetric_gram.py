@@ -12,6 +12,7 @@ from shampoo_conformance.adapters.torch import run as torch_run
 from shampoo_reference import run as reference_run
 from shampoo_spec import BlockingConfig, EpsilonConfig, ScheduleConfig, ShampooConfig
 from shampoo_torch.blocks import SYMMETRIC_GRAM_MIN, contraction_operands, gram_update_
+from shampoo_torch.device_path import on_cpu_path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -34,7 +35,7 @@ def test_gram_update_is_the_closed_form_and_symmetric(
     assert out is c  # in place
     m = c.shape[-1]
     h = m // 2
-    if m >= SYMMETRIC_GRAM_MIN:  # one triangle computed, the other its mirror
+    if m >= SYMMETRIC_GRAM_MIN and on_cpu_path(c.device):  # one triangle, the other its mirror
         assert torch.equal(c[:, :h, h:], c[:, h:, :h].mT)
     # Each entry: a dot product of K terms, each term and the sum rounded once
     # (|error| <= K u sum |a_i b_i| <= K u ||row||^2, bounded by the diagonals).

@@ -9,11 +9,14 @@ entries are masked by its flag expanded to the parameter (:func:`expand_blocks`)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from shampoo_spec import ParameterPlan
+
+from .device_path import moved, on_cpu_path
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,41 @@ def block_max_abs(grid: BlockGrid, x: torch.Tensor) -> torch.Tensor:
             rest = y.narrow(k, q * d, chunks[-1]).amax(k, keepdim=True)
             y = torch.cat([full, rest], dim=k)
     return y.reshape(-1)
+
+
+def flat_block_maxima(grids: Sequence[BlockGrid], tensors: Mapping[int, torch.Tensor],
+                      device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``max |x|`` over every block of a param group, in flat order (every parameter's
+    blocks in turn): ``[blocks]`` in ``dtype`` on ``device``; 0 for the blocks of a
+    position absent from ``tensors`` (merged-shape tensors by parameter position).
+
+    On the accelerator path (:mod:`.device_path`) the single-block tensors take one
+    ``torch._foreach_norm(..., inf)`` per dtype, one launch for all of them (a
+    max of absolute values, exact, NaN propagating as :func:`block_max_abs`'s); on
+    the CPU path, where that kernel measured 25x slower than ``abs().amax()``
+    (1M float32 entries: 5.7 against 0.23 ms), each tensor takes :func:`block_max_abs`.
+    """
+    singles: dict[int, torch.Tensor] = {}
+    if not on_cpu_path(device):
+        by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for pos, x in tensors.items():
+            if grids[pos].num_blocks == 1 and x.numel() > 0:
+                by_kind.setdefault((x.dtype, x.device), []).append(pos)
+        for positions in by_kind.values():
+            norms = torch._foreach_norm([tensors[pos] for pos in positions], float("inf"))
+            singles.update(zip(positions, norms, strict=True))
+    if len(singles) == len(grids) and len({x.dtype for x in singles.values()}) == 1:
+        # Every parameter one block, of one dtype: one stack, one cast.
+        return moved(torch.stack([singles[pos] for pos in range(len(grids))]), device, dtype)
+    parts = []
+    for pos, grid in enumerate(grids):
+        if pos in singles:
+            parts.append(moved(singles[pos].reshape(1), device, dtype))
+        elif pos in tensors:
+            parts.append(moved(block_max_abs(grid, tensors[pos]), device, dtype))
+        else:
+            parts.append(torch.zeros(grid.num_blocks, dtype=dtype, device=device))
+    return torch.cat(parts)
 
 
 def expand_blocks(grid: BlockGrid, flags: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from shampoo_spec import ShampooConfig, is_root_step, learning_rate_ratio, uses_
 
 from . import sharding
 from .blocks import BlockGroup, Rows
+from .device_path import moved
 from .state import ParamGroupPlan
 
 #: The param-group key holding the group's learning rate at its first step
@@ -81,6 +82,9 @@ class Cohort:
     owned: dict[tuple[int, int], torch.Tensor] | None = None
     #: positions whose phase 5 is done (one process: as their blocks complete in phase 4).
     updated: set[int] = field(default_factory=set)
+    #: eq. (22): per parameter updated, whether it withheld an entry (0-d bool), summed
+    #: into the counter once per cohort.
+    withheld: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def config(self) -> ShampooConfig:
@@ -150,8 +154,8 @@ def read_gradients(
             )
         shape, dt = gp.layouts[i].merged_shape, gp.dtypes[i]
         targets[i] = target
-        w[i] = target.detach().reshape(shape).to(dt)
-        grad = grad_in.detach().reshape(shape).to(dt)
+        w[i] = _merged(target, shape, dt)
+        grad = _merged(grad_in, shape, dt)
         if wd.applies("l2"):
             grad = grad + wd.value * w[i]  # eq. (2)
         g[i] = grad
@@ -161,6 +165,16 @@ def read_gradients(
     lr = float(group["lr"])
     ratio = learning_rate_ratio(lr, group.get(FIRST_LR, lr))  # eq. (8b)
     return StepInput(gi, gp, params, list(g), w, g, steps, lr, ratio, targets=targets)
+
+
+def _merged(x: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``x`` detached, in its merged ``shape`` and ``dtype``, with no op where it is
+    already so (the step runs under ``no_grad``, where nothing needs detaching)."""
+    if torch.is_grad_enabled():
+        x = x.detach()
+    if tuple(x.shape) != tuple(shape):
+        x = x.reshape(shape)
+    return moved(x, dtype=dtype)
 
 
 def write_back(inp: StepInput, i: int) -> None:

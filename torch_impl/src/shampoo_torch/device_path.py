@@ -25,7 +25,8 @@ Device capabilities that are not a choice of path (MPS has no float64,
 from __future__ import annotations
 
 import os
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, TypeVar
 
 import torch
 
@@ -34,6 +35,7 @@ ENV = "SHAMPOO_TORCH_PATH"
 Path = Literal["cpu", "accelerator"]
 #: The values :data:`ENV` may take.
 CHOICES = ("auto", "accelerator")
+T = TypeVar("T")
 
 
 def _forced() -> bool:
@@ -59,6 +61,26 @@ def on_cpu_path(device: torch.device | str) -> bool:
     return path_for(device) == "cpu"
 
 
+def moved(x: torch.Tensor, device: torch.device | None = None,
+          dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x.to(device, dtype)``, or x itself where it is already there: a no-op ``.to``
+    still dispatches an op (host time per call, and one more entry in the step's
+    launch count, :mod:`shampoo_conformance.bench.launches`)."""
+    if (device is None or x.device == device) and (dtype is None or x.dtype == dtype):
+        return x
+    return x.to(device=device, dtype=dtype)
+
+
+def batches(items: Sequence[T], device: torch.device | str) -> list[Sequence[T]]:
+    """``items`` as the batches of one ``torch._foreach_*`` call each: all of them on
+    the accelerator path (one launch for the lot), one by one on the CPU path (a
+    CPU foreach op runs tensor by tensor anyway, and one at a time keeps one
+    parameter's temporaries alive, not every parameter's)."""
+    if not items:
+        return []
+    return [items] if not on_cpu_path(device) else [[x] for x in items]
+
+
 def describe(device: torch.device | str) -> str:
     """Which path ``device`` takes, and why, in words (for logs and benchmark tables)."""
     kind = torch.device(device).type
@@ -68,4 +90,4 @@ def describe(device: torch.device | str) -> str:
     return f"{path} (a {kind} device)"
 
 
-__all__ = ["CHOICES", "ENV", "Path", "describe", "on_cpu_path", "path_for"]
+__all__ = ["CHOICES", "ENV", "Path", "batches", "describe", "moved", "on_cpu_path", "path_for"]

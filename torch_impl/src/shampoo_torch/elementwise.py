@@ -24,7 +24,7 @@ from shampoo_spec import GradientFilterConfig, ShampooConfig, is_statistics_step
 from . import grafting
 from .block_grid import expand_blocks
 from .cohorts import Cohort
-from .device_path import on_cpu_path
+from .device_path import batches, moved, on_cpu_path
 
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
@@ -140,6 +140,18 @@ def write_momentum(st: dict[str, Any], key: str, value: torch.Tensor,
     st[key + SCALE_SUFFIX] = s
 
 
+class Zeros(dict[tuple[torch.dtype, torch.device], torch.Tensor]):
+    """One 0-d zero per dtype and device, for ``torch.where``: a Python ``0.0`` there
+    makes a new tensor at every call (three more ops each)."""
+
+    def of(self, x: torch.Tensor) -> torch.Tensor:
+        """The 0-d zero of ``x``'s dtype on its device."""
+        key = (x.dtype, x.device)
+        if key not in self:
+            self[key] = torch.zeros((), dtype=x.dtype, device=x.device)
+        return self[key]
+
+
 def masked(new: torch.Tensor, old: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
     """``new`` where ``ok`` (everywhere when None), else ``old`` (eq. 3, ``"skip_block"``)."""
     return new if ok is None else torch.where(ok, new, old)
@@ -162,25 +174,31 @@ def statistics_gradient(st: dict[str, Any], g: torch.Tensor, t: int, cfg: Shampo
     return total / cfg.schedule.statistics_frequency
 
 
-def filter_gradient(
-    st: dict[str, Any], g: torch.Tensor, t: int, f: GradientFilterConfig,
-    ok: torch.Tensor | None,
-) -> torch.Tensor:
-    """Eq. (15): stores ``F_t = beta1 F + (1 - beta1) G``; returns the F the step uses.
+def filter_gradients(
+    sts: Sequence[dict[str, Any]], gs: Sequence[torch.Tensor], t: int, f: GradientFilterConfig,
+    oks: Sequence[torch.Tensor | None],
+) -> list[torch.Tensor]:
+    """Eq. (15) for several parameters: stores each ``F_t = beta1 F + (1 - beta1) G``;
+    returns the Fs the step uses, in order.
 
     That is ``beta3 F_{t-1} + (1 - beta3) G`` (``F_t`` itself when beta3 is
-    beta1), bias corrected when configured; G itself when the filter is off.
+    beta1), bias corrected when configured; G itself when the filter is off. The
+    elementwise ops are ``torch._foreach_*`` ops across the parameters (one launch
+    each on an accelerator), the same ops per tensor as one by one.
     """
     if not f.enabled:
-        return g
+        return list(gs)
     beta3 = f.direction_beta
-    old = st["filtered"]
-    new = f.beta1 * old + (1.0 - f.beta1) * g
-    used: torch.Tensor = new if beta3 == f.beta1 else beta3 * old + (1.0 - beta3) * g
+    olds = [st["filtered"] for st in sts]
+    news = torch._foreach_add(torch._foreach_mul(olds, f.beta1),
+                              torch._foreach_mul(list(gs), 1.0 - f.beta1))
+    used = news if beta3 == f.beta1 else torch._foreach_add(
+        torch._foreach_mul(olds, beta3), torch._foreach_mul(list(gs), 1.0 - beta3))
     if f.bias_correction:
-        used = used / f.bias_correction_factor(t)
-    st["filtered"] = masked(new, old, ok)
-    return used
+        used = torch._foreach_div(used, f.bias_correction_factor(t))
+    for st, new, old, ok in zip(sts, news, olds, oks, strict=True):
+        st["filtered"] = masked(new, old, ok)
+    return list(used)
 
 
 def momentum(
@@ -275,6 +293,18 @@ def all_finite_on_host(tensors: Sequence[torch.Tensor]) -> bool:
                for t in tensors)
 
 
+def finite_entries(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Where every one of ``tensors`` (of one shape) is finite: ``sum_j (x_j - x_j)`` is
+    0 there and NaN elsewhere, since ``x - x`` is exactly 0 for a finite x and NaN for
+    an inf or NaN, and a NaN term makes the sum NaN. The same flags as ``isfinite`` of
+    each, and'ed, in ``2n`` elementwise ops instead of ``4n - 1`` (isfinite is itself
+    three); the last test is ``total == total`` (false only for NaN), with no scalar."""
+    total = torch.sub(tensors[0], tensors[0])
+    for x in tensors[1:]:
+        total = total + torch.sub(x, x)
+    return torch.eq(total, total)
+
+
 def apply_update(
     p: torch.Tensor,
     w: torch.Tensor,
@@ -320,7 +350,7 @@ def apply_update(
         if wd.applies("update"):
             delta = delta - lr * wd.value * w
         new_w = w + delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype)  # eq. (21a)
-    new_w = new_w.to(p.dtype)
+    new_w = moved(new_w, dtype=p.dtype)
     quantized = any(st.get(key + SCALE_SUFFIX) is not None for key in buffers)
     if not quantized and all_finite_on_host([new_w, *buffers.values()]):
         # Every entry finite (checked on CPU, where reading it syncs no device):
@@ -329,44 +359,99 @@ def apply_update(
             write_momentum(st, key, b, tuple(p.shape))
         p.copy_((new_w if ok is None else torch.where(ok, new_w, w)).view(p.shape))
         return torch.zeros((), dtype=torch.bool, device=p.device)
-    keep = torch.isfinite(new_w)
+    checked = [new_w, *buffers.values()]
     for key, b in buffers.items():
-        keep &= torch.isfinite(b)
         scale = st.get(key + SCALE_SUFFIX)
         if scale is not None:  # eq. (20b) quantizes fl_d(M): it must be finite too
-            keep &= torch.isfinite(b.to(scale.dtype))
+            checked.append(b.to(scale.dtype))
+    keep = finite_entries(checked)
     for key, b in buffers.items():
         old = read_momentum(st, key, tuple(b.shape), b.dtype)
         write_momentum(st, key, torch.where(keep, b, old), tuple(p.shape))
     write = keep if ok is None else keep & ok
-    p.copy_(torch.where(write, new_w, w).view(p.shape))
-    withheld = ~keep if ok is None else ok & ~keep
+    new_p = torch.where(write, new_w, w)
+    p.copy_(new_p if new_p.shape == p.shape else new_p.view(p.shape))
+    # ok & ~keep is ok ^ write (write is within ok): one op, not two.
+    withheld = ~keep if ok is None else ok ^ write
     return withheld.any()
+
+
+def apply_updates(
+    targets: list[torch.Tensor], ws: list[torch.Tensor], us: list[torch.Tensor],
+    cfg: ShampooConfig, lr: float, oks: list[torch.Tensor | None],
+) -> torch.Tensor:
+    """:func:`apply_update` for several parameters that keep no buffer (no momentum, no
+    averaging, no ``update_dtype``): per non-empty parameter (an empty one withholds
+    nothing), in order, whether it withheld an entry of an admitted block (eq. 22).
+
+    The same ops per tensor as :func:`apply_update`'s per-entry branch (so the same
+    bits), its elementwise arithmetic as ``torch._foreach_*`` ops (one launch each
+    for all the parameters): ``W - lr U`` (eq. 21, ``- lr wd W`` with update decay),
+    eq. (22)'s ``x - x`` (:func:`finite_entries`), the copies into the parameters,
+    and the count, from one inf-norm of ``x - x`` over the admitted entries (NaN
+    exactly where an admitted entry is not finite). Per parameter remain the
+    selects: ``keep``, its ``and`` with eq. (3)'s flags, and ``where``.
+    """
+    wd = cfg.weight_decay
+    step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
+    new_ws = list(torch._foreach_sub(ws, torch._foreach_mul(us, step_lr)))
+    if wd.applies("update"):
+        torch._foreach_sub_(new_ws, torch._foreach_mul(ws, lr * wd.value))
+    new_ws = [moved(x, dtype=p.dtype) for x, p in zip(new_ws, targets, strict=True)]
+    nans = torch._foreach_sub(new_ws, new_ws)  # 0 where finite, NaN elsewhere
+    news, admitted_nans, zeros = [], [], Zeros()
+    for p, w, x, d, ok in zip(targets, ws, new_ws, nans, oks, strict=True):
+        keep = torch.eq(d, d)
+        new = torch.where(keep if ok is None else keep & ok, x, w)
+        news.append(new if new.shape == p.shape else new.view(p.shape))
+        if d.numel() > 0:  # an inf-norm needs an entry
+            admitted_nans.append(d if ok is None else torch.where(ok, d, zeros.of(d)))
+    torch._foreach_copy_(targets, news)
+    if not admitted_nans:
+        return torch.zeros(0, dtype=torch.bool, device=targets[0].device)
+    return torch.stack(torch._foreach_norm(admitted_nans, float("inf"))).isnan()
 
 
 def update_cohort_state(c: Cohort, state: Mapping[torch.Tensor, dict[str, Any]]) -> None:
     """Eq. (3) ``"skip_block"`` per-entry flags (no host sync), eqs. (14b), (14e), (15),
     and the gradient sum of eq. (6c) (``average_gradients``)."""
     cfg, params, gp = c.config, c.inp.params, c.inp.gp
+    admitted: dict[int, torch.Tensor] = {}  # eq. (14e): whether every block of it steps
+    if c.inp.ok is not None:
+        zeros = Zeros()
+        for i in c.positions:
+            grid, off, g = gp.grids[i], gp.offsets[i], c.g[i]
+            # A one-block parameter's flag is one entry (0-d, it broadcasts).
+            flags = c.inp.ok[off] if grid.num_blocks == 1 else c.inp.ok[off:off + grid.num_blocks]
+            c.elem_ok[i] = moved(flags if grid.num_blocks == 1 else expand_blocks(grid, flags),
+                                 g.device)
+            c.g[i] = torch.where(c.elem_ok[i], g, zeros.of(g))
+            if cfg.grafting.factored:
+                admitted[i] = moved(flags.all(), c.g[i].device)
+    for batch in batches(c.positions, params[c.positions[0]].device):
+        sts = [state[params[i]] for i in batch]
+        gs, oks = [c.g[i] for i in batch], [c.elem_ok.get(i) for i in batch]
+        if cfg.grafting.has_state:  # eq. (14b)
+            # The refused entries of gs are 0 (above).
+            for st, v in zip(sts, grafting.update_states_([st["graft"] for st in sts], gs,
+                                                          cfg.grafting, oks, zeroed=True),
+                             strict=True):
+                st["graft"] = v
+        diagonal = [j for j, st in enumerate(sts) if "diagonal" in st]
+        if diagonal:  # eq. (16b): V_D as eq. (14b), every step
+            assert cfg.diagonal is not None
+            news = grafting.update_states_([sts[j]["diagonal"] for j in diagonal],
+                                           [gs[j] for j in diagonal], cfg.diagonal.as_graft(),
+                                           [oks[j] for j in diagonal], zeroed=True)
+            for j, v in zip(diagonal, news, strict=True):
+                sts[j]["diagonal"] = v
+        c.filtered.update(zip(batch, filter_gradients(sts, gs, c.t, cfg.gradient_filter, oks),
+                              strict=True))
     for i in c.positions:
-        admitted = None  # eq. (14e): whether every block of the parameter steps
-        if c.inp.ok is not None:
-            grid, off = gp.grids[i], gp.offsets[i]
-            flags = c.inp.ok[off:off + grid.num_blocks]
-            c.elem_ok[i] = expand_blocks(grid, flags).to(c.g[i].device)
-            c.g[i] = torch.where(c.elem_ok[i], c.g[i], 0.0)
-            admitted = flags.all().to(c.g[i].device)
-        st, ok = state[params[i]], c.elem_ok.get(i)
-        if cfg.grafting.has_state:
-            st["graft"] = grafting.update_state_(st["graft"], c.g[i], cfg.grafting, ok)
+        st = state[params[i]]
         if cfg.grafting.factored:  # eq. (14e): the whole parameter, in its own shape
             grafting.adafactor_update(st, c.g[i].reshape(gp.layouts[i].plan.shape), c.t,
-                                      cfg.grafting, admitted)
-        if "diagonal" in st:  # eq. (16b): V_D as eq. (14b), every step
-            assert cfg.diagonal is not None
-            st["diagonal"] = grafting.update_state_(st["diagonal"], c.g[i],
-                                                    cfg.diagonal.as_graft(), ok)
-        c.filtered[i] = filter_gradient(st, c.g[i], c.t, cfg.gradient_filter, ok)
+                                      cfg.grafting, admitted.get(i))
         averaged = statistics_gradient(st, c.g[i], c.t, cfg)  # eq. (6c)
         if averaged is not None:
             c.averaged_g[i] = averaged

@@ -88,7 +88,7 @@ def update_state_(state: torch.Tensor, g: torch.Tensor, graft: GraftingConfig,
     temporaries and pins the allocator's heap (peak RSS, docs/results.md).
     """
     g = graft_input(g, graft)
-    if ok is not None or torch.result_type(state, g) != state.dtype:
+    if ok is not None or not _keeps_dtype(state, g):
         new = update_state(state, g, graft)
         if new.dtype != state.dtype:  # a wider g: the state widens (as update_state)
             return new if ok is None else torch.where(ok, new, state)
@@ -96,6 +96,67 @@ def update_state_(state: torch.Tensor, g: torch.Tensor, graft: GraftingConfig,
     if graft.beta2 == 1.0:
         return state.add_(g * g)
     return state.mul_(graft.beta2).add_(graft.update_weight * g * g)
+
+
+def _keeps_dtype(state: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``state (op) x`` has ``state``'s dtype (``torch.result_type`` is a
+    dispatched op: not called where the dtypes are equal)."""
+    return state.dtype == x.dtype or torch.result_type(state, x) == state.dtype
+
+
+def update_states_(states: list[torch.Tensor], gs: list[torch.Tensor], graft: GraftingConfig,
+                   oks: list[torch.Tensor | None], zeroed: bool = False) -> list[torch.Tensor]:
+    """:func:`update_state_` for several parameters, returned in order: the elementwise
+    ops as ``torch._foreach_*`` ops across those whose state keeps its dtype (one
+    launch each on an accelerator), the same ops in the same order per tensor as
+    :func:`update_state_` (so the same bits); the others (a widening state, eq. 14a's
+    normalized input) one by one. ``zeroed``: the gradients are 0 wherever their
+    ``oks`` are False (eq. 3's refused entries), so with ``beta2 = 1`` those entries
+    of ``V + g^2`` are V itself, bit for bit, and need no select."""
+    together = [j for j, (s, g) in enumerate(zip(states, gs, strict=True))
+                if _keeps_dtype(s, g) and not graft.normalizes_input]
+    out = list(states)
+    for j in sorted(set(range(len(states))) - set(together)):
+        out[j] = update_state_(states[j], gs[j], graft, oks[j])
+    if not together:
+        return out
+    vs, xs = [states[j] for j in together], [gs[j] for j in together]
+    if graft.beta2 == 1.0:  # V + g^2
+        terms = torch._foreach_mul(xs, xs)
+    else:  # beta2 V, then + w g^2
+        terms = torch._foreach_mul(xs, graft.update_weight)
+        torch._foreach_mul_(terms, xs)
+    if all(oks[j] is None for j in together) or (zeroed and graft.beta2 == 1.0):
+        if graft.beta2 != 1.0:
+            torch._foreach_mul_(vs, graft.beta2)
+        torch._foreach_add_(vs, terms)
+        return out
+    decayed = vs if graft.beta2 == 1.0 else torch._foreach_mul(vs, graft.beta2)
+    for j, v, new in zip(together, vs, torch._foreach_add(decayed, terms), strict=True):
+        ok = oks[j]
+        out[j] = v.copy_(new) if ok is None else torch.where(ok, new, v, out=v)
+    return out
+
+
+def directions(xs: list[torch.Tensor], states: list[torch.Tensor | None], t: int,
+               graft: GraftingConfig) -> list[torch.Tensor]:
+    """:func:`direction` for several parameters: eq. (14c)'s ``x / (sqrt(V / bc) +
+    epsilon)`` as ``torch._foreach_*`` ops across them (the same ops per tensor, so
+    the same bits); the other kinds, and parameters whose quotient widens, one by one."""
+    if graft.type in ("none", "sgd", "sign") or graft.normalizes_input or not xs:
+        return [direction(x, v, t, graft) for x, v in zip(xs, states, strict=True)]
+    vs = [v for v in states if v is not None]
+    if len(vs) < len(xs) or any(v.shape != x.shape or not _keeps_dtype(v, x)
+                                for x, v in zip(xs, vs, strict=True)):
+        return [direction(x, v, t, graft) for x, v in zip(xs, states, strict=True)]
+    if graft.corrects_bias:
+        vs = list(torch._foreach_div(vs, graft.bias_correction_factor(t)))
+    if graft.epsilon_placement == "inside_sqrt":
+        denoms = torch._foreach_sqrt(torch._foreach_add(vs, graft.epsilon))
+    else:
+        denoms = torch._foreach_sqrt(vs)
+        torch._foreach_add_(denoms, graft.epsilon)
+    return [clip(u, graft) for u in torch._foreach_div(xs, denoms)]
 
 
 def direction(
@@ -118,7 +179,7 @@ def direction(
         denom = torch.sqrt(state).add_(graft.epsilon)
     # The quotient over its fresh denominator: the same operations, one parameter-sized
     # temporary where three were.
-    if denom.shape == x.shape and denom.dtype == torch.result_type(x, denom):
+    if denom.shape == x.shape and _keeps_dtype(denom, x):
         return clip(torch.div(x, denom, out=denom), graft)
     return clip(x / denom, graft)
 

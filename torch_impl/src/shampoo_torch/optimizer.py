@@ -19,11 +19,12 @@ param group; parameters of a group at the same step t form a *cohort*:
    with ``schedule.roots_take_effect = "next_step"`` the inverse roots of
    phase 3 are refreshed here, after the directions (eq. 8);
 5. per parameter: the per-parameter graft rescale (eq. 18), direction decay,
-   momentum and the update (eqs. 19-21; :mod:`shampoo_torch.elementwise`);
-   in one process a preconditioned parameter takes it inside phase 4, as soon
-   as its last block direction is formed (nothing in phase 4 reads another
-   parameter's weights), so the block directions of every parameter never
-   live at once;
+   momentum and the update (eqs. 19-22; :mod:`shampoo_torch.updates`); in one
+   process on the CPU path a preconditioned parameter takes it inside phase 4,
+   as soon as its last block direction is formed (nothing in phase 4 reads
+   another parameter's weights), so the block directions of every parameter
+   never live at once; the accelerator path updates the cohort in one batch
+   of foreach ops instead (one launch per op, :mod:`shampoo_torch.device_path`);
 6. the eq. (13) failure limit, raised only now, after every parameter moved
    (failed inverse roots kept the previous ones): a step is never half done
    (:mod:`shampoo_torch.failure_limit`).
@@ -63,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -80,9 +81,10 @@ from . import (
     preconditioner,
     rank_cutoff,
     refusal,
+    updates,
 )
 from .arguments import as_config, check_lr
-from .blocks import assemble, gather, row_chunks, select_rows
+from .blocks import gather, row_chunks, select_rows
 from .cohorts import (
     AVERAGING_MODE,
     FIRST_LR,
@@ -90,8 +92,8 @@ from .cohorts import (
     Cohort,
     read_gradients,
     split_cohorts,
-    write_back,
 )
+from .device_path import batches, on_cpu_path
 from .distributed import BlockKey, DistributedConfig, Distributor
 from .metrics import StepCounters
 from .state import BlockView, CheckpointState, ParamGroupPlan, block_views, build_param_group_plan
@@ -324,7 +326,8 @@ class Shampoo(torch.optim.Optimizer):
                 for part, part_rows in row_chunks(rows, len(members), row_bytes, bg.device):
                     preconditioner.update_statistics(
                         bg, gather(bg, gp.layouts, observed, members[part]), part_rows,
-                        None if ok is None else ok[part], cfg.statistics)
+                        None if ok is None else ok[part], cfg.statistics,
+                        zero_refused=not c.averaged_g)  # c.g is 0 where eq. (3) refused
             if not (c.roots_lag or c.cuts_rank_per_parameter):
                 # Eq. (10g)'s roots wait for every block's statistics (step 3b).
                 self._refresh_group_roots(c, index)
@@ -374,12 +377,20 @@ class Shampoo(torch.optim.Optimizer):
         # The graft directions _update reads; the others (the preconditioned parameters'
         # with eq. 18 per block and one momentum buffer) only scale their blocks here,
         # so each is formed when its first block needs it and dropped after its last:
-        # never every parameter's at once beside the block directions.
+        # never every parameter's at once beside the block directions. The accelerator
+        # path forms them all at once instead: one launch per op for the lot.
         per_block = graft.rescale_scope == "block"
         only_here = {i for i in c.positions
-                     if c.use_shampoo and per_block and not cfg.momentum.separate_buffers
+                     if on_cpu_path(self._device()) and c.use_shampoo and per_block
+                     and not cfg.momentum.separate_buffers
                      and gp.layouts[i].plan.preconditioned}
-        c.graft_dir = {i: graft_direction(i) for i in c.positions if i not in only_here}
+        wanted = [i for i in c.positions if i not in only_here]
+        c.graft_dir = {} if graft.factored else {  # eq. (14c), foreach across the batch
+            i: d for batch in batches(wanted, self._device())
+            for i, d in zip(batch, grafting.directions(
+                [c.filtered[i] for i in batch], [self.state[params[i]].get("graft")
+                                                 for i in batch], c.t, graft), strict=True)}
+        c.graft_dir.update({i: graft_direction(i) for i in wanted if graft.factored})
         if not (c.use_shampoo or cfg.momentum.separate_buffers):
             return
         # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with its
@@ -426,13 +437,15 @@ class Shampoo(torch.optim.Optimizer):
                 for pos in complete:
                     if pos in only_here and not cfg.momentum.enabled:
                         dirs.pop(pos, None)  # its blocks are scaled; the update never reads it
-                    if self._dist is None:
-                        # One process: phase 5 for a parameter whose blocks are all
-                        # here, now: its block directions never wait beside every
-                        # other parameter's (nothing later in phase 4 reads it).
-                        self._update_parameter(c, pos, {
-                            (c.inp.gi, pos, b): c.owned[(pos, b)]
-                            for b in range(gp.layouts[pos].num_blocks)})
+                    if self._dist is None and on_cpu_path(self._device()):
+                        # One process, CPU path: phase 5 for a parameter whose blocks
+                        # are all here, now: its block directions never wait beside
+                        # every other parameter's (nothing later in phase 4 reads it).
+                        # The accelerator path updates the cohort in one batch.
+                        updates.update_parameters(
+                            c, [pos], {(c.inp.gi, pos, b): c.owned[(pos, b)]
+                                       for b in range(gp.layouts[pos].num_blocks)},
+                            self.state, self.param_groups[c.inp.gi], self._lr_override)
                     if pos in only_here:
                         dirs.pop(pos, None)
 
@@ -459,36 +472,9 @@ class Shampoo(torch.optim.Optimizer):
 
     def _update(self, c: Cohort, blocks: dict[BlockKey, torch.Tensor]) -> None:
         """Phase 5 for every parameter of the cohort not yet updated in phase 4."""
-        for i in c.positions:
-            if i not in c.updated:
-                self._update_parameter(c, i, blocks)
-
-    def _update_parameter(self, c: Cohort, i: int, blocks: dict[BlockKey, torch.Tensor]
-                          ) -> None:
-        """Eq. (18) per parameter, eqs. (19)-(22) for parameter i: assemble, rescale,
-        momentum, guarded update; its block directions are let go once assembled."""
-        inp, cfg = c.inp, c.config
-        c.updated.add(i)
-        shampoo_dir = None if c.owned is None else _parameter_direction(c, i, blocks)
-        if c.owned is not None:
-            for b in range(inp.gp.layouts[i].num_blocks):
-                c.owned.pop((i, b), None)
-                blocks.pop((inp.gi, i, b), None)
-        st = self.state[inp.params[i]]
-        st["step"] = c.t
-        ok = c.elem_ok.get(i)
-        u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir.get(i), inp.w[i],
-                                          c.use_shampoo, cfg, inp.lr, ok, self._lr_override)
-        delta = None
-        if cfg.averaging is not None:  # eq. (20d)
-            mu_x = cfg.averaging.eval_coefficient(
-                inp.lr, self.param_groups[inp.gi].get(LR_POWER_SUM, 0.0))
-            delta, buffers["averaged"] = elementwise.averaged_step(
-                st, u, inp.w[i], cfg, inp.lr, mu_x, ok, self._lr_override)
-        withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
-                                            buffers, st, cfg, inp.lr, ok, delta)
-        write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
-        self._counters.on(withheld.device)["withheld_updates"].add_(withheld)
+        updates.update_parameters(c, [i for i in c.positions if i not in c.updated], blocks,
+                                  self.state, self.param_groups[c.inp.gi], self._lr_override)
+        updates.count_withheld(c, self._counters)
 
     def _device(self) -> torch.device:
         device: torch.device = self.param_groups[0]["params"][0].device
@@ -565,18 +551,3 @@ class Shampoo(torch.optim.Optimizer):
                                self._dist)
 
 
-def _parameter_direction(
-    c: Cohort, i: int, blocks: Mapping[BlockKey, torch.Tensor]
-) -> torch.Tensor:
-    """Parameter ``i``'s Shampoo direction from its blocks, rescaled per parameter (eq. 18).
-
-    A parameter the skip rules leave unpreconditioned takes its graft direction.
-    """
-    gp, graft = c.inp.gp, c.config.grafting
-    lay = gp.layouts[i]
-    if not lay.plan.preconditioned:
-        return c.graft_dir[i]
-    p = assemble(lay, [blocks[(c.inp.gi, i, b)] for b in range(lay.num_blocks)], gp.dtypes[i])
-    if graft.rescale_scope == "parameter":
-        p = preconditioner.rescale_to_graft(p, c.graft_dir[i], graft.norm_epsilon)
-    return p

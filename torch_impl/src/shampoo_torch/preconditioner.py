@@ -49,6 +49,7 @@ from .blocks import (
     row_count,
     take,
 )
+from .device_path import on_cpu_path
 from .elementwise import _SCALE_DTYPES, stored_with_diagonal
 from .invariance import rowwise
 from .packed import SymmetricStack
@@ -67,7 +68,7 @@ def _count(counter: torch.Tensor, rows: Rows, ok: torch.Tensor | None) -> torch.
 
 def update_statistics(
     bg: BlockGroup, gb: torch.Tensor, rows: Rows, ok: torch.Tensor | None,
-    stats: StatisticsConfig,
+    stats: StatisticsConfig, zero_refused: bool = False,
 ) -> None:
     """Eq. (6): ``L_k <- beta2 L_k + w G_(k) G_(k)^T`` as batched GEMMs per dim
     (one triangle of a large factor, :func:`~shampoo_torch.blocks.gram_update_`; a
@@ -82,8 +83,22 @@ def update_statistics(
     nothing (``G G^T`` is an outer product); there the update is elementwise,
     because CPU ``baddbmm`` fuses a rank-1 update differently for one batch row
     than for several, which would make a block's factor depend on its group.
+
+    ``zero_refused``: the rows ``ok`` refuses have ``gb`` 0 (eq. 3's refused
+    gradients, zeroed). On the accelerator path every row is then updated in
+    place, the refused ones decayed by 1 so that they keep their factor exactly
+    (``1 L + w 0``): one scaling per factor where a copy, an update and a
+    select would be three launches and three passes over the factors. The
+    decay is then its own product (``beta2 L``, then ``+ w G G^T``), as eq. (11b).
     """
     beta2, weight = stats.beta2, stats.update_weight
+    masked_in_place = (ok is not None and zero_refused and not stats.quantized
+                       and bg.storage_dtype is None and not on_cpu_path(bg.device)
+                       and not any(isinstance(f, SymmetricStack) for f in bg.factors.values()))
+    decay = None
+    if masked_in_place and stats.decays:
+        assert ok is not None
+        decay = torch.ones(ok.shape, dtype=bg.dtype, device=bg.device).masked_fill_(ok, beta2)
     # All rows, or a run of them (views): the factors are updated where they are (a
     # packed one in its triangle); a packed factor's rows by index are unpacked into a
     # new tensor, updated there and packed.
@@ -113,6 +128,17 @@ def update_statistics(
             old = take(bg.factors[k], rows)
             decayed = old.mul(beta2) if stats.decays else old
             new = decayed.to(bg.dtype).add(outer, alpha=weight).to(bg.storage_dtype)
+        elif masked_in_place:  # see the docstring
+            target = take(bg.factors[k], rows)
+            if decay is not None:
+                target.mul_(_per_row(decay, target))
+            if a.shape[-1] == 1:  # entry by entry, as below
+                target.add_(a * b if weight == 1.0 else weight * (a * b))
+            else:
+                gram_update_(target, a, b, 1.0, weight)
+            if isinstance(rows, torch.Tensor):
+                bg.factors[k] = put(bg.factors[k], rows, target)
+            continue
         elif a.shape[-1] == 1:  # rank-1 update: products, scalings and sums entry by entry
             if direct and a.dtype == factor.dtype:
                 assert isinstance(factor, SymmetricStack) and not isinstance(rows, torch.Tensor)

@@ -12,7 +12,7 @@ inf), so it is treated exactly like a non-finite one: raised under
 
 :func:`block_codes` computes the decision for every block of a param group
 at once, on the device and without a host sync: one separable max per
-parameter over its blocks (:func:`~shampoo_torch.block_grid.block_max_abs`) for
+parameter over its blocks (:func:`~shampoo_torch.block_grid.flat_block_maxima`) for
 the gradient and the graft state, one max per row of each block group's
 factors and moment (max |x| over the whole factor, not its diagonal: a
 loaded factor need not be PSD), and the bound on the param group's flat
@@ -47,10 +47,10 @@ import torch
 
 from shampoo_spec import STATE_LIMIT, NonFiniteGradientError, factor_limit, is_root_step
 
-from .block_grid import block_max_abs
+from .block_grid import flat_block_maxima
 from .blocks import BlockGroup
 from .cohorts import StepInput
-from .device_path import on_cpu_path
+from .device_path import moved, on_cpu_path
 from .distributed import Distributor
 from .grafting import adafactor_max_abs
 from .metrics import StepCounters
@@ -120,18 +120,35 @@ def bound_dtype(device: torch.device) -> torch.dtype:
 
 
 def _row_max_abs(bg: BlockGroup) -> torch.Tensor | None:
-    """``[B]``: the largest absolute entry of each row's factors and corrected moment."""
+    """``[B]``: the largest absolute entry of each row's factors and corrected moment.
+
+    CPU path: max and min, no |x| temporary (``torch.aminmax`` and the inf-norm
+    reduction are slow on CPU); accelerator path: one inf-norm reduction per stack.
+    """
     out = None
     # A packed factor's triangle holds every entry of the symmetric matrix.
     stacks = [*(f.data if isinstance(f, SymmetricStack) else f for f in bg.factors.values()),
               *([] if bg.corrected is None else [bg.corrected])]
+    cpu = on_cpu_path(bg.device)
     for x in stacks:
         if x.shape[0] == 0 or x[0].numel() == 0:
             continue
-        flat = x.flatten(1)  # max and min: no |x| temporary (torch.aminmax is slow on CPU)
-        m = torch.maximum(flat.amax(dim=1), -flat.amin(dim=1))
+        flat = x.flatten(1)
+        m = (torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) if cpu
+             else torch.linalg.vector_norm(flat, float("inf"), dim=1))
         out = m if out is None else torch.maximum(out, m)
     return out
+
+
+def _held_maxima(gp: ParamGroupPlan, device: torch.device, dt: torch.dtype) -> torch.Tensor:
+    """``[blocks]``: each block's row maximum of :func:`_row_max_abs` (0 where it
+    has no factors or rows here)."""
+    held = torch.zeros(gp.total_blocks, dtype=dt, device=device)
+    for bg, flat in zip(gp.block_groups, gp.flat_rows, strict=True):
+        rows = _row_max_abs(bg)
+        if rows is not None:
+            held.index_copy_(0, moved(flat, device), moved(rows, device, dt))
+    return held
 
 
 def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tensor:
@@ -140,46 +157,40 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
     :data:`OK`, :data:`TOO_LARGE` or :data:`NONFINITE` (a non-finite
     gradient entry); blocks of parameters without a gradient are OK. On the
     first parameter's device; distributed, only the blocks held here
-    contribute their factors (the optimizer all-reduces the codes).
+    contribute their factors (the optimizer all-reduces the codes). Each
+    maximum is one vector over the group's blocks
+    (:func:`~shampoo_torch.block_grid.flat_block_maxima`), so the launches do
+    not grow with its parameters on the accelerator path.
     """
     gp = inp.gp
     device = inp.params[0].device
     dt = bound_dtype(device)
-    total = gp.total_blocks
-    held = torch.zeros(total, dtype=dt, device=device)
-    for bg, flat in zip(gp.block_groups, gp.flat_rows, strict=True):
-        rows = _row_max_abs(bg)
-        if rows is not None:
-            held.index_copy_(0, flat.to(device), rows.to(device, dt))
-    zeros = torch.zeros(total, dtype=dt, device=device)
-    g_parts, m_parts, f_parts = [], [], []
-    for pos, grid in enumerate(gp.grids):
-        lo, hi = gp.offsets[pos], gp.offsets[pos] + grid.num_blocks
-        if pos not in inp.g:
-            g_parts.append(zeros[lo:hi])
-            m_parts.append(zeros[lo:hi])
-            f_parts.append(zeros[lo:hi])
-            continue
-        g_parts.append(block_max_abs(grid, inp.g[pos]).to(device, dt))
-        m = held[lo:hi]
-        f_parts.append(m)  # the factors alone (no corrected moment with stored factors)
-        st = state[inp.params[pos]]
-        for key in ("graft", "diagonal"):  # V of eq. (14b), V_D of eq. (16b)
-            elementwise = st.get(key)
-            if elementwise is not None:
-                m = torch.maximum(m, block_max_abs(grid, elementwise).to(device, dt))
-        moments = adafactor_max_abs(st)
-        if moments is not None:  # eq. (14e): R, C, V span the parameter, so every block's m
-            m = torch.maximum(m, moments.to(device, dt))
-        m_parts.append(m)
-    gmax, m = torch.cat(g_parts), torch.cat(m_parts)
+    gmax = flat_block_maxima(gp.grids, inp.g, device, dt)
+    factors = _held_maxima(gp, device, dt)  # the factors alone (no corrected moment then)
+    if len(inp.g) < len(gp.grids):  # the state of a parameter without a gradient is not read
+        present = torch.tensor([pos in inp.g for pos, grid in enumerate(gp.grids)
+                                for _ in range(grid.num_blocks)], device=device)
+        factors = torch.where(present, factors, 0.0)
+    m = factors
+    for key in ("graft", "diagonal"):  # V of eq. (14b), V_D of eq. (16b)
+        elementwise = {pos: st[key] for pos in inp.g
+                       if (st := state[inp.params[pos]]).get(key) is not None}
+        if elementwise:
+            m = torch.maximum(m, flat_block_maxima(gp.grids, elementwise, device, dt))
+    if gp.config.grafting.factored:  # eq. (14e): R, C, V span the parameter, so every block's m
+        parts = []
+        for pos, grid in enumerate(gp.grids):
+            moments = adafactor_max_abs(state[inp.params[pos]]) if pos in inp.g else None
+            parts.append(torch.zeros(grid.num_blocks, dtype=dt, device=device)
+                         if moments is None else moved(moments, device, dt).expand(grid.num_blocks))
+        m = torch.maximum(m, torch.cat(parts))
     assert gp.block_sizes is not None
-    bound = m + gp.block_sizes.to(device, dt) * gmax * gmax  # as shampoo_spec.block_overflows
+    sizes = moved(gp.block_sizes, device, dt)
+    bound = m + sizes * gmax * gmax  # as shampoo_spec.block_overflows
     codes = torch.where(bound <= STATE_LIMIT, OK, TOO_LARGE)
     limit = factor_limit(gp.config.factor_storage_dtype)
     if limit is not None:  # float16 factors (eq. 11b): m_f + |B| g^2 <= 2^15 too
-        factor_bound = torch.cat(f_parts) + gp.block_sizes.to(device, dt) * gmax * gmax
-        codes = torch.where(factor_bound <= limit, codes, TOO_LARGE)
+        codes = torch.where(factors + sizes * gmax * gmax <= limit, codes, TOO_LARGE)
     codes = torch.where(torch.isfinite(gmax), codes, NONFINITE)
     return codes.to(CODE_DTYPE)
 

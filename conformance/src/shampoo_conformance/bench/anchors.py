@@ -141,7 +141,9 @@ class Timing:
 
 
 # ----------------------------------------------------------------------- torch
-def _torch_optimizers() -> dict[str, Callable[[Iterable[Any]], Any]]:
+def torch_optimizers() -> dict[str, Callable[[Iterable[Any]], Any]]:
+    """Ours (through ``from_meta``), Meta's (where installed) and AdamW, by name: each a
+    function of the parameters, at :data:`META_KWARGS`."""
     import torch
 
     from shampoo_spec import from_meta
@@ -206,7 +208,7 @@ def torch_side(batches: list[int], periods: int, large_period: int, threads: int
     from shampoo_torch.blocks import SYMMETRIC_GRAM_MIN
 
     torch.set_num_threads(threads)
-    makers = _torch_optimizers()
+    makers = torch_optimizers()
     print(f"\n== torch {torch.__version__}, {threads} threads: "
           f"{', '.join(makers)} (same kwargs; ours through from_meta) ==")
     # Each optimizer's ideal at the rate of the GEMM it calls: ours shampoo_torch.gemm
@@ -298,7 +300,7 @@ def _memory_of(name: str) -> None:
             torch.nn.functional.cross_entropy(tr.model(tr.x), tr.y).backward()
         state = 0
     else:
-        tr = torch_step.Trainer(name, _torch_optimizers()[name])
+        tr = torch_step.Trainer(name, torch_optimizers()[name])
         tr.run(MEMORY_STEPS, record=False)
         state = _state_bytes(tr.opt, tr.model)
     print(f"{_peak_rss_mib():.1f} {state / 2**20:.2f}")
