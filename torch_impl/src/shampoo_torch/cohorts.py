@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -54,6 +54,10 @@ class StepInput:
     #: parameter, or for a DTensor its piece (``"local"``) or its gathered whole
     #: (``"lossless"``, whose piece :func:`write_back` then copies).
     targets: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+#: When a root step refreshes a cohort's roots (:attr:`Cohort.roots_after`).
+RootsAfter = Literal["statistics", "rank_scales", "directions"]
 
 
 @dataclass
@@ -108,6 +112,17 @@ class Cohort:
     def roots_lag(self) -> bool:
         """Eq. (8), ``roots_take_effect="next_step"``: refresh the roots after the directions."""
         return self.config.schedule.roots_take_effect == "next_step"
+
+    @property
+    def roots_after(self) -> RootsAfter:
+        """The one place that decides when a root step refreshes this cohort's inverse
+        roots (eqs. 7, 9-13): right after each block group's statistics
+        (``"statistics"``); after every group's statistics, once eq. (10g)'s
+        per-parameter scales are known (``"rank_scales"``); or after the directions,
+        with eq. (8)'s ``roots_take_effect="next_step"`` (``"directions"``)."""
+        if self.roots_lag:
+            return "directions"
+        return "rank_scales" if self.cuts_rank_per_parameter else "statistics"
 
 
 def read_gradients(

@@ -298,11 +298,11 @@ class Shampoo(torch.optim.Optimizer):
             # 3b. eq. (10g): one max over the blocks
             rank_cutoff.parameter_rank_scales(cohorts, self._device(), self._dist)
             for c in cohorts:
-                if c.cuts_rank_per_parameter and not c.roots_lag:
+                if c.roots_after == "rank_scales":
                     self._refresh_roots(c)
         for c in cohorts:
             self._directions(c)  # 4. graft and block directions
-            if c.roots_lag:
+            if c.roots_after == "directions":
                 self._refresh_roots(c)  # 4b. eq. (8) "next_step": from t + 1 on
         blocks = self._exchange(cohorts)  # distributed: all-gather
         for c in cohorts:
@@ -328,8 +328,7 @@ class Shampoo(torch.optim.Optimizer):
                         bg, gather(bg, gp.layouts, observed, members[part]), part_rows,
                         None if ok is None else ok[part], cfg.statistics,
                         zero_refused=not c.averaged_g)  # c.g is 0 where eq. (3) refused
-            if not (c.roots_lag or c.cuts_rank_per_parameter):
-                # Eq. (10g)'s roots wait for every block's statistics (step 3b).
+            if c.roots_after == "statistics":  # else in step 3b or 4b
                 self._refresh_group_roots(c, index)
             if cfg.eigenvalue_correction is not None:
                 # Eq. (17a): with eigenbases in another dtype, the gradient rounded to it
