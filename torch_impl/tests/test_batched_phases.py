@@ -20,7 +20,7 @@ from shampoo_spec import (
     WeightDecayConfig,
     plan_parameter,
 )
-from shampoo_torch import device_path, elementwise, grafting
+from shampoo_torch import device_path, elementwise, grafting, updates
 from shampoo_torch.block_grid import block_grid, block_max_abs, flat_block_maxima
 
 SHAPES = [(6, 5), (5,), (3, 4), (1, 1), (7, 3)]
@@ -61,7 +61,7 @@ def test_finite_entries_are_isfinite_of_each_anded(dtype: torch.dtype) -> None:
     b[4] = -torch.finfo(dtype).max  # a finite max beside a finite -max: no overflow
     c[5] = torch.finfo(dtype).tiny
     want = torch.isfinite(a) & torch.isfinite(b) & torch.isfinite(c)
-    assert torch.equal(elementwise.finite_entries([a, b, c]), want)
+    assert torch.equal(updates.finite_entries([a, b, c]), want)
     assert not bool(want[1:4].any()) and bool(want[4]) and bool(want[5])
 
 
@@ -143,10 +143,10 @@ def test_updates_batched_equal_one_by_one_and_flag_what_they_withheld(
         oks[2][0, 0] = False
         us[2][0, 0] = float("nan")
     one = [w.clone() for w in ws]
-    want = [bool(elementwise.apply_update(p, w, u, {}, {}, cfg, 0.5, ok))
+    want = [bool(updates.apply_update(p, w, u, {}, {}, cfg, 0.5, ok))
             for p, w, u, ok in zip(one, ws, us, oks, strict=True)]
     batch = [w.clone() for w in ws]
-    got = elementwise.apply_updates(batch, ws, us, cfg, 0.5, oks)
+    got = updates.apply_updates(batch, ws, us, cfg, 0.5, oks)
     assert all(torch.equal(a, b) for a, b in zip(batch, one, strict=True))
     assert got.tolist() == want
     assert want[0] and want[1] != masked and want[2] and not want[3]

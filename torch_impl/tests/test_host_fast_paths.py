@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shampoo_spec import ShampooConfig
-from shampoo_torch import elementwise, grafting
+from shampoo_torch import grafting, updates
 
 BIG = 3e38  # finite in float32; two of them sum to inf
 
@@ -26,7 +26,7 @@ BIG = 3e38  # finite in float32; two of them sum to inf
 def test_all_finite_on_host_is_never_true_for_a_non_finite_entry(
     values: list[float], expected: bool
 ) -> None:
-    assert elementwise.all_finite_on_host([torch.tensor(values)]) is expected
+    assert updates.all_finite_on_host([torch.tensor(values)]) is expected
 
 
 def _guarded(w: torch.Tensor, u: torch.Tensor, lr: float) -> tuple[torch.Tensor, bool]:
@@ -45,7 +45,7 @@ def test_update_guard_equals_the_per_entry_rule(
 ) -> None:
     old, direction = torch.tensor(w), torch.tensor(u)
     p = old.clone()
-    withheld = elementwise.apply_update(p, old, direction, {}, {}, ShampooConfig(), 1.0, None)
+    withheld = updates.apply_update(p, old, direction, {}, {}, ShampooConfig(), 1.0, None)
     expected, any_withheld = _guarded(old, direction, 1.0)
     assert torch.equal(p, expected)
     assert bool(withheld) is any_withheld is withheld_any

@@ -1,4 +1,4 @@
-"""The elementwise part of a step: filter, momentum, update (eqs. 15, 19-21).
+"""The elementwise part of a step: filter, momentum, averaging (eqs. 15, 19-20d).
 
 :func:`update_cohort_state` is phase 2 of the step for a cohort: eq. (3)'s
 per-entry flags, the graft state (eqs. 14b, 14e), the filter (eq. 15) and
@@ -24,13 +24,12 @@ from shampoo_spec import GradientFilterConfig, ShampooConfig, is_statistics_step
 from . import grafting
 from .block_grid import expand_blocks
 from .cohorts import Cohort
-from .device_path import batches, moved, on_cpu_path
+from .device_path import batches, moved
 
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
 SCALE_SUFFIX = "_scale"
 #: ``config.update_dtype`` (eq. 21a) -> torch dtype.
-UPDATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def init_state(
@@ -220,7 +219,7 @@ def momentum(
     ``cfg.learning_rate`` when None); with separate buffers both directions
     update their own buffer every step (``shampoo_dir`` is then required).
     Returns U and the new buffers by state key, not yet stored:
-    :func:`apply_update` commits them with eq. (22)'s guard.
+    :func:`shampoo_torch.updates.apply_update` commits them with eq. (22)'s guard.
     """
     mom, wd = cfg.momentum, cfg.weight_decay
 
@@ -267,8 +266,8 @@ def averaged_step(
     Z decays first with direction decay (``Z <- Z (1 - lr alpha)``, eq. 19's
     coefficient alpha); then ``d = -lr U``,
     ``Delta = (1 - mu_x mu_y) d + (1 - mu_x) (Z - W)`` and ``Z + d``, Z kept on
-    eq. (3)'s refused entries. :func:`apply_update` adds Delta and stores Z
-    under eq. (22)'s guard, as a momentum buffer.
+    eq. (3)'s refused entries. :func:`shampoo_torch.updates.apply_update` adds Delta
+    and stores Z under eq. (22)'s guard, as a momentum buffer.
     """
     av, wd = cfg.averaging, cfg.weight_decay
     assert av is not None
@@ -281,135 +280,6 @@ def averaged_step(
     d = -(step_lr * u)
     delta = (1.0 - mu_x * av.train_interp) * d + (1.0 - mu_x) * (z - w)
     return delta, masked(z + d, old, ok)
-
-
-def all_finite_on_host(tensors: Sequence[torch.Tensor]) -> bool:
-    """True only if every entry of ``tensors`` is finite, read on the host from one sum
-    each; False off CPU (a read would sync the device) and wherever a sum is not
-    finite: an inf or NaN entry makes it so, and so may an overflow of finite
-    entries, for which the caller's exact per-entry test then runs.
-    """
-    return all(on_cpu_path(t.device) and t.is_floating_point() and bool(torch.isfinite(t.sum()))
-               for t in tensors)
-
-
-def finite_entries(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Where every one of ``tensors`` (of one shape) is finite: ``sum_j (x_j - x_j)`` is
-    0 there and NaN elsewhere, since ``x - x`` is exactly 0 for a finite x and NaN for
-    an inf or NaN, and a NaN term makes the sum NaN. The same flags as ``isfinite`` of
-    each, and'ed, in ``2n`` elementwise ops instead of ``4n - 1`` (isfinite is itself
-    three); the last test is ``total == total`` (false only for NaN), with no scalar."""
-    total = torch.sub(tensors[0], tensors[0])
-    for x in tensors[1:]:
-        total = total + torch.sub(x, x)
-    return torch.eq(total, total)
-
-
-def apply_update(
-    p: torch.Tensor,
-    w: torch.Tensor,
-    u: torch.Tensor,
-    buffers: dict[str, torch.Tensor],
-    st: dict[str, Any],
-    cfg: ShampooConfig,
-    lr: float,
-    ok: torch.Tensor | None,
-    delta: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype.
-
-    ``delta``: eq. (20d)'s update of W in place of ``-lr U`` (iterate averaging;
-    its Z is in ``buffers``).
-
-    Eq. (21a), ``update_dtype`` c set: ``W <- W + round_c(-lr U - lr wd W)``,
-    the update rounded to c (torch's cast, as Meta's copy into its
-    ``communication_dtype`` buffer) before it is added.
-
-    Eq. (22), the update guard: an entry whose new value (in the parameter's
-    dtype) or new momentum buffer is non-finite keeps its old ones; the
-    statistics before it are finite by eq. (3), so only the direction can
-    overflow (a huge inverse root times a finite gradient). Stores the
-    buffers and returns a 0-d bool tensor (no host sync): whether an entry
-    of an admitted block was withheld.
-    """
-    wd = cfg.weight_decay
-    step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
-    if delta is not None:
-        new_w = w + (delta if cfg.update_dtype is None else
-                     delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype))  # eq. (21a)
-    elif cfg.update_dtype is None:
-        new_w = step_lr * u
-        # W - lr U written over the fresh product (the same subtraction): one
-        # parameter-sized temporary, not two.
-        new_w = (torch.sub(w, new_w, out=new_w) if new_w.dtype == w.dtype
-                 and new_w.shape == w.shape else w - new_w)
-        if wd.applies("update"):
-            new_w.sub_(lr * wd.value * w)
-    else:
-        delta = -(step_lr * u)
-        if wd.applies("update"):
-            delta = delta - lr * wd.value * w
-        new_w = w + delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype)  # eq. (21a)
-    new_w = moved(new_w, dtype=p.dtype)
-    quantized = any(st.get(key + SCALE_SUFFIX) is not None for key in buffers)
-    if not quantized and all_finite_on_host([new_w, *buffers.values()]):
-        # Every entry finite (checked on CPU, where reading it syncs no device):
-        # eq. (22) keeps all of them, so skip its per-entry test and selects.
-        for key, b in buffers.items():
-            write_momentum(st, key, b, tuple(p.shape))
-        p.copy_((new_w if ok is None else torch.where(ok, new_w, w)).view(p.shape))
-        return torch.zeros((), dtype=torch.bool, device=p.device)
-    checked = [new_w, *buffers.values()]
-    for key, b in buffers.items():
-        scale = st.get(key + SCALE_SUFFIX)
-        if scale is not None:  # eq. (20b) quantizes fl_d(M): it must be finite too
-            checked.append(b.to(scale.dtype))
-    keep = finite_entries(checked)
-    for key, b in buffers.items():
-        old = read_momentum(st, key, tuple(b.shape), b.dtype)
-        write_momentum(st, key, torch.where(keep, b, old), tuple(p.shape))
-    write = keep if ok is None else keep & ok
-    new_p = torch.where(write, new_w, w)
-    p.copy_(new_p if new_p.shape == p.shape else new_p.view(p.shape))
-    # ok & ~keep is ok ^ write (write is within ok): one op, not two.
-    withheld = ~keep if ok is None else ok ^ write
-    return withheld.any()
-
-
-def apply_updates(
-    targets: list[torch.Tensor], ws: list[torch.Tensor], us: list[torch.Tensor],
-    cfg: ShampooConfig, lr: float, oks: list[torch.Tensor | None],
-) -> torch.Tensor:
-    """:func:`apply_update` for several parameters that keep no buffer (no momentum, no
-    averaging, no ``update_dtype``): per non-empty parameter (an empty one withholds
-    nothing), in order, whether it withheld an entry of an admitted block (eq. 22).
-
-    The same ops per tensor as :func:`apply_update`'s per-entry branch (so the same
-    bits), its elementwise arithmetic as ``torch._foreach_*`` ops (one launch each
-    for all the parameters): ``W - lr U`` (eq. 21, ``- lr wd W`` with update decay),
-    eq. (22)'s ``x - x`` (:func:`finite_entries`), the copies into the parameters,
-    and the count, from one inf-norm of ``x - x`` over the admitted entries (NaN
-    exactly where an admitted entry is not finite). Per parameter remain the
-    selects: ``keep``, its ``and`` with eq. (3)'s flags, and ``where``.
-    """
-    wd = cfg.weight_decay
-    step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
-    new_ws = list(torch._foreach_sub(ws, torch._foreach_mul(us, step_lr)))
-    if wd.applies("update"):
-        torch._foreach_sub_(new_ws, torch._foreach_mul(ws, lr * wd.value))
-    new_ws = [moved(x, dtype=p.dtype) for x, p in zip(new_ws, targets, strict=True)]
-    nans = torch._foreach_sub(new_ws, new_ws)  # 0 where finite, NaN elsewhere
-    news, admitted_nans, zeros = [], [], Zeros()
-    for p, w, x, d, ok in zip(targets, ws, new_ws, nans, oks, strict=True):
-        keep = torch.eq(d, d)
-        new = torch.where(keep if ok is None else keep & ok, x, w)
-        news.append(new if new.shape == p.shape else new.view(p.shape))
-        if d.numel() > 0:  # an inf-norm needs an entry
-            admitted_nans.append(d if ok is None else torch.where(ok, d, zeros.of(d)))
-    torch._foreach_copy_(targets, news)
-    if not admitted_nans:
-        return torch.zeros(0, dtype=torch.bool, device=targets[0].device)
-    return torch.stack(torch._foreach_norm(admitted_nans, float("inf"))).isnan()
 
 
 def update_cohort_state(c: Cohort, state: Mapping[torch.Tensor, dict[str, Any]]) -> None:

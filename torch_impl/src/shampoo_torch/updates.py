@@ -4,11 +4,11 @@ accelerator path.
 For each parameter: its Shampoo direction assembled from its blocks and rescaled
 per parameter (eq. 18), direction decay and momentum (eqs. 19-20,
 :func:`~shampoo_torch.elementwise.momentum`), iterate averaging (eq. 20d), and the
-guarded update (eqs. 21-22, :func:`~shampoo_torch.elementwise.apply_update`).
+guarded update (eqs. 21-22, :func:`apply_update`).
 
 On the accelerator path (:mod:`.device_path`) the update of every parameter that
 keeps no buffer (no momentum, no averaging, no ``update_dtype``) is one batch:
-:func:`~shampoo_torch.elementwise.apply_updates`, the same ops per tensor as
+:func:`apply_updates`, the same ops per tensor as
 ``apply_update`` (so the same bits) with the elementwise arithmetic as
 ``torch._foreach_*`` ops, one launch each for the cohort. The CPU path updates one
 parameter at a time, with its host shortcut for eq. (22).
@@ -16,17 +16,23 @@ parameter at a time, with its host shortcut for eq. (22).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
 
+from shampoo_spec import ShampooConfig
+
 from . import elementwise, preconditioner
 from .blocks import assemble
 from .cohorts import LR_POWER_SUM, Cohort, write_back
-from .device_path import on_cpu_path
+from .device_path import moved, on_cpu_path
 from .distributed import BlockKey
+from .elementwise import SCALE_SUFFIX, Zeros, read_momentum, write_momentum
 from .metrics import StepCounters
+
+#: Eq. (21a)'s ``update_dtype``: the dtype the update is rounded to before it is added.
+UPDATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parameter_direction(c: Cohort, i: int, blocks: Mapping[BlockKey, torch.Tensor]
@@ -78,17 +84,146 @@ def update_parameters(
             mu_x = cfg.averaging.eval_coefficient(inp.lr, group.get(LR_POWER_SUM, 0.0))
             delta, buffers["averaged"] = elementwise.averaged_step(
                 st, u, inp.w[i], cfg, inp.lr, mu_x, ok, lr_0)
-        withheld = elementwise.apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
+        withheld = apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u,
                                             buffers, st, cfg, inp.lr, ok, delta)
         write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter
         c.withheld.append(withheld.reshape(1))
     if batch:
-        c.withheld.append(elementwise.apply_updates(
+        c.withheld.append(apply_updates(
             [inp.targets.get(i, inp.params[i]) for i, _ in batch],
             [inp.w[i] for i, _ in batch], [u for _, u in batch], cfg, inp.lr,
             [c.elem_ok.get(i) for i, _ in batch]))
         for i, _ in batch:
             write_back(inp, i)
+
+
+def all_finite_on_host(tensors: Sequence[torch.Tensor]) -> bool:
+    """True only if every entry of ``tensors`` is finite, read on the host from one sum
+    each; False off CPU (a read would sync the device) and wherever a sum is not
+    finite: an inf or NaN entry makes it so, and so may an overflow of finite
+    entries, for which the caller's exact per-entry test then runs.
+    """
+    return all(on_cpu_path(t.device) and t.is_floating_point() and bool(torch.isfinite(t.sum()))
+               for t in tensors)
+
+
+def finite_entries(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Where every one of ``tensors`` (of one shape) is finite: ``sum_j (x_j - x_j)`` is
+    0 there and NaN elsewhere, since ``x - x`` is exactly 0 for a finite x and NaN for
+    an inf or NaN, and a NaN term makes the sum NaN. The same flags as ``isfinite`` of
+    each, and'ed, in ``2n`` elementwise ops instead of ``4n - 1`` (isfinite is itself
+    three); the last test is ``total == total`` (false only for NaN), with no scalar."""
+    total = torch.sub(tensors[0], tensors[0])
+    for x in tensors[1:]:
+        total = total + torch.sub(x, x)
+    return torch.eq(total, total)
+
+
+def apply_update(
+    p: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    st: dict[str, Any],
+    cfg: ShampooConfig,
+    lr: float,
+    ok: torch.Tensor | None,
+    delta: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Eq. (21): ``W <- W - lr U`` (``- lr wd W`` with update decay), written into p's dtype.
+
+    ``delta``: eq. (20d)'s update of W in place of ``-lr U`` (iterate averaging;
+    its Z is in ``buffers``).
+
+    Eq. (21a), ``update_dtype`` c set: ``W <- W + round_c(-lr U - lr wd W)``,
+    the update rounded to c (torch's cast, as Meta's copy into its
+    ``communication_dtype`` buffer) before it is added.
+
+    Eq. (22), the update guard: an entry whose new value (in the parameter's
+    dtype) or new momentum buffer is non-finite keeps its old ones; the
+    statistics before it are finite by eq. (3), so only the direction can
+    overflow (a huge inverse root times a finite gradient). Stores the
+    buffers and returns a 0-d bool tensor (no host sync): whether an entry
+    of an admitted block was withheld.
+    """
+    wd = cfg.weight_decay
+    step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
+    if delta is not None:
+        new_w = w + (delta if cfg.update_dtype is None else
+                     delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype))  # eq. (21a)
+    elif cfg.update_dtype is None:
+        new_w = step_lr * u
+        # W - lr U written over the fresh product (the same subtraction): one
+        # parameter-sized temporary, not two.
+        new_w = (torch.sub(w, new_w, out=new_w) if new_w.dtype == w.dtype
+                 and new_w.shape == w.shape else w - new_w)
+        if wd.applies("update"):
+            new_w.sub_(lr * wd.value * w)
+    else:
+        delta = -(step_lr * u)
+        if wd.applies("update"):
+            delta = delta - lr * wd.value * w
+        new_w = w + delta.to(UPDATE_DTYPES[cfg.update_dtype]).to(w.dtype)  # eq. (21a)
+    new_w = moved(new_w, dtype=p.dtype)
+    quantized = any(st.get(key + SCALE_SUFFIX) is not None for key in buffers)
+    if not quantized and all_finite_on_host([new_w, *buffers.values()]):
+        # Every entry finite (checked on CPU, where reading it syncs no device):
+        # eq. (22) keeps all of them, so skip its per-entry test and selects.
+        for key, b in buffers.items():
+            write_momentum(st, key, b, tuple(p.shape))
+        p.copy_((new_w if ok is None else torch.where(ok, new_w, w)).view(p.shape))
+        return torch.zeros((), dtype=torch.bool, device=p.device)
+    checked = [new_w, *buffers.values()]
+    for key, b in buffers.items():
+        scale = st.get(key + SCALE_SUFFIX)
+        if scale is not None:  # eq. (20b) quantizes fl_d(M): it must be finite too
+            checked.append(b.to(scale.dtype))
+    keep = finite_entries(checked)
+    for key, b in buffers.items():
+        old = read_momentum(st, key, tuple(b.shape), b.dtype)
+        write_momentum(st, key, torch.where(keep, b, old), tuple(p.shape))
+    write = keep if ok is None else keep & ok
+    new_p = torch.where(write, new_w, w)
+    p.copy_(new_p if new_p.shape == p.shape else new_p.view(p.shape))
+    # ok & ~keep is ok ^ write (write is within ok): one op, not two.
+    withheld = ~keep if ok is None else ok ^ write
+    return withheld.any()
+
+
+def apply_updates(
+    targets: list[torch.Tensor], ws: list[torch.Tensor], us: list[torch.Tensor],
+    cfg: ShampooConfig, lr: float, oks: list[torch.Tensor | None],
+) -> torch.Tensor:
+    """:func:`apply_update` for several parameters that keep no buffer (no momentum, no
+    averaging, no ``update_dtype``): per non-empty parameter (an empty one withholds
+    nothing), in order, whether it withheld an entry of an admitted block (eq. 22).
+
+    The same ops per tensor as :func:`apply_update`'s per-entry branch (so the same
+    bits), its elementwise arithmetic as ``torch._foreach_*`` ops (one launch each
+    for all the parameters): ``W - lr U`` (eq. 21, ``- lr wd W`` with update decay),
+    eq. (22)'s ``x - x`` (:func:`finite_entries`), the copies into the parameters,
+    and the count, from one inf-norm of ``x - x`` over the admitted entries (NaN
+    exactly where an admitted entry is not finite). Per parameter remain the
+    selects: ``keep``, its ``and`` with eq. (3)'s flags, and ``where``.
+    """
+    wd = cfg.weight_decay
+    step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
+    new_ws = list(torch._foreach_sub(ws, torch._foreach_mul(us, step_lr)))
+    if wd.applies("update"):
+        torch._foreach_sub_(new_ws, torch._foreach_mul(ws, lr * wd.value))
+    new_ws = [moved(x, dtype=p.dtype) for x, p in zip(new_ws, targets, strict=True)]
+    nans = torch._foreach_sub(new_ws, new_ws)  # 0 where finite, NaN elsewhere
+    news, admitted_nans, zeros = [], [], Zeros()
+    for p, w, x, d, ok in zip(targets, ws, new_ws, nans, oks, strict=True):
+        keep = torch.eq(d, d)
+        new = torch.where(keep if ok is None else keep & ok, x, w)
+        news.append(new if new.shape == p.shape else new.view(p.shape))
+        if d.numel() > 0:  # an inf-norm needs an entry
+            admitted_nans.append(d if ok is None else torch.where(ok, d, zeros.of(d)))
+    torch._foreach_copy_(targets, news)
+    if not admitted_nans:
+        return torch.zeros(0, dtype=torch.bool, device=targets[0].device)
+    return torch.stack(torch._foreach_norm(admitted_nans, float("inf"))).isnan()
 
 
 def count_withheld(c: Cohort, counters: StepCounters) -> None:
