@@ -123,6 +123,15 @@ def flat_block_maxima(grids: Sequence[BlockGrid], tensors: Mapping[int, torch.Te
     return torch.cat(parts)
 
 
+def entry_flags(grid: BlockGrid, flat: torch.Tensor, offset: int) -> torch.Tensor:
+    """One parameter's per-entry flags from its param group's per-block ``flat`` flags,
+    its blocks starting at ``offset``: a one-block parameter's is its 0-d flag (one
+    view, and it broadcasts), the others' :func:`expand_blocks`."""
+    if grid.num_blocks == 1:
+        return flat[offset]
+    return expand_blocks(grid, flat[offset:offset + grid.num_blocks])
+
+
 def expand_blocks(grid: BlockGrid, flags: torch.Tensor) -> torch.Tensor:
     """Per-block values ``[blocks]`` as a merged-shape tensor (each entry its block's value).
 

@@ -22,14 +22,13 @@ import torch
 from shampoo_spec import GradientFilterConfig, ShampooConfig, is_statistics_step
 
 from . import grafting
-from .block_grid import expand_blocks
+from .block_grid import entry_flags
 from .cohorts import Cohort
 from .device_path import batches, moved
 
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
 SCALE_SUFFIX = "_scale"
-#: ``config.update_dtype`` (eq. 21a) -> torch dtype.
 
 
 def init_state(
@@ -291,13 +290,10 @@ def update_cohort_state(c: Cohort, state: Mapping[torch.Tensor, dict[str, Any]])
         zeros = Zeros()
         for i in c.positions:
             grid, off, g = gp.grids[i], gp.offsets[i], c.g[i]
-            # A one-block parameter's flag is one entry (0-d, it broadcasts).
-            flags = c.inp.ok[off] if grid.num_blocks == 1 else c.inp.ok[off:off + grid.num_blocks]
-            c.elem_ok[i] = moved(flags if grid.num_blocks == 1 else expand_blocks(grid, flags),
-                                 g.device)
+            c.elem_ok[i] = moved(entry_flags(grid, c.inp.ok, off), g.device)
             c.g[i] = torch.where(c.elem_ok[i], g, zeros.of(g))
             if cfg.grafting.factored:
-                admitted[i] = moved(flags.all(), c.g[i].device)
+                admitted[i] = moved(c.inp.ok[off:off + grid.num_blocks].all(), g.device)
     for batch in batches(c.positions, params[c.positions[0]].device):
         sts = [state[params[i]] for i in batch]
         gs, oks = [c.g[i] for i in batch], [c.elem_ok.get(i) for i in batch]

@@ -379,17 +379,19 @@ class Shampoo(torch.optim.Optimizer):
         # never every parameter's at once beside the block directions. The accelerator
         # path forms them all at once instead: one launch per op for the lot.
         per_block = graft.rescale_scope == "block"
-        only_here = {i for i in c.positions
-                     if on_cpu_path(self._device()) and c.use_shampoo and per_block
-                     and not cfg.momentum.separate_buffers
-                     and gp.layouts[i].plan.preconditioned}
+        lazy = (on_cpu_path(self._device()) and c.use_shampoo and per_block
+                and not cfg.momentum.separate_buffers)
+        only_here = {i for i in c.positions if lazy and gp.layouts[i].plan.preconditioned}
         wanted = [i for i in c.positions if i not in only_here]
-        c.graft_dir = {} if graft.factored else {  # eq. (14c), foreach across the batch
-            i: d for batch in batches(wanted, self._device())
-            for i, d in zip(batch, grafting.directions(
-                [c.filtered[i] for i in batch], [self.state[params[i]].get("graft")
-                                                 for i in batch], c.t, graft), strict=True)}
-        c.graft_dir.update({i: graft_direction(i) for i in wanted if graft.factored})
+        if graft.factored:
+            c.graft_dir = {i: graft_direction(i) for i in wanted}
+        else:  # eq. (14c) as foreach ops across each batch
+            c.graft_dir = {}
+            for batch in batches(wanted, self._device()):
+                c.graft_dir.update(zip(batch, grafting.directions(
+                    [c.filtered[i] for i in batch],
+                    [self.state[params[i]].get("graft") for i in batch], c.t, graft),
+                    strict=True))
         if not (c.use_shampoo or cfg.momentum.separate_buffers):
             return
         # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with its

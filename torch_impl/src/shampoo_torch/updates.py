@@ -63,6 +63,9 @@ def update_parameters(
     """
     inp, cfg = c.inp, c.config
     batch: list[tuple[int, torch.Tensor]] = []
+    # The accelerator path updates the parameters without buffers in one batch.
+    batched = (cfg.averaging is None and cfg.update_dtype is None and bool(positions)
+               and not on_cpu_path(inp.params[positions[0]].device))
     for i in positions:
         c.updated.add(i)
         shampoo_dir = None if c.owned is None else parameter_direction(c, i, blocks)
@@ -75,8 +78,7 @@ def update_parameters(
         ok = c.elem_ok.get(i)
         u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir.get(i), inp.w[i],
                                           c.use_shampoo, cfg, inp.lr, ok, lr_0)
-        if (not buffers and cfg.averaging is None and cfg.update_dtype is None
-                and not on_cpu_path(u.device)):
+        if batched and not buffers:
             batch.append((i, u))
             continue
         delta = None
