@@ -88,8 +88,47 @@ def block_max_abs(grid: BlockGrid, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(-1)
 
 
+@dataclass(frozen=True)
+class BlockVector:
+    """A param group's per-block vector (flat block order) kept across steps, with each
+    one-block parameter's entry as a 0-d view made once (``single``, by position).
+
+    On a GPU every op is a launch, a view included: written through ``single``,
+    a list of per-parameter values is one ``torch._foreach_copy_``, not a stack
+    (a view per value), and a parameter's flag is read with no op at all. The
+    contents are this step's only: each step overwrites them.
+    """
+
+    data: torch.Tensor
+    single: dict[int, torch.Tensor]
+
+
+class BlockVectors:
+    """The :class:`BlockVector` s of one param group, made on first use (by purpose,
+    dtype and device)."""
+
+    def __init__(self, grids: Sequence[BlockGrid]) -> None:
+        self._grids = list(grids)
+        self._made: dict[tuple[str, torch.dtype, torch.device], BlockVector] = {}
+
+    def get(self, purpose: str, dtype: torch.dtype, device: torch.device) -> BlockVector:
+        """The group's vector for ``purpose`` (a name: one buffer per use in a step)."""
+        key = (purpose, dtype, device)
+        if key not in self._made:
+            data = torch.zeros(sum(g.num_blocks for g in self._grids), dtype=dtype,
+                               device=device)
+            single, offset = {}, 0
+            for pos, grid in enumerate(self._grids):
+                if grid.num_blocks == 1:
+                    single[pos] = data[offset]
+                offset += grid.num_blocks
+            self._made[key] = BlockVector(data, single)
+        return self._made[key]
+
+
 def flat_block_maxima(grids: Sequence[BlockGrid], tensors: Mapping[int, torch.Tensor],
-                      device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+                      device: torch.device, dtype: torch.dtype,
+                      into: BlockVector | None = None) -> torch.Tensor:
     """``max |x|`` over every block of a param group, in flat order (every parameter's
     blocks in turn): ``[blocks]`` in ``dtype`` on ``device``; 0 for the blocks of a
     position absent from ``tensors`` (merged-shape tensors by parameter position).
@@ -99,6 +138,8 @@ def flat_block_maxima(grids: Sequence[BlockGrid], tensors: Mapping[int, torch.Te
     max of absolute values, exact, NaN propagating as :func:`block_max_abs`'s); on
     the CPU path, where that kernel measured 25x slower than ``abs().amax()``
     (1M float32 entries: 5.7 against 0.23 ms), each tensor takes :func:`block_max_abs`.
+    ``into`` (the accelerator path): the group's vector in ``dtype`` that the maxima
+    are written into and which is returned (one copy for the one-block ones).
     """
     singles: dict[int, torch.Tensor] = {}
     if not on_cpu_path(device):
@@ -109,6 +150,17 @@ def flat_block_maxima(grids: Sequence[BlockGrid], tensors: Mapping[int, torch.Te
         for positions in by_kind.values():
             norms = torch._foreach_norm([tensors[pos] for pos in positions], float("inf"))
             singles.update(zip(positions, norms, strict=True))
+    if into is not None and singles:
+        if len(singles) < len(grids):
+            into.data.zero_()
+        torch._foreach_copy_([into.single[pos] for pos in singles], list(singles.values()))
+        offsets = [0]
+        for grid in grids:
+            offsets.append(offsets[-1] + grid.num_blocks)
+        for pos, x in tensors.items():
+            if pos not in singles:
+                into.data[offsets[pos]:offsets[pos + 1]].copy_(block_max_abs(grids[pos], x))
+        return into.data
     if len(singles) == len(grids) and len({x.dtype for x in singles.values()}) == 1:
         # Every parameter one block, of one dtype: one stack, one cast.
         return moved(torch.stack([singles[pos] for pos in range(len(grids))]), device, dtype)
@@ -123,12 +175,14 @@ def flat_block_maxima(grids: Sequence[BlockGrid], tensors: Mapping[int, torch.Te
     return torch.cat(parts)
 
 
-def entry_flags(grid: BlockGrid, flat: torch.Tensor, offset: int) -> torch.Tensor:
+def entry_flags(grid: BlockGrid, flat: torch.Tensor, offset: int,
+                single: torch.Tensor | None = None) -> torch.Tensor:
     """One parameter's per-entry flags from its param group's per-block ``flat`` flags,
-    its blocks starting at ``offset``: a one-block parameter's is its 0-d flag (one
-    view, and it broadcasts), the others' :func:`expand_blocks`."""
+    its blocks starting at ``offset``: a one-block parameter's is its 0-d flag (it
+    broadcasts; ``single`` when that view is already made, else one view), the
+    others' :func:`expand_blocks`."""
     if grid.num_blocks == 1:
-        return flat[offset]
+        return flat[offset] if single is None else single
     return expand_blocks(grid, flat[offset:offset + grid.num_blocks])
 
 

@@ -50,6 +50,9 @@ class StepInput:
     #: :class:`~shampoo_torch.state.ParamGroupPlan`), whether its step is taken;
     #: None: every block's is (the ``"raise"`` policy, after its check).
     ok: torch.Tensor | None = None
+    #: the accelerator path: ``ok``'s entry of each one-block parameter, a 0-d view
+    #: made once (:class:`~shampoo_torch.block_grid.BlockVector`); empty otherwise.
+    ok_single: Mapping[int, torch.Tensor] = field(default_factory=dict)
     #: per parameter, the plain tensor its update is written into (eq. 21): the
     #: parameter, or for a DTensor its piece (``"local"``) or its gathered whole
     #: (``"lossless"``, whose piece :func:`write_back` then copies).

@@ -71,6 +71,19 @@ def moved(x: torch.Tensor, device: torch.device | None = None,
     return x.to(device=device, dtype=dtype)
 
 
+_SCALARS: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def scalar(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor of ``value`` on ``device``, made once per process: an operand of
+    ``torch.where`` given as a Python number is a new tensor (and its launches) at
+    every call."""
+    key = (float(value).hex(), dtype, torch.device(device))  # hex: NaN is one key
+    if key not in _SCALARS:
+        _SCALARS[key] = torch.full((), value, dtype=dtype, device=device)
+    return _SCALARS[key]
+
+
 def batches(items: Sequence[T], device: torch.device | str) -> list[Sequence[T]]:
     """``items`` as the batches of one ``torch._foreach_*`` call each: all of them on
     the accelerator path (one launch for the lot), one by one on the CPU path (a
@@ -90,4 +103,5 @@ def describe(device: torch.device | str) -> str:
     return f"{path} (a {kind} device)"
 
 
-__all__ = ["CHOICES", "ENV", "Path", "batches", "describe", "moved", "on_cpu_path", "path_for"]
+__all__ = ["CHOICES", "ENV", "Path", "batches", "describe", "moved", "on_cpu_path", "path_for",
+           "scalar"]

@@ -24,7 +24,7 @@ from shampoo_spec import GradientFilterConfig, ShampooConfig, is_statistics_step
 from . import grafting
 from .block_grid import entry_flags
 from .cohorts import Cohort
-from .device_path import batches, moved
+from .device_path import batches, moved, scalar
 
 #: The momentum buffers (eq. 20) and, with int8 storage (eq. 20b), the key of their scales.
 MOMENTUM_KEYS = ("momentum", "graft_momentum")
@@ -136,18 +136,6 @@ def write_momentum(st: dict[str, Any], key: str, value: torch.Tensor,
     q, s = quantize(value.reshape(param_shape), scale.dtype)
     st[key] = q
     st[key + SCALE_SUFFIX] = s
-
-
-class Zeros(dict[tuple[torch.dtype, torch.device], torch.Tensor]):
-    """One 0-d zero per dtype and device, for ``torch.where``: a Python ``0.0`` there
-    makes a new tensor at every call (three more ops each)."""
-
-    def of(self, x: torch.Tensor) -> torch.Tensor:
-        """The 0-d zero of ``x``'s dtype on its device."""
-        key = (x.dtype, x.device)
-        if key not in self:
-            self[key] = torch.zeros((), dtype=x.dtype, device=x.device)
-        return self[key]
 
 
 def masked(new: torch.Tensor, old: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
@@ -287,11 +275,11 @@ def update_cohort_state(c: Cohort, state: Mapping[torch.Tensor, dict[str, Any]])
     cfg, params, gp = c.config, c.inp.params, c.inp.gp
     admitted: dict[int, torch.Tensor] = {}  # eq. (14e): whether every block of it steps
     if c.inp.ok is not None:
-        zeros = Zeros()
         for i in c.positions:
             grid, off, g = gp.grids[i], gp.offsets[i], c.g[i]
-            c.elem_ok[i] = moved(entry_flags(grid, c.inp.ok, off), g.device)
-            c.g[i] = torch.where(c.elem_ok[i], g, zeros.of(g))
+            c.elem_ok[i] = moved(entry_flags(grid, c.inp.ok, off, c.inp.ok_single.get(i)),
+                                 g.device)
+            c.g[i] = torch.where(c.elem_ok[i], g, scalar(0.0, g.dtype, g.device))
             if cfg.grafting.factored:
                 admitted[i] = moved(c.inp.ok[off:off + grid.num_blocks].all(), g.device)
     for batch in batches(c.positions, params[c.positions[0]].device):

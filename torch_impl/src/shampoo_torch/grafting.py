@@ -42,7 +42,7 @@ def norm(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     which cannot overflow for finite entries, the norm rounded once to x's dtype
     (within an ulp of the plain norm where that is finite).
     """
-    if not on_cpu_path(x.device) and x.dtype in _WIDENED and x.device.type != "mps":
+    if widens_norm(x):
         wide = (torch.linalg.vector_norm(x, dtype=torch.float64) if dim is None
                 else torch.linalg.vector_norm(x, dim=dim, dtype=torch.float64))
         narrowed: torch.Tensor = wide.to(x.dtype)
@@ -60,6 +60,12 @@ def norm(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     scaled = big * (torch.linalg.vector_norm(x / div) if dim is None
                     else torch.linalg.vector_norm(x / div, dim=dim))
     return torch.where(torch.isfinite(plain) | ~torch.isfinite(big), plain, scaled)
+
+
+def widens_norm(x: torch.Tensor) -> bool:
+    """Whether :func:`norm` (and eq. 18's block scales) take ``x``'s squares in float64:
+    on the accelerator path, for float32 and narrower (MPS has no float64)."""
+    return not on_cpu_path(x.device) and x.dtype in _WIDENED and x.device.type != "mps"
 
 
 def graft_input(x: torch.Tensor, graft: GraftingConfig) -> torch.Tensor:

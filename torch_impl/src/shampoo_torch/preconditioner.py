@@ -49,7 +49,7 @@ from .blocks import (
     row_count,
     take,
 )
-from .device_path import on_cpu_path
+from .device_path import on_cpu_path, scalar
 from .elementwise import _SCALE_DTYPES, stored_with_diagonal
 from .invariance import rowwise
 from .packed import SymmetricStack
@@ -61,7 +61,11 @@ def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _count(counter: torch.Tensor, rows: Rows, ok: torch.Tensor | None) -> torch.Tensor:
-    """``counter[rows] + 1`` (only where ``ok``), written back; the new stacked counter."""
+    """``counter[rows] + 1`` (only where ``ok``), written back; the new stacked counter.
+    All rows or a run of them: one add in place (a bool ``ok`` adds as 0 or 1)."""
+    if rows is None or isinstance(rows, slice):
+        take(counter, rows).add_(1 if ok is None else ok)
+        return counter
     n = take(counter, rows)
     return put(counter, rows, n + (1 if ok is None else ok.long()))
 
@@ -98,7 +102,8 @@ def update_statistics(
     decay = None
     if masked_in_place and stats.decays:
         assert ok is not None
-        decay = torch.ones(ok.shape, dtype=bg.dtype, device=bg.device).masked_fill_(ok, beta2)
+        decay = torch.where(ok, scalar(beta2, bg.dtype, bg.device),
+                            scalar(1.0, bg.dtype, bg.device)).view(-1, 1, 1)  # per factor row
     # All rows, or a run of them (views): the factors are updated where they are (a
     # packed one in its triangle); a packed factor's rows by index are unpacked into a
     # new tensor, updated there and packed.
@@ -131,7 +136,7 @@ def update_statistics(
         elif masked_in_place:  # see the docstring
             target = take(bg.factors[k], rows)
             if decay is not None:
-                target.mul_(_per_row(decay, target))
+                target.mul_(decay)
             if a.shape[-1] == 1:  # entry by entry, as below
                 target.add_(a * b if weight == 1.0 else weight * (a * b))
             else:
@@ -533,7 +538,19 @@ def rescale_blocks_to_graft(
     (``in_place``: written over ``pb``, the same products).
 
     The norms cannot overflow for finite directions (:func:`shampoo_torch.grafting.norm`).
+    On the accelerator path (:mod:`.device_path`) a float32 or narrower stack takes the
+    scale whole in float64 (both norms' squares summed in float64, as ``grafting.norm``,
+    the quotient rounded once to the stack's dtype): four launches for the stack and no
+    view, where the norms rounded first take eight. Within an ulp of the scale from the
+    rounded norms.
     """
+    if grafting.widens_norm(pb):
+        dims = tuple(range(1, pb.dim()))
+        wide = torch.linalg.vector_norm(gd, dim=dims, keepdim=True, dtype=torch.float64)
+        wide = wide.div_(torch.linalg.vector_norm(pb, dim=dims, keepdim=True,
+                                                  dtype=torch.float64).add_(norm_epsilon))
+        factor = wide.to(pb.dtype)
+        return pb.mul_(factor) if in_place else pb * factor
     scale = _norms(gd) / (_norms(pb) + norm_epsilon)
     return pb.mul_(scale) if in_place else pb * scale
 

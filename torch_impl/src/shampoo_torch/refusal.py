@@ -50,7 +50,7 @@ from shampoo_spec import STATE_LIMIT, NonFiniteGradientError, factor_limit, is_r
 from .block_grid import flat_block_maxima
 from .blocks import BlockGroup
 from .cohorts import StepInput
-from .device_path import moved, on_cpu_path
+from .device_path import moved, on_cpu_path, scalar
 from .distributed import Distributor
 from .grafting import adafactor_max_abs
 from .metrics import StepCounters
@@ -119,35 +119,69 @@ def bound_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def _row_max_abs(bg: BlockGroup) -> torch.Tensor | None:
-    """``[B]``: the largest absolute entry of each row's factors and corrected moment.
+def _stacks(bg: BlockGroup) -> list[torch.Tensor]:
+    """The non-empty stacks eq. (3)'s ``m`` reads of ``bg``: its factors (a packed
+    one's triangle holds every entry of the symmetric matrix) and corrected moment."""
+    stacks = [*(f.data if isinstance(f, SymmetricStack) else f for f in bg.factors.values()),
+              *([] if bg.corrected is None else [bg.corrected])]
+    return [x for x in stacks if x.numel() > 0]
+
+
+def _row_max_abs(stacks: list[torch.Tensor], cpu: bool) -> torch.Tensor:
+    """``[B]``: the largest absolute entry of each row of ``stacks``.
 
     CPU path: max and min, no |x| temporary (``torch.aminmax`` and the inf-norm
     reduction are slow on CPU); accelerator path: one inf-norm reduction per stack.
     """
     out = None
-    # A packed factor's triangle holds every entry of the symmetric matrix.
-    stacks = [*(f.data if isinstance(f, SymmetricStack) else f for f in bg.factors.values()),
-              *([] if bg.corrected is None else [bg.corrected])]
-    cpu = on_cpu_path(bg.device)
     for x in stacks:
-        if x.shape[0] == 0 or x[0].numel() == 0:
-            continue
-        flat = x.flatten(1)
-        m = (torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) if cpu
-             else torch.linalg.vector_norm(flat, float("inf"), dim=1))
+        if cpu:
+            flat = x.flatten(1)
+            m = torch.maximum(flat.amax(dim=1), -flat.amin(dim=1))
+        else:
+            m = torch.linalg.vector_norm(x, float("inf"), dim=tuple(range(1, x.dim())))
         out = m if out is None else torch.maximum(out, m)
+    assert out is not None
     return out
 
 
 def _held_maxima(gp: ParamGroupPlan, device: torch.device, dt: torch.dtype) -> torch.Tensor:
     """``[blocks]``: each block's row maximum of :func:`_row_max_abs` (0 where it
-    has no factors or rows here)."""
-    held = torch.zeros(gp.total_blocks, dtype=dt, device=device)
+    has no factors or rows here).
+
+    On the accelerator path the one-row stacks of one-block parameters take one
+    ``torch._foreach_norm(inf)`` for all (a row's maximum is then its stack's), one
+    ``torch._foreach_maximum`` per further stack of a row, and one copy through the
+    group's kept vector (:class:`~shampoo_torch.block_grid.BlockVector`); the other
+    stacks one reduction each.
+    """
+    cpu = on_cpu_path(device)
+    kept = None if cpu else gp.vectors.get("factor max", dt, device)
+    held = (torch.zeros(gp.total_blocks, dtype=dt, device=device) if kept is None
+            else kept.data.zero_())
+    single: dict[int, list[torch.Tensor]] = {}
     for bg, flat in zip(gp.block_groups, gp.flat_rows, strict=True):
-        rows = _row_max_abs(bg)
-        if rows is not None:
-            held.index_copy_(0, moved(flat, device), moved(rows, device, dt))
+        stacks = _stacks(bg)
+        if not stacks:
+            continue
+        if (kept is not None and len(bg) == 1 and bg.members[0][0] in kept.single
+                and all(x.device == device for x in stacks)):
+            single[bg.members[0][0]] = stacks
+            continue
+        held.index_copy_(0, moved(flat, device), moved(_row_max_abs(stacks, cpu), device, dt))
+    if single:
+        assert kept is not None
+        rows = list(single.values())
+        norms = iter(torch._foreach_norm([x for r in rows for x in r], float("inf")))
+        per_row = [[next(norms) for _ in r] for r in rows]
+        largest = [r[0] for r in per_row]
+        for j in range(1, max(len(r) for r in per_row)):
+            more = [k for k, r in enumerate(per_row) if len(r) > j]
+            for k, m in zip(more, torch._foreach_maximum([largest[k] for k in more],
+                                                         [per_row[k][j] for k in more]),
+                            strict=True):
+                largest[k] = m
+        torch._foreach_copy_([kept.single[pos] for pos in single], largest)
     return held
 
 
@@ -165,7 +199,10 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
     gp = inp.gp
     device = inp.params[0].device
     dt = bound_dtype(device)
-    gmax = flat_block_maxima(gp.grids, inp.g, device, dt)
+    # The accelerator path writes the maxima into the group's kept vectors (one copy).
+    kept = None if on_cpu_path(device) else gp.vectors
+    gmax = flat_block_maxima(gp.grids, inp.g, device, dt,
+                             None if kept is None else kept.get("gradient max", dt, device))
     factors = _held_maxima(gp, device, dt)  # the factors alone (no corrected moment then)
     if len(inp.g) < len(gp.grids):  # the state of a parameter without a gradient is not read
         present = torch.tensor([pos in inp.g for pos, grid in enumerate(gp.grids)
@@ -176,7 +213,9 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
         elementwise = {pos: st[key] for pos in inp.g
                        if (st := state[inp.params[pos]]).get(key) is not None}
         if elementwise:
-            m = torch.maximum(m, flat_block_maxima(gp.grids, elementwise, device, dt))
+            m = torch.maximum(m, flat_block_maxima(
+                gp.grids, elementwise, device, dt,
+                None if kept is None else kept.get(f"{key} max", dt, device)))
     if gp.config.grafting.factored:  # eq. (14e): R, C, V span the parameter, so every block's m
         parts = []
         for pos, grid in enumerate(gp.grids):
@@ -187,12 +226,15 @@ def block_codes(inp: StepInput, state: Mapping[torch.Tensor, Any]) -> torch.Tens
     assert gp.block_sizes is not None
     sizes = moved(gp.block_sizes, device, dt)
     bound = m + sizes * gmax * gmax  # as shampoo_spec.block_overflows
-    codes = torch.where(bound <= STATE_LIMIT, OK, TOO_LARGE)
+    # The codes as kept 0-d tensors: Python numbers would be new tensors, and launches.
+    ok, too_large, nonfinite = (scalar(v, CODE_DTYPE, device) for v in (OK, TOO_LARGE, NONFINITE))
+    codes = torch.where(bound <= STATE_LIMIT, ok, too_large)
     limit = factor_limit(gp.config.factor_storage_dtype)
     if limit is not None:  # float16 factors (eq. 11b): m_f + |B| g^2 <= 2^15 too
-        codes = torch.where(factors + sizes * gmax * gmax <= limit, codes, TOO_LARGE)
-    codes = torch.where(torch.isfinite(gmax), codes, NONFINITE)
-    return codes.to(CODE_DTYPE)
+        codes = torch.where(factors + sizes * gmax * gmax <= limit, codes, too_large)
+    # gmax - gmax is 0 for a finite maximum, NaN for an inf or NaN one (isfinite's test
+    # in two ops, not four).
+    return torch.where(gmax - gmax == 0, codes, nonfinite)
 
 
 def refuse_blocks(
@@ -238,12 +280,23 @@ def refuse_blocks(
     for inp, code, r, d in zip(live, codes, raising, deferring, strict=True):
         if d:  # "raise" deferred: skipped now, raised at the next host read
             pending.add(inp.gi, code, max(inp.steps.values()))
-            inp.ok = code == OK
+            _admit(inp, code)
         elif not r:
-            inp.ok = code == OK
+            _admit(inp, code)
             counters.on(code.device)["skipped_blocks"].add_((code != OK).sum())
     if any(_reads_host(inp) for inp in live):  # a root step syncs anyway: raise now
         pending.raise_any(state, param_groups, plans)
+
+
+def _admit(inp: StepInput, code: torch.Tensor) -> None:
+    """``inp.ok``: the blocks whose step is taken. On the accelerator path written into
+    the group's kept vector, whose per-parameter views then cost no op per step."""
+    if on_cpu_path(code.device):
+        inp.ok = code == OK
+        return
+    kept = inp.gp.vectors.get("admitted", torch.bool, code.device)
+    inp.ok = torch.eq(code, OK, out=kept.data)
+    inp.ok_single = kept.single
 
 
 def _defers(inp: StepInput) -> bool:

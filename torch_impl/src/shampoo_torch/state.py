@@ -24,7 +24,7 @@ import torch
 
 from shampoo_spec import EighConfig, ShampooConfig, large_block_warnings, plan_parameter
 
-from .block_grid import BlockGrid, block_grid
+from .block_grid import BlockGrid, BlockVectors, block_grid
 from .blocks import BlockGroup, ParamLayout, build_block_groups
 from .device_path import on_cpu_path
 from .distributed import Distributor
@@ -64,6 +64,12 @@ class ParamGroupPlan:
     local_shards: bool = False
     #: ``"lossless"`` with DTensor parameters: gathers their pieces each step.
     pieces: PieceGather | None = None
+
+    @functools.cached_property
+    def vectors(self) -> BlockVectors:
+        """Per-block vectors kept across steps, with their per-parameter views
+        (:class:`~shampoo_torch.block_grid.BlockVectors`)."""
+        return BlockVectors(self.grids)
 
     @property
     def total_blocks(self) -> int:

@@ -16,7 +16,9 @@ parameter at a time, with its host shortcut for eq. (22).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,11 +26,12 @@ import torch
 from shampoo_spec import ShampooConfig
 
 from . import elementwise, preconditioner
+from .block_grid import BlockVectors
 from .blocks import assemble
 from .cohorts import LR_POWER_SUM, Cohort, write_back
-from .device_path import moved, on_cpu_path
+from .device_path import moved, on_cpu_path, scalar
 from .distributed import BlockKey
-from .elementwise import SCALE_SUFFIX, Zeros, read_momentum, write_momentum
+from .elementwise import SCALE_SUFFIX, read_momentum, write_momentum
 from .metrics import StepCounters
 
 #: Eq. (21a)'s ``update_dtype``: the dtype the update is rounded to before it is added.
@@ -94,7 +97,8 @@ def update_parameters(
         c.withheld.append(apply_updates(
             [inp.targets.get(i, inp.params[i]) for i, _ in batch],
             [inp.w[i] for i, _ in batch], [u for _, u in batch], cfg, inp.lr,
-            [c.elem_ok.get(i) for i, _ in batch]))
+            [c.elem_ok.get(i) for i, _ in batch],
+            KeptVectors(inp.gp.vectors, inp.ok, inp.ok_single, [i for i, _ in batch])))
         for i, _ in batch:
             write_back(inp, i)
 
@@ -195,6 +199,7 @@ def apply_update(
 def apply_updates(
     targets: list[torch.Tensor], ws: list[torch.Tensor], us: list[torch.Tensor],
     cfg: ShampooConfig, lr: float, oks: list[torch.Tensor | None],
+    kept: KeptVectors | None = None,
 ) -> torch.Tensor:
     """:func:`apply_update` for several parameters that keep no buffer (no momentum, no
     averaging, no ``update_dtype``): per non-empty parameter (an empty one withholds
@@ -207,6 +212,12 @@ def apply_updates(
     and the count, from one inf-norm of ``x - x`` over the admitted entries (NaN
     exactly where an admitted entry is not finite). Per parameter remain the
     selects: ``keep``, its ``and`` with eq. (3)'s flags, and ``where``.
+
+    ``kept`` (the accelerator path): the param group's kept vectors and each
+    parameter's position in it. Where every parameter is one block of one dtype
+    (its eq. 3 flag a 0-d view of ``ok``), the flags join ``x - x`` as a 0 or a
+    NaN added to it (one launch: :func:`_withheld_by_block`), so per parameter
+    remain ``keep`` and ``where``; the result is then per block of the group.
     """
     wd = cfg.weight_decay
     step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
@@ -215,17 +226,70 @@ def apply_updates(
         torch._foreach_sub_(new_ws, torch._foreach_mul(ws, lr * wd.value))
     new_ws = [moved(x, dtype=p.dtype) for x, p in zip(new_ws, targets, strict=True)]
     nans = torch._foreach_sub(new_ws, new_ws)  # 0 where finite, NaN elsewhere
-    news, admitted_nans, zeros = [], [], Zeros()
+    if kept is not None and _one_block_each(nans, oks, kept):
+        return _withheld_by_block(targets, ws, new_ws, nans, kept)
+    news, admitted_nans = [], []
     for p, w, x, d, ok in zip(targets, ws, new_ws, nans, oks, strict=True):
         keep = torch.eq(d, d)
         new = torch.where(keep if ok is None else keep & ok, x, w)
         news.append(new if new.shape == p.shape else new.view(p.shape))
         if d.numel() > 0:  # an inf-norm needs an entry
-            admitted_nans.append(d if ok is None else torch.where(ok, d, zeros.of(d)))
+            admitted_nans.append(d if ok is None
+                                 else torch.where(ok, d, scalar(0.0, d.dtype, d.device)))
     torch._foreach_copy_(targets, news)
     if not admitted_nans:
         return torch.zeros(0, dtype=torch.bool, device=targets[0].device)
     return torch.stack(torch._foreach_norm(admitted_nans, float("inf"))).isnan()
+
+
+@dataclass
+class KeptVectors:
+    """What :func:`apply_updates` needs of a param group's kept vectors: the vectors,
+    eq. (3)'s per-block flags (None: every block steps), their 0-d views by position,
+    and the position of each parameter updated."""
+
+    vectors: BlockVectors
+    ok: torch.Tensor | None
+    ok_single: Mapping[int, torch.Tensor]
+    positions: list[int]
+
+
+def _one_block_each(nans: Sequence[torch.Tensor], oks: list[torch.Tensor | None],
+                    kept: KeptVectors) -> bool:
+    """Whether every parameter is non-empty, one block, of one dtype, with no flag or its
+    0-d flag from ``kept`` (the case :func:`_withheld_by_block` takes)."""
+    single = kept.vectors.get("withheld", nans[0].dtype, nans[0].device).single
+    return all(d.numel() > 0 and d.dtype == nans[0].dtype and pos in single
+               and (ok is None if kept.ok is None else ok is kept.ok_single.get(pos))
+               for d, ok, pos in zip(nans, oks, kept.positions, strict=True))
+
+
+def _withheld_by_block(targets: list[torch.Tensor], ws: list[torch.Tensor],
+                       new_ws: list[torch.Tensor], nans: Sequence[torch.Tensor],
+                       kept: KeptVectors) -> torch.Tensor:
+    """Eq. (22) for one-block parameters, their eq. (3) flags folded into ``x - x``: an
+    entry is written where ``(x - x) + r == itself``, ``r`` 0 for an admitted block and
+    NaN for a refused one (the same entries as ``keep & ok``). Returns per block of the
+    group whether an admitted entry was withheld (false for the blocks not updated)."""
+    dtype, device = nans[0].dtype, nans[0].device
+    marked = nans
+    if kept.ok is not None:
+        refused = kept.vectors.get("refused", dtype, device)
+        torch.where(kept.ok, scalar(0.0, dtype, device), scalar(math.nan, dtype, device),
+                    out=refused.data)
+        marked = torch._foreach_add(list(nans), [refused.single[pos] for pos in kept.positions])
+    news = []
+    for p, w, x, m in zip(targets, ws, new_ws, marked, strict=True):
+        new = torch.where(torch.eq(m, m), x, w)
+        news.append(new if new.shape == p.shape else new.view(p.shape))
+    torch._foreach_copy_(targets, news)
+    # Per parameter max |x - x|: NaN exactly where an entry is not finite.
+    worst = kept.vectors.get("withheld", dtype, device)
+    worst.data.zero_()  # the blocks not updated here withhold nothing
+    torch._foreach_copy_([worst.single[pos] for pos in kept.positions],
+                         torch._foreach_norm(list(nans), float("inf")))
+    withheld = worst.data.isnan()
+    return withheld if kept.ok is None else withheld & kept.ok
 
 
 def count_withheld(c: Cohort, counters: StepCounters) -> None:
