@@ -63,7 +63,7 @@ def test_launch_count_takes_a_foreach_op_once_and_counts_host_reads() -> None:
     x = torch.ones(2, 4)
     sgd = launches.count_step(model(), lambda p: torch.optim.SGD(p, lr=0.1, foreach=True),
                               x, warmup=1)
-    assert sgd == (1, 0)
+    assert sgd == (1, 0, 0)
 
     class Reading(torch.optim.SGD):
         def step(self, closure=None):  # type: ignore[no-untyped-def]
@@ -71,6 +71,6 @@ def test_launch_count_takes_a_foreach_op_once_and_counts_host_reads() -> None:
             float(self.param_groups[0]["params"][0].detach().sum())  # one host read
             return out
 
-    ops, syncs = launches.count_step(model(), lambda p: Reading(p, lr=0.1, foreach=True), x,
-                                     warmup=1)
+    ops, syncs, _ = launches.count_step(model(), lambda p: Reading(p, lr=0.1, foreach=True),
+                                        x, warmup=1)
     assert syncs == 1 and ops > 2  # the add, the sum, the read (and the detach)

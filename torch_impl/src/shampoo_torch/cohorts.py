@@ -57,6 +57,10 @@ class StepInput:
     #: parameter, or for a DTensor its piece (``"local"``) or its gathered whole
     #: (``"lossless"``, whose piece :func:`write_back` then copies).
     targets: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: the step runs as a compiled graph (:mod:`shampoo_torch.compiled`): the host ints
+    #: (each parameter's step count, the steps of pending refusals) are written after
+    #: it, on the host, not by the graph.
+    in_graph: bool = False
 
 
 #: When a root step refreshes a cohort's roots (:attr:`Cohort.roots_after`).
@@ -225,8 +229,15 @@ def _gathered(
 
 def split_cohorts(inp: StepInput) -> list[Cohort]:
     """The parameters of ``inp`` by step: those that missed steps run on their own counter."""
-    by_step: dict[int, list[int]] = {}
+    # Grouped by comparing steps, not by hashing them: under torch.compile a step is a
+    # symbolic int, which a hash would pin to its value (a recompile at every step).
+    by_step: list[tuple[int, list[int]]] = []
     for i in inp.active:
-        by_step.setdefault(inp.steps[i], []).append(i)
+        t = inp.steps[i]
+        same = next((positions for u, positions in by_step if u == t), None)
+        if same is None:
+            by_step.append((t, [i]))
+        else:
+            same.append(i)
     return [Cohort(inp, t, positions, {i: inp.g[i] for i in positions})
-            for t, positions in by_step.items()]
+            for t, positions in by_step]

@@ -74,6 +74,7 @@ from shampoo_spec import ShampooConfig, is_statistics_step
 from . import (
     averaging,
     checkpoint,
+    compiled,
     distributed_checkpoint,
     elementwise,
     failure_limit,
@@ -129,6 +130,10 @@ class Shampoo(torch.optim.Optimizer):
             ``DistributedConfig.shard_mode`` chooses between the lossless
             whole-parameter plan and each rank's own piece
             (:mod:`shampoo_torch.sharding`).
+        compile: run every non-root step as one ``torch.compile`` graph
+            (:mod:`shampoo_torch.compiled`): True for torch's default backend, or a
+            backend's name (``"cudagraphs"``: one CUDA graph replay, eager's bits).
+            Root steps run eagerly. One process, on the accelerator path.
 
     Parameters may be float32/float64/bfloat16/float16 on any device. Factors
     and inverse roots are kept in ``config.factor_dtype`` (the roots in
@@ -148,8 +153,10 @@ class Shampoo(torch.optim.Optimizer):
         *,
         lr: float | None = None,
         distributed: DistributedConfig | None = None,
+        compile: bool | compiled.Backend = False,
     ) -> None:
         config = as_config(config, ShampooConfig(), "config")
+        backend = compiled.backend_of(compile, distributed is not None)
         if lr is not None:
             check_lr(lr, "lr")
         if distributed is not None and not isinstance(distributed, DistributedConfig):
@@ -168,6 +175,11 @@ class Shampoo(torch.optim.Optimizer):
         self._pending = refusal.PendingRefusals()  # eq. (3) "raise", deferred (accelerator)
         defaults = {"lr": config.learning_rate if lr is None else lr, "config": config}
         super().__init__(params, defaults)
+        self._compiled = None
+        if backend is not None:
+            compiled.check_compilable(
+                backend, [p.device for g in self.param_groups for p in g["params"]])
+            self._compiled = compiled.compiled(self._phases, backend)
 
     # ------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -276,10 +288,24 @@ class Shampoo(torch.optim.Optimizer):
                 loss = closure()
         for gi, group in enumerate(self.param_groups):  # an LR scheduler may have set it
             check_lr(group["lr"], f"param_groups[{gi}]['lr']")
+        if self._compiled is None or compiled.runs_eagerly(self.param_groups, self._plans,
+                                                           self.state):
+            self._phases()
+        else:
+            self._compiled(in_graph=True)
+            compiled.count_steps(self.param_groups, self.state, self._pending)
+        return loss
+
+    def _phases(self, in_graph: bool = False) -> None:
+        """The step's phases 1-6 (the module docstring), after the closure and the
+        learning-rate checks: all of it that ``compile`` traces (``in_graph``)."""
         inputs = [  # 1. checks: gradients, eq. (3)
             read_gradients(gi, group, gp, self.state)
             for gi, (group, gp) in enumerate(zip(self.param_groups, self._plans, strict=True))
         ]
+        for inp in inputs:
+            if inp is not None:
+                inp.in_graph = in_graph
         refusal.refuse_blocks(inputs, self.state, self.param_groups, self._plans, self._dist,
                               self._shard_mode, self._counters, self._device, self._pending)
         for inp in inputs:  # eq. (8b)'s lr_1, once the step can no longer be refused
@@ -309,7 +335,6 @@ class Shampoo(torch.optim.Optimizer):
             self._update(c, blocks)  # 5. parameter rescale, momentum, update
         failure_limit.check_root_failures(  # 6. eq. (13), after the whole step
             cohorts, self._plans, self._dist, self._shard_mode, self._device)
-        return loss
 
     def _block_state(self, c: Cohort) -> None:
         """Eqs. (6)-(13), (17) per block group: statistics, inverse roots, corrected moment."""
@@ -425,7 +450,8 @@ class Shampoo(torch.optim.Optimizer):
                     for pos in {bg.members[r][0] for r in chunk} - dirs.keys():
                         dirs[pos] = graft_direction(pos)
                     gd = gather(bg, gp.layouts, dirs, chunk)
-                    fresh = pb.untyped_storage().data_ptr() != fb.untyped_storage().data_ptr()
+                    # shampoo_direction returns fb itself or a new tensor, never a view.
+                    fresh = pb is not fb
                     pb = preconditioner.rescale_blocks_to_graft(pb, gd, graft.norm_epsilon,
                                                                 in_place=fresh)
                 complete = []

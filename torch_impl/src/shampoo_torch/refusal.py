@@ -73,10 +73,16 @@ class PendingRefusals:
     codes: dict[int, torch.Tensor] = field(default_factory=dict)
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)
 
-    def add(self, gi: int, code: torch.Tensor, t: int) -> None:
-        """Fold one step's codes into the pending ones (one launch, no host read)."""
+    def add(self, gi: int, code: torch.Tensor, t: int | None) -> None:
+        """Fold one step's codes into the pending ones (one launch, no host read); ``t``
+        None: the step is noted after a compiled step (:meth:`note`)."""
         old = self.codes.get(gi)
         self.codes[gi] = code.clone() if old is None else torch.maximum(old, code)
+        if t is not None:
+            self.note(gi, t)
+
+    def note(self, gi: int, t: int) -> None:
+        """Step t of param group gi folded its codes in."""
         first = self.steps.get(gi, (t, t))[0]
         self.steps[gi] = (first, t)
 
@@ -279,7 +285,7 @@ def refuse_blocks(
         )
     for inp, code, r, d in zip(live, codes, raising, deferring, strict=True):
         if d:  # "raise" deferred: skipped now, raised at the next host read
-            pending.add(inp.gi, code, max(inp.steps.values()))
+            pending.add(inp.gi, code, None if inp.in_graph else max(inp.steps.values()))
             _admit(inp, code)
         elif not r:
             _admit(inp, code)
@@ -310,7 +316,7 @@ def _reads_host(inp: StepInput) -> bool:
     """Whether this step of ``inp``'s group is a root step for some parameter (eq. 8):
     it reads the host anyway, so a pending refusal is raised before it changes anything."""
     return _defers(inp) and any(is_root_step(t, inp.gp.config.schedule, inp.lr_ratio)
-                                for t in set(inp.steps.values()))
+                                for t in inp.steps.values())
 
 
 def _what(code: int, gp: ParamGroupPlan) -> tuple[str, str]:

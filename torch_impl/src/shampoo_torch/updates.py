@@ -77,7 +77,8 @@ def update_parameters(
                 c.owned.pop((i, b), None)
                 blocks.pop((inp.gi, i, b), None)
         st = state[inp.params[i]]
-        st["step"] = c.t
+        if not inp.in_graph:  # else compiled.count_steps, after the graph
+            st["step"] = c.t
         ok = c.elem_ok.get(i)
         u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir.get(i), inp.w[i],
                                           c.use_shampoo, cfg, inp.lr, ok, lr_0)

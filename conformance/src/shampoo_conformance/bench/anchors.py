@@ -164,6 +164,15 @@ def torch_optimizers() -> dict[str, Callable[[Iterable[Any]], Any]]:
     return makers
 
 
+def ours_compiled() -> Callable[[Iterable[Any]], Any]:
+    """Ours with ``compile=True`` (Inductor) at :data:`META_KWARGS`; on a CPU it needs
+    the accelerator path (:func:`shampoo_conformance.bench.launches.accelerator_path`)."""
+    from shampoo_spec import from_meta
+    from shampoo_torch import Shampoo
+
+    return lambda p: Shampoo(p, from_meta(META_KWARGS), compile=True)
+
+
 def _install(library: str) -> str:
     from shampoo_conformance.thirdparty.registry import THIRD_PARTY
 
@@ -260,10 +269,49 @@ def torch_side(batches: list[int], periods: int, large_period: int, threads: int
             whole = step_t["ours"].amortized() / step_t["meta"].amortized()
             alone = opt_t["ours"].amortized() / opt_t["meta"].amortized()
             print(f"ours / Meta: whole step {whole:.2f}, optimizer step {alone:.2f}")
+    _compiled_side_by_side(makers, periods)
     # Step FREQUENCY + 2: past Meta's first root step (its start is the frequency).
     launches.print_table(makers, torch_step.make_model, torch.randn(64, torch_step.SIZES[0]),
-                         warmup=FREQUENCY + 1)
+                         warmup=FREQUENCY + 1, compiled=ours_compiled())
     _torch_memory(list(makers))
+
+
+def _compiled_side_by_side(makers: dict[str, Callable[[Iterable[Any]], Any]],
+                           periods: int) -> None:
+    """Ours eager and compiled on the accelerator path, beside Meta's, at batch 512: the
+    amortized step and optimizer step over whole periods, after a warm-up past the
+    first root step (where the last recompile happens)."""
+    from shampoo_conformance.bench import launches, torch_step
+
+    with launches.accelerator_path():
+        chosen = {"ours (accelerator)": makers["ours"], "ours (compiled)": ours_compiled(),
+                  **({"meta": makers["meta"]} if "meta" in makers else {})}
+        trainers = {name: torch_step.Trainer(name, make) for name, make in chosen.items()}
+        step_t = {name: Timing() for name in trainers}
+        opt_t = {name: Timing() for name in trainers}
+        for tr in trainers.values():  # compiles at steps 2, 3 and after the first root step
+            x, y = tr.x, tr.y
+            tr.x, tr.y = x[:WARMUP_BATCH], y[:WARMUP_BATCH]
+            tr.run(FREQUENCY + 3, record=False)
+            tr.x, tr.y = x, y
+            tr.run(FREQUENCY - 3, record=False)  # to the end of the period
+        for _ in range(periods):
+            for name, tr in trainers.items():
+                tr.step_times, tr.opt_times = [], []
+                tr.run(FREQUENCY)
+                for (t, dt_opt), dt in zip(tr.opt_times, tr.step_times, strict=True):
+                    step_t[name].add(t, dt)
+                    opt_t[name].add(t, dt_opt)
+    print(f"-- the accelerator path on this CPU, eager and compiled (batch 512, {periods} "
+          "whole periods) --")
+    print(f"{'':20} {'step ms':>9} {'opt ms':>8}")
+    for name in trainers:
+        print(f"{name:20} {step_t[name].amortized() * 1e3:9.1f} "
+              f"{opt_t[name].amortized() * 1e3:8.1f}")
+    if "meta" in trainers:
+        meta = opt_t["meta"].amortized()
+        print("optimizer step / Meta's: " + ", ".join(
+            f"{name} {opt_t[name].amortized() / meta:.2f}" for name in trainers if name != "meta"))
 
 
 def _torch_memory(names: list[str]) -> None:

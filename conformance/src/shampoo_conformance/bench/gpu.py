@@ -73,7 +73,7 @@ def step_times(device: str, steps: int, sizes: tuple[int, ...]) -> dict[str, flo
     from shampoo_conformance.bench import anchors, torch_step
 
     out = {}
-    for name, make in anchors.torch_optimizers().items():
+    for name, make in {**anchors.torch_optimizers(), "compiled": anchors.ours_compiled()}.items():
         model = torch_step.make_model(sizes=sizes).to(device)
         opt = make(model.parameters())
         x = torch.randn(512, sizes[0], device=device)
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"MLP {'-'.join(map(str, sizes))}, the benchmark's arguments (roots every "
           f"{anchors.FREQUENCY} steps)")
     x = torch.randn(64, sizes[0], device=args.device)
-    for kind, make in anchors.torch_optimizers().items():
+    for kind, make in {**anchors.torch_optimizers(), "compiled": anchors.ours_compiled()}.items():
         model = torch_step.make_model(sizes=sizes).to(args.device)
-        ops, syncs = launches.count_step(model, make, x, warmup=anchors.FREQUENCY + 1)
+        ops, syncs, _ = launches.count_step(model, make, x, warmup=anchors.FREQUENCY + 3)
         print(f"{kind:8} one non-root step: {ops} leaf ops, {syncs} host syncs")
     times = step_times(args.device, args.steps, sizes)
     print("median training step (batch 512): " + ", ".join(
