@@ -34,42 +34,33 @@ Schedule decisions come from ``shampoo_spec.schedule``, blocking from
 corrections, which state exists) from the config's properties; nothing is
 re-derived here.
 
-Distributed (``distributed=DistributedConfig(...)``, :mod:`shampoo_torch.distributed`):
-phase 3 and the per-block part of phase 4 run on the owning rank only, and one
-all-gather at the end of phase 4 gives every rank every block's direction.
+Phases 3-5 per cohort are :mod:`shampoo_torch.phases` (distributed: on the owning
+rank, then one all-gather of the block directions).
 
-Host-device syncs (:mod:`shampoo_torch.device_path`): on the accelerator path
-(any non-CPU device, or ``SHAMPOO_TORCH_PATH=accelerator``) none in a non-root
-step, eq. (3) ``"raise"`` included: the refused blocks are skipped on the device
-and the error is raised at the next root step or host read
-(:mod:`shampoo_torch.refusal`). Root steps (amortized) sync inside
-``torch.linalg.eigh`` on CUDA, in the coupled Newton stopping test, for
-``failure.max_consecutive_root_failures``, and once for the pending eq. (3)
-codes. On the CPU path, where there is no device to wait for, ``"raise"`` reads
-the eq. (3) flags once per step and raises in that step, and two shortcuts read
-a flag on the host: eq. (22)'s guard skips its per-entry test when a sum of the
-new values is finite, and eq. (18)'s norm its overflow-safe form when the plain
-norm is finite (each gives the same bits).
-Counters (:attr:`metrics`)
-are device tensors read lazily. Distributed, the eq. (3) flags are one
-all-reduce (max) over the process group every step (so every rank raises
-together, or skips the same blocks), the root-failure limit an all-reduce
-on root steps, with ``epsilon.rank_cutoff_scope = "parameter"`` eq. (10g)'s
-largest eigenvalues per (parameter, dim) one all-reduce (max) over the
-trainer group on root steps, and the direction all-gather waits for every
-rank of the trainer group.
+Host-device syncs (:mod:`shampoo_torch.device_path`): none in a non-root step on the
+accelerator path (a non-CPU device, or ``SHAMPOO_TORCH_PATH=accelerator``), where the
+blocks eq. (3) ``"raise"`` refuses are skipped on the device and the error waits for
+the next root step or host read (:mod:`shampoo_torch.refusal`); there ``compile``
+runs such a step as one graph (:mod:`shampoo_torch.compiled`). Root steps (amortized)
+sync in ``torch.linalg.eigh`` on CUDA, in the coupled Newton stopping test, for
+``failure.max_consecutive_root_failures`` and once for the pending eq. (3) codes. The
+CPU path, with no device to wait for, raises eq. (3) in its step and reads two flags
+on the host: eq. (22)'s and eq. (18)'s shortcuts when a sum is finite (the same
+bits). Counters (:attr:`metrics`) are device tensors read lazily. Distributed: the
+eq. (3) codes are one all-reduce (max) per step (every rank raises together, or skips
+the same blocks); root steps add an all-reduce for the failure limit and, with
+``epsilon.rank_cutoff_scope = "parameter"``, one for eq. (10g)'s largest eigenvalues;
+the direction all-gather waits for every rank of the trainer group.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from shampoo_spec import ShampooConfig, is_statistics_step
+from shampoo_spec import ShampooConfig
 
 from . import (
     averaging,
@@ -78,24 +69,19 @@ from . import (
     distributed_checkpoint,
     elementwise,
     failure_limit,
-    grafting,
-    preconditioner,
+    phases,
     rank_cutoff,
     refusal,
-    updates,
 )
 from .arguments import as_config, check_lr
-from .blocks import gather, row_chunks, select_rows
 from .cohorts import (
     AVERAGING_MODE,
     FIRST_LR,
     LR_POWER_SUM,
-    Cohort,
     read_gradients,
     split_cohorts,
 )
-from .device_path import batches, on_cpu_path
-from .distributed import BlockKey, DistributedConfig, Distributor
+from .distributed import DistributedConfig, Distributor
 from .metrics import StepCounters
 from .state import BlockView, CheckpointState, ParamGroupPlan, block_views, build_param_group_plan
 
@@ -254,10 +240,8 @@ class Shampoo(torch.optim.Optimizer):
         return block_views(self._plans)
 
     def block_state_bytes(self) -> int:
-        """Bytes of the block state held here: factors, inverse roots, moments, counters.
-
-        Distributed: this rank's blocks only (it shrinks with the world size).
-        """
+        """Bytes of the block state held here: factors, inverse roots, moments, counters
+        (distributed: this rank's blocks only; it shrinks with the world size)."""
         return sum(t.numel() * t.element_size()
                    for gp in self._plans for bg in gp.block_groups for t in bg.tensors())
 
@@ -271,10 +255,9 @@ class Shampoo(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One Shampoo step for every parameter that has a gradient (eqs. 1-21).
 
-        The phases of the module docstring, each over every cohort. Every
-        check that can refuse the step (learning rates, gradients, eq. 3
-        ``"raise"``) comes before any change; the eq. (13) limit is raised
-        after the whole step.
+        The phases of the module docstring, each over every cohort. Every check that
+        can refuse the step (learning rates, gradients, eq. 3 ``"raise"``) comes before
+        any change; the eq. (13) limit is raised after the whole step.
         """
         for gi, group in enumerate(self.param_groups):  # before the closure's backward
             if group.get(AVERAGING_MODE, "train") != "train":
@@ -318,190 +301,25 @@ class Shampoo(torch.optim.Optimizer):
         cohorts = [c for inp in inputs if inp is not None for c in split_cohorts(inp)]
         for c in cohorts:
             elementwise.update_cohort_state(c, self.state)  # 2. graft state, filter
+        ctx = phases.StepContext(self.state, self.param_groups, self._counters, self._dist,
+                                 self._device(), self._lr_override)
         for c in cohorts:
-            self._block_state(c)  # 3. statistics, inverse roots, corrected moment
+            phases.block_state(ctx, c)  # 3. statistics, inverse roots, corrected moment
         if any(c.cuts_rank_per_parameter and c.root_step for c in cohorts):
             # 3b. eq. (10g): one max over the blocks
             rank_cutoff.parameter_rank_scales(cohorts, self._device(), self._dist)
             for c in cohorts:
                 if c.roots_after == "rank_scales":
-                    self._refresh_roots(c)
+                    phases.refresh_roots(ctx, c)
         for c in cohorts:
-            self._directions(c)  # 4. graft and block directions
+            phases.directions(ctx, c)  # 4. graft and block directions
             if c.roots_after == "directions":
-                self._refresh_roots(c)  # 4b. eq. (8) "next_step": from t + 1 on
-        blocks = self._exchange(cohorts)  # distributed: all-gather
+                phases.refresh_roots(ctx, c)  # 4b. eq. (8) "next_step": from t + 1 on
+        blocks = phases.exchange(ctx, cohorts)  # distributed: all-gather
         for c in cohorts:
-            self._update(c, blocks)  # 5. parameter rescale, momentum, update
+            phases.update(ctx, c, blocks)  # 5. parameter rescale, momentum, update
         failure_limit.check_root_failures(  # 6. eq. (13), after the whole step
             cohorts, self._plans, self._dist, self._shard_mode, self._device)
-
-    def _block_state(self, c: Cohort) -> None:
-        """Eqs. (6)-(13), (17) per block group: statistics, inverse roots, corrected moment."""
-        gp, cfg = c.inp.gp, c.config
-        c.selected = select_rows(gp.block_groups, gp.flat_rows, c.positions, c.inp.ok)
-        for index, (members, rows, ok) in c.selected.items():
-            bg = gp.block_groups[index]
-            if is_statistics_step(c.t, cfg.schedule):
-                # Eq. (6c): G^, the averaged gradients with average_gradients, else G;
-                # in chunks of rows (blocks.WORKSPACE_BYTES): the stacked gradient
-                # blocks do not grow with the group.
-                observed = c.averaged_g or c.g
-                row_bytes = math.prod(bg.shape) * torch.finfo(bg.dtype).bits // 8
-                for part, part_rows in row_chunks(rows, len(members), row_bytes, bg.device):
-                    preconditioner.update_statistics(
-                        bg, gather(bg, gp.layouts, observed, members[part]), part_rows,
-                        None if ok is None else ok[part], cfg.statistics,
-                        zero_refused=not c.averaged_g)  # c.g is 0 where eq. (3) refused
-            if c.roots_after == "statistics":  # else in step 3b or 4b
-                self._refresh_group_roots(c, index)
-            if cfg.eigenvalue_correction is not None:
-                # Eq. (17a): with eigenbases in another dtype, the gradient rounded to it
-                # straight from its own, as Meta's grad.to(...).
-                dtype = bg.root_dtype if bg.rounds_roots and bg.dims else None
-                preconditioner.update_corrected_moment(
-                    bg, gather(bg, gp.layouts, c.g, members, dtype), rows, ok,
-                    cfg.eigenvalue_correction
-                )
-
-    def _refresh_roots(self, c: Cohort) -> None:
-        """Eqs. (7), (9)-(13) for every block group of the cohort (after its directions)."""
-        for index in c.selected:
-            self._refresh_group_roots(c, index)
-
-    def _refresh_group_roots(self, c: Cohort, index: int) -> None:
-        """Eqs. (7), (9)-(13) for one block group on a root step; counts the failures."""
-        if not c.root_step:
-            return
-        members, rows, ok = c.selected[index]
-        bg = c.inp.gp.block_groups[index]
-        scales = c.rank_scales.get(index) if c.cuts_rank_per_parameter else None
-        updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config, c.t,
-                                                                 scales)
-        self._counters.on(bg.device)["root_failures"].add_(failures)
-        c.root_counts.append((bg, members, updated))
-
-    def _directions(self, c: Cohort) -> None:
-        """Eq. (14c) per parameter; eqs. (16)-(17) per block group, (18) when per block.
-
-        The block directions are those of the blocks held here (all of them in
-        one process, the owned ones when distributed), needed when the step
-        uses Shampoo or separate momentum buffers keep its direction.
-        """
-        gp, cfg, params = c.inp.gp, c.config, c.inp.params
-        graft = cfg.grafting
-
-        def graft_direction(i: int) -> torch.Tensor:
-            if graft.factored:  # eq. (14e): in the parameter's own shape, scaled by rms(W)
-                return grafting.adafactor_direction(c.filtered[i], self.state[params[i]],
-                                                    c.inp.w[i], gp.layouts[i].plan.shape, graft)
-            return grafting.direction(c.filtered[i], self.state[params[i]].get("graft"), c.t,
-                                      graft)
-
-        # The graft directions _update reads; the others (the preconditioned parameters'
-        # with eq. 18 per block and one momentum buffer) only scale their blocks here,
-        # so each is formed when its first block needs it and dropped after its last:
-        # never every parameter's at once beside the block directions. The accelerator
-        # path forms them all at once instead: one launch per op for the lot.
-        per_block = graft.rescale_scope == "block"
-        lazy = (on_cpu_path(self._device()) and c.use_shampoo and per_block
-                and not cfg.momentum.separate_buffers)
-        only_here = {i for i in c.positions if lazy and gp.layouts[i].plan.preconditioned}
-        wanted = [i for i in c.positions if i not in only_here]
-        if graft.factored:
-            c.graft_dir = {i: graft_direction(i) for i in wanted}
-        else:  # eq. (14c) as foreach ops across each batch
-            c.graft_dir = {}
-            for batch in batches(wanted, self._device()):
-                c.graft_dir.update(zip(batch, grafting.directions(
-                    [c.filtered[i] for i in batch],
-                    [self.state[params[i]].get("graft") for i in batch], c.t, graft),
-                    strict=True))
-        if not (c.use_shampoo or cfg.momentum.separate_buffers):
-            return
-        # Eq. (16b): a diagonal preconditioner's blocks are D(F~) (eq. 14c with its
-        # own V_D); every root is 0, so eq. (16) passes them through unchanged.
-        source = c.filtered
-        if cfg.diagonal is not None:
-            diagonal = cfg.diagonal.as_graft()
-            source = {
-                i: grafting.direction(c.filtered[i], self.state[params[i]].get("diagonal"),
-                                      c.t, diagonal)
-                for i in c.positions
-            }
-        c.owned = {}
-        blocks_left = Counter(gp.block_groups[index].members[r][0]
-                              for index, (members, _, _) in c.selected.items() for r in members)
-        dirs = c.graft_dir  # with the only_here ones while their blocks remain
-        for index, (members, rows, _) in c.selected.items():
-            bg = gp.block_groups[index]
-            # In chunks of rows (blocks.WORKSPACE_BYTES), so the stacked blocks and
-            # the mode products in flight do not grow with the group.
-            row_bytes = math.prod(bg.shape) * torch.finfo(bg.dtype).bits // 8
-            for part, part_rows in row_chunks(rows, len(members), row_bytes, bg.device):
-                chunk = members[part]
-                # Eq. (16) with inverse_root_dtype: the filtered gradient is rounded
-                # to the roots' dtype straight from its own (as Meta's grad.to(...)),
-                # not through the factor dtype (two roundings could differ).
-                fb = gather(bg, gp.layouts, source, chunk,
-                            bg.root_dtype if bg.rounds_roots and bg.dims else None)
-                pb = preconditioner.shampoo_direction(bg, fb, part_rows, cfg)
-                if per_block:
-                    for pos in {bg.members[r][0] for r in chunk} - dirs.keys():
-                        dirs[pos] = graft_direction(pos)
-                    gd = gather(bg, gp.layouts, dirs, chunk)
-                    # shampoo_direction returns fb itself or a new tensor, never a view.
-                    fresh = pb is not fb
-                    pb = preconditioner.rescale_blocks_to_graft(pb, gd, graft.norm_epsilon,
-                                                                in_place=fresh)
-                complete = []
-                for j, r in enumerate(chunk):
-                    c.owned[bg.members[r]] = pb[j]
-                    pos = bg.members[r][0]
-                    blocks_left[pos] -= 1
-                    if blocks_left[pos] == 0:
-                        complete.append(pos)
-                for pos in complete:
-                    if pos in only_here and not cfg.momentum.enabled:
-                        dirs.pop(pos, None)  # its blocks are scaled; the update never reads it
-                    if self._dist is None and on_cpu_path(self._device()):
-                        # One process, CPU path: phase 5 for a parameter whose blocks
-                        # are all here, now: its block directions never wait beside
-                        # every other parameter's (nothing later in phase 4 reads it).
-                        # The accelerator path updates the cohort in one batch.
-                        updates.update_parameters(
-                            c, [pos], {(c.inp.gi, pos, b): c.owned[(pos, b)]
-                                       for b in range(gp.layouts[pos].num_blocks)},
-                            self.state, self.param_groups[c.inp.gi], self._lr_override)
-                    if pos in only_here:
-                        dirs.pop(pos, None)
-
-    def _exchange(self, cohorts: list[Cohort]) -> dict[BlockKey, torch.Tensor]:
-        """Every block's direction, keyed (group, position, block).
-
-        One process: the blocks computed here that phase 4 has not already
-        consumed (it updates a parameter as its blocks complete, so none in
-        practice). Distributed: one all-gather of
-        the owners' directions (:meth:`Distributor.exchange_directions`); the
-        gathered values are used on every rank, the owner's included.
-        """
-        wanted = [c for c in cohorts if c.owned is not None]
-        mine = {(c.inp.gi, pos, b): d for c in wanted for (pos, b), d in (c.owned or {}).items()}
-        if self._dist is None or not wanted:
-            return mine
-        parts = []
-        for c in wanted:
-            gp = c.inp.gp
-            assert gp.owners is not None
-            plans = {pos: gp.layouts[pos].plan for pos in c.positions}
-            parts.append((c.inp.gi, plans, gp.owners, gp.factor_dtype))
-        return self._dist.exchange_directions(parts, mine, self._device())
-
-    def _update(self, c: Cohort, blocks: dict[BlockKey, torch.Tensor]) -> None:
-        """Phase 5 for every parameter of the cohort not yet updated in phase 4."""
-        updates.update_parameters(c, [i for i in c.positions if i not in c.updated], blocks,
-                                  self.state, self.param_groups[c.inp.gi], self._lr_override)
-        updates.count_withheld(c, self._counters)
 
     def _device(self) -> torch.device:
         device: torch.device = self.param_groups[0]["params"][0].device
