@@ -11,7 +11,7 @@ symbolic int to its value; :func:`shampoo_torch.cohorts.split_cohorts`).
 
 Root steps (eqs. 9-13: eigendecompositions, Newton's stopping test, the failure
 limit) read the host and are amortized over ``precondition_frequency`` steps: they
-run eagerly, decided on the host before the step (:func:`runs_eagerly`), so the
+run eagerly, decided on the host before the step (:class:`CompiledStep`), so the
 compiled graph never holds one.
 
 Backends: ``True`` is torch's default (Inductor), whose fused kernels sum in
@@ -76,20 +76,47 @@ def check_compilable(backend: Backend, devices: Sequence[torch.device]) -> None:
         )
 
 
-def runs_eagerly(param_groups: Sequence[Mapping[str, Any]], plans: Sequence[ParamGroupPlan],
-                 state: Mapping[torch.Tensor, Mapping[str, Any]]) -> bool:
-    """Whether this step is a parameter's first (it makes the kept vectors and scalars
-    the later steps reuse, :class:`~shampoo_torch.block_grid.BlockVectors`) or a root
-    step (eq. 8) for some parameter with a gradient, read on the host before the step
-    (the same test as the step's own, on t + 1)."""
+def is_root_step_here(param_groups: Sequence[Mapping[str, Any]],
+                      plans: Sequence[ParamGroupPlan],
+                      state: Mapping[torch.Tensor, Mapping[str, Any]]) -> bool:
+    """Whether this step is a root step (eq. 8) for some parameter with a gradient, read
+    on the host before the step (the same test as the step's own, on t + 1)."""
     for group, gp in zip(param_groups, plans, strict=True):
         lr = float(group["lr"])
         ratio = learning_rate_ratio(lr, group.get(FIRST_LR, lr))
         for p in group["params"]:
-            t = state[p]["step"] + 1
-            if p.grad is not None and (t == 1 or is_root_step(t, gp.config.schedule, ratio)):
+            if p.grad is not None and is_root_step(state[p]["step"] + 1, gp.config.schedule,
+                                                   ratio):
                 return True
     return False
+
+
+class CompiledStep:
+    """``phases`` (the optimizer's phases 1-6) compiled whole (``fullgraph=True``: a
+    graph break raises), run for the non-root steps; eagerly a root step, and the
+    first step after construction, a new param group or a loaded state (``cool``): it
+    makes the kept vectors and scalars the graph then reuses
+    (:class:`~shampoo_torch.block_grid.BlockVectors`, ``device_path.scalar``)."""
+
+    def __init__(self, phases: Callable[..., None], backend: Backend) -> None:
+        self._phases = phases
+        self._graph = torch.compile(phases, backend=backend, fullgraph=True)
+        self._warm = False
+
+    def cool(self) -> None:
+        """The next step runs eagerly (the optimizer's state or groups were replaced)."""
+        self._warm = False
+
+    def __call__(self, param_groups: Sequence[Mapping[str, Any]],
+                 plans: Sequence[ParamGroupPlan],
+                 state: Mapping[torch.Tensor, dict[str, Any]],
+                 pending: PendingRefusals) -> None:
+        if not self._warm or is_root_step_here(param_groups, plans, state):
+            self._phases()
+            self._warm = True
+            return
+        self._graph(in_graph=True)
+        count_steps(param_groups, state, pending)
 
 
 def count_steps(param_groups: Sequence[Mapping[str, Any]],
@@ -107,8 +134,3 @@ def count_steps(param_groups: Sequence[Mapping[str, Any]],
                 steps.append(state[p]["step"])
         if gi in pending.codes and steps:
             pending.note(gi, max(steps))
-
-
-def compiled(phases: Callable[..., None], backend: Backend) -> Callable[..., None]:
-    """``phases`` compiled whole: ``fullgraph=True``, so a graph break raises."""
-    return torch.compile(phases, backend=backend, fullgraph=True)

@@ -160,12 +160,12 @@ class Shampoo(torch.optim.Optimizer):
         self._counters = StepCounters()
         self._pending = refusal.PendingRefusals()  # eq. (3) "raise", deferred (accelerator)
         defaults = {"lr": config.learning_rate if lr is None else lr, "config": config}
+        self._compiled: compiled.CompiledStep | None = None
         super().__init__(params, defaults)
-        self._compiled = None
         if backend is not None:
             compiled.check_compilable(
                 backend, [p.device for g in self.param_groups for p in g["params"]])
-            self._compiled = compiled.compiled(self._phases, backend)
+            self._compiled = compiled.CompiledStep(self._phases, backend)
 
     # ------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -185,6 +185,8 @@ class Shampoo(torch.optim.Optimizer):
             self.param_groups.pop()
             raise
         self._plans.append(plan)
+        if self._compiled is not None:
+            self._compiled.cool()  # the new group's kept vectors are made eagerly
         for j, (p, lay, dt) in enumerate(zip(param_group["params"], plan.layouts, plan.dtypes,
                                              strict=True)):
             elementwise.init_state(self.state[p], plan.config, lay.merged_shape, dt, p.device,
@@ -202,16 +204,14 @@ class Shampoo(torch.optim.Optimizer):
     def metrics(self) -> dict[str, int]:
         """Counters since construction (read lazily; this reads the device).
 
-        ``root_failures``: factors whose inverse root failed and kept the
-        previous one (eq. 13); ``skipped_blocks``: blocks whose step was
-        refused for a non-finite or too large gradient (eq. 3,
-        ``"skip_block"``), the same on every rank when distributed;
-        ``withheld_updates``: parameter steps in which eq. (22) kept some
-        entries of an admitted block unchanged because their new value or
-        momentum overflowed (the same on every rank: the update is computed
-        alike everywhere). Distributed, ``root_failures`` counts this rank's
-        blocks only (the ranks of a trainer group add up to the
-        single-process count).
+        ``root_failures``: factors whose inverse root failed and kept the previous one
+        (eq. 13); ``skipped_blocks``: blocks whose step was refused for a non-finite or
+        too large gradient (eq. 3, ``"skip_block"``), the same on every rank when
+        distributed; ``withheld_updates``: parameter steps in which eq. (22) kept some
+        entries of an admitted block unchanged because their new value or momentum
+        overflowed (the same on every rank: the update is computed alike everywhere).
+        Distributed, ``root_failures`` counts this rank's blocks only (the ranks of a
+        trainer group add up to the single-process count).
         """
         self.check_refusals()
         return self._counters.read()
@@ -271,12 +271,10 @@ class Shampoo(torch.optim.Optimizer):
                 loss = closure()
         for gi, group in enumerate(self.param_groups):  # an LR scheduler may have set it
             check_lr(group["lr"], f"param_groups[{gi}]['lr']")
-        if self._compiled is None or compiled.runs_eagerly(self.param_groups, self._plans,
-                                                           self.state):
+        if self._compiled is None:
             self._phases()
         else:
-            self._compiled(in_graph=True)
-            compiled.count_steps(self.param_groups, self.state, self._pending)
+            self._compiled(self.param_groups, self._plans, self.state, self._pending)
         return loss
 
     def _phases(self, in_graph: bool = False) -> None:
@@ -354,12 +352,13 @@ class Shampoo(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; tensors move to each parameter's device.
 
-        Raises ValueError (and changes nothing) when the groups, parameter
-        counts, configs or any state shape differ from this optimizer's, or a
-        state entry is not finite. Version 1 dicts (saved before
-        ``param_shape``) load too (:mod:`shampoo_torch.checkpoint`).
+        Raises ValueError (and changes nothing) when the groups, parameter counts, configs
+        or any state shape differ from this optimizer's, or a state entry is not finite.
+        Version 1 dicts (saved before ``param_shape``) load too (:mod:`.checkpoint`).
         """
         checkpoint.load_state_dict(self._checkpoint_state(), state_dict)
+        if self._compiled is not None:
+            self._compiled.cool()
 
     def distributed_state_dict(self) -> dict[str, Any]:
         """Every block's state, keyed by parameter name and block, loadable at any world size.
@@ -381,14 +380,16 @@ class Shampoo(torch.optim.Optimizer):
     def load_distributed_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`distributed_state_dict` saved at any world size (1 included).
 
-        Each rank keeps the blocks it owns; raises ValueError (changing
-        nothing) when names, configs, blocks or shapes differ or a state entry
-        is not finite. Version 1 dicts (saved before ``param_shape``) load too.
+        Each rank keeps the blocks it owns; raises ValueError (changing nothing) when
+        names, configs, blocks or shapes differ or a state entry is not finite. Version 1
+        dicts (saved before ``param_shape``) load too.
         """
         distributed_checkpoint.refuse_local_pieces("load_distributed_state_dict",
                                                    self._shard_mode, self._plans)
         distributed_checkpoint.load_distributed_state_dict(self._checkpoint_state(),
                                                            state_dict)
+        if self._compiled is not None:
+            self._compiled.cool()
 
     def _checkpoint_state(self) -> CheckpointState:
         """What :mod:`shampoo_torch.checkpoint` reads and writes of this optimizer."""
