@@ -238,20 +238,8 @@ def torch_side(batches: list[int], periods: int, large_period: int, threads: int
         period = FREQUENCY if batch <= 1024 else large_period
         trainers = {name: torch_step.Trainer(name, make, batch=batch)
                     for name, make in makers.items()}
-        step_t = {name: Timing() for name in trainers}
-        opt_t = {name: Timing() for name in trainers}
-        for tr in trainers.values():  # warm up to the step before the first root step
-            x, y = tr.x, tr.y
-            tr.x, tr.y = x[:WARMUP_BATCH], y[:WARMUP_BATCH]
-            tr.run(FREQUENCY - 1, record=False)
-            tr.x, tr.y = x, y
-        for _ in range(periods):
-            for name, tr in trainers.items():
-                tr.step_times, tr.opt_times = [], []
-                tr.run(period)
-                for (t, dt_opt), dt in zip(tr.opt_times, tr.step_times, strict=True):
-                    step_t[name].add(t, dt)
-                    opt_t[name].add(t, dt_opt)
+        # Warm up to the step before the first root step.
+        step_t, opt_t = _timed(trainers, periods, period, FREQUENCY - 1)
         how = ("whole periods" if period == FREQUENCY
                else f"stretches of {period} steps, root step amortized by formula")
         print(f"-- batch {batch} ({periods} x {how}) --")
@@ -276,6 +264,30 @@ def torch_side(batches: list[int], periods: int, large_period: int, threads: int
     _torch_memory(list(makers))
 
 
+def _timed(trainers: dict[str, Any], periods: int, period: int, warmup: int,
+           settle: int = 0) -> tuple[dict[str, Timing], dict[str, Timing]]:
+    """Whole-step and optimizer-step times per trainer over ``periods`` stretches of
+    ``period`` steps, interleaved, after ``warmup`` steps at :data:`WARMUP_BATCH` and
+    ``settle`` more at the full batch (untimed)."""
+    step_t = {name: Timing() for name in trainers}
+    opt_t = {name: Timing() for name in trainers}
+    for tr in trainers.values():
+        x, y = tr.x, tr.y
+        tr.x, tr.y = x[:WARMUP_BATCH], y[:WARMUP_BATCH]
+        tr.run(warmup, record=False)
+        tr.x, tr.y = x, y
+        if settle:
+            tr.run(settle, record=False)
+    for _ in range(periods):
+        for name, tr in trainers.items():
+            tr.step_times, tr.opt_times = [], []
+            tr.run(period)
+            for (t, dt_opt), dt in zip(tr.opt_times, tr.step_times, strict=True):
+                step_t[name].add(t, dt)
+                opt_t[name].add(t, dt_opt)
+    return step_t, opt_t
+
+
 def _compiled_side_by_side(makers: dict[str, Callable[[Iterable[Any]], Any]],
                            periods: int) -> None:
     """Ours eager and compiled on the accelerator path, beside Meta's, at batch 512: the
@@ -287,21 +299,8 @@ def _compiled_side_by_side(makers: dict[str, Callable[[Iterable[Any]], Any]],
         chosen = {"ours (accelerator)": makers["ours"], "ours (compiled)": ours_compiled(),
                   **({"meta": makers["meta"]} if "meta" in makers else {})}
         trainers = {name: torch_step.Trainer(name, make) for name, make in chosen.items()}
-        step_t = {name: Timing() for name in trainers}
-        opt_t = {name: Timing() for name in trainers}
-        for tr in trainers.values():  # compiles at steps 2, 3 and after the first root step
-            x, y = tr.x, tr.y
-            tr.x, tr.y = x[:WARMUP_BATCH], y[:WARMUP_BATCH]
-            tr.run(FREQUENCY + 3, record=False)
-            tr.x, tr.y = x, y
-            tr.run(FREQUENCY - 3, record=False)  # to the end of the period
-        for _ in range(periods):
-            for name, tr in trainers.items():
-                tr.step_times, tr.opt_times = [], []
-                tr.run(FREQUENCY)
-                for (t, dt_opt), dt in zip(tr.opt_times, tr.step_times, strict=True):
-                    step_t[name].add(t, dt)
-                    opt_t[name].add(t, dt_opt)
+        # Compiles at steps 2, 3 and after the first root step; then to the period's end.
+        step_t, opt_t = _timed(trainers, periods, FREQUENCY, FREQUENCY + 3, FREQUENCY - 3)
     print(f"-- the accelerator path on this CPU, eager and compiled (batch 512, {periods} "
           "whole periods) --")
     print(f"{'':20} {'step ms':>9} {'opt ms':>8}")
