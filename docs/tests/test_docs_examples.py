@@ -39,6 +39,7 @@ PAGES = (
     "choosing-a-backend.md",
     "tuning.md",
     "distributed.md",
+    "integrations.md",
 )
 #: Seconds one page may take (the slowest, the JAX quickstart, compiles twice).
 PAGE_TIMEOUT_S = 300
