@@ -523,7 +523,8 @@ def reliability(rank: int, world: int) -> dict[str, Any]:
     bad = copy.deepcopy(state)
     for entry in bad["state"].values():
         entry["step"] = 99
-    bad["metrics"] = {"root_failures": 5, "skipped_blocks": 5}
+    next(iter(bad["state"].values()))["metrics"] = {
+        "root_failures": 5, "skipped_blocks": 5, "withheld_updates": 5}
     view = next(v for v in opt.blocks() if v.owner == 1)
     factors = bad["state"][view.name]["blocks"][view.block]["factors"]
     k = next(iter(factors))

@@ -224,7 +224,7 @@ def test_resume_is_bit_identical(name: str) -> None:
     assert opt.metrics == opt2.metrics
     fd = config.frequent_directions
     if fd is not None:  # the saved state held a sketch (and a sum when averaged)
-        blocks = [b for entry in saved["state"].values() for b in entry["blocks"]]
+        blocks = [b for entry in saved["state"].values() for b in entry["blocks"].values()]
         assert any(bool(s["lam"].any()) for b in blocks for s in b.get("sketches", {}).values())
         if fd.average_gradients:
             assert any(bool(entry["gradient_sum"].any()) for entry in saved["state"].values())
@@ -430,7 +430,7 @@ def test_load_refuses_inverse_roots_in_another_dtype_and_changes_nothing() -> No
     run_steps(opt, params, make_grads(4))
     saved = roundtrip(opt.state_dict())
     for entry in saved["state"].values():
-        for block in entry["blocks"]:
+        for block in entry["blocks"].values():
             block["inverse_roots"] = {k: x.double() for k, x in block["inverse_roots"].items()}
     fresh = Shampoo(make_params(torch.float64), config)
     before = roundtrip(fresh.state_dict())

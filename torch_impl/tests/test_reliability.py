@@ -283,7 +283,12 @@ def _spoiled(sd: dict[str, Any]) -> dict[str, Any]:
     sd = copy.deepcopy(sd)
     for entry in sd["state"].values():
         entry["step"] = 77
-    sd["metrics"] = {"root_failures": 3, "skipped_blocks": 3}
+    first = next(iter(sd["state"].values()))
+    counters = {"root_failures": 3, "skipped_blocks": 3, "withheld_updates": 3}
+    if "metrics" in first:  # version 3: the first entry holds the counters
+        first["metrics"] = counters
+    else:
+        sd["metrics"] = counters
     return sd
 
 
@@ -324,8 +329,11 @@ def _first_factor(sd: dict[str, Any]) -> torch.Tensor:
         (lambda sd: sd["param_groups"][0].__setitem__("lr", float("inf")), r"lr.*inf"),
         (lambda sd: sd["param_groups"][0].__setitem__("lr", -0.1), r"lr.*-0\.1"),
         (lambda sd: sd["param_groups"][0].__setitem__("lr", "fast"), r"lr.*fast"),
-        (lambda sd: sd.__setitem__("metrics", {"skipped_blocks": -1}), "skipped_blocks"),
-        (lambda sd: sd.__setitem__("metrics", {"skipped_blocks": 1.5}), "skipped_blocks"),
+        (lambda sd: next(iter(sd["state"].values())).__setitem__(
+            "metrics", {"skipped_blocks": -1}), "skipped_blocks"),
+        (lambda sd: next(iter(sd["state"].values())).__setitem__(
+            "metrics", {"skipped_blocks": 1.5}), "skipped_blocks"),
+        (lambda sd: next(iter(sd["state"].values())).pop("metrics"), "metrics.*missing"),
         (lambda sd: next(reversed(sd["state"].values())).__setitem__("step", True), "step"),
         (lambda sd: next(reversed(sd["state"].values())).__setitem__("step", -2), "step"),
         (lambda sd: next(reversed(sd["state"].values())).__setitem__(
@@ -341,10 +349,11 @@ def _first_factor(sd: dict[str, Any]) -> torch.Tensor:
          r"\['graft'\]: non-finite"),
         (lambda sd: next(reversed(sd["state"].values())).__setitem__(  # inf in float32
             "graft", torch.full((5,), 1e300, dtype=torch.float64)), r"\['graft'\]: non-finite"),
-        (lambda sd: sd.__setitem__("version", 3), r"version: 3 is not supported"),
+        (lambda sd: sd.__setitem__("version", 4), r"version: 4 is not supported"),
         (lambda sd: sd.__setitem__("version", True), r"version: True is not supported"),
         (lambda sd: sd.__setitem__("version", "2"), r"version: '2' is not supported"),
-        (lambda sd: sd.__setitem__("version", 1), r"'param_shape' is an entry of version 2"),
+        (lambda sd: sd.__setitem__("version", 1),
+         r"'param_shape' is an entry of versions 2 and 3"),
     ],
 )
 def test_load_validates_everything_before_committing(spoil: Any, match: str,
@@ -382,20 +391,56 @@ def _version_1(sd: dict[str, Any]) -> dict[str, Any]:
     """``sd`` in version 1, as it was written before ``param_shape`` (the git history's writer).
 
     The plain state dict had no ``"version"``, the distributed one
-    ``"version": 1``; neither had ``param_shape``.
+    ``"version": 1``; neither had ``param_shape``; both kept the counters in a
+    top-level ``"metrics"``, and the plain one each parameter's blocks as a list.
     """
     sd = copy.deepcopy(sd)
     if "format" in sd:
         sd["version"] = 1
     else:
         del sd["version"]
-    for entry in sd["state"].values():
+    entries = list(sd["state"].values())
+    sd["metrics"] = entries[0].pop("metrics")
+    for entry in entries:
         del entry["param_shape"]
+        if "format" not in sd:
+            entry["blocks"] = [entry["blocks"][b] for b in sorted(entry["blocks"])]
     return sd
 
 
 UNMERGED = ShampooConfig(learning_rate=0.01, grafting=GraftingConfig(type="adagrad"),
                          blocking=BlockingConfig(merge_dims_up_to=None))
+
+
+def _version_2(sd: dict[str, Any], keep_version: bool) -> dict[str, Any]:
+    """``sd`` in version 2: ``param_shape`` a list, the plain dict's blocks a list, the
+    counters top-level; without ``"version"`` as torch's ``get_optimizer_state_dict`` left
+    it (read from the entries)."""
+    sd = copy.deepcopy(sd)
+    entries = list(sd["state"].values())
+    sd["metrics"] = entries[0].pop("metrics")
+    for entry in entries:
+        entry["param_shape"] = entry["param_shape"].tolist()
+        if "format" not in sd:
+            entry["blocks"] = [entry["blocks"][b] for b in sorted(entry["blocks"])]
+    if keep_version:
+        sd["version"] = 2
+    else:
+        del sd["version"], sd["metrics"]  # torch keeps only state and param_groups
+    return sd
+
+
+@pytest.mark.parametrize("keep_version", [False, True])
+def test_version_2_checkpoints_load_with_or_without_their_version(keep_version: bool) -> None:
+    opt, ps = _opt((4, 3), UNMERGED)
+    old = _version_2(opt.state_dict(), keep_version)
+    fresh = Shampoo([torch.nn.Parameter(p.detach().clone()) for p in ps], UNMERGED)
+    fresh.load_state_dict(old)
+    ours, theirs = fresh.state_dict()["state"], opt.state_dict()["state"]
+    if not keep_version:  # the counters were lost with the top level: they restart at 0
+        for entry in (ours[0], theirs[0]):
+            entry.pop("metrics")
+    assert _trees_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("distributed", [False, True])

@@ -19,20 +19,40 @@ from .arguments import check_lr
 from .cohorts import AVERAGING_MODE, FIRST_LR, LR_POWER_SUM
 from .metrics import COUNTERS
 
-VERSION = 2  # of both formats; 2: with each parameter's "param_shape"
-VERSIONS = (1, 2)  # loadable
+VERSION = 3  # of both formats; 2: with each parameter's "param_shape"; 3: entries whole
+VERSIONS = (1, 2, 3)  # loadable
 
 
 def fail(where: str, message: str) -> NoReturn:
     raise ValueError(f"cannot load Shampoo state: {where}: {message}")
 
 
-def check_version(sd: dict[str, Any], absent: int | None) -> int:
+def check_version(sd: dict[str, Any], absent: int | None) -> int | None:
     """The checkpoint's format version (``absent`` when it has no ``"version"``)."""
-    version = sd.get("version", absent)
+    if "version" not in sd:
+        return absent
+    version = sd["version"]
     if type(version) is not int or version not in VERSIONS:  # not a bool, not 2.0
         fail("version", f"{shown(version)} is not supported: allowed {list(VERSIONS)}")
     return version
+
+
+def infer_version(state: object) -> int:
+    """The version of a state dict without ``"version"`` (torch's
+    ``get_optimizer_state_dict`` keeps only ``state`` and ``param_groups``), read from its
+    entries' ``param_shape``: an int64 tensor in version 3, a list in version 2, absent in
+    version 1."""
+    entries = [e for e in state.values() if isinstance(e, dict)] if isinstance(state, dict) \
+        else []
+    shapes = [e["param_shape"] for e in entries if "param_shape" in e]
+    if not shapes:
+        return 1
+    if all(isinstance(s, torch.Tensor) for s in shapes):
+        return 3
+    if all(isinstance(s, (list, tuple)) for s in shapes):
+        return 2
+    fail("state", "the entries' 'param_shape' mix int64 tensors (version 3) and lists "
+          "(version 2)")
 
 
 def check_config(where: str, ours: ShampooConfig, saved: object) -> None:
@@ -73,8 +93,8 @@ def check_param_shape(where: str, p: torch.Tensor, saved: dict[str, Any], versio
     """
     if version == 1:
         if "param_shape" in saved:
-            fail(where, "'param_shape' is an entry of version 2, but the checkpoint is "
-                  "version 1 (a state_dict without 'version', or 'version': 1)")
+            fail(where, "'param_shape' is an entry of versions 2 and 3, but the checkpoint "
+                  "is version 1 ('version': 1)")
         for key, mine in ours.items():
             theirs = saved.get(key)
             if (isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
@@ -85,9 +105,15 @@ def check_param_shape(where: str, p: torch.Tensor, saved: dict[str, Any], versio
                       "is checked from the state tensors)")
         return saved
     shape = saved.get("param_shape")
+    if version >= 3:  # an int64 tensor of rank 1 (a list cannot be flattened by torch)
+        if not (isinstance(shape, torch.Tensor) and shape.dtype == torch.int64
+                and shape.dim() == 1):
+            fail(where, f"no valid 'param_shape' (got {shown(shape)}): a version 3 "
+                  "checkpoint holds the parameter's shape as a rank-1 int64 tensor")
+        shape = shape.tolist()
     if not (isinstance(shape, (list, tuple)) and all(_is_count(d) for d in shape)):
-        fail(where, f"no valid 'param_shape' (got {shown(shape)}): a version 2 checkpoint "
-              "holds the shape of the parameter the state was saved for")
+        fail(where, f"no valid 'param_shape' (got {shown(shape)}): a version {version} "
+              "checkpoint holds the shape of the parameter the state was saved for")
     if tuple(shape) != tuple(p.shape):
         fail(where, f"the state was saved for a parameter of shape {tuple(shape)}, this "
               f"parameter has shape {tuple(p.shape)}")
@@ -172,11 +198,16 @@ def shown(value: object) -> str:
     return text if len(text) <= 80 else text[:60] + "..."
 
 
-def check_metrics(metrics: object) -> dict[str, Any]:
-    if metrics is None:
+def check_metrics(metrics: object, complete: bool = False) -> dict[str, Any]:
+    """The saved counters; ``complete`` (version 3): every counter must be there."""
+    if metrics is None and not complete:
         return {}
     if not isinstance(metrics, dict):
         fail("metrics", f"expected a dict, got {type(metrics).__name__}")
+    missing = [c for c in COUNTERS if c not in metrics]
+    if complete and missing:
+        fail("metrics", f"missing counters {missing}: version 3 holds "
+              + ", ".join(repr(c) for c in COUNTERS))
     for key, value in metrics.items():
         if key not in COUNTERS:
             fail("metrics", f"unknown counter {shown(key)}: allowed "

@@ -74,6 +74,7 @@ from . import (
     refusal,
 )
 from .arguments import as_config, check_lr
+from .checkpoint_entries import shape_tensor
 from .cohorts import (
     AVERAGING_MODE,
     FIRST_LR,
@@ -194,6 +195,12 @@ class Shampoo(torch.optim.Optimizer):
             if cfg.averaging is not None:  # eq. (20d): Z starts at W (the planned tensor)
                 w = plan.planned(j, p.detach())
                 self.state[p]["averaged"] = w.to(dt).reshape(lay.merged_shape).clone()
+            # The keys of a checkpoint entry (torch's flattened load rebuilds an entry from
+            # the live state's keys): the shape and number of blocks; the counters once.
+            self.state[p]["param_shape"] = shape_tensor(p)
+            self.state[p]["blocks"] = lay.num_blocks
+            if len(self.param_groups) == 1 and j == 0:
+                self.state[p]["metrics"] = self._counters
         if cfg.averaging is not None:
             param_group[AVERAGING_MODE] = "train"
             if cfg.averaging.type == "schedule_free":

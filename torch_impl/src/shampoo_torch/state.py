@@ -354,9 +354,32 @@ class CheckpointState:
         """The parameters' names per param group (the keys of a distributed checkpoint)."""
         return [list(gp.names) for gp in self.plans]
 
+    @property
+    def gathers(self) -> bool:
+        """Whether the blocks are spread over a trainer group (gathered on saving)."""
+        return self.distributor is not None
+
     def gather(self, obj: object) -> list[object]:
         """``obj`` of every rank of the trainer group (``[obj]`` in one process)."""
         return [obj] if self.distributor is None else self.distributor.all_gather_object(obj)
+
+    def piece(self, gi: int, pos: int) -> ShardInfo | None:
+        """``shard_mode="local"``: the placement of a sharded parameter, whose state belongs
+        to this rank's piece; else None."""
+        gp = self.plans[gi]
+        info = gp.shards[pos] if gp.local_shards and gp.shards else None
+        return info if info is not None and info.sharded else None
+
+    def gather_pieces(self, obj: object) -> list[object]:
+        """``obj`` of every rank of the shard group (``shard_mode="local"``), in the order of
+        the shard group's ranks."""
+        info = next(i for gi, group in enumerate(self.param_groups)
+                    for pos in range(len(group["params"]))
+                    if (i := self.piece(gi, pos)) is not None)
+        group = info.mesh.get_group(info.mesh.ndim - 1)
+        out: list[object] = [None] * info.parts
+        torch.distributed.all_gather_object(out, obj, group=group)
+        return out
 
     def restore_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Set the counters to saved counts; the saved ``root_failures`` (a sum over the

@@ -81,11 +81,14 @@ def _tensor_slots(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]
 
 
 def _dict_slots(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Paths to every key of every dict under ``tree``."""
+    """Paths to every key of every dict under ``tree``, but keys of an empty dict (removing
+    one loses nothing: torch's flattened state dicts drop empty dicts, so a backend may read
+    a missing one as empty, e.g. the blocks of a parameter with none)."""
     out = []
     if isinstance(tree, dict):
         for k, v in tree.items():
-            out.append((*path, k))
+            if not (isinstance(v, dict) and not v):
+                out.append((*path, k))
             out.extend(_dict_slots(v, (*path, k)))
     elif isinstance(tree, list):
         for i, v in enumerate(tree):

@@ -195,15 +195,17 @@ class TorchRun(Run):
             size = int(np.prod(self.shapes[name]))
             for k, v in sd["state"].get(i, {}).items():
                 if k == "blocks":
-                    for b, blk in enumerate(v):
+                    for b, blk in v.items():
                         flatten(("block", name, str(b)), blk, out)
+                elif k == "metrics":  # the optimizer's counters travel in its first entry
+                    out.update({("counter", c): np.asarray(n) for c, n in v.items()})
+                elif k == "param_shape":
+                    continue
                 elif (k != "step" and hasattr(v, "is_floating_point") and v.is_floating_point()
                       and v.numel() == size):
                     out[("elem", name, k)] = self._merged(name, v)
                 else:
                     flatten(("scalar", name, k), v, out)
-        for k, v in sd.get("metrics", {}).items():
-            out[("counter", k)] = np.asarray(v)
         return out
 
     def save(self) -> Any:
