@@ -183,8 +183,9 @@ def filter_gradients(
     olds = [st["filtered"] for st in sts]
     news = torch._foreach_add(torch._foreach_mul(olds, b1),
                               torch._foreach_mul(list(gs), 1.0 - b1))
-    # beta3 None is beta1 whatever its value; an explicit beta3 equal to the config's beta1
-    # is compared to the group's only on the host (under compile b1 is symbolic).
+    # beta3 None is beta1 whatever its value. An explicit beta3 equal to beta1 reuses F_t
+    # only for a host float equal to it: a symbolic b1 (compiled) is not compared, which
+    # would guard the graph on its value; the direction is then formed apart, same values.
     same = f.beta3 is None or (f.beta3 == f.beta1 and type(b1) is float and b1 == f.beta3)
     used = news if same else torch._foreach_add(
         torch._foreach_mul(olds, beta3), torch._foreach_mul(list(gs), 1.0 - beta3))
@@ -210,7 +211,7 @@ def momentum(
     """Eqs. (19)-(20): the step U from the chosen direction P (Shampoo or graft).
 
     ``mu``: the param group's ``"momentum"`` at this step, in place of
-    ``cfg.momentum.momentum`` (None: the config's); 0 keeps the buffer, M = d P.
+    ``cfg.momentum.momentum`` (None: the config's); 0 keeps the buffer, M = (1 - d) P.
 
     P is scaled by lr first with ``lr_before_momentum``, then takes the
     direction decay (eq. 19; with ``scale_by_lr_ratio`` its coefficient is
