@@ -39,14 +39,19 @@ def _config(**kwargs: Any) -> ShampooConfig:
     return dataclasses.replace(from_meta({**KWARGS, **kwargs}), factor_dtype="float64")
 
 
+def _decaying(opt: Shampoo) -> Any:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 / (1.0 + 0.1 * t))
+
+
 def _train(compile: Any, steps: int, after: Callable[[int], None] = lambda t: None,
-           **kwargs: Any) -> list[torch.Tensor]:
+           scheduler: Callable[[Shampoo], Any] = _decaying, **kwargs: Any
+           ) -> list[torch.Tensor]:
     """A small MLP (two blocked weights, biases, a 1-element parameter) in float64 with a
-    decaying learning rate; the parameters after ``steps`` steps."""
+    decaying learning rate (or ``scheduler``'s); the parameters after ``steps`` steps."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 1)).double()
     opt = Shampoo(model.parameters(), _config(**kwargs), compile=compile)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 / (1.0 + 0.1 * t))
+    sched = scheduler(opt)
     x = torch.randn(32, 6, dtype=torch.float64)
     y = torch.randn(32, 1, dtype=torch.float64)
     for t in range(1, steps + 1):
@@ -82,6 +87,36 @@ def test_non_root_steps_are_one_graph_compiled_once_warm_with_eagers_bits() -> N
     # steps (5, 10, ..., 30) ran eagerly.
     eager = {1, 5, 10, 15, 20, 25, 30}
     assert by_step[32][1] - by_step[12][1] == sum(1 for t in range(13, 33) if t not in eager)
+
+
+def _one_cycle(opt: Shampoo) -> Any:
+    return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.02, total_steps=40)
+
+
+# With the filter, OneCycleLR cycles betas[0] (eq. 15); without it, momentum (eq. 20).
+@pytest.mark.parametrize("kwargs", [{"betas": [0.9, 0.999], "use_bias_correction": True},
+                                    {"betas": [0.0, 0.999], "momentum": 0.5}],
+                         ids=["betas", "momentum"])
+def test_a_scheduler_cycling_momentum_recompiles_nothing_once_warm(kwargs: dict[str, Any]
+                                                                     ) -> None:
+    """OneCycleLR (cycle_momentum) writes the group's lr and betas[0] or momentum at every
+    step: each enters the graph as lr does, a symbolic float, so no recompile once warm,
+    and the compiled steps keep eager's bits."""
+    compiles: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        compiles.append(1)
+        return gm.forward
+
+    by_step: dict[int, int] = {}
+    got = _train(backend, 32, lambda t: by_step.update({t: len(compiles)}), _one_cycle,
+                 **kwargs)
+    want = _train(False, 32, scheduler=_one_cycle, **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert by_step[32] == by_step[12] <= 6
+    still = _train(False, 32, scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.02, total_steps=40, cycle_momentum=False), **kwargs)
+    assert not all(torch.equal(a, b) for a, b in zip(still, want, strict=True))
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("clang++") is None,

@@ -15,7 +15,7 @@ import torch
 
 from shampoo_spec import ShampooConfig, config_differences
 
-from .arguments import check_lr
+from .arguments import check_lr, check_moments
 from .cohorts import AVERAGING_MODE, FIRST_LR, LR_POWER_SUM
 from .metrics import COUNTERS
 
@@ -70,13 +70,19 @@ def check_config(where: str, ours: ShampooConfig, saved: object) -> None:
 
 
 def check_group(where: str, saved_group: dict[str, Any]) -> None:
-    """The group's hyperparameters that a load would set: ``lr`` must be valid."""
+    """The group's hyperparameters that a load would set: ``lr`` must be valid, and so
+    must ``"betas"`` / ``"momentum"`` for the saved config (checked equal to ours before)."""
     for key in ("lr", FIRST_LR, LR_POWER_SUM):  # FIRST_LR: eq. (8b)'s lr_1; LR_POWER_SUM:
         if key in saved_group:                  # eq. (20d)'s sum of lr_i^p (both >= 0)
             try:
                 check_lr(saved_group[key], f"{where}[{key!r}]")
             except (TypeError, ValueError) as err:
                 fail(where, str(err))
+    try:  # eqs. (15), (20): the moments a scheduler cycles, as the step checks them
+        check_moments(saved_group, ShampooConfig.from_dict(saved_group.get("config", {})),
+                      where)
+    except (TypeError, ValueError, KeyError) as err:
+        fail(where, str(err))
     if AVERAGING_MODE in saved_group and saved_group[AVERAGING_MODE] not in ("train", "eval"):
         fail(where, f"{AVERAGING_MODE} = {shown(saved_group[AVERAGING_MODE])}: allowed "
               "'train' or 'eval' (eq. 20d)")

@@ -19,6 +19,7 @@ import torch
 from shampoo_spec import ShampooConfig, is_root_step, learning_rate_ratio, uses_preconditioner
 
 from . import sharding
+from .arguments import BETAS, MOMENTUM
 from .blocks import BlockGroup, Rows
 from .device_path import moved
 from .state import ParamGroupPlan
@@ -44,6 +45,10 @@ class StepInput:
     g: dict[int, torch.Tensor]
     steps: dict[int, int]
     lr: float
+    #: eq. (15)'s beta1 and eq. (20)'s mu at this step: the group's ``"betas"[0]`` and
+    #: ``"momentum"`` (a scheduler may cycle them), else the config's.
+    beta1: float
+    momentum: float
     #: eq. (8b): lr / the group's learning rate at its first step (1 before it).
     lr_ratio: float
     #: eq. (3) ``"skip_block"``: per block of the param group (flat order, see
@@ -186,7 +191,11 @@ def read_gradients(
     steps = {i: state[params[i]]["step"] + 1 for i in g}  # eq. (1)
     lr = float(group["lr"])
     ratio = learning_rate_ratio(lr, group.get(FIRST_LR, lr))  # eq. (8b)
-    return StepInput(gi, gp, params, list(g), w, g, steps, lr, ratio, targets=targets)
+    # Read as lr is: a Python float each step (under compile a symbolic float, no recompile).
+    beta1 = float(group[BETAS][0]) if BETAS in group else gp.config.gradient_filter.beta1
+    mu = float(group[MOMENTUM]) if MOMENTUM in group else gp.config.momentum.momentum
+    return StepInput(gi, gp, params, list(g), w, g, steps, lr, beta1, mu, ratio,
+                     targets=targets)
 
 
 def _merged(x: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

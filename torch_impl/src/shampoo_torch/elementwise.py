@@ -162,7 +162,7 @@ def statistics_gradient(st: dict[str, Any], g: torch.Tensor, t: int, cfg: Shampo
 
 def filter_gradients(
     sts: Sequence[dict[str, Any]], gs: Sequence[torch.Tensor], t: int, f: GradientFilterConfig,
-    oks: Sequence[torch.Tensor | None],
+    oks: Sequence[torch.Tensor | None], beta1: float | None = None,
 ) -> list[torch.Tensor]:
     """Eq. (15) for several parameters: stores each ``F_t = beta1 F + (1 - beta1) G``;
     returns the Fs the step uses, in order.
@@ -171,17 +171,26 @@ def filter_gradients(
     beta1), bias corrected when configured; G itself when the filter is off. The
     elementwise ops are ``torch._foreach_*`` ops across the parameters (one launch
     each on an accelerator), the same ops per tensor as one by one.
+
+    ``beta1``: the param group's ``betas[0]`` at this step, in place of ``f.beta1``
+    (None: ``f.beta1``); beta3 = None follows it, and so does the bias correction
+    ``1 - beta3 beta1^(t-1)`` (the current value, as torch's Adam does).
     """
     if not f.enabled:
         return list(gs)
-    beta3 = f.direction_beta
+    b1 = f.beta1 if beta1 is None else beta1
+    beta3 = b1 if f.beta3 is None else f.beta3
     olds = [st["filtered"] for st in sts]
-    news = torch._foreach_add(torch._foreach_mul(olds, f.beta1),
-                              torch._foreach_mul(list(gs), 1.0 - f.beta1))
-    used = news if beta3 == f.beta1 else torch._foreach_add(
+    news = torch._foreach_add(torch._foreach_mul(olds, b1),
+                              torch._foreach_mul(list(gs), 1.0 - b1))
+    # beta3 None is beta1 whatever its value. An explicit beta3 equal to beta1 reuses F_t
+    # only for a host float equal to it: a symbolic b1 (compiled) is not compared, which
+    # would guard the graph on its value; the direction is then formed apart, same values.
+    same = f.beta3 is None or (f.beta3 == f.beta1 and type(b1) is float and b1 == f.beta3)
+    used = news if same else torch._foreach_add(
         torch._foreach_mul(olds, beta3), torch._foreach_mul(list(gs), 1.0 - beta3))
     if f.bias_correction:
-        used = torch._foreach_div(used, f.bias_correction_factor(t))
+        used = torch._foreach_div(used, 1.0 - beta3 * b1 ** (t - 1))  # as f's factor
     for st, new, old, ok in zip(sts, news, olds, oks, strict=True):
         st["filtered"] = masked(new, old, ok)
     return list(used)
@@ -197,8 +206,12 @@ def momentum(
     lr: float,
     ok: torch.Tensor | None,
     lr_0: float | None = None,
+    mu: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eqs. (19)-(20): the step U from the chosen direction P (Shampoo or graft).
+
+    ``mu``: the param group's ``"momentum"`` at this step, in place of
+    ``cfg.momentum.momentum`` (None: the config's); 0 keeps the buffer, M = (1 - d) P.
 
     P is scaled by lr first with ``lr_before_momentum``, then takes the
     direction decay (eq. 19; with ``scale_by_lr_ratio`` its coefficient is
@@ -223,7 +236,7 @@ def momentum(
     p = prepare(chosen)
     if not mom.enabled:
         return p, {}
-    mu, damp = mom.momentum, mom.direction_weight
+    mu, damp = (mom.momentum if mu is None else mu), mom.direction_weight
     like = chosen if graft_dir is None else graft_dir  # None: used up by eq. (18) per block
     shape, dt = tuple(like.shape), like.dtype
     old = read_momentum(st, "momentum", shape, dt)  # eq. (20b): fl_d(q s) where int8
@@ -299,8 +312,8 @@ def update_cohort_state(c: Cohort, state: Mapping[torch.Tensor, dict[str, Any]])
                                            [oks[j] for j in diagonal], zeroed=True)
             for j, v in zip(diagonal, news, strict=True):
                 sts[j]["diagonal"] = v
-        c.filtered.update(zip(batch, filter_gradients(sts, gs, c.t, cfg.gradient_filter, oks),
-                              strict=True))
+        c.filtered.update(zip(batch, filter_gradients(sts, gs, c.t, cfg.gradient_filter, oks,
+                                                      c.inp.beta1), strict=True))
     for i in c.positions:
         st = state[params[i]]
         if cfg.grafting.factored:  # eq. (14e): the whole parameter, in its own shape

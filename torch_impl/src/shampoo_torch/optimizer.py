@@ -73,7 +73,7 @@ from . import (
     rank_cutoff,
     refusal,
 )
-from .arguments import as_config, check_lr
+from .arguments import as_config, check_lr, check_moments, moment_keys
 from .checkpoint_entries import shape_tensor
 from .cohorts import (
     AVERAGING_MODE,
@@ -105,7 +105,11 @@ class Shampoo(torch.optim.Optimizer):
             its first step (eq. 8b), kept in ``group["first_step_lr"]``; with
             ``weight_decay.scale_by_lr_ratio`` the direction decay follows
             ``group["lr"]`` over this ``lr`` (else the config's
-            ``learning_rate``), Meta's ``lr / peak_lr`` (eq. 19).
+            ``learning_rate``), Meta's ``lr / peak_lr`` (eq. 19). For ``cycle_momentum``
+            a group has ``"betas"`` = (eq. 15's beta1, eq. 6's beta2) with the filter on
+            and ``"momentum"`` = eq. (20)'s mu with momentum on (only then, as Meta names
+            them); its beta1 and mu in [0, 1) replace the config's at each step (bias
+            correction included); ``betas[1]`` cannot change.
         distributed: spread the block work over the ranks of a
             ``torch.distributed`` process group (:mod:`shampoo_torch.distributed`):
             every rank keeps the factors of its own blocks only and the
@@ -160,7 +164,8 @@ class Shampoo(torch.optim.Optimizer):
         self._plans: list[ParamGroupPlan] = []
         self._counters = StepCounters()
         self._pending = refusal.PendingRefusals()  # eq. (3) "raise", deferred (accelerator)
-        defaults = {"lr": config.learning_rate if lr is None else lr, "config": config}
+        defaults = {"lr": config.learning_rate if lr is None else lr, "config": config,
+                    **moment_keys(config)}  # what torch's schedulers look for
         self._compiled: compiled.CompiledStep | None = None
         super().__init__(params, defaults)
         if backend is not None:
@@ -176,8 +181,17 @@ class Shampoo(torch.optim.Optimizer):
         if "lr" not in param_group:
             override = self._lr_override
             param_group["lr"] = cfg.learning_rate if override is None else override
-        check_lr(param_group["lr"], f"param_groups[{len(self.param_groups)}]['lr']")
+        where = f"param_groups[{len(self.param_groups)}]"
+        check_lr(param_group["lr"], f"{where}['lr']")
+        # Moment keys from the group's own config; torch's add_param_group copies the
+        # defaults' into every group, so those this config keeps none of go after it.
+        kept = moment_keys(cfg)
+        for key, value in kept.items():
+            param_group.setdefault(key, value)
+        check_moments(param_group, cfg, where)
         super().add_param_group(param_group)
+        for key in set(moment_keys(self.defaults["config"])) - set(kept):
+            del param_group[key]
         first = self.param_groups[0]["params"]
         try:  # a refused group (e.g. integer parameters) is not left half added
             plan = build_param_group_plan(len(self.param_groups) - 1, param_group, self._dist,
@@ -276,8 +290,9 @@ class Shampoo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for gi, group in enumerate(self.param_groups):  # an LR scheduler may have set it
+        for gi, group in enumerate(self.param_groups):  # a scheduler may have set them
             check_lr(group["lr"], f"param_groups[{gi}]['lr']")
+            check_moments(group, group["config"], f"param_groups[{gi}]")
         if self._compiled is None:
             self._phases()
         else:

@@ -81,7 +81,7 @@ def update_parameters(
             st["step"] = c.t
         ok = c.elem_ok.get(i)
         u, buffers = elementwise.momentum(st, shampoo_dir, c.graft_dir.get(i), inp.w[i],
-                                          c.use_shampoo, cfg, inp.lr, ok, lr_0)
+                                          c.use_shampoo, cfg, inp.lr, ok, lr_0, inp.momentum)
         if batched and not buffers:
             batch.append((i, u))
             continue
