@@ -162,3 +162,18 @@ def test_orbax_sharded_round_trip_keeps_shardings_and_continues_bit_for_bit(
     other = dataclasses.replace(CONFIG, momentum=ss.MomentumConfig(momentum=0.5))
     with pytest.raises(ValueError, match=r"momentum\.momentum: 0\.9 -> 0\.5"):
         shampoo_jax.check_restored(saved, _like(other, 4))
+
+
+def test_a_flax_nnx_optimizers_state_is_checked() -> None:
+    nnx = pytest.importorskip("flax.nnx")
+    model = nnx.Linear(8, 6, rngs=nnx.Rngs(0))
+
+    def opt_state(config: ss.ShampooConfig) -> Any:
+        return nnx.Optimizer(model, shampoo_jax.shampoo(config), wrt=nnx.Param).opt_state
+
+    saved = json.loads(json.dumps(shampoo_jax.checkpoint_metadata(opt_state(CONFIG))))
+    paths = [p for p, _ in saved["states"][0]["parameters"]]
+    assert paths == ["['bias'].value", "['kernel'].value"]
+    shampoo_jax.check_restored(saved, opt_state(CONFIG))
+    with pytest.raises(ValueError, match="learning_rate: 0.1 -> 0.2"):
+        shampoo_jax.check_restored(saved, opt_state(dataclasses.replace(CONFIG, learning_rate=0.2)))

@@ -72,9 +72,9 @@ def checkpoint_metadata(state: Any) -> dict[str, Any]:
 
     ``state``: a :class:`ShampooState` made by ``shampoo(config).init`` (or
     ``shampoo(config, sharding=...).init``), or a pytree holding them (an
-    ``optax.chain`` state, a dict of parameters and optimizer state).
-    Save it with the state (Orbax: ``custom_metadata``) and pass it to
-    :func:`check_restored` before restoring.
+    ``optax.chain`` state, a dict of parameters and optimizer state, a Flax
+    NNX ``nnx.Optimizer``'s ``opt_state``). Save it with the state (Orbax:
+    ``custom_metadata``) and pass it to :func:`check_restored` before restoring.
     """
     return {"format": METADATA_FORMAT, "states": _states(state, "the state")}
 
