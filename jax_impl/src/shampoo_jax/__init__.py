@@ -24,7 +24,10 @@ eqs. 2, 15, 16b, 19-22), :mod:`refusal` (eq. 3 in jit: refused blocks),
 (:class:`ShardingConfig` and which device holds which block), :mod:`sharded`
 (block state and inverse roots sharded over a mesh axis:
 ``shampoo(config, sharding=ShardingConfig(mesh, axis))``),
-:mod:`checkpoint`. Its benchmarks live in ``shampoo_conformance.bench``
+:mod:`checkpoint` (the state as NumPy arrays, config checked on load),
+:mod:`restore_check` (:func:`checkpoint_metadata` and :func:`check_restored`:
+the config check of a restore through a pytree checkpointer such as Orbax,
+sharded or not). Its benchmarks live in ``shampoo_conformance.bench``
 (``jax_step``, ``jax_sharded``). The conformance adapters (the backend contract) live in
 ``shampoo_conformance.adapters.jax`` and ``.jax_sharded``; this package never
 imports them.
@@ -43,6 +46,7 @@ from .checkpoint import (
 from .checks import check_state
 from .grafting import FactoredMoments
 from .placement import ShardingConfig
+from .restore_check import check_restored, checkpoint_metadata
 from .sharded import shard_state, unshard_state
 from .state import BlockGroupState, ParameterInfo, ShampooState
 from .transform import shampoo
@@ -56,7 +60,9 @@ __all__ = [
     "ShampooState",
     "ShardingConfig",
     "averaged_params",
+    "check_restored",
     "check_state",
+    "checkpoint_metadata",
     "config_array",
     "shampoo",
     "shard_state",
