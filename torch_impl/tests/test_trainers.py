@@ -18,6 +18,7 @@ per test (skipped where not installed; the nox ``tests`` session installs them).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,9 @@ from shampoo_spec.schedule import is_root_step
 from shampoo_torch import Shampoo
 
 HERE = Path(__file__).resolve().parent
+#: What a distributed launch reads from the environment (kept out of the DDP script's).
+LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                    "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
 #: Roots every 3 steps from step 2: the resumes below land between two root steps.
 CONFIG = ShampooConfig(
     learning_rate=0.05,
@@ -98,9 +102,11 @@ def test_lightning_ddp_two_processes_resume_is_bit_identical(tmp_path: Path) -> 
     pytest.importorskip("lightning")
     from .lightning_scenarios import BATCHES, EPOCHS
 
+    # A fresh launch: no rank or rendezvous from this process (Lightning picks a free port).
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
     result = subprocess.run(
         [sys.executable, str(HERE / "lightning_scenarios.py"), str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=env,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
