@@ -29,6 +29,9 @@ MEMBERS = tuple(
 FRAMEWORKS = {"torch_impl": ("torch",), "jax_impl": ("jax[cpu]", "optax")}
 #: The conformance property suite, run against every installed backend.
 SUITE = "conformance/src/shampoo_conformance/suite"
+#: Trainers that drive shampoo_torch in the tests (torch_impl/tests/test_trainers.py) and
+#: in docs/integrations.md's examples (pinned in constraints.txt with their dependencies).
+TRAINERS = ("lightning", "accelerate")
 #: The house rules (tests/), member tests, the documentation's runnable examples, the suite.
 TEST_DIRS = ("tests", *(f"{member}/tests" for member in MEMBERS), "docs/tests", SUITE)
 #: Options every pytest run gets: no .pytest_cache (a read-only checkout works).
@@ -83,7 +86,8 @@ def tests(session: nox.Session) -> None:
     properties here, since each example compiles a new program; they run
     in the ``conformance`` sessions. Args go to pytest (and replace the default paths).
     """
-    install_members(session, "pytest", "pytest-xdist", "hypothesis", "scikit-learn", "matplotlib")
+    install_members(session, "pytest", "pytest-xdist", "hypothesis", "scikit-learn", "matplotlib",
+                    *TRAINERS)
     env = hypothesis_env("ci")
     if session.posargs:
         session.run("pytest", *PYTEST_OPTIONS, *session.posargs, env=env)
@@ -98,10 +102,12 @@ def tests(session: nox.Session) -> None:
     if "torch_impl" in MEMBERS:
         # The branches a CUDA device takes, on this CPU (shampoo_torch.device_path): the
         # torch tests and the suite on torch and torch-ddp again, on the accelerator path
-        # (but the compiled step's tests, which take that path themselves either way).
+        # (but the compiled step's tests, which take that path themselves either way, and
+        # the trainers', whose save / load / step calls are the same on either path).
         session.run(
             "pytest", *PYTEST_OPTIONS, *PARALLEL, *SLOWEST, "torch_impl/tests", SUITE,
             "--ignore=torch_impl/tests/test_compiled_step.py",
+            "--ignore=torch_impl/tests/test_trainers.py",
             "--backend=torch", "--backend=torch-ddp",
             env={**env, "SHAMPOO_TORCH_PATH": "accelerator"},
         )
