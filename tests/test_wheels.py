@@ -42,6 +42,7 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints.txt"
+#: The members, in dependency order (each one has a check in USE below).
 MEMBERS = ("spec", "reference", "datasets", "torch_impl", "jax_impl", "conformance")
 #: Left out of the copy that is built: caches and earlier builds of the working tree.
 IGNORED = ("__pycache__", "*.egg-info", "build", "dist", ".pytest_cache", ".hypothesis")
@@ -55,7 +56,7 @@ OPTIONAL_IMPORTS = {
 #: Runs in the fresh environment: argv[1] is JSON with the package, its
 #: distribution name, version and the imports it may miss.
 CHECK = """
-import importlib, importlib.metadata, importlib.resources, json, pkgutil, subprocess, sys
+import importlib, importlib.metadata, importlib.resources, json, pkgutil, sys
 args = json.loads(sys.argv[1])
 package = importlib.import_module(args["package"])
 assert package.__file__.startswith(sys.prefix), (package.__file__, sys.prefix)
@@ -227,6 +228,12 @@ def built(tmp_path_factory: pytest.TempPathFactory):
     return build
 
 
+def test_every_member_is_checked() -> None:
+    """A new member (a folder with a pyproject.toml) joins MEMBERS and USE."""
+    found = {p.parent.name for p in ROOT.glob("*/pyproject.toml")}
+    assert found == set(MEMBERS) == set(USE)
+
+
 @pytest.mark.parametrize("member", MEMBERS)
 def test_sdist_and_wheel_contents(member: str, built) -> None:
     """The sdist holds the sources and the metadata files; the wheel built from it, the package."""
@@ -254,18 +261,21 @@ def test_wheel_installs_and_imports_alone(member: str, built, tmp_path: pathlib.
     """Fresh environment, only the member's declared dependencies: it imports and works."""
     wheels = [str(built(m)[1]) for m in sibling_closure(member)]
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
-    python = str(venv / "bin" / "python")
-    env = clean_env()
-    # pip from this environment installs into the fresh one (which has no pip of its own);
-    # pip's cache is reused, the members' wheels are the files just built.
-    pip = [sys.executable, "-m", "pip", "--python", python]
-    run([*pip, "install", "--quiet", "-c", str(CONSTRAINTS), *wheels], env=env)
-    run([*pip, "check"], env=env)
-    meta = project(member)
-    args = {"package": package_name(member), "dist": meta["name"], "version": meta["version"],
-            "optional": OPTIONAL_IMPORTS.get(member, ())}
-    # -I: isolated (no PYTHONPATH, no user site, not this folder on sys.path).
-    done = run([python, "-I", "-c", CHECK + USE[member], json.dumps(args)], env=env,
-               cwd=tmp_path)
-    print(done.stdout)
+    try:
+        run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+        python = str(venv / "bin" / "python")
+        env = clean_env()
+        # pip from this environment installs into the fresh one (which has no pip of its own);
+        # pip's cache is reused, the members' wheels are the files just built.
+        pip = [sys.executable, "-m", "pip", "--python", python]
+        run([*pip, "install", "--quiet", "-c", str(CONSTRAINTS), *wheels], env=env)
+        run([*pip, "check"], env=env)
+        meta = project(member)
+        args = {"package": package_name(member), "dist": meta["name"], "version": meta["version"],
+                "optional": OPTIONAL_IMPORTS.get(member, ())}
+        # -I: isolated (no PYTHONPATH, no user site, not this folder on sys.path).
+        done = run([python, "-I", "-c", CHECK + USE[member], json.dumps(args)], env=env,
+                   cwd=tmp_path)
+        print(done.stdout)
+    finally:  # a torch or jax environment is about 1 GB
+        shutil.rmtree(venv, ignore_errors=True)
