@@ -130,8 +130,10 @@ def wheels(session: nox.Session) -> None:
     env = {"SHAMPOO_WHEELS": "1", **blas_env(),
            "XLA_FLAGS": os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)}
     # --noconftest: the root conftest.py needs the members, which this session does not install.
+    # --basetemp: the fresh environments stay in the session's folder until its next run.
+    basetemp = os.path.join(session.create_tmp(), "pytest")
     session.run("pytest", *PYTEST_OPTIONS, "--noconftest", "-v", "--durations=12",
-                "tests/test_wheels.py", *session.posargs, env=env)
+                f"--basetemp={basetemp}", "tests/test_wheels.py", *session.posargs, env=env)
 
 
 #: The backends of the property suite, one ``conformance`` session each.

@@ -17,7 +17,10 @@ For each member (a folder with a ``pyproject.toml``):
   real (a config, a reference run, a problem's gradient, one optimizer step).
 
 Set ``SHAMPOO_WHEELS=1`` to run it; a fresh environment with torch or jax takes
-a while, so ``nox -s tests`` skips it.
+a while, so ``nox -s tests`` skips it. The environments (about 2.5 GB in all) stay
+in pytest's temporary folder, which ``nox -s wheels`` puts in ``.nox/wheels/tmp``
+and empties at its next run: deleting them on a busy disk costs as much as making
+them.
 """
 
 from __future__ import annotations
@@ -261,21 +264,18 @@ def test_wheel_installs_and_imports_alone(member: str, built, tmp_path: pathlib.
     """Fresh environment, only the member's declared dependencies: it imports and works."""
     wheels = [str(built(m)[1]) for m in sibling_closure(member)]
     venv = tmp_path / "venv"
-    try:
-        run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
-        python = str(venv / "bin" / "python")
-        env = clean_env()
-        # pip from this environment installs into the fresh one (which has no pip of its own);
-        # pip's cache is reused, the members' wheels are the files just built.
-        pip = [sys.executable, "-m", "pip", "--python", python]
-        run([*pip, "install", "--quiet", "-c", str(CONSTRAINTS), *wheels], env=env)
-        run([*pip, "check"], env=env)
-        meta = project(member)
-        args = {"package": package_name(member), "dist": meta["name"], "version": meta["version"],
-                "optional": OPTIONAL_IMPORTS.get(member, ())}
-        # -I: isolated (no PYTHONPATH, no user site, not this folder on sys.path).
-        done = run([python, "-I", "-c", CHECK + USE[member], json.dumps(args)], env=env,
-                   cwd=tmp_path)
-        print(done.stdout)
-    finally:  # a torch or jax environment is about 1 GB
-        shutil.rmtree(venv, ignore_errors=True)
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    python = str(venv / "bin" / "python")
+    env = clean_env()
+    # pip from this environment installs into the fresh one (which has no pip of its own);
+    # pip's cache is reused, the members' wheels are the files just built.
+    pip = [sys.executable, "-m", "pip", "--python", python]
+    run([*pip, "install", "--quiet", "-c", str(CONSTRAINTS), *wheels], env=env)
+    run([*pip, "check"], env=env)
+    meta = project(member)
+    args = {"package": package_name(member), "dist": meta["name"], "version": meta["version"],
+            "optional": OPTIONAL_IMPORTS.get(member, ())}
+    # -I: isolated (no PYTHONPATH, no user site, not this folder on sys.path).
+    done = run([python, "-I", "-c", CHECK + USE[member], json.dumps(args)], env=env,
+               cwd=tmp_path)
+    print(done.stdout)
