@@ -120,6 +120,28 @@ def tests(session: nox.Session) -> None:
         )
 
 
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Every member as a package: its wheel installs and imports alone (CI, tests/test_wheels.py).
+
+    Per member: ``python -m build`` makes the sdist and the wheel from it (the
+    sdist holds the sources, the wheel ``py.typed``); the wheel, with the wheels
+    of the members it declares, goes into a fresh virtual environment where
+    everything else comes from the registry under constraints.txt; there every
+    module imports, the version is pyproject's, ``pip check`` passes, and a few
+    lines use it (a config, a reference run, one torch and one jax step). Reuses
+    pip's cache. Args go to pytest (e.g. ``-k spec``).
+    """
+    session.install(*CONSTRAINTS, "build", "pytest")
+    env = {"SHAMPOO_WHEELS": "1", **blas_env(),
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)}
+    # --noconftest: the root conftest.py needs the members, which this session does not install.
+    # --basetemp: the fresh environments stay in the session's folder until its next run.
+    basetemp = os.path.join(session.create_tmp(), "pytest")
+    session.run("pytest", *PYTEST_OPTIONS, "--noconftest", "-v", "--durations=12",
+                f"--basetemp={basetemp}", "tests/test_wheels.py", *session.posargs, env=env)
+
+
 #: The backends of the property suite, one ``conformance`` session each.
 SUITE_BACKENDS = ("reference", "torch", "torch-ddp", "torch-fsdp2", "jax", "jax-sharded")
 

@@ -1,4 +1,4 @@
-"""shampoo_reference: the exact float64 NumPy/SciPy Shampoo, the oracle.
+"""shampoo_reference: the exact float64 NumPy Shampoo, the oracle.
 
 ``run(config, params, grads)`` returns the parameters after each step;
 :class:`ReferenceShampoo` steps one gradient at a time. Equation numbers in

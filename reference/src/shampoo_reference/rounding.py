@@ -49,7 +49,7 @@ def round_to_bfloat16(x: NDArray[np.float32]) -> NDArray[np.float32]:
     clear the low 16 bits. A carry out of the largest finite bfloat16 gives
     inf, as it should; subnormals round the same way. NaN is kept as NaN
     (the carry could turn a NaN payload into inf). Written out rather than
-    taken from ``ml_dtypes`` so the reference needs only NumPy and SciPy;
+    taken from ``ml_dtypes`` so the reference needs only NumPy;
     reference/tests/test_rounding.py checks it against ml_dtypes where that
     is installed.
     """

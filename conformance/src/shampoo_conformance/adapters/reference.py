@@ -1,4 +1,4 @@
-"""The reference backend: the float64 NumPy/SciPy oracle behind the backend contract.
+"""The reference backend: the float64 NumPy oracle behind the backend contract.
 
 ``run`` (open loop), ``trajectory`` (closed loop: each gradient computed at
 the current parameters) and ``stepper`` (``"shampoo"`` or the NumPy AdamW of
@@ -54,7 +54,7 @@ def _array_bytes(tree: Any) -> int:
 
 
 class ReferenceBackend(BackendBase):
-    """The float64 NumPy/SciPy reference (``shampoo_reference``)."""
+    """The float64 NumPy reference (``shampoo_reference``)."""
 
     name = "reference"
     dtypes = (np.float64,)
