@@ -29,9 +29,10 @@ MEMBERS = tuple(
 FRAMEWORKS = {"torch_impl": ("torch",), "jax_impl": ("jax[cpu]", "optax")}
 #: The conformance property suite, run against every installed backend.
 SUITE = "conformance/src/shampoo_conformance/suite"
-#: Trainers that drive shampoo_torch in the tests (torch_impl/tests/test_trainers.py) and
-#: in docs/integrations.md's examples (pinned in constraints.txt with their dependencies).
-TRAINERS = ("lightning", "accelerate")
+#: Trainers and checkpointers that drive our optimizers in the tests
+#: (torch_impl/tests/test_trainers.py, jax_impl/tests/test_restore_check.py) and in
+#: docs/integrations.md's examples (pinned in constraints.txt with their dependencies).
+TRAINERS = ("lightning", "accelerate", "flax", "orbax-checkpoint")
 #: The house rules (tests/), member tests, the documentation's runnable examples, the suite.
 TEST_DIRS = ("tests", *(f"{member}/tests" for member in MEMBERS), "docs/tests", SUITE)
 #: Options every pytest run gets: no .pytest_cache (a read-only checkout works).
@@ -103,11 +104,13 @@ def tests(session: nox.Session) -> None:
         # The branches a CUDA device takes, on this CPU (shampoo_torch.device_path): the
         # torch tests and the suite on torch and torch-ddp again, on the accelerator path
         # (but the compiled step's tests, which take that path themselves either way, and
-        # the trainers', whose save / load / step calls are the same on either path).
+        # the trainers' and torch's checkpoint path's, whose save / load calls are the same
+        # on either path; test_optimizer_state checks the state dict on both).
         session.run(
             "pytest", *PYTEST_OPTIONS, *PARALLEL, *SLOWEST, "torch_impl/tests", SUITE,
             "--ignore=torch_impl/tests/test_compiled_step.py",
             "--ignore=torch_impl/tests/test_trainers.py",
+            "--ignore=torch_impl/tests/test_torch_checkpoint_path.py",
             "--backend=torch", "--backend=torch-ddp",
             env={**env, "SHAMPOO_TORCH_PATH": "accelerator"},
         )

@@ -49,7 +49,7 @@ _NO_TEST = re.compile(r"^\s*<!--\s*no-test:\s*(?P<reason>\S.*?)\s*-->\s*$")
 #: XLA options of the nox `tests` session for compiled examples (unless XLA_FLAGS is set).
 JAX_TEST_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 #: Top-level modules whose absence skips a page, by the import that needs them.
-_FRAMEWORKS = ("torch", "jax", "optax", "sklearn")
+_FRAMEWORKS = ("torch", "jax", "optax", "sklearn", "lightning", "accelerate", "flax", "orbax")
 
 
 @dataclass(frozen=True)

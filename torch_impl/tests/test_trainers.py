@@ -205,8 +205,6 @@ def _titan_stateful(model: torch.nn.Module, optimizer: Shampoo) -> dict[str, Any
     return {"model": ModelWrapper(), "optimizer": OptimizersContainer()}
 
 
-@pytest.mark.xfail(strict=False,
-                   reason="DCP get/set lands with the checkpoint format change")
 def test_torchtitan_calls_dcp_save_load_resume_is_bit_identical(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
