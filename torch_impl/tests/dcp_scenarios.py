@@ -13,8 +13,9 @@ pattern of torch's tutorial) or a ``torch.save`` file written by rank 0
 Stages, each continuing a run of :data:`STEPS` steps with the same whole
 gradients: :func:`first` (world 2) saves every mode at step :data:`FIRST`;
 :func:`second` (world 4) loads the portable checkpoints into another mode,
-steps to :data:`SECOND` and saves again; :func:`third` (world 2) loads those,
-and the local ones of :func:`first`, and runs to the end. Every rank returns
+steps to :data:`SECOND` and saves again (and saves and reloads HSDP
+``"local"``); :func:`third` (world 2) loads those, and the local ones of
+:func:`first`, and runs to the end. Every rank returns
 its whole parameters at the end and at each save.
 """
 
@@ -223,6 +224,17 @@ def second(rank: int, world: int, root: str) -> dict[str, Any]:
             save(model, opt, option, os.path.join(root, f"second-{mode}-{option}"))
             run(model, opt, mesh, range(SECOND, STEPS))
             out[f"{source}->{mode}/{option}"] = whole(model)
+    for option in OPTIONS:  # HSDP "local": saved and loaded at the same mesh
+        model, opt, mesh = build("hsdp_local", world)
+        run(model, opt, mesh, range(FIRST))
+        path = os.path.join(root, f"second-hsdp_local-{option}")
+        save(model, opt, option, path)
+        run(model, opt, mesh, range(FIRST, STEPS))
+        out[f"hsdp_local/{option}"] = whole(model)
+        model, opt, mesh = build("hsdp_local", world)
+        load(model, opt, option, path)
+        run(model, opt, mesh, range(FIRST, STEPS))
+        out[f"hsdp_local->hsdp_local/{option}"] = whole(model)
     return out
 
 

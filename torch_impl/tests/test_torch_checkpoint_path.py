@@ -102,9 +102,12 @@ def test_portable_modes_resume_bit_for_bit_across_world_sizes_and_modes(
 
 def test_local_mode_resumes_bit_for_bit_at_the_same_shard_group_size(
         outcome: dict[str, Any]) -> None:
-    first, third = outcome["first"][0], outcome["third"][0]
+    """fully_shard "local" at 2 ranks (a later process group) and HSDP "local" at 4."""
+    first, second, third = (outcome[stage][0] for stage in ("first", "second", "third"))
     for option in sc.OPTIONS:
         assert _equal(third[f"local->local/{option}"], first[f"local/{option}"]), option
+        assert _equal(second[f"hsdp_local->hsdp_local/{option}"],
+                      second[f"hsdp_local/{option}"]), option
 
 
 def test_a_local_state_is_refused_by_a_lossless_optimizer_naming_why(
