@@ -63,3 +63,15 @@ def stepped(config: ShampooConfig, params: dict[str, np.ndarray],
             t.grad = torch.tensor(g[k])
         opt.step()
     return opt
+
+
+def load_scenarios(path: str, name: str) -> Any:
+    """The scenario file at ``path`` as a module (it is also the target of spawned ranks,
+    which load it by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

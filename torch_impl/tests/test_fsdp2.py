@@ -31,7 +31,7 @@ from shampoo_reference import ReferenceShampoo
 from shampoo_torch import DistributedConfig
 from shampoo_torch.processes import spawn
 
-from .helpers import spawn_ok
+from .helpers import load_scenarios, spawn_ok
 
 SCENARIOS = str(Path(__file__).with_name("fsdp2_scenarios.py"))
 WORLDS = (2, 4)
@@ -43,13 +43,7 @@ def outcome(world: int) -> list[dict[str, Any]]:
 
 
 def _scenarios() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fsdp2_scenarios", SCENARIOS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_scenarios(SCENARIOS, "fsdp2_scenarios")
 
 
 def _cases(world: int, mode: str) -> list[str]:

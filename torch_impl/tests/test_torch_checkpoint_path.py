@@ -7,7 +7,6 @@ bit the uninterrupted run (the scenarios: ``dcp_scenarios.py``).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,22 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from .helpers import spawn_ok
+from .helpers import load_scenarios, spawn_ok
 
 SCENARIOS = str(Path(__file__).with_name("dcp_scenarios.py"))
 #: DCP warns when it saves or loads without a process group (``no_dist=True``, intended here).
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("dcp_scenarios", SCENARIOS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sc = _module()
+sc = load_scenarios(SCENARIOS, "dcp_scenarios")
 
 
 @pytest.fixture
