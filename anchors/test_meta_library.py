@@ -1296,13 +1296,34 @@ AVERAGING_CASES: dict[str, dict[str, Any]] = {
                                                    "train_interp_coeff": 0.75}},
     "schedule_free_power_1": {"iterate_averaging_config": {
         "type": "ScheduleFreeConfig", "train_interp_coeff": 0.5, "eval_coeff_lr_power": 1}},
+    # Schedule-Free with options no other case combines it with: Meta's defaults
+    # (mu_y 0.8, power 2, betas (0.9, 1.0) with bias correction, epsilon 1e-12, roots
+    # every step; the base's AdaGrad graft and decay); an Adam graft under a NAdam-like
+    # filter (betas[0], beta3); L2 decay (in the gradient, so Z does not decay).
+    "schedule_free_meta_defaults": {
+        "iterate_averaging_config": {"type": "ScheduleFreeConfig"},
+        "epsilon": 1e-12, "precondition_frequency": 1},
+    "schedule_free_adam_graft_filter": {
+        "iterate_averaging_config": {"type": "ScheduleFreeConfig", "train_interp_coeff": 0.75},
+        "grafting_config": {"type": "AdamPreconditionerConfig", "beta2": 0.99, "epsilon": 1e-8},
+        "betas": [0.9, 0.99], "beta3": 0.95},
+    "schedule_free_l2": {
+        "iterate_averaging_config": {"type": "ScheduleFreeConfig", "train_interp_coeff": 0.75},
+        "weight_decay_type": "L2"},
+    # No decay: Z does not decay, so mu_x is the only scalar Meta rounds to float32
+    # (test_meta_schedule_free_gap_is_float32_mu_x).
+    "schedule_free_no_decay": {
+        "iterate_averaging_config": {"type": "ScheduleFreeConfig", "train_interp_coeff": 0.75},
+        "weight_decay": 0.0},
 }
 AVERAGING_BASE = {"grafting_config": ADAGRAD, "epsilon": 1e-6, "precondition_frequency": 5,
                   "weight_decay": 0.01, "lr": 0.0625}
 
 
-def _float64_scalars(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Meta's per-group lr, lr_sum and interpolation tensors as float64 (in place)."""
+def _float64_scalars(opt: torch.optim.Optimizer,
+                     keys: tuple[str, ...] | None = None) -> torch.optim.Optimizer:
+    """Meta's per-group lr, lr_sum and interpolation tensors as float64 (in place);
+    ``keys``: only those (names from ``distributed_shampoo.shampoo_types``)."""
     from distributed_shampoo.shampoo_types import (
         EVAL_INTERP_COEFF,
         LR_CPU_PINNED,
@@ -1311,8 +1332,10 @@ def _float64_scalars(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
         TRAIN_INTERP_COEFF,
     )
 
+    if keys is None:
+        keys = (LR_TENSOR, LR_CPU_PINNED, TRAIN_INTERP_COEFF, EVAL_INTERP_COEFF, LR_SUM)
     for state_lists, group in zip(opt._per_group_state_lists, opt.param_groups, strict=True):
-        for key in (LR_TENSOR, LR_CPU_PINNED, TRAIN_INTERP_COEFF, EVAL_INTERP_COEFF, LR_SUM):
+        for key in keys:
             if key in state_lists:
                 state_lists[key] = state_lists[key].to(torch.float64)
         for p in group["params"]:
@@ -1346,6 +1369,31 @@ def test_meta_iterate_averaging_matches_shampoo_torch(
         with _float64_default_dtype():
             shipped, _ = _train(lambda p: meta(p, widened=False), batches, data)
         print(f"  Meta as shipped (float32 scalars): {_worst_deviation(shipped, ours)[0]:.2e}")
+
+
+def test_meta_schedule_free_gap_is_float32_mu_x(problem: tuple[Batches, Data]) -> None:
+    """Schedule-Free without decay against Meta as shipped: the gap (3.2e-8 relative to
+    the parameters, 3.6e-8 to their displacement from the start) is Meta's float32
+    ``lr_sum`` and ``eval_interp_coeff`` (mu_x = 1 - lr^p / S_t, distributed_shampoo.py
+    :924, :1327) alone: widening only those two to float64 gives 4.8e-13, widening
+    every other scalar but them still 3.2e-8 (docs/third-party.md,
+    float32_averaging_scalars). Eq. (20d) computes mu_x in the parameters' precision."""
+    from distributed_shampoo.shampoo_types import EVAL_INTERP_COEFF, LR_SUM
+
+    kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES["schedule_free_no_decay"]},
+                             float32_lr=True)
+    batches, data = problem
+    ours, _ = _train(lambda p: Shampoo(p, from_meta(kwargs)), batches, data)
+    gaps = {}
+    for label, keys in (("mu_x widened", (LR_SUM, EVAL_INTERP_COEFF)), ("as shipped", ())):
+        with _float64_default_dtype():
+            theirs, _ = _train(lambda p, k=keys: _float64_scalars(
+                distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs)), k),
+                batches, data)
+        gaps[label] = _worst_deviation(theirs, ours)[0]
+        print(f"schedule_free_no_decay, Meta with {label}: {gaps[label]:.2e}")
+    assert gaps["mu_x widened"] <= TOLERANCE, gaps
+    assert gaps["as shipped"] > 1e-8, gaps  # the float32 mu_x is the whole gap
 
 
 def test_meta_train_and_eval_switch_like_shampoo_torch(problem: tuple[Batches, Data]) -> None:

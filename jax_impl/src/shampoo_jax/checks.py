@@ -8,13 +8,32 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
 from shampoo_spec import NonFiniteGradientError, RootFailureError, ShampooConfig
 
 from . import blocks as B
+from .grafting import FactoredMoments
 from .state import ParameterInfo, ShampooState, leaf_shapes
+
+#: The state kinds :func:`check_state` reads for non-finite entries: (name in the
+#: error, ShampooState field(s)) for the elementwise states (the parameters'
+#: structure, one entry per parameter leaf), and the block states' fields.
+ELEMENTWISE_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("graft", ("graft", "adafactor")),
+    ("filtered gradient", ("filtered",)),
+    ("momentum", ("momentum", "momentum_scale")),
+    ("graft momentum", ("graft_momentum", "graft_momentum_scale")),
+    ("diagonal", ("diagonal",)),
+    ("averaging", ("averaged",)),
+    ("gradient sum", ("gradient_sum",)),
+)
+BLOCK_KINDS: tuple[tuple[str, str], ...] = (
+    ("factors", "factors"),
+    ("corrected eigenvalues", "corrected_moment"),
+)
 
 
 def check_learning_rate(lr: Any) -> None:
@@ -75,7 +94,19 @@ def check_state(
     a block over the limit raises :class:`RootFailureError` (eq. 13). Both
     name the parameters by their pytree paths (``jax.tree_util.keystr``,
     recorded in the state at init).
+
+    Then every state kind that eq. (3) keeps finite is read for NaN or inf
+    (:data:`ELEMENTWISE_KINDS`: graft (Adafactor's moments included), filtered
+    gradient, momentum, graft momentum (their eq. 20b scales included),
+    diagonal, averaging (Z and Schedule-Free's ``S_t``), gradient sum;
+    :data:`BLOCK_KINDS`: factors and eigenvalue correction's corrected
+    eigenvalues D): one reduction and one host read per kind, the leaves
+    searched only when one is not finite. A non-finite entry is a corrupt
+    state (a bad checkpoint, a state edited by hand, a bug), not a refused
+    gradient: it raises ``ValueError`` naming the kind and the parameter
+    paths (and blocks).
     """
+    _check_finite(state, config)
     if config.failure.nonfinite_gradient == "raise":
         before = 0 if previous is None else int(previous.skipped_blocks)
         now = int(state.skipped_blocks)
@@ -98,6 +129,64 @@ def check_state(
                     f"by step {int(state.count)} "
                     f"(failure.max_consecutive_root_failures={limit})."
                 )
+
+
+def _floating(leaves: list[Any]) -> list[Any]:
+    return [x for x in leaves if x is not None and jnp.issubdtype(x.dtype, jnp.inexact)]
+
+
+def _all_finite(leaves: list[Any]) -> bool:
+    """One device reduction over ``leaves`` and one host read."""
+    leaves = _floating(leaves)
+    if not leaves:
+        return True
+    return bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
+
+
+def _per_parameter(field: Any, name: str) -> list[Any]:
+    """An elementwise field as one subtree per parameter leaf (flattening order)."""
+    if name.endswith("_scale"):  # eq. (20b)'s scales: a tuple, one entry (or None) per leaf
+        return list(field)
+    return jax.tree.leaves(field, is_leaf=lambda x: isinstance(x, FactoredMoments))
+
+
+def _check_finite(state: ShampooState, config: ShampooConfig) -> None:
+    """:func:`check_state`'s NaN/inf check of every state kind (host side)."""
+    info = state.info
+    bad: list[str] = []
+    for kind, fields in ELEMENTWISE_KINDS:
+        present = [(f, getattr(state, f)) for f in fields if getattr(state, f) is not None]
+        extra = [state.lr_power_sum] if kind == "averaging" and state.lr_power_sum is not None \
+            else []
+        if _all_finite(jax.tree.leaves([v for _, v in present]) + extra):
+            continue
+        names: list[str] = []
+        for f, value in present:
+            for i, sub in enumerate(_per_parameter(value, f)):
+                if not _all_finite(jax.tree.leaves(sub)):
+                    name = info.paths[i] if info is not None else f"#{i}"
+                    if name not in names:
+                        names.append(name)
+        if extra and not _all_finite(extra):
+            names.append("lr_power_sum (S_t)")
+        bad.append(f"{kind} state of parameter(s) {', '.join(names) or '<unknown>'}")
+    for kind, field in BLOCK_KINDS:
+        stacks = [(i, x) for i, gs in enumerate(state.groups)
+                  for x in jax.tree.leaves(getattr(gs, field))]
+        if _all_finite([x for _, x in stacks]):
+            continue
+        where = []
+        for i, x in stacks:
+            if not _all_finite([x]):
+                rows = np.asarray(jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1))
+                where.append(_failed_blocks(state, config, i, np.flatnonzero(~rows)))
+        bad.append(f"{kind} of {', '.join(dict.fromkeys(where))}")
+    if bad:
+        raise ValueError(
+            f"the optimizer state holds non-finite (NaN or inf) entries by step "
+            f"{int(state.count)}: {'; '.join(bad)}. Eq. (3) keeps the state finite, so this "
+            "state is corrupt (a bad checkpoint or an edited state): restore an earlier one."
+        )
 
 
 def _skipped_names(state: ShampooState, previous: ShampooState | None) -> str:
