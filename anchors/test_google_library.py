@@ -488,6 +488,31 @@ DECAYING_ROOTS: Kwargs = {
     "decay_preconditioning_compute_steps": True,
     "end_preconditioning_compute_steps": 25,
 }
+#: Eq. (8b) under optax.linear_schedule 0.01 -> 0 over the 50 steps (issue i46c): x_c =
+#: 10 + 23 c / 50 never lands on a multiple of 10 (with end 25 it does, at c = 20 and 40,
+#: where the rounding of rho decides the period), f = 10 for c < 22, 20 to c = 43, 30
+#: from 44: roots at c = 0, 10, 20, 40 (t = 1, 11, 21, 41; the constant 10 adds 31).
+#: Google calls the schedule on its int32 count, on which optax computes in float32
+#: even under x64; Google's compiled program and ours then round 1 - c / 50 differently
+#: (XLA's CPU code contracts c * 0.02 and the subtraction into one FMA in Google's
+#: program, not in ours): lr differs by one float32 ulp at 16 of the 50 counts, which
+#: moved this run by 1.3e-8 (the issue's gap; the root steps, 1, 11, 21, 41, were the
+#: same on both sides, and fed the same values the runs agree to 2e-15). Here the schedule
+#: is called on the count as a float64 (a float64 run's schedule), so both libraries
+#: compute lr in float64: 1.9e-15.
+def linear_schedule_float64(count: Any) -> Any:
+    """``optax.linear_schedule(0.01, 0.0, 50)`` on the count taken as a float64."""
+    return LINEAR_SCHEDULE(jnp.asarray(count, jnp.float64))
+
+
+LINEAR_SCHEDULE = optax.linear_schedule(0.01, 0.0, STEPS)
+LINEAR_DECAYING_ROOTS: Kwargs = {
+    "graft_type": "ADAGRAD",
+    "learning_rate": linear_schedule_float64,
+    "preconditioning_compute_steps": 10,
+    "decay_preconditioning_compute_steps": True,
+    "end_preconditioning_compute_steps": 23,
+}
 #: Eq. (14d): the RMSPROP graft clipped at rms 2 (its first steps have rms about
 #: 1/sqrt(1 - beta2) = 4.5, later ones less: some steps clip, some do not).
 CLIPPED_GRAFT: Kwargs = {
@@ -552,6 +577,9 @@ CONTROLLED: dict[str, tuple[Kwargs, tuple[str, ...]]] = {
     "compression_rank_smallest_eigh": (COMPRESSED_SMALLEST, ("compression_rank",)),
     "compression_rank_relative_newton": (COMPRESSED_RELATIVE, ("compression_rank",)),
     "decaying_root_frequency": (DECAYING_ROOTS, ("decay_preconditioning_compute_steps",)),
+    "decaying_root_frequency_linear": (
+        LINEAR_DECAYING_ROOTS, ("decay_preconditioning_compute_steps",)
+    ),
     "decay_at_constant_callable_rate": (
         CONSTANT_CALLABLE, ("decay_preconditioning_compute_steps",)
     ),
@@ -581,6 +609,79 @@ def test_decaying_root_frequency_changes_the_root_steps() -> None:
     assert from_google({**BASE, **DECAYING_ROOTS, "learning_rate": 0.01}).schedule == (
         dataclasses.replace(s, precondition_frequency_growth=None)
     )
+
+
+def test_linear_decay_takes_googles_root_steps() -> None:
+    """The linear case's root steps: the spec's (eq. 8b, float64) are Google's own
+    ``preconditioning_compute_steps_schedule`` under jit, for the float64 schedule and for
+    optax's float32 one alike (x_c is never within rounding of a multiple of 10), and
+    differ from the constant period's."""
+    s = from_google({**BASE, **LINEAR_DECAYING_ROOTS}, x64=True).schedule
+    assert s.precondition_frequency_growth == 23
+    rates = [0.01 * (1.0 - c / STEPS) for c in range(STEPS)]
+    roots = [t for t in range(1, STEPS + 1)
+             if ss.is_root_step(t, s, ss.learning_rate_ratio(rates[t - 1], rates[0]))]
+    assert roots == [1, 11, 21, 41]
+    assert [t for t in range(1, STEPS + 1) if ss.is_root_step(t, s)] == [1, 11, 21, 31, 41]
+    for schedule in (linear_schedule_float64, LINEAR_SCHEDULE):
+        period = jax.jit(functools.partial(ds.preconditioning_compute_steps_schedule,
+                                           schedule, 10, 23))
+        google = [c + 1 for c in range(STEPS) if c % int(period(jnp.int32(c))) == 0]
+        assert google == roots
+
+
+def _member_trajectory(step: Any, params: dict[str, np.ndarray], problem: Problem
+                       ) -> dict[str, np.ndarray]:
+    """A NumPy/torch member's closed-loop run: ``step(grads, lr) -> params`` each step,
+    the gradients by ``jax.grad`` of the same loss at the member's own weights, the
+    rate the linear schedule's value at count c (float64)."""
+    grad = jax.jit(jax.grad(_loss))
+    out: dict[str, list[np.ndarray]] = {k: [] for k in params}
+    p = params
+    for c in range(STEPS):
+        g = grad({k: jnp.asarray(v) for k, v in p.items()}, problem.xs[c], problem.ys[c])
+        p = step({k: np.asarray(v) for k, v in g.items()}, float(linear_schedule_float64(c)))
+        for k in out:
+            out[k].append(np.array(p[k]))
+    return {k: np.stack(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("member", ["reference", "torch"])
+def test_linear_decay_case_on_reference_and_torch(member: str) -> None:
+    """The linear case (issue i46c) on the float64 members, against Google's run: each
+    takes lr_t per step and forms rho = lr_t / lr_1 in float64 (eq. 8b); measured 1.8e-15
+    (reference) and 1.9e-15 (torch). JAX: test_google_library_matches_new_options_and_needs_them."""
+    kwargs = {**BASE, **LINEAR_DECAYING_ROOTS}
+    problem = _problem()
+    google = ds.distributed_shampoo(**google_kwargs(kwargs))
+    theirs = _trajectory(google, google_init(google, problem.params, 1e-6), problem)
+    config = from_google(kwargs, x64=True)
+    params = {k: np.asarray(v) for k, v in problem.params.items()}
+    if member == "reference":
+        from shampoo_reference import ReferenceShampoo
+
+        ref = ReferenceShampoo(config, params)
+        ours = _member_trajectory(ref.step, params, problem)
+    else:
+        torch = pytest.importorskip("torch")
+        from shampoo_torch import Shampoo
+
+        tensors = {k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float64))
+                   for k, v in params.items()}
+        opt = Shampoo(list(tensors.items()), config)
+
+        def step(grads: dict[str, np.ndarray], lr: float) -> dict[str, np.ndarray]:
+            for k, g in grads.items():
+                tensors[k].grad = torch.tensor(g)
+            for group in opt.param_groups:
+                group["lr"] = lr  # as an LR scheduler sets it; lr_1 is kept at step 1
+            opt.step()
+            return {k: t.detach().numpy() for k, t in tensors.items()}
+
+        ours = _member_trajectory(step, params, problem)
+    worst = _worst_relative_deviation(theirs, ours)
+    print(f"{member}: worst relative deviation {worst:.2e}")
+    assert worst <= TOLERANCE, f"{member}: worst relative deviation {worst:.2e}"
 
 
 @pytest.mark.parametrize("name", list(CONTROLLED))

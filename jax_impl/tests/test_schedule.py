@@ -58,3 +58,31 @@ def test_traced_growing_period_equals_spec(anchor: str) -> None:
             static = np.broadcast_to(np.asarray(js.is_root_step(t, sched, float(rho))),
                                      STEPS.shape)
             assert np.array_equal(static, want)
+
+
+def test_linear_decay_root_steps_in_float32_and_float64() -> None:
+    """The anchors' linear case (issue i46c: period 10 growing by 23 as optax's
+    linear_schedule 0.01 -> 0 over 50 steps decays): x_c = 10 + 23 c / 50 stays away
+    from multiples of 10, so the traced rule takes the spec's root steps 1, 11, 21, 41
+    on the float64 rates and on optax's float32 ones, whether XLA forms 1 - c / 50 with
+    one rounding (an FMA, as Google's compiled program does) or with two (as ours)."""
+    import jax
+    import optax
+
+    sched = ss.ScheduleConfig(precondition_frequency=10, precondition_frequency_growth=23,
+                              period_anchor="start", roots_before_start=True)
+    counts = np.arange(50)
+    f32 = np.float32
+    two_roundings = f32(0.01) * (f32(1) - counts.astype(f32) * f32(1 / 50))
+    one_rounding = f32(0.01) * (1 - counts * np.float64(f32(1 / 50))).astype(f32)
+    rates64 = 0.01 * (1 - counts / 50)
+    want = [t for t in range(1, 51)
+            if ss.is_root_step(t, sched, ss.learning_rate_ratio(rates64[t - 1], 0.01))]
+    assert want == [1, 11, 21, 41]
+    t = jnp.arange(1, 51, dtype=jnp.int32)
+    with jax.enable_x64(True):
+        lr_0 = optax.linear_schedule(0.01, 0.0, 50)(0)  # Google's lr(0): a Python 0
+        for rates in (two_roundings, one_rounding, rates64):
+            ratio = jnp.asarray(rates) / lr_0
+            got = np.asarray(js.is_root_step(t, sched, ratio))
+            assert [int(s) for s in np.flatnonzero(got) + 1] == want, rates.dtype
