@@ -135,7 +135,8 @@ def refresh_inverse_roots(
             if key[2]:
                 held = [groups[gi].sketch(i) for gi, i, _ in items]
                 stacked = Sketch(*(jnp.concatenate(z) for z in zip(*held, strict=True)))
-                folded, x, good = fold_sketch(stacked, a, root, t, config, active)
+                folded, x, good = fold_sketch(stacked, a, root, t, config, active,
+                                              largest_factor(layout))
             else:
                 x, good = compute_inverse_root(a, root, config, active)
             token = x
@@ -428,9 +429,17 @@ def _parameter_cutoff_roots(
     return results
 
 
+def largest_factor(layout: B.Layout) -> int:
+    """The largest factor the layout preconditions (every group's preconditioned dims);
+    0 with none. Eq. (10d)'s ``packing = "google"`` reads a smaller sketch's values
+    back by it (``FrequentDirectionsConfig.kept_values``)."""
+    return max((grp.shape[k] for grp in layout.groups for k in grp.preconditioned_dims),
+               default=0)
+
+
 def fold_sketch(
     sketch: Sketch, c: Array, root: float, t: Array, config: ShampooConfig,
-    active: Array | None = None,
+    active: Array | None = None, largest: int = 0,
 ) -> tuple[Sketch, Array, Array]:
     """Eq. (10d) at root step t for a stack of sketched factors: ``(sketch', X, ok)``.
 
@@ -438,6 +447,8 @@ def fold_sketch(
     says so (``(t - 1) mod reset_every = 0``, traced t); eps_t is taken from
     the (emptied) sketch's lambda_1 (:func:`shampoo_jax.roots.sketch_epsilon`),
     the zero cutoff from the factor dtype (``FrequentDirectionsConfig.zero_rtol``);
+    with ``packing = "google"`` only the first ``kept_values(n, largest)`` values
+    are read back (``largest``: :func:`largest_factor` of the layout);
     then :func:`shampoo_jax.roots.frequent_directions_root` folds the
     observation ``c`` (eq. 6c) in. With ``frequent_directions.rule = "tearfree"``
     :func:`shampoo_jax.roots.tearfree_sketch_root` (eq. 10e) does, with
@@ -451,6 +462,9 @@ def fold_sketch(
         e = config.epsilon
         return tearfree_sketch_root(sketch, c, root, beta, e.value, e.scale == "relative",
                                     rtol, active)
+    kept = fd.kept_values(c.shape[-1], largest)
+    if kept < sketch.lam.shape[-1]:  # packing "google": the values past ``kept`` read as 0
+        sketch = sketch._replace(lam=sketch.lam.at[..., kept:].set(0.0))
     if fd.reset_every is not None:
         empty = Sketch(*(jnp.zeros_like(z) for z in sketch))
         sketch = select_sketch(schedule.on_period(t, fd.reset_every, "start"), empty, sketch)
@@ -458,4 +472,4 @@ def fold_sketch(
     return frequent_directions_root(sketch, c, root, beta, eps, rtol, active)
 
 
-__all__ = ["fold_sketch", "refresh_inverse_roots"]
+__all__ = ["fold_sketch", "largest_factor", "refresh_inverse_roots"]

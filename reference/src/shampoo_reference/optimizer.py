@@ -308,8 +308,11 @@ class ReferenceShampoo:
 
     # The methods of :mod:`.roots.dispatch` as the optimizer calls them (one seam each).
     def _sketch_root(self, sketch: Sketch, c: Array, root: float) -> tuple[Sketch, Array]:
-        """Eqs. (10d), (10e) at this step: :func:`.roots.sketch_root`."""
-        return sketch_root(self.config, self.t, sketch, c, root)
+        """Eqs. (10d), (10e) at this step: :func:`.roots.sketch_root` (with the largest
+        factor of every parameter, which ``frequent_directions.packing = "google"`` reads)."""
+        largest = max((lk.shape[0] for st in self.state.values() for bs in st.blocks
+                       for lk in bs.factors if lk is not None), default=0)
+        return sketch_root(self.config, self.t, sketch, c, root, largest)
 
     def _basis_still_fits(self, basis: Array | None, a: Array) -> bool:
         """Eq. (17b): whether the stored eigenbasis is kept (a seam the basis-reuse tests count)."""

@@ -232,7 +232,7 @@ def largest_eigenvalues(
 
 def refresh_inverse_roots(
     bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int,
-    scales: dict[int, torch.Tensor] | None = None,
+    scales: dict[int, torch.Tensor] | None = None, largest: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. (7), (9)-(13): new inverse roots (or eigenbases, eq. 17) of every factor.
 
@@ -259,6 +259,8 @@ def refresh_inverse_roots(
     Lambda_k of each row's parameter (``[len(rows)]``, from :func:`largest_eigenvalues`
     maxed over the parameter's blocks), which scales the row's rank cutoff in place
     of its own lambda_max; None: eq. (10)'s own cutoffs.
+    ``largest``: the largest factor of the param group, by which eq. (10d)'s
+    ``packing = "google"`` reads a smaller sketch's values back.
 
     Returns ``(consecutive failures of each row after this root step,
     the number of factors that failed)``, both device tensors; the limit of
@@ -281,7 +283,7 @@ def refresh_inverse_roots(
         for part, part_rows in row_chunks(rows, count, row_bytes, bg.device):
             part_ok = None if ok is None else ok[part]
             if k in bg.sketches:
-                failed = _fold_sketch(bg, k, part_rows, part_ok, cfg, t)
+                failed = _fold_sketch(bg, k, part_rows, part_ok, cfg, t, largest)
             else:
                 failed = _refresh_rows(
                     bg, k, part_rows, part_ok, None if bc is None else bc[part], cfg, tau,
@@ -352,7 +354,8 @@ def _store_basis(
 
 
 def _fold_sketch(
-    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int
+    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int,
+    largest: int = 0,
 ) -> torch.Tensor:
     """Eq. (10d) (eq. 10e with ``frequent_directions.rule = "tearfree"``) at root step t
     for sketched factor k of ``rows`` (:func:`shampoo_torch.roots.dispatch.sketch_root`): the
@@ -361,7 +364,8 @@ def _fold_sketch(
     (:func:`_accept`); returns the rows that failed."""
     stored = bg.sketches[k]
     sketch = stored.take(rows)
-    new, x, good = roots.sketch_root(sketch, take(bg.factors[k], rows), bg.roots[k], cfg, t)
+    new, x, good = roots.sketch_root(sketch, take(bg.factors[k], rows), bg.roots[k], cfg, t,
+                                     largest)
     if ok is not None:
         new = stored.take(rows).where(ok, new)
     stored.put(rows, new)

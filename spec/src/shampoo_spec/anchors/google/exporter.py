@@ -174,6 +174,9 @@ def _google_sketch(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "has no option there")
     lacks.same("frequent_directions.relative_floor", fd.relative_floor, 1e-6,
                "Google's sketch floors its largest value at 1e-6")
+    lacks.same("frequent_directions.packing", fd.packing, "google",
+               "Google packs every sketch at its largest statistic's size: a smaller "
+               "sketched factor loses values (eq. 10d)")
     out: dict[str, Any] = {"frequent_directions": True, "compression_rank": fd.rank,
                            "reuse_preconditioner": True}
     if fd.average_gradients:

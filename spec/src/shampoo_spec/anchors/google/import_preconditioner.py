@@ -191,5 +191,8 @@ def _frequent_directions(
         raise ValueError("frequent_directions = true requires reuse_preconditioner = true: "
                          "Google's sketch update reads the previous preconditioner, and "
                          "without it Google's _fd_update_root fails an assertion.")
+    # packing "google": Google packs each sketch at its largest statistic's size and cuts
+    # it to the factor's rows, losing a smaller factor's values (eq. 10d, kept_values).
     return FrequentDirectionsConfig(rank=compression, average_gradients=average,
-                                    reset_every=reset_every, relative_floor=1e-6)
+                                    reset_every=reset_every, relative_floor=1e-6,
+                                    packing="google")
