@@ -719,13 +719,33 @@ def test_quantized_int16_with_diagonal_equals_googles(dtype: type) -> None:
 #: Eq. (10d), packing "google": rank 4 sketches w2's 10-factor too (10 > 4 + 2), beside
 #: the 16-factors (blocks of 16, nothing merged past 16, the biases graft-only); Google
 #: packs its sketch at 16 rows, the values in the last 4, and cuts it to 10 rows, so
-#: each root step starts that sketch from lambda = 0 (6.4e-2 before from_google said so).
+#: each root step starts that sketch from lambda = 0 (3.1e-2 before from_google said so).
 #: The control is the same config with packing "own".
 SKETCHED_SMALLER: Kwargs = {
     "graft_type": "ADAGRAD", "block_size": 16, "merge_small_dims_block_size": 16,
     "skip_preconditioning_rank_lt": 2, "frequent_directions": True, "compression_rank": 4,
     "reuse_preconditioner": True,
 }
+
+
+#: Eq. (11d), deflation_padding "google": LOBPCG k = 2 with Google's default relative
+#: epsilon, blocks of 16 (w1's 16-factors, w2's 16- and 10-factor), the biases graft-only.
+#: Google deflates the 10-factor padded to 16 (10 <= 5k, where a factor alone takes plain
+#: Newton) and judges the padding's rows: error 1, every root rejected, the 10-factor's
+#: preconditioner stays I (1.1e-1 before from_google said so; relative epsilon off too).
+#: The control is the same config with deflation_padding "own".
+DEFLATED_SMALLER: Kwargs = {
+    "graft_type": "ADAGRAD", "block_size": 16, "merge_small_dims_block_size": 16,
+    "skip_preconditioning_rank_lt": 2, "lobpcg_topk_precondition": 2,
+    "relative_matrix_epsilon": True,
+}
+
+
+def _own_deflation_padding(config: ss.ShampooConfig) -> ss.ShampooConfig:
+    method = config.root_inverse
+    assert isinstance(method, ss.CoupledNewtonConfig) and method.deflation_padding == "google"
+    return dataclasses.replace(config, root_inverse=dataclasses.replace(
+        method, deflation_padding="own"))
 
 
 def _own_packing(config: ss.ShampooConfig) -> ss.ShampooConfig:
@@ -736,6 +756,7 @@ def _own_packing(config: ss.ShampooConfig) -> ss.ShampooConfig:
 
 COMBINATIONS: dict[str, tuple[Kwargs, Any]] = {
     "frequent_directions_smaller_sketch": (SKETCHED_SMALLER, _own_packing),
+    "lobpcg_smaller_factor_relative_epsilon": (DEFLATED_SMALLER, _own_deflation_padding),
 }
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
-from shampoo_spec import EighConfig, ShampooConfig
+from shampoo_spec import CoupledNewtonConfig, EighConfig, ShampooConfig
 
 from . import blocks as B
 from . import schedule
@@ -139,6 +139,8 @@ def refresh_inverse_roots(
                                               largest_factor(layout))
             else:
                 x, good = compute_inverse_root(a, root, config, active)
+                if _fails_padded(config, key[0], largest_factor(layout)):
+                    good = jnp.zeros_like(good)  # eq. (11d), Google's padded deflation
             token = x
             offset = 0
             for gi, i, a in items:
@@ -298,8 +300,9 @@ def _roots_in_place(groups: Groups, layout: B.Layout, block_ok: list[Array],
             if token is not None:
                 # One root loop after another (the batched path's order; one workspace).
                 token, xk = lax.optimization_barrier((token, xk))
-            x, good = _factor_roots_in_place(lk, gs.statistics_updates, xk, ok,
-                                             grp.roots[k], config)
+            x, good = _factor_roots_in_place(
+                lk, gs.statistics_updates, xk, ok, grp.roots[k], config,
+                _fails_padded(config, grp.shape[k], largest_factor(layout)))
             token = x
             failed = ok & ~good
             inverse_roots.append(x)
@@ -311,8 +314,15 @@ def _roots_in_place(groups: Groups, layout: B.Layout, block_ok: list[Array],
     return tuple(new), failures
 
 
+def _fails_padded(config: ShampooConfig, n: int, largest: int) -> bool:
+    """Eq. (11d), ``deflation_padding = "google"``: an ``n x n`` factor's root fails."""
+    method = config.root_inverse
+    return isinstance(method, CoupledNewtonConfig) and method.fails_padded(n, largest)
+
+
 def _factor_roots_in_place(lk: Array, n: Array, xk: Array, ok: Array, root: float,
-                           config: ShampooConfig) -> tuple[Array, Array]:
+                           config: ShampooConfig, fails: bool = False
+                           ) -> tuple[Array, Array]:
     """One factor of every block of a group: ``(inverse roots, good)``, ``[nb, m, m]``, ``[nb]``.
 
     A ``lax.fori_loop`` over the blocks carries the stored inverse roots ``xk``
@@ -324,6 +334,7 @@ def _factor_roots_in_place(lk: Array, n: Array, xk: Array, ok: Array, root: floa
     failing). A block masked this step (``ok`` False, eq. 3) is not decomposed
     and, like a failed root (eq. 13), keeps its previous inverse root; its
     ``good`` is False (not counted: the caller counts ``ok & ~good``).
+    ``fails``: every root fails (eq. 11d's ``deflation_padding = "google"``).
     """
     def body(b: Array, carry: tuple[Array, Array]) -> tuple[Array, Array]:
         xs, good = carry
@@ -334,6 +345,8 @@ def _factor_roots_in_place(lk: Array, n: Array, xk: Array, ok: Array, root: floa
             a = _corrected_factor(lax.dynamic_index_in_dim(lk, b),
                                   lax.dynamic_index_in_dim(n, b), config)
             x, g = compute_inverse_root(a, root, config)
+            if fails:  # eq. (11d), Google's padded deflation
+                g = jnp.zeros_like(g)
             old = lax.dynamic_index_in_dim(xs, b)
             if x.dtype != old.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
                 x = x.astype(old.dtype)

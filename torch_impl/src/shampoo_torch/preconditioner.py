@@ -28,6 +28,7 @@ from functools import partial
 import torch
 
 from shampoo_spec import (
+    CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
     EighConfig,
     ShampooConfig,
@@ -287,7 +288,7 @@ def refresh_inverse_roots(
             else:
                 failed = _refresh_rows(
                     bg, k, part_rows, part_ok, None if bc is None else bc[part], cfg, tau,
-                    None if scales is None else scales[k][part])
+                    None if scales is None else scales[k][part], largest)
             failures = failures + failed.sum()
             failed_any[part] |= failed
     consecutive = take(bg.consecutive_failures, rows)
@@ -301,10 +302,12 @@ def refresh_inverse_roots(
 def _refresh_rows(
     bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, bc: torch.Tensor | None,
     cfg: ShampooConfig, tau: float | None, scale: torch.Tensor | None = None,
+    largest: int = 0,
 ) -> torch.Tensor:
     """The new inverse root (or eigenbasis) of factor k of ``rows``, accepted in place
     where it passed and ``ok``; returns the rows that failed (eq. 13). ``scale``: eq.
-    (10g)'s Lambda_k per row (the config allows it with plain eigh roots only)."""
+    (10g)'s Lambda_k per row (the config allows it with plain eigh roots only).
+    ``largest``: the param group's largest factor (eq. 11d's ``deflation_padding``)."""
     stats = cfg.statistics
     a = take(bg.factors[k], rows)
     if bg.storage_dtype is not None:  # eq. (11b): the root in s
@@ -319,6 +322,9 @@ def _refresh_rows(
     if roots.starts_from_basis(cfg):  # eq. (17c): the roots are the bases; eqs. (10f), (10h)
         basis = take((bg.eigenbases if ec is None else bg.inverse_roots)[k], rows)
     new, good, new_basis = roots.compute_inverse_root(a, bg.roots[k], cfg, tau, basis, scale)
+    method = cfg.root_inverse
+    if isinstance(method, CoupledNewtonConfig) and method.fails_padded(a.shape[-1], largest):
+        good = torch.zeros_like(good)  # eq. (11d): Google's padded deflation fails it
     if new_basis is not None:  # eqs. (10f), (10h)
         assert basis is not None
         _store_basis(bg, k, rows, ok, basis, new_basis, good)

@@ -128,6 +128,11 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
             lacks.same(f"root_inverse.{name}", getattr(newton, name), value,
                        "fixed in Google's coupled Newton")
         if newton.deflation_rank > 0:  # eq. (11d)
+            threshold = newton.failure_threshold
+            lacks.same("root_inverse.deflation_padding", newton.deflation_padding,
+                       "google" if threshold is not None and threshold <= 1 else "own",
+                       "Google deflates its statistics padded to the largest and judges "
+                       "the padding (a smaller factor's root fails at a threshold <= 1)")
             out["lobpcg_topk_precondition"] = newton.deflation_rank
             iterations = newton.deflation_iterations
             # Google's 0 means k iterations; any negative value, none.

@@ -78,6 +78,9 @@ def _preconditioner(
             failure_threshold=threshold,
             deflation_rank=rank,
             deflation_iterations=iterations,
+            # Eq. (11d): Google deflates its padded statistics and judges the padding,
+            # which fails every smaller factor's root at a threshold <= 1.
+            deflation_padding="google" if rank > 0 and threshold <= 1 else "own",
         )
     override = a.number("exponent_override", 0)
     # Eq. (10c): compression_rank, its eigh root floored at 1e-6 like the eigh path's.
