@@ -812,3 +812,113 @@ def test_quantized_int16_with_diagonal_equals_googles(dtype: type) -> None:
             np.testing.assert_array_equal(
                 np.asarray(theirs.to_float()).astype(np.float64), dequantize_with_diagonal(q, s, g)
             )
+
+
+# ------------------------------------------- combinations, on every backend
+#: Options that agreed alone and not together, each a case here (run on the JAX,
+#: reference and torch backends against Google's run, and with a control).
+#: Eq. (10d), packing "google": rank 4 sketches w2's 10-factor too (10 > 4 + 2), beside
+#: the 16-factors (blocks of 16, nothing merged past 16, the biases graft-only); Google
+#: packs its sketch at 16 rows, the values in the last 4, and cuts it to 10 rows, so
+#: each root step starts that sketch from lambda = 0 (3.1e-2 before from_google said so).
+#: The control is the same config with packing "own".
+SKETCHED_SMALLER: Kwargs = {
+    "graft_type": "ADAGRAD", "block_size": 16, "merge_small_dims_block_size": 16,
+    "skip_preconditioning_rank_lt": 2, "frequent_directions": True, "compression_rank": 4,
+    "reuse_preconditioner": True,
+}
+
+
+#: Eq. (11d), deflation_padding "google": LOBPCG k = 2 with Google's default relative
+#: epsilon, blocks of 16 (w1's 16-factors, w2's 16- and 10-factor), the biases graft-only.
+#: Google deflates the 10-factor padded to 16 (10 <= 5k, where a factor alone takes plain
+#: Newton) and judges the padding's rows: error 1, every root rejected, the 10-factor's
+#: preconditioner stays I (1.1e-1 before from_google said so; relative epsilon off too).
+#: The control is the same config with deflation_padding "own".
+DEFLATED_SMALLER: Kwargs = {
+    "graft_type": "ADAGRAD", "block_size": 16, "merge_small_dims_block_size": 16,
+    "skip_preconditioning_rank_lt": 2, "lobpcg_topk_precondition": 2,
+    "relative_matrix_epsilon": True,
+}
+
+
+def _own_deflation_padding(config: ss.ShampooConfig) -> ss.ShampooConfig:
+    method = config.root_inverse
+    assert isinstance(method, ss.CoupledNewtonConfig) and method.deflation_padding == "google"
+    return dataclasses.replace(config, root_inverse=dataclasses.replace(
+        method, deflation_padding="own"))
+
+
+def _own_packing(config: ss.ShampooConfig) -> ss.ShampooConfig:
+    fd = config.frequent_directions
+    assert fd is not None and fd.packing == "google"
+    return dataclasses.replace(config, frequent_directions=dataclasses.replace(fd, packing="own"))
+
+
+COMBINATIONS: dict[str, tuple[Kwargs, Any]] = {
+    "frequent_directions_smaller_sketch": (SKETCHED_SMALLER, _own_packing),
+    "lobpcg_smaller_factor_relative_epsilon": (DEFLATED_SMALLER, _own_deflation_padding),
+}
+
+
+def _eager_trajectory(step: Any, params: Params, problem: Problem) -> dict[str, np.ndarray]:
+    """``{name: (STEPS, *shape)}`` of an eager optimizer: ``step(grads) -> new params``,
+    each gradient ``jax.grad`` of the same loss at that optimizer's own weights."""
+    grad = jax.jit(jax.grad(_loss))
+    out: dict[str, list[np.ndarray]] = {k: [] for k in params}
+    w = {k: np.asarray(v) for k, v in params.items()}
+    for i in range(STEPS):
+        g = {k: np.asarray(v) for k, v in grad(w, problem.xs[i], problem.ys[i]).items()}
+        w = step(g)
+        for k in out:
+            out[k].append(np.asarray(w[k], dtype=np.float64).copy())
+    return {k: np.stack(v) for k, v in out.items()}
+
+
+def _reference_trajectory(config: ss.ShampooConfig, problem: Problem) -> dict[str, np.ndarray]:
+    from shampoo_reference import ReferenceShampoo
+
+    opt = ReferenceShampoo(config, {k: np.asarray(v) for k, v in problem.params.items()})
+    return _eager_trajectory(opt.step, problem.params, problem)
+
+
+def _torch_trajectory(config: ss.ShampooConfig, problem: Problem) -> dict[str, np.ndarray]:
+    torch = pytest.importorskip("torch")
+    import shampoo_torch
+
+    names = list(problem.params)
+    tensors = [torch.tensor(np.asarray(problem.params[k]), dtype=torch.float64) for k in names]
+    opt = shampoo_torch.Shampoo(tensors, config)
+
+    def step(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for k, p in zip(names, tensors, strict=True):
+            p.grad = torch.tensor(g[k], dtype=torch.float64)
+        opt.step()
+        return {k: p.detach().numpy() for k, p in zip(names, tensors, strict=True)}
+
+    return _eager_trajectory(step, problem.params, problem)
+
+
+@pytest.mark.parametrize("name", list(COMBINATIONS))
+def test_google_library_combinations_match_every_backend(name: str) -> None:
+    case, control_of = COMBINATIONS[name]
+    kwargs = {**BASE, **case}
+    problem = _problem()
+    google = ds.distributed_shampoo(**google_kwargs(kwargs))
+    theirs = _trajectory(google, google_init(google, problem.params, 1e-6), problem)
+    config = from_google(kwargs, x64=True)
+    jax_tx = shampoo_jax.shampoo(config)
+    deviations = {
+        "jax": _worst_relative_deviation(
+            theirs, _trajectory(jax_tx, jax_tx.init(problem.params), problem)),
+        "reference": _worst_relative_deviation(theirs, _reference_trajectory(config, problem)),
+        "torch": _worst_relative_deviation(theirs, _torch_trajectory(config, problem)),
+    }
+    control_tx = shampoo_jax.shampoo(control_of(config))
+    control = _worst_relative_deviation(
+        theirs, _trajectory(control_tx, control_tx.init(problem.params), problem))
+    shown = ", ".join(f"{k} {v:.2e}" for k, v in deviations.items())
+    print(f"{name}: worst relative deviation {shown}; control {control:.2e}")
+    for who, worst in deviations.items():
+        assert worst <= TOLERANCE, f"{name}: {who} worst relative deviation {worst:.2e}"
+    assert control > CONTROL_GAP, f"{name}: the control deviates by only {control:.2e}"

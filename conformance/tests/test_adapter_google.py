@@ -7,6 +7,7 @@ checks the message a user then gets.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import warnings
@@ -344,8 +345,18 @@ def _fd_problem(shapes: dict[str, tuple[int, ...]], steps: int = 3
     return params, grads
 
 
-def _worst_from_reference(kwargs: dict[str, Any], params: Arrays, grads: list[Arrays]) -> float:
-    _, ref = bound_and_reference(from_google(kwargs, x64=True), params, grads, np.float64)
+def _worst_from_reference(kwargs: dict[str, Any], params: Arrays, grads: list[Arrays],
+                          own: bool = False) -> float:
+    """Google against the reference of ``from_google(kwargs)``; ``own``: with eq. (10d)'s
+    ``packing`` and eq. (11d)'s ``deflation_padding`` "own" (each factor by itself)."""
+    config = from_google(kwargs, x64=True)
+    if own and config.frequent_directions is not None:
+        config = dataclasses.replace(config, frequent_directions=dataclasses.replace(
+            config.frequent_directions, packing="own"))
+    if own and isinstance(config.root_inverse, ss.CoupledNewtonConfig):
+        config = dataclasses.replace(config, root_inverse=dataclasses.replace(
+            config.root_inverse, deflation_padding="own"))
+    _, ref = bound_and_reference(config, params, grads, np.float64)
     got = _by_hand(kwargs, params, grads, x64=True)
     return max(float(np.abs(g[k] - r[k]).max() / np.abs(r[k]).max())
                for g, r in zip(got, ref, strict=True) for k in r)
@@ -357,7 +368,8 @@ def test_frequent_directions_sketch_of_a_smaller_factor_is_lost_by_google() -> N
     the last rows) at the size of its largest statistic, then cuts the packed matrix to
     the factor's own rows, so a sketched factor smaller than the largest keeps no lambda:
     its next update starts from eps alone. One 5 x 5 factor beside 8 x 8 ones leaves the
-    reference at once; alone, or as large as the others, it agrees to rounding."""
+    reference with ``packing="own"`` at once, and agrees with the imported
+    ``packing="google"``; alone, or as large as the others, it agrees to rounding."""
     params, grads = _fd_problem({"w": (8, 8), "v": (5, 5)})
     with jax.enable_x64(True):
         tx = ds.distributed_shampoo(**G.google_kwargs(FD))
@@ -367,7 +379,8 @@ def test_frequent_directions_sketch_of_a_smaller_factor_is_lost_by_google() -> N
     largest = np.asarray(s.stats["w"].preconditioners[0])  # (8, 3): lambda in [-1, -1]
     smaller = np.asarray(s.stats["v"].preconditioners[0])  # (5, 3): its row 4 is padding's
     assert largest[-1, -1] > 0 and smaller[-1, -1] == 0.0
-    assert _worst_from_reference(FD, params, grads) > 1e-3
+    assert _worst_from_reference(FD, params, grads, own=True) > 1e-3
+    assert _worst_from_reference(FD, params, grads) < 1e-12
     alone = _fd_problem({"v": (5, 5)})
     same = _fd_problem({"w": (8, 8), "v": (8, 8)})
     assert _worst_from_reference(FD, *alone) < 1e-12
@@ -384,8 +397,9 @@ def test_lobpcg_rejects_every_root_of_a_smaller_factor() -> None:
     over the padded matrix, whose padding rows are 0, so a factor smaller than the
     largest statistic shows the error 1 and keeps its initial identity root for ever.
     An 11 x 11 factor beside 12 x 12 ones: its roots never change and the reference
-    (which deflates it, eq. 11d) leaves Google; alone, or as large as the others, the
-    two agree to rounding, and there the deflation changes the trajectory."""
+    with ``deflation_padding="own"`` (which deflates it, eq. 11d) leaves Google, with
+    the imported ``"google"`` it does not; alone, or as large as the others, the two
+    agree to rounding, and there the deflation changes the trajectory."""
     params, grads = _fd_problem({"w": (12, 12), "v": (11, 11)})
     with jax.enable_x64(True):
         tx = ds.distributed_shampoo(**G.google_kwargs(LOBPCG))
@@ -400,7 +414,8 @@ def test_lobpcg_rejects_every_root_of_a_smaller_factor() -> None:
         np.testing.assert_array_equal(np.asarray(before), np.eye(11))
     assert all(np.abs(np.asarray(x) - np.eye(12)).max() > 0.1
                for x in s.stats["w"].preconditioners)
-    assert _worst_from_reference(LOBPCG, params, grads) > 1e-2
+    assert _worst_from_reference(LOBPCG, params, grads, own=True) > 1e-2
+    assert _worst_from_reference(LOBPCG, params, grads) < 1e-12
     assert _worst_from_reference(LOBPCG, *_fd_problem({"v": (11, 11)})) < 1e-12
     same = _fd_problem({"w": (12, 12), "v": (12, 12)})
     assert _worst_from_reference(LOBPCG, *same) < 1e-12

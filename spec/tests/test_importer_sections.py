@@ -874,7 +874,8 @@ def test_google_frequent_directions_are_sketches() -> None:
     pre = google_pre._preconditioner(g(**fd, average_grad=True), 0.95)
     assert pre.low_rank is None
     assert pre.frequent_directions == ss.FrequentDirectionsConfig(
-        rank=3, average_gradients=True, reset_every=None, relative_floor=1e-6)
+        rank=3, average_gradients=True, reset_every=None, relative_floor=1e-6,
+        packing="google")  # Google's packing at the largest statistic's size (eq. 10d)
     # Google turns its int16 statistics off with frequent directions.
     q = google_pre._preconditioner(g(**fd, best_effort_memory_usage_reduction=True,
                                  batch_axis_name="b"), 0.95)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
-from shampoo_spec import EighConfig, ShampooConfig
+from shampoo_spec import CoupledNewtonConfig, EighConfig, ShampooConfig
 
 from . import blocks as B
 from . import schedule
@@ -135,9 +135,12 @@ def refresh_inverse_roots(
             if key[2]:
                 held = [groups[gi].sketch(i) for gi, i, _ in items]
                 stacked = Sketch(*(jnp.concatenate(z) for z in zip(*held, strict=True)))
-                folded, x, good = fold_sketch(stacked, a, root, t, config, active)
+                folded, x, good = fold_sketch(stacked, a, root, t, config, active,
+                                              largest_factor(layout))
             else:
                 x, good = compute_inverse_root(a, root, config, active)
+                if _fails_padded(config, key[0], largest_factor(layout)):
+                    good = jnp.zeros_like(good)  # eq. (11d), Google's padded deflation
             token = x
             offset = 0
             for gi, i, a in items:
@@ -297,8 +300,9 @@ def _roots_in_place(groups: Groups, layout: B.Layout, block_ok: list[Array],
             if token is not None:
                 # One root loop after another (the batched path's order; one workspace).
                 token, xk = lax.optimization_barrier((token, xk))
-            x, good = _factor_roots_in_place(lk, gs.statistics_updates, xk, ok,
-                                             grp.roots[k], config)
+            x, good = _factor_roots_in_place(
+                lk, gs.statistics_updates, xk, ok, grp.roots[k], config,
+                _fails_padded(config, grp.shape[k], largest_factor(layout)))
             token = x
             failed = ok & ~good
             inverse_roots.append(x)
@@ -310,8 +314,15 @@ def _roots_in_place(groups: Groups, layout: B.Layout, block_ok: list[Array],
     return tuple(new), failures
 
 
+def _fails_padded(config: ShampooConfig, n: int, largest: int) -> bool:
+    """Eq. (11d), ``deflation_padding = "google"``: an ``n x n`` factor's root fails."""
+    method = config.root_inverse
+    return isinstance(method, CoupledNewtonConfig) and method.fails_padded(n, largest)
+
+
 def _factor_roots_in_place(lk: Array, n: Array, xk: Array, ok: Array, root: float,
-                           config: ShampooConfig) -> tuple[Array, Array]:
+                           config: ShampooConfig, fails: bool = False
+                           ) -> tuple[Array, Array]:
     """One factor of every block of a group: ``(inverse roots, good)``, ``[nb, m, m]``, ``[nb]``.
 
     A ``lax.fori_loop`` over the blocks carries the stored inverse roots ``xk``
@@ -323,6 +334,7 @@ def _factor_roots_in_place(lk: Array, n: Array, xk: Array, ok: Array, root: floa
     failing). A block masked this step (``ok`` False, eq. 3) is not decomposed
     and, like a failed root (eq. 13), keeps its previous inverse root; its
     ``good`` is False (not counted: the caller counts ``ok & ~good``).
+    ``fails``: every root fails (eq. 11d's ``deflation_padding = "google"``).
     """
     def body(b: Array, carry: tuple[Array, Array]) -> tuple[Array, Array]:
         xs, good = carry
@@ -333,6 +345,8 @@ def _factor_roots_in_place(lk: Array, n: Array, xk: Array, ok: Array, root: floa
             a = _corrected_factor(lax.dynamic_index_in_dim(lk, b),
                                   lax.dynamic_index_in_dim(n, b), config)
             x, g = compute_inverse_root(a, root, config)
+            if fails:  # eq. (11d), Google's padded deflation
+                g = jnp.zeros_like(g)
             old = lax.dynamic_index_in_dim(xs, b)
             if x.dtype != old.dtype:  # eq. (11a): stored rounded to inverse_root_dtype
                 x = x.astype(old.dtype)
@@ -428,9 +442,17 @@ def _parameter_cutoff_roots(
     return results
 
 
+def largest_factor(layout: B.Layout) -> int:
+    """The largest factor the layout preconditions (every group's preconditioned dims);
+    0 with none. Eq. (10d)'s ``packing = "google"`` reads a smaller sketch's values
+    back by it (``FrequentDirectionsConfig.kept_values``)."""
+    return max((grp.shape[k] for grp in layout.groups for k in grp.preconditioned_dims),
+               default=0)
+
+
 def fold_sketch(
     sketch: Sketch, c: Array, root: float, t: Array, config: ShampooConfig,
-    active: Array | None = None,
+    active: Array | None = None, largest: int = 0,
 ) -> tuple[Sketch, Array, Array]:
     """Eq. (10d) at root step t for a stack of sketched factors: ``(sketch', X, ok)``.
 
@@ -438,6 +460,8 @@ def fold_sketch(
     says so (``(t - 1) mod reset_every = 0``, traced t); eps_t is taken from
     the (emptied) sketch's lambda_1 (:func:`shampoo_jax.roots.sketch_epsilon`),
     the zero cutoff from the factor dtype (``FrequentDirectionsConfig.zero_rtol``);
+    with ``packing = "google"`` only the first ``kept_values(n, largest)`` values
+    are read back (``largest``: :func:`largest_factor` of the layout);
     then :func:`shampoo_jax.roots.frequent_directions_root` folds the
     observation ``c`` (eq. 6c) in. With ``frequent_directions.rule = "tearfree"``
     :func:`shampoo_jax.roots.tearfree_sketch_root` (eq. 10e) does, with
@@ -451,6 +475,9 @@ def fold_sketch(
         e = config.epsilon
         return tearfree_sketch_root(sketch, c, root, beta, e.value, e.scale == "relative",
                                     rtol, active)
+    kept = fd.kept_values(c.shape[-1], largest)
+    if kept < sketch.lam.shape[-1]:  # packing "google": the values past ``kept`` read as 0
+        sketch = sketch._replace(lam=sketch.lam.at[..., kept:].set(0.0))
     if fd.reset_every is not None:
         empty = Sketch(*(jnp.zeros_like(z) for z in sketch))
         sketch = select_sketch(schedule.on_period(t, fd.reset_every, "start"), empty, sketch)
@@ -458,4 +485,4 @@ def fold_sketch(
     return frequent_directions_root(sketch, c, root, beta, eps, rtol, active)
 
 
-__all__ = ["fold_sketch", "refresh_inverse_roots"]
+__all__ = ["fold_sketch", "largest_factor", "refresh_inverse_roots"]

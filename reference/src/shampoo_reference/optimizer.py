@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 
 from shampoo_spec import (
     BlockPlan,
+    CoupledNewtonConfig,
     RootFailureError,
     ShampooConfig,
     is_root_step,
@@ -280,6 +281,10 @@ class ReferenceShampoo:
                     bs.eigenbases[k] = basis  # kept with its root (eq. 13)
             else:
                 new = self._inverse_root(a, roots[k], None if scales is None else scales.get(k))
+                method = cfg.root_inverse
+                if isinstance(method, CoupledNewtonConfig) and method.fails_padded(
+                        a.shape[0], self._largest_factor()):
+                    new = None  # eq. (11d): Google's padded deflation fails this root
             stored = stored_root_dtype(cfg)
             if new is not None and stored is not None:
                 # Eq. (11a) (eq. 17a for eigenbases): the root is stored rounded;
@@ -308,8 +313,14 @@ class ReferenceShampoo:
 
     # The methods of :mod:`.roots.dispatch` as the optimizer calls them (one seam each).
     def _sketch_root(self, sketch: Sketch, c: Array, root: float) -> tuple[Sketch, Array]:
-        """Eqs. (10d), (10e) at this step: :func:`.roots.sketch_root`."""
-        return sketch_root(self.config, self.t, sketch, c, root)
+        """Eqs. (10d), (10e) at this step: :func:`.roots.sketch_root` (with the largest
+        factor of every parameter, which ``frequent_directions.packing = "google"`` reads)."""
+        return sketch_root(self.config, self.t, sketch, c, root, self._largest_factor())
+
+    def _largest_factor(self) -> int:
+        """The largest factor of every parameter (eqs. 10d's and 11d's Google packing)."""
+        return max((lk.shape[0] for st in self.state.values() for bs in st.blocks
+                    for lk in bs.factors if lk is not None), default=0)
 
     def _basis_still_fits(self, basis: Array | None, a: Array) -> bool:
         """Eq. (17b): whether the stored eigenbasis is kept (a seam the basis-reuse tests count)."""

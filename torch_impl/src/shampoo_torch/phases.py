@@ -88,8 +88,10 @@ def refresh_group_roots(ctx: StepContext, c: Cohort, index: int) -> None:
     members, rows, ok = c.selected[index]
     bg = c.inp.gp.block_groups[index]
     scales = c.rank_scales.get(index) if c.cuts_rank_per_parameter else None
+    # Eq. (10d), packing "google": the largest factor of the param group.
+    largest = max((g.shape[k] for g in c.inp.gp.block_groups for k in g.factors), default=0)
     updated, failures = preconditioner.refresh_inverse_roots(bg, rows, ok, c.config, c.t,
-                                                             scales)
+                                                             scales, largest)
     ctx.counters.on(bg.device)["root_failures"].add_(failures)
     c.root_counts.append((bg, members, updated))
 

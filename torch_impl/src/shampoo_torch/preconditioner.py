@@ -28,6 +28,7 @@ from functools import partial
 import torch
 
 from shampoo_spec import (
+    CoupledNewtonConfig,
     EigenvalueCorrectionConfig,
     EighConfig,
     ShampooConfig,
@@ -232,7 +233,7 @@ def largest_eigenvalues(
 
 def refresh_inverse_roots(
     bg: BlockGroup, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int,
-    scales: dict[int, torch.Tensor] | None = None,
+    scales: dict[int, torch.Tensor] | None = None, largest: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. (7), (9)-(13): new inverse roots (or eigenbases, eq. 17) of every factor.
 
@@ -259,6 +260,8 @@ def refresh_inverse_roots(
     Lambda_k of each row's parameter (``[len(rows)]``, from :func:`largest_eigenvalues`
     maxed over the parameter's blocks), which scales the row's rank cutoff in place
     of its own lambda_max; None: eq. (10)'s own cutoffs.
+    ``largest``: the largest factor of the param group, by which eq. (10d)'s
+    ``packing = "google"`` reads a smaller sketch's values back.
 
     Returns ``(consecutive failures of each row after this root step,
     the number of factors that failed)``, both device tensors; the limit of
@@ -281,11 +284,11 @@ def refresh_inverse_roots(
         for part, part_rows in row_chunks(rows, count, row_bytes, bg.device):
             part_ok = None if ok is None else ok[part]
             if k in bg.sketches:
-                failed = _fold_sketch(bg, k, part_rows, part_ok, cfg, t)
+                failed = _fold_sketch(bg, k, part_rows, part_ok, cfg, t, largest)
             else:
                 failed = _refresh_rows(
                     bg, k, part_rows, part_ok, None if bc is None else bc[part], cfg, tau,
-                    None if scales is None else scales[k][part])
+                    None if scales is None else scales[k][part], largest)
             failures = failures + failed.sum()
             failed_any[part] |= failed
     consecutive = take(bg.consecutive_failures, rows)
@@ -299,10 +302,12 @@ def refresh_inverse_roots(
 def _refresh_rows(
     bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, bc: torch.Tensor | None,
     cfg: ShampooConfig, tau: float | None, scale: torch.Tensor | None = None,
+    largest: int = 0,
 ) -> torch.Tensor:
     """The new inverse root (or eigenbasis) of factor k of ``rows``, accepted in place
     where it passed and ``ok``; returns the rows that failed (eq. 13). ``scale``: eq.
-    (10g)'s Lambda_k per row (the config allows it with plain eigh roots only)."""
+    (10g)'s Lambda_k per row (the config allows it with plain eigh roots only).
+    ``largest``: the param group's largest factor (eq. 11d's ``deflation_padding``)."""
     stats = cfg.statistics
     a = take(bg.factors[k], rows)
     if bg.storage_dtype is not None:  # eq. (11b): the root in s
@@ -317,6 +322,9 @@ def _refresh_rows(
     if roots.starts_from_basis(cfg):  # eq. (17c): the roots are the bases; eqs. (10f), (10h)
         basis = take((bg.eigenbases if ec is None else bg.inverse_roots)[k], rows)
     new, good, new_basis = roots.compute_inverse_root(a, bg.roots[k], cfg, tau, basis, scale)
+    method = cfg.root_inverse
+    if isinstance(method, CoupledNewtonConfig) and method.fails_padded(a.shape[-1], largest):
+        good = torch.zeros_like(good)  # eq. (11d): Google's padded deflation fails it
     if new_basis is not None:  # eqs. (10f), (10h)
         assert basis is not None
         _store_basis(bg, k, rows, ok, basis, new_basis, good)
@@ -352,7 +360,8 @@ def _store_basis(
 
 
 def _fold_sketch(
-    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int
+    bg: BlockGroup, k: int, rows: Rows, ok: torch.Tensor | None, cfg: ShampooConfig, t: int,
+    largest: int = 0,
 ) -> torch.Tensor:
     """Eq. (10d) (eq. 10e with ``frequent_directions.rule = "tearfree"``) at root step t
     for sketched factor k of ``rows`` (:func:`shampoo_torch.roots.dispatch.sketch_root`): the
@@ -361,7 +370,8 @@ def _fold_sketch(
     (:func:`_accept`); returns the rows that failed."""
     stored = bg.sketches[k]
     sketch = stored.take(rows)
-    new, x, good = roots.sketch_root(sketch, take(bg.factors[k], rows), bg.roots[k], cfg, t)
+    new, x, good = roots.sketch_root(sketch, take(bg.factors[k], rows), bg.roots[k], cfg, t,
+                                     largest)
     if ok is not None:
         new = stored.take(rows).where(ok, new)
     stored.put(rows, new)

@@ -43,10 +43,12 @@ from .sketch import Sketch, frequent_directions_root, tearfree_sketch_root
 Array = NDArray[np.float64]
 
 
-def sketch_root(config: ShampooConfig, t: int, sketch: Sketch, c: Array, root: float
-                ) -> tuple[Sketch, Array]:
+def sketch_root(config: ShampooConfig, t: int, sketch: Sketch, c: Array, root: float,
+                largest: int = 0) -> tuple[Sketch, Array]:
     """Eq. (10d) at step t: reset if due, then fold C into the sketch; its X.
-    Eq. (10e) with ``frequent_directions.rule = "tearfree"``."""
+    Eq. (10e) with ``frequent_directions.rule = "tearfree"``. ``largest``: the
+    largest factor the config preconditions; with ``packing = "google"`` a
+    smaller factor reads back only ``kept_values(n, largest)`` of its values."""
     fd = config.frequent_directions
     assert fd is not None
     if fd.rule == "tearfree":
@@ -54,6 +56,10 @@ def sketch_root(config: ShampooConfig, t: int, sketch: Sketch, c: Array, root: f
         return tearfree_sketch_root(
             sketch, c, root, config.statistics.beta2, e.value, e.scale == "relative",
             fd.zero_rtol(c.shape[0], config.factor_dtype))
+    kept = fd.kept_values(c.shape[0], largest)
+    if kept < len(sketch.lam):  # packing "google": the values past ``kept`` read as 0
+        sketch = Sketch(sketch.u, np.where(np.arange(len(sketch.lam)) < kept, sketch.lam, 0.0),
+                        sketch.rho)
     if fd.resets(t):
         sketch = Sketch.empty(*sketch.u.shape)
     e = config.epsilon

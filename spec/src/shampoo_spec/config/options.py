@@ -89,6 +89,8 @@ EPSILON_PLACEMENTS = ("ridge", "shift_after", "floor", "ridge_floor", "pseudo_in
 
 #: ``FrequentDirectionsConfig.rule``: Google's eq. (10d) or tearfree's Sketchy, eq. (10e).
 FREQUENT_DIRECTIONS_RULES = ("google", "tearfree")
+#: ``FrequentDirectionsConfig.packing``: how the sketch's values are stored (eq. 10d).
+FREQUENT_DIRECTIONS_PACKINGS = ("own", "google")
 
 #: The spacing at 1 of each factor dtype (the rank cutoffs of eqs. 10 and 10d).
 MACHINE_EPSILON = {"float32": 2.0**-23, "float64": 2.0**-52}

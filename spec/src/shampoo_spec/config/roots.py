@@ -142,6 +142,12 @@ class CoupledNewtonConfig:
     by ``deflation_iterations`` (None: k) LOBPCG iterations, are deflated
     before the iteration and restored after it; the failure test then
     judges the restored root against the undeflated factor.
+    ``deflation_padding = "google"`` reproduces Google's LOBPCG on its
+    statistics padded to the largest, N: with N > 5k a factor of n < N is
+    deflated there and judged over the padded matrix, whose padding rows give
+    an error of 1, so its root always fails (:meth:`fails_padded`); it needs
+    ``failure_threshold`` <= 1 (else Google keeps a root of the padded matrix,
+    which no backend builds). ``"own"`` (the default): each factor by itself.
     """
 
     method: Literal["coupled_newton"] = field(
@@ -163,6 +169,8 @@ class CoupledNewtonConfig:
     deflation_rank: int = field(default=0, metadata=allowed.integer(low=0))
     deflation_iterations: int | None = field(
         default=None, metadata=allowed.integer(low=0, high=MAX_NEWTON_ITERATIONS, optional=True))
+    deflation_padding: Literal["own", "google"] = field(
+        default="own", metadata=allowed.choice(("own", "google")))
 
     def __post_init__(self) -> None:
         o = "root_inverse"
@@ -170,6 +178,21 @@ class CoupledNewtonConfig:
         if self.deflation_iterations is not None and self.deflation_rank == 0:
             v.fail(o, "deflation_iterations", self.deflation_iterations,
                    "None with deflation_rank=0 (no deflation to iterate for)")
+        if self.deflation_padding == "google":
+            if self.deflation_rank == 0:
+                v.fail(o, "deflation_padding", self.deflation_padding,
+                       "'own' with deflation_rank=0 (no deflation to pad)")
+            if self.failure_threshold is None or self.failure_threshold > 1:
+                v.fail(o, "deflation_padding", self.deflation_padding,
+                       f"'own' with failure_threshold={self.failure_threshold!r} (Google's "
+                       "padded error 1 fails a root only at a threshold <= 1)")
+
+    def fails_padded(self, n: int, largest: int) -> bool:
+        """Eq. (11d) with ``deflation_padding = "google"``: whether an ``n x n`` factor's
+        root fails because Google deflates it padded to ``largest`` (the largest factor
+        the config preconditions) and judges the padding: n < largest, largest > 5k."""
+        return (self.deflation_padding == "google" and n < largest
+                and self.deflates(largest))
 
     def deflates(self, n: int) -> bool:
         """Whether an ``n x n`` factor is deflated (eq. 11d): ``n > 5 k``, LOBPCG's limit."""

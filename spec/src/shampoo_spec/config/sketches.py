@@ -14,7 +14,7 @@ from typing import Literal
 from .. import _validate as v
 from . import allowed
 from .allowed import check_fields
-from .options import FREQUENT_DIRECTIONS_RULES, MACHINE_EPSILON
+from .options import FREQUENT_DIRECTIONS_PACKINGS, FREQUENT_DIRECTIONS_RULES, MACHINE_EPSILON
 from .roots import EighConfig
 from .statistics import EpsilonConfig
 
@@ -106,6 +106,14 @@ class FrequentDirectionsConfig:
     with lambda' = 0 dropped from U'). It has no reset, no gradient averaging
     and no floor: ``reset_every``, ``average_gradients`` and ``relative_floor``
     must keep their defaults.
+
+    ``packing = "google"`` reproduces how Google stores a sketch (eq. 10d's
+    last paragraph): packed at the size N of the largest factor the config
+    preconditions (every parameter's, sketched or not), the values lambda in
+    its last r rows, then cut to the factor's own n rows. A sketched factor
+    of n < N reads back only its first ``max(r - (N - n), 0)`` values at its
+    next root step, the others 0 (:meth:`kept_values`); ``"own"`` (the
+    default) keeps them all. Not with ``rule = "tearfree"``.
     """
 
     rank: int = field(metadata=allowed.integer(low=1))
@@ -115,6 +123,8 @@ class FrequentDirectionsConfig:
     relative_floor: float = field(default=1e-6, metadata=allowed.epsilon())
     rule: Literal["google", "tearfree"] = field(
         default="google", metadata=allowed.choice(FREQUENT_DIRECTIONS_RULES))
+    packing: Literal["own", "google"] = field(
+        default="own", metadata=allowed.choice(FREQUENT_DIRECTIONS_PACKINGS))
 
     def __post_init__(self) -> None:
         o = "frequent_directions"
@@ -127,6 +137,8 @@ class FrequentDirectionsConfig:
                 v.fail(o, "reset_every", self.reset_every, f"None {why}")
             if self.relative_floor != 1e-6:
                 v.fail(o, "relative_floor", self.relative_floor, f"1e-6 (the default) {why}")
+            if self.packing != "own":
+                v.fail(o, "packing", self.packing, f"'own' (the default) {why}")
 
     def compresses(self, n: int) -> bool:
         """Whether an ``n x n`` factor is sketched: ``n > rank + 2`` (eq. 10d, as eq. 10c),
@@ -137,6 +149,17 @@ class FrequentDirectionsConfig:
         """The sketch's number of directions for an ``n x n`` factor: ``rank`` (eq. 10d),
         ``min(n, rank)`` with ``rule = "tearfree"`` (eq. 10e)."""
         return min(n, self.rank) if self.rule == "tearfree" else self.rank
+
+    def kept_values(self, n: int, largest: int) -> int:
+        """How many leading values of an ``n x n`` factor's sketch its next root step reads
+        back (eq. 10d), ``largest`` the largest factor the config preconditions: all r
+        with ``packing = "own"`` or n >= largest; else ``max(r - (largest - n), 0)``
+        (Google's packing at the largest size, cut to n rows: the values lie in the last
+        r rows of ``largest``)."""
+        r = self.sketch_rank(n)
+        if self.packing == "own" or n >= largest:
+            return r
+        return max(r - (largest - n), 0)
 
     @staticmethod
     def zero_rtol(n: int, factor_dtype: str) -> float:

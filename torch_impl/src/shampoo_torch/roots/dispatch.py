@@ -137,11 +137,13 @@ def _stored_basis_root(
 
 
 def sketch_root(
-    sketch: Sketch, c: torch.Tensor, root: float, cfg: ShampooConfig, t: int
+    sketch: Sketch, c: torch.Tensor, root: float, cfg: ShampooConfig, t: int, largest: int = 0
 ) -> tuple[Sketch, torch.Tensor, torch.Tensor]:
     """Eq. (10d) (eq. 10e with ``frequent_directions.rule = "tearfree"``) at root step t:
     the rows' sketches, emptied first when ``frequent_directions.resets(t)``, take the
-    observations ``c`` of eq. (6c); (new sketch, X, ok)."""
+    observations ``c`` of eq. (6c); (new sketch, X, ok). With ``packing = "google"``
+    only the first ``kept_values(n, largest)`` values are read back (``largest``: the
+    largest factor of the param group)."""
     fd = cfg.frequent_directions
     assert fd is not None
     rtol = fd.zero_rtol(c.shape[-1], cfg.factor_dtype)
@@ -149,6 +151,11 @@ def sketch_root(
     if fd.rule == "tearfree":  # eq. (10e): no reset, epsilon by its own rule
         e = cfg.epsilon
         return tearfree_sketch_root(sketch, c, root, beta, e.value, e.scale == "relative", rtol)
+    kept = fd.kept_values(c.shape[-1], largest)
+    if kept < sketch.lam.shape[-1]:  # packing "google": the values past ``kept`` read as 0
+        lam = sketch.lam.clone()
+        lam[:, kept:] = 0
+        sketch = Sketch(sketch.u, lam, sketch.rho)
     if fd.resets(t):
         sketch = Sketch(*(torch.zeros_like(x) for x in sketch.tensors()))
     eps = sketch_epsilon(sketch.lam[:, 0], cfg.epsilon, fd.relative_floor)

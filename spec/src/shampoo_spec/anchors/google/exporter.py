@@ -128,6 +128,11 @@ def _google_preconditioner(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
             lacks.same(f"root_inverse.{name}", getattr(newton, name), value,
                        "fixed in Google's coupled Newton")
         if newton.deflation_rank > 0:  # eq. (11d)
+            threshold = newton.failure_threshold
+            lacks.same("root_inverse.deflation_padding", newton.deflation_padding,
+                       "google" if threshold is not None and threshold <= 1 else "own",
+                       "Google deflates its statistics padded to the largest and judges "
+                       "the padding (a smaller factor's root fails at a threshold <= 1)")
             out["lobpcg_topk_precondition"] = newton.deflation_rank
             iterations = newton.deflation_iterations
             # Google's 0 means k iterations; any negative value, none.
@@ -174,6 +179,9 @@ def _google_sketch(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any]:
                "has no option there")
     lacks.same("frequent_directions.relative_floor", fd.relative_floor, 1e-6,
                "Google's sketch floors its largest value at 1e-6")
+    lacks.same("frequent_directions.packing", fd.packing, "google",
+               "Google packs every sketch at its largest statistic's size: a smaller "
+               "sketched factor loses values (eq. 10d)")
     out: dict[str, Any] = {"frequent_directions": True, "compression_rank": fd.rank,
                            "reuse_preconditioner": True}
     if fd.average_gradients:

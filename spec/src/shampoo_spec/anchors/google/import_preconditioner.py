@@ -78,6 +78,9 @@ def _preconditioner(
             failure_threshold=threshold,
             deflation_rank=rank,
             deflation_iterations=iterations,
+            # Eq. (11d): Google deflates its padded statistics and judges the padding,
+            # which fails every smaller factor's root at a threshold <= 1.
+            deflation_padding="google" if rank > 0 and threshold <= 1 else "own",
         )
     override = a.number("exponent_override", 0)
     # Eq. (10c): compression_rank, its eigh root floored at 1e-6 like the eigh path's.
@@ -191,5 +194,8 @@ def _frequent_directions(
         raise ValueError("frequent_directions = true requires reuse_preconditioner = true: "
                          "Google's sketch update reads the previous preconditioner, and "
                          "without it Google's _fd_update_root fails an assertion.")
+    # packing "google": Google packs each sketch at its largest statistic's size and cuts
+    # it to the factor's rows, losing a smaller factor's values (eq. 10d, kept_values).
     return FrequentDirectionsConfig(rank=compression, average_gradients=average,
-                                    reset_every=reset_every, relative_floor=1e-6)
+                                    reset_every=reset_every, relative_floor=1e-6,
+                                    packing="google")
