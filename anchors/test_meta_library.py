@@ -1467,14 +1467,47 @@ def _known_meta_gap(kwargs: Mapping[str, Any]) -> str | None:
 #: 0.1: 7e-5 against ours 4e-6). Checked only when a draw fails, so it costs CI nothing.
 CHAOS_FACTOR = 10.0
 
-#: Gaps the draws found, each now a named case (xfail with its measured gap).
-COMBINATION_GAPS: dict[str, tuple[dict[str, Any], str]] = {}
+#: Gaps the draws found, each now a named case (strict xfail with its measured gap); a
+#: draw with the same kwargs is xfail(strict=False). Both are Meta's default epsilon
+#: 1e-12 (a case without ``epsilon``) meeting options that leave a factor's eigenvalue
+#: near it, as ``l2``: the gap falls smoothly with epsilon (1e-10: 1.8e-9 and 5.1e-9;
+#: 1e-8: 3.2e-11 and 4.8e-11; 1e-6: 1.9e-13 and 2.3e-11), which no difference of rules
+#: does; Meta against itself from W1 scaled by 1 + 1e-15 moves 2.6e-7 in both, a
+#: tenth of the gap and more (so the chaos screen does not take them).
+_ILL_CONDITIONED = ("ill-conditioned with Meta's default epsilon 1e-12, as l2 (see "
+                    "COMBINATION_GAPS): measured {gap}; the same kwargs with epsilon 1e-10 "
+                    "{at_1e_10}, 1e-6 {at_1e_6}")
+COMBINATION_GAPS: dict[str, tuple[dict[str, Any], str]] = {
+    # Draw s252 (beta3_nadam x averaging_gpa x trace_scaling).
+    "nadam_gpa_trace_scaling_default_epsilon": ({
+        "grafting_config": ADAGRAD, "betas": [0.9, 0.99], "beta3": 0.5,
+        "precondition_frequency": 5, "weight_decay": 0.01, "lr": 0.0625,
+        "iterate_averaging_config": {"type": "GeneralizedPrimalAveragingConfig",
+                                     "eval_interp_coeff": 0.875, "train_interp_coeff": 0.75},
+        "preconditioner_config": {**EIGEN64, "use_trace_scaling": True,
+                                  "trace_scaling_exponent": 0.25},
+    }, _ILL_CONDITIONED.format(gap="3.0e-6", at_1e_10="1.8e-9", at_1e_6="1.9e-13")),
+    # Draw s275 (explicit_defaults x independent_decay x frequency_delayed_start).
+    "adam_defaults_independent_decay_delayed_default_epsilon": ({
+        "grafting_config": {"type": "AdamPreconditionerConfig"},
+        "distributed_config": {"type": "SingleDeviceDistributedConfig",
+                               "target_parameter_dimensionality": 1},
+        "preconditioner_config": {**EIGEN64, "num_tolerated_failed_amortized_computations": 5},
+        "lr": 0.05, "weight_decay": 0.01, "weight_decay_type": "INDEPENDENT",
+        "precondition_frequency": 3, "start_preconditioning_step": 5,
+    }, _ILL_CONDITIONED.format(gap="6.4e-6", at_1e_10="5.1e-9", at_1e_6="2.3e-11")),
+}
 
 
 def _combination_params() -> list[Any]:
     out = []
+    named = {combinations.describe(kwargs): (name, reason)
+             for name, (kwargs, reason) in COMBINATION_GAPS.items()}
     for seed, kwargs, test_id, known in combinations.draws(
             "meta", COMBINATION_BASE, COMBINATION_INVENTORY, _known_meta_gap):
+        if combinations.describe(kwargs) in named:
+            name, reason = named[combinations.describe(kwargs)]
+            known = f"named gap {name}: {reason}"
         marks = [pytest.mark.xfail(strict=False, reason=known)] if known else []
         out.append(pytest.param(seed, kwargs, marks=marks, id=test_id))
     for name, (kwargs, reason) in sorted(COMBINATION_GAPS.items()):
@@ -1502,7 +1535,10 @@ def test_meta_combination_matches_shampoo_torch(
     except (ValueError, TypeError, AssertionError, NotImplementedError, RuntimeError) as e:
         pytest.skip(f"seed {seed}: Meta's library refuses this combination: "
                     f"{type(e).__name__}: {e}")
-    config = from_meta(kwargs)  # the library accepts it: so must our importer (a finding)
+    try:  # the library accepts it: so must our importer, or document why (a finding)
+        config = from_meta(kwargs)
+    except NotImplementedError as e:  # "refused today" (docs/migrating.md): documented
+        pytest.skip(f"seed {seed}: our importer refuses it, documented: {e}")
     ours, our_loss = _train(lambda p: Shampoo(p, config), batches, data)
     worst, where = _worst_deviation(theirs, ours)
     loss_gap = abs(their_loss - our_loss) / abs(their_loss)
