@@ -89,10 +89,8 @@ def inventory_size(inv: Inventory) -> tuple[int, int]:
     return len(inv), sum(len(v) for v in inv.values())
 
 
-def draw(seed: int, base: Mapping[str, Any],
-         inv: Inventory) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Seed ``seed``'s kwargs: 2 or 3 options with disjoint keys, one value each, over
-    ``base``; and the drawn fragments merged (what differs from ``base``: the test id)."""
+def pick(seed: int, inv: Inventory) -> list[tuple[Option, int]]:
+    """Seed ``seed``'s choice: 2 or 3 options with disjoint keys, and a value index of each."""
     rng = random.Random(f"anchors-combinations-{seed}")
     want = rng.choice((2, 3))
     options = sorted(inv)
@@ -105,11 +103,17 @@ def draw(seed: int, base: Mapping[str, Any],
             used.update(option)
         if len(chosen) == want:
             break
-    kwargs = copy.deepcopy(dict(base))
+    return [(option, rng.randrange(len(inv[option]))) for option in sorted(chosen)]
+
+
+def draw(seed: int, base: Mapping[str, Any],
+         inv: Inventory) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Seed ``seed``'s kwargs (:func:`pick`'s values over ``base``), and the drawn
+    fragments merged (what differs from ``base``: the test id)."""
     drawn: dict[str, Any] = {}
-    for option in sorted(chosen):
-        values = inv[option]
-        drawn.update(values[rng.randrange(len(values))])
+    for option, index in pick(seed, inv):
+        drawn.update(inv[option][index])
+    kwargs = copy.deepcopy(dict(base))
     for key, value in drawn.items():
         if value == REMOVE:
             kwargs.pop(key, None)

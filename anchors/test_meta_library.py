@@ -1561,3 +1561,20 @@ def test_meta_combination_matches_shampoo_torch(
                         f"moves {self_gap:.2e}, ours {worst:.2e} from Meta")
     assert worst <= TOLERANCE, f"seed {seed}: deviation {worst:.2e} at {where}"
     assert loss_gap <= TOLERANCE, f"seed {seed}: final losses {their_loss!r} vs {our_loss!r}"
+
+
+def test_combination_draws_are_seeded_pairs_or_triples() -> None:
+    """The drawer: the same seed gives the same kwargs; 2 or 3 options with disjoint keys,
+    each value one the named cases give it."""
+    inv = COMBINATION_INVENTORY
+    assert combinations.inventory_size(inv) == (32, 55)
+    for seed in range(50):
+        kwargs, drawn = combinations.draw(seed, COMBINATION_BASE, inv)
+        assert (kwargs, drawn) == combinations.draw(seed, COMBINATION_BASE, inv)
+        picked = combinations.pick(seed, inv)
+        assert 2 <= len(picked) <= 3, seed
+        keys = [k for option, _ in picked for k in option]
+        assert len(keys) == len(set(keys)) == len(drawn), seed  # disjoint
+        for option, index in picked:
+            for key, value in inv[option][index].items():
+                assert kwargs.get(key, combinations.REMOVE) == value, (seed, key)
