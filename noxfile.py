@@ -290,6 +290,9 @@ def anchors(session: nox.Session, library: str) -> None:
     same kwargs through our importer, 50 steps in float64, <= 1e-8 relative.
     Installs the library from ../shared/thirdparty (skips, naming the file,
     where it is absent). ``nox -s "anchors(library='meta')"``; args go to pytest.
+    Beyond the named cases, seeded pairs and triples of their options
+    (anchors/combinations.py): a few in CI, ``ANCHORS_DRAWS=200`` for the deep
+    profile (``ANCHORS_SEED``: the first seed; docs/migrating.md).
     """
     install_library(session, library)
     run_anchors(session, library)
