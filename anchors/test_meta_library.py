@@ -1615,7 +1615,13 @@ def test_combination_draws_are_seeded_pairs_or_triples() -> None:
     """The drawer: the same seed gives the same kwargs; 2 or 3 options with disjoint keys,
     each value one the named cases give it."""
     inv = COMBINATION_INVENTORY
-    assert combinations.inventory_size(inv) == (32, 55)
+    options, values = combinations.inventory_size(inv)
+    assert 2 <= options <= values  # every named case's difference to the base is drawable:
+    for case in COMBINATION_CASES.values():
+        fragment = {k: v for k, v in case.items()
+                    if k not in COMBINATION_BASE or COMBINATION_BASE[k] != v}
+        fragment.update({k: combinations.REMOVE for k in COMBINATION_BASE if k not in case})
+        assert not fragment or fragment in inv[tuple(sorted(fragment))]
     for seed in range(50):
         kwargs, drawn = combinations.draw(seed, COMBINATION_BASE, inv)
         assert (kwargs, drawn) == combinations.draw(seed, COMBINATION_BASE, inv)
