@@ -100,7 +100,7 @@ def check_state(
     gradient, momentum, graft momentum (their eq. 20b scales included),
     diagonal, averaging (Z and Schedule-Free's ``S_t``), gradient sum;
     :data:`BLOCK_KINDS`: factors and eigenvalue correction's corrected
-    eigenvalues D): one reduction and one host read per kind, the leaves
+    eigenvalues D): one host read per kind (a reduction per piece), the leaves
     searched only when one is not finite. A non-finite entry is a corrupt
     state (a bad checkpoint, a state edited by hand, a bug), not a refused
     gradient: it raises ``ValueError`` naming the kind and the parameter
@@ -136,11 +136,18 @@ def _floating(leaves: list[Any]) -> list[Any]:
 
 
 def _all_finite(leaves: list[Any]) -> bool:
-    """One device reduction over ``leaves`` and one host read."""
+    """One reduction per piece of ``leaves`` on its own device and one host read.
+
+    Per addressable shard, not over a sharded array: an eager reduction over a
+    sharded array is a cross-device program of its own, and many such programs
+    dispatched between steps stalled XLA's CPU collectives (a rendezvous timeout
+    with 4 host devices on 2 cores); a shard's reduction involves no other device.
+    """
     leaves = _floating(leaves)
     if not leaves:
         return True
-    return bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
+    flags = [jnp.all(jnp.isfinite(piece.data)) for x in leaves for piece in x.addressable_shards]
+    return all(jax.device_get(flags))
 
 
 def _per_parameter(field: Any, name: str) -> list[Any]:
