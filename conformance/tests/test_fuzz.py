@@ -4,8 +4,9 @@ Invariants (docs/reliability.md): (a) construction succeeds or raises a
 named ValueError; (b) a step succeeds with finite weights and state or raises
 a project error and changes nothing; (c) a refused block is skipped as if
 omitted; (d) checkpoint, resume: bit-identical; (e) a corrupted checkpoint
-is refused and changes nothing; (f) torch DDP, a NaN on one rank: replicas
-stay equal. The Hypothesis profile comes from ``HYPOTHESIS_PROFILE``
+is refused and changes nothing; (f) torch DDP, fully_shard lossless and local
+and HSDP equal one process, resumed across world sizes too. The Hypothesis
+profile comes from ``HYPOTHESIS_PROFILE``
 (``ci``: small and derandomized; ``fuzz``: the ``nox -s fuzz`` session).
 Example counts scale with the profile's ``max_examples``; the cases run are
 printed at the end of the session (and written as JSON to
@@ -296,25 +297,41 @@ def test_e_corrupt_checkpoint_refused(fuzz_backend: str, data: st.DataObject) ->
 
 
 # ------------------------------------------------------------------ (f)
-@settings(max_examples=max(1, N // 500), suppress_health_check=SLOW, deadline=None)
+#: Cases per mode in one spawn, and spawns per world: the fuzz profile gives
+#: 25 x 10 x 2 worlds = 500 cases per mode; ci 2 x 1 x 2.
+DISTRIBUTED_BATCH = max(2, N // 136)
+
+
+@st.composite
+def distributed_cases(draw: Any, world: int) -> list[Any]:
+    """Configs, shapes (0-d to 4-d, uneven shards) and hostile streams; a DDP poison."""
+    cases = []
+    for _ in range(DISTRIBUTED_BATCH):
+        config = draw(fc.step_configs(draw(st.sampled_from(["skip_block", "raise"]))))
+        shapes = draw(fd.named_shapes(large=False))
+        params = fd.initial_params(shapes, draw(st.integers(0, 2**16)))
+        steps = draw(st.integers(2, 4))
+        stream, _ = draw(fd.gradient_streams(shapes, steps, hostile=True))
+        name = draw(st.sampled_from(sorted(shapes)))
+        size = int(np.prod(shapes[name]))
+        poison = None
+        if size and draw(st.booleans()):  # a NaN on one DDP rank only
+            poison = (draw(st.integers(0, steps - 1)), draw(st.integers(0, world - 1)), name,
+                      draw(st.integers(0, size - 1)))
+        cases.append((config, params, stream, draw(st.integers(1, steps - 1)), poison))
+    return cases
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@settings(max_examples=max(1, N // 340), suppress_health_check=SLOW, deadline=None)
 @given(st.data())
-def test_f_ddp_replicas_stay_equal(data: st.DataObject) -> None:
-    """torch DDP at 2 ranks, a NaN on one rank only: the replicas stay equal."""
+def test_f_distributed_modes_equal_one_process(world: int, data: st.DataObject) -> None:
+    """DDP, fully_shard lossless and local, HSDP: each equals one process, resumes too."""
     if available("torch") is not None:
         pytest.skip(str(available("torch")))
-    from shampoo_conformance.fuzz.ddp import check_ddp
+    from shampoo_conformance.fuzz.distributed import MODES, check_modes
 
-    cases = []
-    for policy in ("skip_block", "raise"):
-        config = data.draw(fc.step_configs(policy))
-        shapes = data.draw(fd.named_shapes(large=False))
-        params = fd.initial_params(shapes, data.draw(st.integers(0, 2**16)))
-        stream, _ = data.draw(fd.gradient_streams(shapes, 3, hostile=False))
-        name = data.draw(st.sampled_from(sorted(shapes)))
-        size = int(np.prod(shapes[name]))
-        cases.append((config, params, stream, data.draw(st.integers(0, 2)),
-                      data.draw(st.integers(0, 1)), name, data.draw(st.integers(0, size - 1))))
-    check_ddp(cases)
+    check_modes(world, MODES, data.draw(distributed_cases(world)))
 
 
 # ------------------------------------------------------- large blocks (11)

@@ -13,7 +13,7 @@ Modules:
 - :mod:`.invariants`: the invariants (a)-(d), each raising :class:`Violation`,
   and :data:`COUNTS`, the cases run;
 - :mod:`.corruption`: invariant (e), damaged checkpoints;
-- :mod:`.ddp`: invariant (f), two gloo ranks.
+- :mod:`.distributed`: invariant (f), every torch distributed mode against one process.
 
 ``conformance/tests/test_fuzz.py`` runs it (Hypothesis profile ``ci`` in CI,
 ``fuzz`` in ``nox -s fuzz``).

@@ -16,8 +16,9 @@
     bit-identical to never checkpointing.
 (e) :func:`.corruption.check_corrupt_checkpoint`: a damaged checkpoint is
     refused with ValueError and changes nothing.
-(f) :func:`check_ddp`: two gloo ranks, a NaN on one rank only: the replicas
-    stay equal (and raise together under ``"raise"``).
+(f) :func:`.distributed.check_modes`: DDP, fully_shard lossless and local and
+    HSDP at 2 and 4 gloo ranks equal one process (errors and weights, bit for
+    bit), and resume across world sizes.
 
 :data:`COUNTS` counts every case by (invariant, backend, outcome).
 """
