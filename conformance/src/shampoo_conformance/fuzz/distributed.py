@@ -66,7 +66,7 @@ def _pieces(value: np.ndarray, world: int) -> list[np.ndarray]:
     return chunks + [empty] * (world - len(chunks))
 
 
-def _oracle_inputs(mode: str, world: int, shard_size: int, params: dict[str, np.ndarray],
+def _oracle_inputs(mode: str, shard_size: int, params: dict[str, np.ndarray],
                    grads: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray],
                                                                 list[dict[str, np.ndarray]]]:
     """Whole parameters, or (``"local"``) each piece as a parameter ``name@r``."""
@@ -183,7 +183,7 @@ def rank_cases(rank: int, world: int, modes: tuple[str, ...],
                 oracle_grads[t][name] = bad
             else:
                 oracle_grads = grads
-            o_params, o_grads = _oracle_inputs(mode, world, shard_size, params, oracle_grads)
+            o_params, o_grads = _oracle_inputs(mode, shard_size, params, oracle_grads)
             oracle = _Run(config, o_params, None, None)
             trace: Trace = []
             o_trace: Trace = []
