@@ -334,6 +334,22 @@ def test_f_distributed_modes_equal_one_process(world: int, data: st.DataObject) 
     check_modes(world, MODES, data.draw(distributed_cases(world)))
 
 
+def test_f_local_pieces_with_unlike_graft_state_resume() -> None:
+    """"local", Adafactor graft, a (5, 4) parameter at 4 ranks: pieces of 2, 2, 1 and 0
+    rows, so one piece keeps an unfactored second moment where the others keep row and
+    column factors; the state dict keys each piece's own entries (a found defect)."""
+    if available("torch") is not None:
+        pytest.skip(str(available("torch")))
+    from shampoo_conformance.fuzz.distributed import check_modes
+
+    graft = ss.GraftingConfig(type="adafactor", epsilon_placement="inside_sqrt", factor_min_dim=1)
+    config = ss.ShampooConfig(grafting=graft)
+    params = fd.initial_params({"w": (5, 4)}, 0)
+    rng = np.random.default_rng(1)
+    stream = [{"w": rng.standard_normal((5, 4))} for _ in range(3)]
+    check_modes(4, ("fsdp_local",), [(config, params, stream, 1, None)])
+
+
 # ------------------------------------------------------- large blocks (11)
 def test_large_block_warns_naming_the_parameter(fuzz_backend: str) -> None:
     """A block dim > LARGE_BLOCK_DIM warns at construction, naming the parameter."""

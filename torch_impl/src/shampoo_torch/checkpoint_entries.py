@@ -117,10 +117,14 @@ def _key_by_piece(opt: EntrySource, entries: list[list[dict[str, Any]]],
              for part in opt.gather_pieces((index, mine, metrics))]
     # Pieces are keyed by decimal strings: DCP loads a non-tensor leaf (a step, a counter)
     # under the string of each int key on its path, beside the template's int key.
+    # Pieces of one parameter may keep different state: a one-row piece keeps an
+    # unfactored Adafactor moment where the others keep row and column factors. Each key
+    # holds the pieces that have it.
     for gi, pos in mine:
         by_piece = {i: their[(gi, pos)] for i, their, _ in parts}
-        keys = by_piece[index].keys()
-        entry = {k: {str(i): by_piece[i][k] for i in sorted(by_piece)} for k in keys}
+        keys = dict.fromkeys(k for i in sorted(by_piece) for k in by_piece[i])
+        entry = {k: {str(i): by_piece[i][k] for i in sorted(by_piece) if k in by_piece[i]}
+                 for k in keys}
         entry["param_shape"] = entries[gi][pos]["param_shape"]
         entries[gi][pos] = entry
     if entries and entries[0]:
@@ -202,14 +206,14 @@ def select_piece(entry: Mapping[str, Any], info: ShardInfo | None) -> dict[str, 
                 "rank's state belongs to its own piece): allowed a state saved in 'local' "
                 "mode at the same shard group size")
     pieces = sorted(local["step"])
-    # torch's flattening drops an empty dict: the blocks of an empty piece.
+    # Every piece has a step; a key of state that only some pieces keep (see
+    # saved_entries) lists those; torch's flattening drops an empty piece's blocks.
     if pieces != list(range(info.parts)) or any(
-            sorted(v) != pieces for k, v in local.items() if isinstance(v, dict)
-            and k != "blocks"):
+            not set(v) <= set(pieces) for v in local.values() if isinstance(v, dict)):
         return (f"saved for pieces {pieces}; this shard group has {info.parts} "
                 f"(allowed the same shard group size)")
     out = {k: v.get(info.index, {}) if k == "blocks" else v[info.index]
-           for k, v in local.items()}
+           for k, v in local.items() if k == "blocks" or info.index in v}
     if "param_shape" in entry:
         out["param_shape"] = entry["param_shape"]
     return out
