@@ -1280,10 +1280,9 @@ def test_meta_spectral_descent_matches_shampoo_torch(
 #: shrinks Z under averaging). Meta holds the lr and the interpolation coefficients in
 #: float32 tensors (distributed_shampoo.py:826-840, lr_sum :924), so Z's decay factor
 #: 1 - lr wd (:1282), Schedule-Free's mu_x = 1 - lr^p / sum lr^p (:1327) and eval()'s
-#: 1 - 1 / mu_y (:1789) are rounded to float32 whatever the parameters' dtype; no
-#: choice of values makes them all exact. Meta runs with those tensors widened to
-#: float64 (``_float64_scalars``), and the as-shipped gap is printed
-#: (docs/third-party.md, float32_averaging_scalars).
+#: 1 - 1 / mu_y (:1789) are float32 operations whatever the parameters' dtype: eq.
+#: (20e), which from_meta sets (averaging.scalar_dtype = "float32"). Meta runs as
+#: shipped; test_meta_averaging_scalars_are_float32 shows the rule is the whole gap.
 AVERAGING_CASES: dict[str, dict[str, Any]] = {
     "gpa": {"iterate_averaging_config": {"type": "GeneralizedPrimalAveragingConfig",
                                          "eval_interp_coeff": 0.875,
@@ -1348,52 +1347,114 @@ def _float64_scalars(opt: torch.optim.Optimizer,
 def test_meta_iterate_averaging_matches_shampoo_torch(
     name: str, problem: tuple[Batches, Data]
 ) -> None:
+    """Meta as shipped (its float32 scalars) against from_meta's config (eq. 20e)."""
     kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES[name]}, float32_lr=True)
     batches, data = problem
-    widen = True
-
-    def meta(p: Iterable[torch.nn.Parameter], widened: bool = widen) -> torch.optim.Optimizer:
-        opt = distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))
-        return _float64_scalars(opt) if widened else opt
-
     with _float64_default_dtype():
-        theirs, their_loss = _train(meta, batches, data)
-    ours, our_loss = _train(lambda p: Shampoo(p, from_meta(kwargs)), batches, data)
+        theirs, their_loss = _train(lambda p: distributed_shampoo.DistributedShampoo(
+            p, **meta_kwargs(kwargs)), batches, data)
+    config = from_meta(kwargs)
+    assert config.averaging is not None and config.averaging.scalar_dtype == "float32"
+    ours, our_loss = _train(lambda p: Shampoo(p, config), batches, data)
     worst, where = _worst_deviation(theirs, ours)
     loss_gap = abs(their_loss - our_loss) / abs(their_loss)
-    print(f"averaging {name}{' (Meta with float64 scalars)' if widen else ''}: worst "
-          f"relative deviation {worst:.2e} at {where}; loss gap {loss_gap:.1e}")
+    print(f"averaging {name}: worst relative deviation {worst:.2e} at {where}; "
+          f"loss gap {loss_gap:.1e}")
     assert worst <= TOLERANCE, f"{name}: relative deviation {worst:.2e} at {where}"
     assert loss_gap <= TOLERANCE, f"{name}: final losses {their_loss!r} vs {our_loss!r}"
-    if widen:
-        with _float64_default_dtype():
-            shipped, _ = _train(lambda p: meta(p, widened=False), batches, data)
-        print(f"  Meta as shipped (float32 scalars): {_worst_deviation(shipped, ours)[0]:.2e}")
 
 
-def test_meta_schedule_free_gap_is_float32_mu_x(problem: tuple[Batches, Data]) -> None:
-    """Schedule-Free without decay against Meta as shipped: the gap (3.2e-8 relative to
-    the parameters, 3.6e-8 to their displacement from the start) is Meta's float32
-    ``lr_sum`` and ``eval_interp_coeff`` (mu_x = 1 - lr^p / S_t, distributed_shampoo.py
-    :924, :1327) alone: widening only those two to float64 gives 4.8e-13, widening
-    every other scalar but them still 3.2e-8 (docs/third-party.md,
-    float32_averaging_scalars). Eq. (20d) computes mu_x in the parameters' precision."""
-    from distributed_shampoo.shampoo_types import EVAL_INTERP_COEFF, LR_SUM
-
-    kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES["schedule_free_no_decay"]},
-                             float32_lr=True)
+@pytest.mark.parametrize("name", ["schedule_free", "schedule_free_no_decay", "gpa"])
+def test_meta_averaging_scalars_are_float32(name: str, problem: tuple[Batches, Data]) -> None:
+    """Eq. (20e) is the whole gap of the issue's row (Schedule-Free, 1.7e-8 to 3.6e-8 with
+    the scalars in float64): our float64 scalars are more than 1e-8 from Meta as
+    shipped (so the rule matters here) and within 1e-8 of Meta with its lr, lr_sum and
+    coefficient tensors widened to float64 (``_float64_scalars``); eq. (20e) is within
+    1e-8 of Meta as shipped (test_meta_iterate_averaging_matches_shampoo_torch)."""
+    kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES[name]}, float32_lr=True)
     batches, data = problem
-    ours, _ = _train(lambda p: Shampoo(p, from_meta(kwargs)), batches, data)
+    config = from_meta(kwargs)
+    assert config.averaging is not None
+    wide = dataclasses.replace(config, averaging=dataclasses.replace(config.averaging,
+                                                                     scalar_dtype=None))
     gaps = {}
-    for label, keys in (("mu_x widened", (LR_SUM, EVAL_INTERP_COEFF)), ("as shipped", ())):
+    for label, widened in (("as shipped", False), ("float64 scalars", True)):
         with _float64_default_dtype():
-            theirs, _ = _train(lambda p, k=keys: _float64_scalars(
-                distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs)), k),
+            theirs, _ = _train(lambda p, w=widened: (_float64_scalars if w else lambda o: o)(
+                distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))),
                 batches, data)
+        ours, _ = _train(lambda p: Shampoo(p, wide), batches, data)
         gaps[label] = _worst_deviation(theirs, ours)[0]
-        print(f"schedule_free_no_decay, Meta with {label}: {gaps[label]:.2e}")
-    assert gaps["mu_x widened"] <= TOLERANCE, gaps
-    assert gaps["as shipped"] > 1e-8, gaps  # the float32 mu_x is the whole gap
+        print(f"{name}, our float64 scalars against Meta {label}: {gaps[label]:.2e}")
+    assert gaps["float64 scalars"] <= TOLERANCE, gaps
+    assert gaps["as shipped"] > 1e-8, gaps  # the float32 scalars are the whole gap
+
+
+class _MemberOptimizer:
+    """The reference or the JAX member, driven as :func:`_train` drives a torch optimizer:
+    ``step()`` reads each parameter's ``.grad`` and writes the member's new weights."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], member: str,
+                 config: Any) -> None:
+        self.params = list(params)
+        values = {str(i): p.detach().numpy().copy() for i, p in enumerate(self.params)}
+        if member == "reference":
+            from shampoo_reference import ReferenceShampoo
+
+            self._step = ReferenceShampoo(config, values).step
+            return
+        jax = pytest.importorskip("jax")
+        optax = pytest.importorskip("optax")
+        shampoo_jax = pytest.importorskip("shampoo_jax")
+        with jax.enable_x64(True):
+            tx = shampoo_jax.shampoo(config)
+            state = {"p": jax.numpy.asarray(0.0), "s": None}
+            state["p"] = {k: jax.numpy.asarray(v) for k, v in values.items()}
+            state["s"] = tx.init(state["p"])
+
+            @jax.jit
+            def update(p: Any, s: Any, g: Any) -> Any:
+                u, s2 = tx.update(g, s, p)
+                return optax.apply_updates(p, u), s2
+
+        def step(grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            with jax.enable_x64(True):
+                state["p"], state["s"] = update(state["p"], state["s"],
+                                                {k: jax.numpy.asarray(g) for k, g in grads.items()})
+                return {k: np.asarray(v) for k, v in state["p"].items()}
+
+        self._step = step
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        grads = {str(i): p.grad.detach().numpy().copy() for i, p in enumerate(self.params)}
+        new = self._step(grads)
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                p.copy_(torch.from_numpy(np.array(new[str(i)])))
+
+
+@pytest.mark.parametrize("member", ["reference", "jax"])
+@pytest.mark.parametrize("name", ["schedule_free", "gpa"])
+def test_meta_averaging_on_reference_and_jax(
+    name: str, member: str, problem: tuple[Batches, Data]
+) -> None:
+    """The issue's row (Meta's averaging, eq. 20e) on the float64 reference and JAX
+    members against Meta as shipped, <= 1e-8 (torch: the cases above)."""
+    kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES[name]}, float32_lr=True)
+    batches, data = problem
+    with _float64_default_dtype():
+        theirs, _ = _train(lambda p: distributed_shampoo.DistributedShampoo(
+            p, **meta_kwargs(kwargs)), batches, data)
+    config = from_meta(kwargs)
+    ours, _ = _train(lambda p: _MemberOptimizer(p, member, config), batches,  # type: ignore
+                     data)
+    worst, where = _worst_deviation(theirs, ours)
+    print(f"{name} on {member}: worst relative deviation {worst:.2e} at {where}")
+    assert worst <= TOLERANCE, f"{name} on {member}: {worst:.2e} at {where}"
 
 
 def test_meta_train_and_eval_switch_like_shampoo_torch(problem: tuple[Batches, Data]) -> None:
@@ -1402,8 +1463,7 @@ def test_meta_train_and_eval_switch_like_shampoo_torch(problem: tuple[Batches, D
     kwargs = _float64_kwargs({**AVERAGING_BASE, **AVERAGING_CASES["gpa"]}, float32_lr=True)
     batches, data = problem
     models, optimizers = [], []
-    for make in (lambda p: _float64_scalars(
-                     distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))),
+    for make in (lambda p: distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs)),
                  lambda p: Shampoo(p, from_meta(kwargs))):
         with _float64_default_dtype():
             model = _model()
@@ -1495,17 +1555,15 @@ COMBINATION_CASES: dict[str, dict[str, Any]] = {
     **{name: case for name, case in {**CASES, **EXTRA_CASES}.items()
        if name not in _NOT_DRAWN
        and case.get("distributed_config", {}).get("type") != "DDPDistributedConfig"},
-    # Iterate averaging (its cases' own kwargs over AVERAGING_BASE's), Meta's scalars
-    # widened to float64 in every draw (_float64_scalars, as those cases).
+    # Iterate averaging (its cases' own kwargs over AVERAGING_BASE's), Meta as shipped:
+    # from_meta reproduces its float32 scalars (eq. 20e).
     **{f"averaging_{name}": {**AVERAGING_BASE, **case} for name, case in AVERAGING_CASES.items()},
 }
 COMBINATION_INVENTORY = combinations.inventory(COMBINATION_BASE, COMBINATION_CASES)
 
 def _known_meta_gap(kwargs: Mapping[str, Any]) -> str | None:
-    """Draws that hit a gap other work is fixing: xfail(strict=False), the row named."""
-    averaging = kwargs.get("iterate_averaging_config", {}).get("type")
-    if averaging == "ScheduleFreeConfig":
-        return "known gap (issue row: Meta iterate averaging Schedule-Free in combination)"
+    """Draws that hit a gap other work is fixing: xfail(strict=False), the row named.
+    None today (Schedule-Free's row is eq. 20e)."""
     return None
 
 
@@ -1575,7 +1633,7 @@ def test_meta_combination_matches_shampoo_torch(
     batches, data = problem
 
     def meta(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return _float64_scalars(distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs)))
+        return distributed_shampoo.DistributedShampoo(p, **meta_kwargs(kwargs))
 
     try:
         with _float64_default_dtype():

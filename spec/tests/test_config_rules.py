@@ -14,6 +14,7 @@ from shampoo_spec import (
     EpsilonConfig,
     GradientFilterConfig,
     GraftingConfig,
+    IterateAveragingConfig,
     MomentumConfig,
     ShampooConfig,
     StatisticsConfig,
@@ -130,3 +131,42 @@ def test_initial_factor_scale_eq6() -> None:
         epsilon=eps, statistics=StatisticsConfig(initial_value="epsilon_identity")
     )
     assert google.initial_factor_scale == 1e-3
+
+
+# ------------------------------------------------------------ eq. (20e)
+def test_averaging_scalars_in_float32_are_float32_operations() -> None:
+    """Eq. (20e): each scalar equals the same operations done in numpy's float32 (IEEE
+    single), step by step over a decaying rate; the default (None) keeps float64."""
+    np = pytest.importorskip("numpy")
+    f32 = np.float32
+    for kind, p in (("schedule_free", 2), ("schedule_free", 1), ("gpa", 2)):
+        av = IterateAveragingConfig(type=kind, train_interp=0.8, eval_lr_power=p,
+                                    scalar_dtype="float32")
+        wide = IterateAveragingConfig(type=kind, train_interp=0.8, eval_lr_power=p)
+        s, s32, s64 = 0.0, f32(0.0), 0.0
+        for t in range(1, 40):
+            lr = 0.1 / t**0.5
+            l32 = f32(lr)
+            s = av.power_sum(s, lr)
+            s32 = f32(s32 + l32 ** p)
+            assert s == float(s32)
+            s64 = wide.power_sum(s64, lr)
+            mu_x = av.eval_coefficient(lr, s)
+            want = f32(0.9) if kind == "gpa" else f32(f32(1.0) - l32 ** p / s32)
+            assert mu_x == float(want)
+            a, b = av.step_coefficients(lr, s)
+            assert (a, b) == (float(f32(1.0) - want * f32(0.8)), float(f32(1.0) - want))
+            assert av.decay_factor(lr, 0.01) == float(f32(1.0) - l32 * f32(0.01))
+        assert abs(s64 - sum((0.1 / t**0.5) ** p for t in range(1, 40))) < 1e-15
+        assert wide.decay_factor(0.1, 0.01) == 1.0 - 0.1 * 0.01
+    assert av.switch_coefficient("eval") == float(f32(1.0) - f32(1.0) / f32(0.8))
+    assert av.switch_coefficient("train") == float(f32(1.0) - f32(0.8))
+    assert wide.switch_coefficient("eval") == 1.0 - 1.0 / 0.8
+
+
+def test_to_float32_rounds_past_the_range_to_inf() -> None:
+    from shampoo_spec import to_float32
+
+    assert to_float32(3.5e38) == float("inf") and to_float32(-3.5e38) == float("-inf")
+    assert to_float32(3.4028235e38) == 3.4028234663852886e38
+    assert to_float32(0.1) == 0.10000000149011612

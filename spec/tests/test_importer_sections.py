@@ -152,16 +152,21 @@ def test_meta_momentum() -> None:
 
 
 def test_meta_iterate_averaging() -> None:
-    """Eq. (20d): GPA and Schedule-Free in place of momentum, with Meta's defaults."""
+    """Eq. (20d): GPA and Schedule-Free in place of momentum, with Meta's defaults; their
+    scalars in float32 (eq. 20e), and to_meta refuses them in float64."""
     gpa = {"type": "GeneralizedPrimalAveragingConfig"}
     c = ss.from_meta({"iterate_averaging_config": gpa})
     assert c.averaging == ss.IterateAveragingConfig(type="gpa", train_interp=0.8,
-                                                    eval_interp=0.9)
+                                                    eval_interp=0.9, scalar_dtype="float32")
     assert not c.momentum.enabled
     sf = ss.from_meta({"iterate_averaging_config": {
         "type": "ScheduleFreeConfig", "train_interp_coeff": 0.5, "eval_coeff_lr_power": 0}})
     assert sf.averaging == ss.IterateAveragingConfig(type="schedule_free", train_interp=0.5,
-                                                     eval_lr_power=0)
+                                                     eval_lr_power=0, scalar_dtype="float32")
+    wide = dataclasses.replace(sf, averaging=dataclasses.replace(sf.averaging,
+                                                                 scalar_dtype=None))
+    with pytest.raises(ValueError, match=r"averaging\.scalar_dtype = None.*float32"):
+        ss.to_meta(wide)
     with pytest.raises(ValueError, match=r"averaging\.eval_interp = 1\.0"):
         ss.from_meta({"iterate_averaging_config": {**gpa, "eval_interp_coeff": 1.0}})
     with pytest.raises(ValueError, match=r"averaging\.train_interp = 0\.0"):

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from shampoo_spec import IterateAveragingConfig, ShampooConfig, config_differences
+from shampoo_spec import IterateAveragingConfig, ShampooConfig, config_differences, to_float32
 
 from .state import ShampooState, config_json
 
@@ -37,17 +37,38 @@ def power_sum(
     previous: Array, lr_t: Any, averaging: IterateAveragingConfig
 ) -> Array:
     """Schedule-Free's ``S_t = S_{t-1} + lr_t^p`` (eq. 20d), in ``previous``'s dtype."""
-    out: Array = previous + _lr_power(lr_t, averaging, previous.dtype)
+    out: Array = _rounded(previous + _lr_power(lr_t, averaging, previous.dtype), averaging)
     return out
 
 
+def _rounded(x: Any, averaging: IterateAveragingConfig) -> Any:
+    """One operation's result in ``averaging.scalar_dtype`` (eq. 20e): a float64 result
+    rounded to float32 is float32's own operation (double rounding is innocuous for +,
+    -, *, /); a float32 one is left as it is; a Python float by the spec's rounding.
+
+    ``reduce_precision``, not a float32 round trip: XLA may drop a convert pair
+    (excess precision is allowed by default), which moved Meta's Schedule-Free case
+    by 3.5e-9; it keeps reduce_precision. That flushes a float32 subnormal (below
+    1.2e-38) to zero, as XLA's own float32 arithmetic does, where eq. (20e) keeps it:
+    a scalar that small needs a rate below 1e-19 (p = 2)."""
+    if averaging.scalar_dtype != "float32":
+        return x
+    if isinstance(x, (int, float)):
+        return to_float32(float(x))
+    x = jnp.asarray(x)
+    if x.dtype == jnp.float32:
+        return x
+    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=23)
+
+
 def _lr_power(lr_t: Any, averaging: IterateAveragingConfig, dtype: Any) -> Array:
-    """``lr_t^p`` in ``dtype``: a Python rate raised in float64 and rounded once (as the
-    reference's float64 power), a traced one (a schedule's value) raised in ``dtype``."""
-    p = averaging.eval_lr_power
+    """``lr_t^p`` in ``dtype``: a Python rate by the spec's rule (float64, rounded once),
+    a traced one (a schedule's value) raised in ``dtype`` (eq. 20e: from the rounded rate,
+    then rounded)."""
     if isinstance(lr_t, (int, float)):
-        return jnp.asarray(float(lr_t) ** p, dtype)
-    out: Array = jnp.asarray(lr_t).astype(dtype) ** p
+        return jnp.asarray(averaging.lr_power(float(lr_t)), dtype)
+    lr = _rounded(jnp.asarray(lr_t).astype(dtype), averaging)
+    out: Array = _rounded(lr**averaging.eval_lr_power, averaging)
     return out
 
 
@@ -55,7 +76,8 @@ def eval_coefficient(
     lr_t: Any, lr_power_sum: Array | None, averaging: IterateAveragingConfig
 ) -> float | Array:
     """``mu_x`` of eq. (20d): ``eval_interp`` (gpa, static), or ``1 - lr_t^p / S_t``
-    (schedule_free, traced, in ``S_t``'s dtype; ``S_t`` already includes this step).
+    (schedule_free, traced, in ``S_t``'s dtype; ``S_t`` already includes this step);
+    eq. (20e) rounds each operation in float32.
 
     Where ``S_t = 0`` (every rate so far 0, as at a warmup's first step) the
     ratio is taken as 0 (mu_x = 1: then d = 0 and Z = W, so Delta = 0), as
@@ -63,13 +85,13 @@ def eval_coefficient(
     divides by zero there. (Inside jit nothing can raise.)
     """
     if averaging.type == "gpa":
-        return averaging.eval_interp
+        return averaging.eval_coefficient(0.0, 0.0)
     assert lr_power_sum is not None  # init_state keeps S_t with schedule_free
     s = lr_power_sum
     positive = s > 0
-    ratio = jnp.where(positive, _lr_power(lr_t, averaging, s.dtype) / jnp.where(positive, s, 1),
-                      0)
-    mu_x: Array = 1.0 - ratio
+    lrp = _lr_power(lr_t, averaging, s.dtype)
+    ratio = jnp.where(positive, _rounded(lrp / jnp.where(positive, s, 1), averaging), 0)
+    mu_x: Array = _rounded(1.0 - ratio, averaging)
     return mu_x
 
 
@@ -89,16 +111,26 @@ def averaged_step(
     (``elementwise.momentum_step`` leaves it out of P under averaging). The caller rounds
     Delta (eq. 21a) and applies eq. (22)'s guard to W and Z alike. A traced
     ``mu_x`` (Schedule-Free, in ``S_t``'s dtype, the widest leaf's) is cast
-    to this leaf's dtype, and the new Z keeps the old one's.
+    to this leaf's dtype, and the new Z keeps the old one's. The scalars follow
+    eq. (20e) (static ones by the spec's own functions).
     """
     av, wd = config.averaging, config.weight_decay
     assert av is not None
     dtype = z.dtype
     if wd.applies("direction"):
-        z = z * (1.0 - lr_t * wd.direction_value(lr_t, lr_0))
-    if isinstance(mu_x, jax.Array):
+        alpha = wd.direction_value(lr_t, lr_0)
+        if isinstance(lr_t, (int, float)) and isinstance(alpha, (int, float)):
+            z = z * av.decay_factor(float(lr_t), float(alpha))
+        else:  # a schedule's traced rate
+            product = _rounded(_rounded(lr_t, av) * _rounded(alpha, av), av)
+            z = z * _rounded(1.0 - product, av)
+    if isinstance(mu_x, jax.Array):  # Schedule-Free
         mu_x = mu_x.astype(d.dtype)
-    delta = (1.0 - mu_x * av.train_interp) * d + (1.0 - mu_x) * (z - w)
+        along_d = _rounded(1.0 - _rounded(mu_x * av.mu_y, av), av)
+        toward_z = _rounded(1.0 - mu_x, av)
+    else:  # gpa: static
+        along_d, toward_z = av.step_coefficients(0.0, 0.0)
+    delta = along_d * d + toward_z * (z - w)
     # A traced lr_t wider than the leaf (a float64 schedule beside float32
     # parameters) must not widen the stored Z.
     return delta, (z + d).astype(dtype)
@@ -136,7 +168,7 @@ def averaged_params(state: Any, params: Any, config: ShampooConfig | None = None
             "state.averaged = None is invalid with config.averaging set: the state was not "
             "made by shampoo(config).init under this config (eq. 20d keeps Z there)."
         )
-    c = 1.0 - 1.0 / av.train_interp
+    c = av.switch_coefficient("eval")  # eq. (20e) in float32
 
     def x(w: Array, z: Array) -> Array:
         we = jnp.asarray(w).astype(z.dtype).reshape(z.shape)

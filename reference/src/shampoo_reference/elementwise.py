@@ -153,16 +153,16 @@ def apply_update(config: ShampooConfig, learning_rate: float, lr_power_sum: floa
 def averaged_step(config: ShampooConfig, learning_rate: float, lr_power_sum: float,
                   st: ParameterState, d: Array, w: Array) -> tuple[Array, Array]:
     """Eq. (20d): the new W and Z from ``d = -lr P``; Z decayed first (eq. 19's
-    direction decay becomes ``Z <- Z (1 - lr_t alpha_t)``)."""
+    direction decay becomes ``Z <- Z (1 - lr_t alpha_t)``); the scalars by eq. (20e)."""
     cfg, av = config, config.averaging
     assert av is not None and st.averaged is not None
     z = st.averaged
     if cfg.weight_decay.applies("direction"):
         alpha = cfg.weight_decay.direction_value(learning_rate, cfg.learning_rate)
-        z = z * (1.0 - learning_rate * alpha)
-    mu_y = av.train_interp
-    mu_x = av.eval_coefficient(learning_rate, lr_power_sum)
-    delta = (1.0 - mu_x * mu_y) * d + (1.0 - mu_x) * (z - w)
+        z = z * av.decay_factor(learning_rate, alpha)
+    # (1 - mu_x mu_y, 1 - mu_x), in float32 under eq. (20e)
+    along_d, toward_z = av.step_coefficients(learning_rate, lr_power_sum)
+    delta = along_d * d + toward_z * (z - w)
     if cfg.update_dtype is not None:
         delta = round_to(delta, cfg.update_dtype)  # eq. (21a)
     return w + delta, z + d

@@ -148,7 +148,7 @@ class ReferenceShampoo:
         self._root_failures = []
         av = self.config.averaging
         if av is not None and av.type == "schedule_free":
-            self.lr_power_sum += self.learning_rate**av.eval_lr_power  # eq. (20d)
+            self.lr_power_sum = av.power_sum(self.lr_power_sum, self.learning_rate)  # (20d)
         for name, adm in admitted.items():
             self.metrics.skipped_blocks += adm.refused
             self.params[name] = self._step_parameter(name, self.params[name], adm)
@@ -405,7 +405,7 @@ class ReferenceShampoo:
         av = self.config.averaging
         if av is None or self.mode == "eval":
             return
-        self._switch(1.0 - 1.0 / av.train_interp)
+        self._switch(av.switch_coefficient("eval"))  # eqs. (20d), (20e)
         self.mode = "eval"
 
     def train(self) -> None:
@@ -414,7 +414,7 @@ class ReferenceShampoo:
         av = self.config.averaging
         if av is None or self.mode == "train":
             return
-        self._switch(1.0 - av.train_interp)
+        self._switch(av.switch_coefficient("train"))
         self.mode = "train"
 
     def _switch(self, c: float) -> None:

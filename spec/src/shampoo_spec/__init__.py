@@ -77,6 +77,7 @@ from .config import (
     config_from_dict,
     config_to_dict,
 )
+from .config.float32 import to_float32
 from .errors import (
     BackendUnavailable,
     Inexpressible,
@@ -176,6 +177,7 @@ __all__ = [
     "plan_parameter",
     "root_period",
     "squeeze_shape",
+    "to_float32",
     "to_google",
     "to_meta",
     "to_tearfree",

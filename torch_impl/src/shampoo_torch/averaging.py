@@ -9,8 +9,8 @@ itself is :func:`shampoo_torch.elementwise.averaged_step`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -21,10 +21,10 @@ from .state import ParamGroupPlan
 
 def switch_sequence(
     param_groups: Sequence[dict[str, Any]], plans: Sequence[ParamGroupPlan],
-    state: Mapping[torch.Tensor, dict[str, Any]], mode: str,
-    coefficient: Callable[[float], float],
+    state: Mapping[torch.Tensor, dict[str, Any]], mode: Literal["eval", "train"],
 ) -> None:
-    """``W <- W + c (Z - W)`` for every parameter of the groups not yet in ``mode``.
+    """``W <- W + c (Z - W)`` for every parameter of the groups not yet in ``mode``
+    (``c = 1 - 1/mu_y`` to eval, ``1 - mu_y`` to train; eq. 20e in float32).
 
     Under FSDP2 a collective in ``"lossless"`` mode: every rank of the shard
     group calls ``Shampoo.train`` / ``Shampoo.eval`` together, as it calls ``step``."""
@@ -32,7 +32,7 @@ def switch_sequence(
         av = gp.config.averaging
         if av is None or group[AVERAGING_MODE] == mode:
             continue
-        c = coefficient(av.train_interp)
+        c = av.switch_coefficient(mode)
         for j, p in enumerate(group["params"]):
             z = state[p]["averaged"]
             whole = gp.planned(j, p.detach())  # FSDP2 "lossless": all-gathered

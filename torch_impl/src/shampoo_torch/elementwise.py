@@ -259,14 +259,15 @@ def momentum(
 
 def averaged_step(
     st: dict[str, Any], u: torch.Tensor, w: torch.Tensor, cfg: ShampooConfig, lr: float,
-    mu_x: float, ok: torch.Tensor | None, lr_0: float | None = None,
+    lr_power_sum: float, ok: torch.Tensor | None, lr_0: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. (20d): the update Delta of W and the new base sequence Z from U (= P).
 
     Z decays first with direction decay (``Z <- Z (1 - lr alpha)``, eq. 19's
     coefficient alpha); then ``d = -lr U``,
     ``Delta = (1 - mu_x mu_y) d + (1 - mu_x) (Z - W)`` and ``Z + d``, Z kept on
-    eq. (3)'s refused entries. :func:`shampoo_torch.updates.apply_update` adds Delta
+    eq. (3)'s refused entries; the scalars (host floats) by eq. (20e), from
+    ``lr_power_sum`` = S_t. :func:`shampoo_torch.updates.apply_update` adds Delta
     and stores Z under eq. (22)'s guard, as a momentum buffer.
     """
     av, wd = cfg.averaging, cfg.weight_decay
@@ -275,10 +276,11 @@ def averaged_step(
     z = old
     if wd.applies("direction"):
         built = cfg.learning_rate if lr_0 is None else lr_0
-        z = z * (1.0 - lr * wd.direction_value(lr, built))
+        z = z * av.decay_factor(lr, wd.direction_value(lr, built))
     step_lr = 1.0 if cfg.momentum.lr_before_momentum else lr
     d = -(step_lr * u)
-    delta = (1.0 - mu_x * av.train_interp) * d + (1.0 - mu_x) * (z - w)
+    along_d, toward_z = av.step_coefficients(lr, lr_power_sum)
+    delta = along_d * d + toward_z * (z - w)
     return delta, masked(z + d, old, ok)
 
 

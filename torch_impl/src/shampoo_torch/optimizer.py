@@ -317,7 +317,7 @@ class Shampoo(torch.optim.Optimizer):
             av = None if inp is None else inp.gp.config.averaging
             if inp is not None and av is not None and av.type == "schedule_free":  # eq. (20d)
                 group = self.param_groups[inp.gi]
-                group[LR_POWER_SUM] = group.get(LR_POWER_SUM, 0.0) + inp.lr**av.eval_lr_power
+                group[LR_POWER_SUM] = av.power_sum(group.get(LR_POWER_SUM, 0.0), inp.lr)
         cohorts = [c for inp in inputs if inp is not None for c in split_cohorts(inp)]
         for c in cohorts:
             elementwise.update_cohort_state(c, self.state)  # 2. graft state, filter
@@ -351,14 +351,12 @@ class Shampoo(torch.optim.Optimizer):
         """Put the averaged sequence ``x = (W - (1 - mu_y) Z) / mu_y`` in the parameters of
         every group with ``config.averaging`` (eq. 20d); ``step()`` then refuses until
         :meth:`train`. Groups without averaging, or already in eval mode, are left alone."""
-        averaging.switch_sequence(self.param_groups, self._plans, self.state, "eval",
-                                  lambda mu_y: 1.0 - 1.0 / mu_y)
+        averaging.switch_sequence(self.param_groups, self._plans, self.state, "eval")
 
     @torch.no_grad()
     def train(self) -> None:
         """Back to the training sequence ``y = mu_y x + (1 - mu_y) Z`` (eq. 20d)."""
-        averaging.switch_sequence(self.param_groups, self._plans, self.state, "train",
-                                  lambda mu_y: 1.0 - mu_y)
+        averaging.switch_sequence(self.param_groups, self._plans, self.state, "train")
 
     # ------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

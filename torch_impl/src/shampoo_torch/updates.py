@@ -87,9 +87,8 @@ def update_parameters(
             continue
         delta = None
         if cfg.averaging is not None:  # eq. (20d)
-            mu_x = cfg.averaging.eval_coefficient(inp.lr, group.get(LR_POWER_SUM, 0.0))
             delta, buffers["averaged"] = elementwise.averaged_step(
-                st, u, inp.w[i], cfg, inp.lr, mu_x, ok, lr_0)
+                st, u, inp.w[i], cfg, inp.lr, group.get(LR_POWER_SUM, 0.0), ok, lr_0)
         withheld = apply_update(inp.targets.get(i, inp.params[i]), inp.w[i], u, buffers, st,
                                 cfg, inp.lr, ok, delta)
         write_back(inp, i)  # lossless FSDP2: this rank's piece of the new parameter

@@ -202,7 +202,8 @@ def configs(draw: Any, well_conditioned: bool = True) -> ss.ShampooConfig:
             and draw(st.sampled_from([False, False, True]))):
         averaging = ss.IterateAveragingConfig(
             type=draw(st.sampled_from(["gpa", "schedule_free"])),
-            train_interp=draw(st.sampled_from([0.5, 1.0])))
+            train_interp=draw(st.sampled_from([0.5, 1.0])),
+            scalar_dtype=draw(st.sampled_from([None, "float32"])))  # eq. (20e)
         if averaging.type == "gpa":
             averaging = replace(averaging, eval_interp=draw(st.sampled_from([0.0, 0.9])))
     blocking = ss.BlockingConfig(

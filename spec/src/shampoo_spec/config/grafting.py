@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .. import _validate as v
 from . import allowed
 from .allowed import check_fields
+from .float32 import to_float32
 from .options import EMA_WEIGHTS, GRAFTING_TYPES, GRAFTING_TYPES_WITH_STATE, GraftingType
 
 
@@ -138,8 +138,8 @@ class GraftingConfig:
         float64 rounded to float32 (correctly, where a float32 ``pow`` need not be); the
         difference of two float32 numbers is exact in float64 (below 2^-25 it rounds to
         1 either way), so rounding it once is float32's subtraction."""
-        power = _float32(float(t) ** -self.decay_exponent)
-        return _float32(1.0 - power)
+        power = to_float32(float(t) ** -self.decay_exponent)
+        return to_float32(1.0 - power)
 
     @property
     def adaptive(self) -> bool:
@@ -175,9 +175,3 @@ class GraftingConfig:
     def rescale_scope(self) -> Literal["block", "parameter"] | None:
         """Where eq. (18) takes the norms: per block, per parameter, or None (no graft)."""
         return None if self.type == "none" else self.norm_scope
-
-
-def _float32(x: float) -> float:
-    """x rounded to the nearest float32 (ties to even)."""
-    out: float = struct.unpack("f", struct.pack("f", x))[0]
-    return out

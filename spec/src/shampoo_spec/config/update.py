@@ -13,6 +13,7 @@ from typing import Literal
 from .. import _validate as v
 from . import allowed
 from .allowed import check_fields
+from .float32 import to_float32
 from .options import MAX_EVAL_LR_POWER, MOMENTUM_STORAGES, SCALE_DTYPES, MomentumStorage
 
 
@@ -138,6 +139,13 @@ class IterateAveragingConfig:
     ``1 - lr_t^p / sum_{i<=t} lr_i^p`` with ``p = eval_lr_power``
     (schedule_free). The evaluation sequence ``x = (W - (1 - mu_y) Z) / mu_y``
     is what the backends' ``eval()`` puts in the parameters (``train()`` back).
+
+    ``scalar_dtype``: None computes the scalars of eq. (20d) (S_t, mu_x,
+    mu_y, ``1 - mu_x mu_y``, ``1 - mu_x``, Z's decay factor ``1 - lr_t alpha``
+    and the switches' ``1 - 1/mu_y`` and ``1 - mu_y``) in float64;
+    ``"float32"`` rounds every input and every operation's result to float32
+    (eq. 20e; Meta keeps them in float32 tensors whatever the parameters'
+    dtype). Either way they are then applied in the parameters' dtype.
     """
 
     type: Literal["gpa", "schedule_free"] = field(
@@ -148,6 +156,8 @@ class IterateAveragingConfig:
         default=0.9, metadata=allowed.real(low=0.0, high=1.0, high_open=True))
     eval_lr_power: int = field(
         default=2, metadata=allowed.integer(low=0, high=MAX_EVAL_LR_POWER))
+    scalar_dtype: Literal["float32"] | None = field(
+        default=None, metadata=allowed.choice(("float32",), none_means="float64"))
 
     def __post_init__(self) -> None:
         o = "averaging"
@@ -161,15 +171,47 @@ class IterateAveragingConfig:
             v.fail(o, "eval_interp", self.eval_interp, "0.9 (the default; unused) with "
                    "type='schedule_free' (mu_x follows the learning rates)")
 
+    def _r(self, x: float) -> float:
+        """One operation's result in ``scalar_dtype`` (eq. 20e)."""
+        return to_float32(x) if self.scalar_dtype == "float32" else x
+
+    def lr_power(self, lr_t: float) -> float:
+        """``lr_t^p`` (eq. 20d); in float32 the rate's power in float64 rounded once
+        (correctly rounded, where a float32 pow need not be; exact for p <= 2)."""
+        return self._r(self._r(lr_t) ** self.eval_lr_power)
+
+    def power_sum(self, lr_power_sum: float, lr_t: float) -> float:
+        """Schedule-Free's ``S_t = S_{t-1} + lr_t^p`` (eq. 20d), before mu_x is formed."""
+        return self._r(lr_power_sum + self.lr_power(lr_t))
+
     def eval_coefficient(self, lr_t: float, lr_power_sum: float) -> float:
         """``mu_x`` of eq. (20d) at a step whose ``sum_{i<=t} lr_i^p`` is ``lr_power_sum``."""
         if self.type == "gpa":
-            return self.eval_interp
+            return self._r(self.eval_interp)
         if lr_power_sum == 0.0:
             # Every rate so far 0 (a warm-up from 0): no step is taken (d = 0); mu_x = 1
             # keeps W, as Defazio et al.'s Schedule-Free does.
             return 1.0
-        return 1.0 - lr_t**self.eval_lr_power / lr_power_sum
+        return self._r(1.0 - self._r(self.lr_power(lr_t) / lr_power_sum))
+
+    @property
+    def mu_y(self) -> float:
+        """``mu_y = train_interp`` (eq. 20d; rounded by eq. 20e)."""
+        return self._r(self.train_interp)
+
+    def step_coefficients(self, lr_t: float, lr_power_sum: float) -> tuple[float, float]:
+        """``(1 - mu_x mu_y, 1 - mu_x)``: Delta = the first d + the second (Z - W)."""
+        mu_x = self.eval_coefficient(lr_t, lr_power_sum)
+        return self._r(1.0 - self._r(mu_x * self.mu_y)), self._r(1.0 - mu_x)
+
+    def decay_factor(self, lr_t: float, alpha: float) -> float:
+        """Z's direction decay ``1 - lr_t alpha`` (eqs. 19, 20d)."""
+        return self._r(1.0 - self._r(self._r(lr_t) * self._r(alpha)))
+
+    def switch_coefficient(self, to: Literal["eval", "train"]) -> float:
+        """``W <- W + c (Z - W)``: ``c = 1 - 1/mu_y`` to x (eval), ``1 - mu_y`` back."""
+        mu_y = self.mu_y
+        return self._r(1.0 - self._r(1.0 / mu_y)) if to == "eval" else self._r(1.0 - mu_y)
 
 
 @dataclass(frozen=True, kw_only=True)

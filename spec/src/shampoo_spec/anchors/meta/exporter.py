@@ -119,6 +119,8 @@ def _meta_momentum(c: ShampooConfig, lacks: _Lacks) -> dict[str, Any] | None:
         av = c.averaging
         if av is None:
             return None
+        lacks.same("averaging.scalar_dtype", av.scalar_dtype, "float32",
+                   "Meta holds the scalars of eq. (20d) in float32 tensors (eq. 20e)")
         if av.type == "gpa":  # eq. (20d)
             return {"type": "GeneralizedPrimalAveragingConfig",
                     "eval_interp_coeff": av.eval_interp, "train_interp_coeff": av.train_interp}

@@ -247,7 +247,8 @@ def _averaging(a: Args) -> IterateAveragingConfig | None:
 
     GPA: ``eval_interp_coeff`` (mu_x, default 0.9) and ``train_interp_coeff``
     (mu_y, 0.8); Schedule-Free: ``train_interp_coeff`` (0.8) and
-    ``eval_coeff_lr_power`` (2). None for anything else.
+    ``eval_coeff_lr_power`` (2). Both with ``scalar_dtype="float32"`` (eq. 20e).
+    None for anything else.
     """
     cfg = a.get("iterate_averaging_config", None)
     kind = type_of("iterate_averaging_config", cfg)
@@ -255,11 +256,14 @@ def _averaging(a: Args) -> IterateAveragingConfig | None:
         return None
     m = Args("iterate_averaging_config", cfg, _AVERAGING_KEYS[kind])
     train = m.number("train_interp_coeff", 0.8)
+    # Eq. (20e): Meta holds lr, S_t and both coefficients in float32 tensors.
     if kind == "GeneralizedPrimalAveragingConfig":
         return IterateAveragingConfig(type="gpa", train_interp=train,
-                                      eval_interp=m.number("eval_interp_coeff", 0.9))
+                                      eval_interp=m.number("eval_interp_coeff", 0.9),
+                                      scalar_dtype="float32")
     return IterateAveragingConfig(type="schedule_free", train_interp=train,
-                                  eval_lr_power=m.integer("eval_coeff_lr_power", 2, low=0))
+                                  eval_lr_power=m.integer("eval_coeff_lr_power", 2, low=0),
+                                  scalar_dtype="float32")
 
 
 def _schedule(a: Args) -> ScheduleConfig:
