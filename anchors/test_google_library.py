@@ -958,18 +958,8 @@ COMBINATION_INVENTORY = combinations.inventory(COMBINATION_BASE, COMBINATION_CAS
 
 
 def _known_google_gap(kwargs: Kwargs) -> str | None:
-    """Draws that hit a gap other work is fixing: xfail(strict=False), the row named."""
-    if all(kwargs.get(k) for k in ("frequent_directions", "compression_rank",
-                                   "reuse_preconditioner")):
-        return ("known gap (issue row: Google frequent_directions+compression_rank+"
-                "reuse_preconditioner)")
-    if kwargs.get("lobpcg_topk_precondition") and kwargs.get("relative_matrix_epsilon"):
-        return "known gap (issue row: Google lobpcg_topk_precondition with relative epsilon)"
-    if (kwargs.get("decay_preconditioning_compute_steps")
-            and kwargs.get("end_preconditioning_compute_steps")
-            and kwargs.get("graft_type") == "ADAGRAD" and callable(kwargs.get("learning_rate"))):
-        return ("known gap (issue row: Google decay_preconditioning_compute_steps+"
-                "end_preconditioning_compute_steps+AdaGrad graft+LR schedule)")
+    """Draws that hit a gap other work is fixing: xfail(strict=False), the row named.
+    None today: the issue's three Google rows are fixed (named cases above)."""
     return None
 
 

@@ -5,7 +5,8 @@ named ValueError; (b) a step succeeds with finite weights and state or raises
 a project error and changes nothing; (c) a refused block is skipped as if
 omitted; (d) checkpoint, resume: bit-identical; (e) a corrupted checkpoint
 is refused and changes nothing; (f) torch DDP, fully_shard lossless and local
-and HSDP equal one process, resumed across world sizes too. The Hypothesis
+and HSDP equal one process, resumed across world sizes too; JAX sharded over
+meshes decides as one device does, within its float32 bound. The Hypothesis
 profile comes from ``HYPOTHESIS_PROFILE``
 (``ci``: small and derandomized; ``fuzz``: the ``nox -s fuzz`` session).
 Example counts scale with the profile's ``max_examples``; the cases run are
@@ -332,6 +333,20 @@ def test_f_distributed_modes_equal_one_process(world: int, data: st.DataObject) 
     from shampoo_conformance.fuzz.distributed import MODES, check_modes
 
     check_modes(world, MODES, data.draw(distributed_cases(world)))
+
+
+#: Cases per mode of the JAX meshes: fuzz profile 500, ci 3.
+JAX_MESH_CASES = max(3, N * 5 // 34)
+
+
+def test_f_jax_meshes_equal_one_device(tmp_path: Any) -> None:
+    """Block state sharded over 1-D and 2 x 2 meshes of host devices: the decisions of one
+    device, weights within its float32 bound, replicas alike, resumes across meshes."""
+    if available("jax") is not None:
+        pytest.skip(str(available("jax")))
+    from shampoo_conformance.fuzz.jax_meshes import check_meshes
+
+    check_meshes(JAX_MESH_CASES, str(tmp_path / "counts.json"))
 
 
 def test_f_local_pieces_with_unlike_graft_state_resume() -> None:

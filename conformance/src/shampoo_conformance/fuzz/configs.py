@@ -473,10 +473,11 @@ def fixed_configs() -> list[ss.ShampooConfig]:
 
 
 @st.composite
-def fixed_cases(draw: Any, policy: str | None = None,
-                coupling_free: bool = False) -> ss.ShampooConfig:
-    """One of :func:`fixed_configs` with a failure policy (``policy`` or drawn)."""
-    configs = fixed_configs()
+def fixed_cases(draw: Any, policy: str | None = None, coupling_free: bool = False,
+                configs: list[ss.ShampooConfig] | None = None) -> ss.ShampooConfig:
+    """One of ``configs`` (default :func:`fixed_configs`) with a failure policy (``policy``
+    or drawn)."""
+    configs = fixed_configs() if configs is None else configs
     if coupling_free:
         configs = [c for c in configs
                    if c.grafting.rescale_scope != "parameter"

@@ -58,6 +58,7 @@ from shampoo_reference.roots.regularize import effective_epsilon, regularized_ei
 from shampoo_spec import (
     CoupledNewtonConfig,
     HigherOrderNewtonConfig,
+    RootFailureError,
     ShampooConfig,
     is_root_step,
 )
@@ -222,8 +223,13 @@ def bound_and_reference(
     params: dict[str, NDArray[np.float64]],
     grads: list[dict[str, NDArray[np.float64]]],
     dtype: DTypeLike,
+    hold_root_failures: bool = False,
 ) -> tuple[Bound, list[dict[str, NDArray[np.float64]]]]:
-    """The bound and the reference trajectory it was measured on (one reference run)."""
+    """The bound and the reference trajectory it was measured on (one reference run).
+
+    ``hold_root_failures``: a :class:`RootFailureError` (eq. 13, raised once the
+    step is complete) does not end the run; the trajectory goes on.
+    """
     opt = ReferenceShampoo(config, params)
     kappa, max_dim = 1.0, 1
     newton = isinstance(config.root_inverse, (CoupledNewtonConfig, HigherOrderNewtonConfig))
@@ -233,7 +239,12 @@ def bound_and_reference(
     asymmetry = 0.0
     trajectory = []
     for t, g in enumerate(grads, start=1):
-        trajectory.append(opt.step(g))
+        try:
+            trajectory.append(opt.step(g))
+        except RootFailureError:
+            if not hold_root_failures:
+                raise
+            trajectory.append({k: v.copy() for k, v in opt.params.items()})
         if not is_root_step(t, config.schedule):
             continue
         for st in opt.state.values():
