@@ -963,6 +963,22 @@ def _known_google_gap(kwargs: Kwargs) -> str | None:
     return None
 
 
+def _google_does_not_finish(kwargs: Kwargs) -> str | None:
+    """Draws Google's library never finishes, so they are not run (a hung XLA computation
+    blocks every later one in the process). Found by draw s132: ``eigh=True`` with
+    ``compression_rank`` 8, 9 or 10 on this model (blocks of 32: factors of 32, 16 and
+    10) leaves a computation that never completes (the next ``jnp.zeros`` waits more
+    than 100 s), with or without the relative epsilon; ranks 4 and 14, 9 without
+    ``eigh``, and rank 8 or 9 with frequent directions or LOBPCG (draws s11, s18, s24)
+    finish (docs/third-party.md, Google)."""
+    if kwargs.get("eigh") and kwargs.get("compression_rank") in (8, 9, 10) \
+            and not kwargs.get("frequent_directions") \
+            and not kwargs.get("lobpcg_topk_precondition"):
+        return ("Google's library does not finish eigh=True with compression_rank "
+                f"{kwargs['compression_rank']} here (its computation hangs): not run")
+    return None
+
+
 #: A failing draw whose trajectory is chaotic (Google against itself, from w1 scaled by
 #: 1 + 1e-15, moves at least 1/CHAOS_FACTOR of our gap) is skipped, not failed: rounding
 #: alone explains the gap there. Checked only when a draw fails (no CI cost).
@@ -993,6 +1009,9 @@ def test_google_combination_matches_shampoo_jax(seed: int, kwargs: Kwargs) -> No
     problem = _problem()
     eps = kwargs.get("matrix_epsilon", 1e-6)
     assert isinstance(eps, float)
+    hangs = _google_does_not_finish(kwargs)
+    if hangs is not None:
+        pytest.skip(f"seed {seed}: {hangs}")
     try:
         google = ds.distributed_shampoo(**google_kwargs(kwargs))
         theirs = _trajectory(google, google_init(google, problem.params, eps), problem)
