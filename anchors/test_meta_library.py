@@ -1309,8 +1309,8 @@ AVERAGING_CASES: dict[str, dict[str, Any]] = {
     "schedule_free_l2": {
         "iterate_averaging_config": {"type": "ScheduleFreeConfig", "train_interp_coeff": 0.75},
         "weight_decay_type": "L2"},
-    # No decay: Z does not decay, so mu_x is the only scalar Meta rounds to float32
-    # (test_meta_schedule_free_gap_is_float32_mu_x).
+    # No decay: Z does not decay, so Meta's float32 scalars are mu_x and the step's
+    # coefficients made from it (test_meta_averaging_scalars_are_float32).
     "schedule_free_no_decay": {
         "iterate_averaging_config": {"type": "ScheduleFreeConfig", "train_interp_coeff": 0.75},
         "weight_decay": 0.0},
