@@ -54,6 +54,20 @@ def count(invariant: str, backend: str, outcome: str) -> None:
     COUNTS[(invariant, backend, outcome)] += 1
 
 
+#: What a distributed or sharded run may raise in a step (invariant f), the same as one
+#: process: eq. (3)'s "raise" and eq. (13)'s limit.
+ALLOWED_ERRORS = (None, "NonFiniteGradientError", "RootFailureError")
+
+
+def check_same_error(at: str, got: str | None, want: str | None, oracle: str) -> None:
+    """Invariant (f): a step raised (the error type's name) what the ``oracle`` raised, and
+    that is one of :data:`ALLOWED_ERRORS`."""
+    if got != want:
+        raise Violation(f"{at}: raised {got}, {oracle} raised {want}")
+    if got not in ALLOWED_ERRORS:
+        raise Violation(f"{at}: raised {got}")
+
+
 def describe(err: BaseException) -> str:
     """An error's type and the start of its message, for a violation's text."""
     return f"{type(err).__name__}: {str(err)[:300]}"
@@ -370,6 +384,7 @@ def check_checkpoint(backend: str, config: ss.ShampooConfig, params: dict[str, n
 
 
 __all__ = [
+    "ALLOWED_ERRORS",
     "COUNTS",
     "PROJECT_ERRORS",
     "Violation",
@@ -378,6 +393,7 @@ __all__ = [
     "check_config_recipe",
     "check_construction",
     "check_importer",
+    "check_same_error",
     "check_skip_equals_omit",
     "check_stream",
     "count",

@@ -52,7 +52,7 @@ import shampoo_spec as ss
 
 from ..suite.divergence import first_divergence
 from ..suite.tolerances import Bound, bound_and_reference
-from .invariants import COUNTS, Violation, count
+from .invariants import COUNTS, Violation, check_same_error, count
 
 #: mode -> (mesh shape, mesh axis names, the axis or axes the blocks are sharded over).
 MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...], str | tuple[str, ...]]] = {
@@ -66,7 +66,6 @@ MODES = tuple(MESHES)
 RESUME_INTO = {"blocks_4": "blocks_2", "blocks_2": "product_2x2",
                "product_2x2": "replicas_2x2", "replicas_2x2": "blocks_4"}
 DEVICES = 4
-ALLOWED_ERRORS = (None, "NonFiniteGradientError", "RootFailureError")
 
 #: Per step: the error raised (its type's name) or None, the weights, the skipped blocks.
 Trace = list[tuple[str | None, dict[str, np.ndarray], int]]
@@ -194,20 +193,15 @@ def _bound(config: ss.ShampooConfig, params: dict[str, np.ndarray],
         return None
 
 
-def _decisions(where: str, got: Trace, want: Trace) -> None:
+def _agrees(where: str, got: Trace, want: Trace, start: dict[str, np.ndarray],
+            bound: Bound | None) -> None:
+    """One device's errors and skipped blocks, step by step; weights finite and within
+    ``bound`` of one device's (None: finite only)."""
     for t, (g, w) in enumerate(zip(got, want, strict=True)):
         at = f"{where}, step {t + 1}"
-        if g[0] != w[0]:
-            raise Violation(f"{at}: raised {g[0]}, one device raised {w[0]}")
-        if g[0] not in ALLOWED_ERRORS:
-            raise Violation(f"{at}: raised {g[0]}")
+        check_same_error(at, g[0], w[0], "one device")
         if g[2] != w[2]:
             raise Violation(f"{at}: skipped {g[2]} blocks, one device {w[2]}")
-
-
-def _within(where: str, got: Trace, want: Trace, start: dict[str, np.ndarray],
-            bound: Bound | None) -> None:
-    """Weights finite; within ``bound`` of one device's (None: finite only)."""
     for t, g in enumerate(got):
         if not all(np.all(np.isfinite(v)) for v in g[1].values()):
             raise Violation(f"{where}, step {t + 1}: non-finite weights")
@@ -248,8 +242,7 @@ def check_case(case: Case, modes: tuple[str, ...] = MODES) -> None:
             diverged = run.diverged_replicas()
             if diverged is not None:
                 raise Violation(f"{where}, step {t + 1}: the replicas of {diverged} differ")
-        _decisions(where, got, want)
-        _within(where, got, want, params, bound)
+        _agrees(where, got, want, params, bound)
         # The same mesh resumes its own state with the same program: bit for bit.
         _bitwise(f"{where}, resumed on {mode}", _steps(_Run(config, at_k, mode, arrays),
                                                        grads[k:]), got[k:])
@@ -257,9 +250,8 @@ def check_case(case: Case, modes: tuple[str, ...] = MODES) -> None:
                                     (mode, o_arrays, o_at_k)):
             source = "one device" if state is o_arrays else mode
             resumed = f"{where}, resumed from {source} on {into or 'one device'}"
-            trace = _steps(_Run(config, values, into, state), grads[k:])
-            _decisions(resumed, trace, want[k:])
-            _within(resumed, trace, want[k:], params, bound)
+            _agrees(resumed, _steps(_Run(config, values, into, state), grads[k:]), want[k:],
+                    params, bound)
         count(f"f_{mode}", "jax", f"{policy}, {'bounded' if bound else 'finite only'}")
 
 
