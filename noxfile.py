@@ -206,7 +206,13 @@ ANCHOR_LIBRARIES = {
 #: Third-party Shampoos on the package registry, with the dependencies our members do
 #: not bring (pinned in constraints.txt; torch and numpy come with our members).
 REGISTRY_LIBRARIES = {"pytorch-optimizer": ("pytorch-optimizer",),
-                      "heavyball": ("heavyball", "opt-einsum")}
+                      "heavyball": ("heavyball", "opt-einsum"),
+                      "optax-shampoo": ("optax-shampoo",),
+                      "sirfshampoo": ("sirfshampoo", "singd", "einconv", "einops"),
+                      # Spectral descent shipped inside the frameworks themselves
+                      # (torch.optim.Muon, optax.contrib.muon): nothing more to install.
+                      "torch-optim": (),
+                      "optax-contrib": ()}
 #: Every library a third-party conformance backend runs.
 LIBRARIES = (*ANCHOR_LIBRARIES, *REGISTRY_LIBRARIES)
 #: The conformance backends of each library (shampoo_conformance/thirdparty/registry.py).
@@ -215,7 +221,9 @@ LIBRARY_BACKENDS = {
     "google": ("google", "tearfree"),
     "pytorch-optimizer": ("pytorch-optimizer", "pytorch-optimizer-shampoo",
                           "pytorch-optimizer-soap"),
-    "heavyball": ("heavyball-soap",),
+    "heavyball": ("heavyball-soap", "heavyball-klshampoo", "heavyball-klsoap", "heavyball-muon"),
+    "torch-optim": ("torch-muon",),
+    "optax-contrib": ("optax-muon",),
 }
 #: The adapter tests of each library (default: conformance/tests/test_adapter_<library>.py).
 ADAPTER_TESTS = {
@@ -223,7 +231,11 @@ ADAPTER_TESTS = {
                "conformance/tests/test_adapter_tearfree.py"),
     "pytorch-optimizer": ("conformance/tests/test_adapter_pytorch_optimizer.py",
                           "conformance/tests/test_adapter_soap.py"),
-    "heavyball": ("conformance/tests/test_adapter_soap.py",),
+    "heavyball": ("conformance/tests/test_adapter_soap.py",
+                  "conformance/tests/test_adapter_heavyball_kl.py",
+                  "conformance/tests/test_adapter_muon.py"),
+    "torch-optim": ("conformance/tests/test_adapter_muon.py",),
+    "optax-contrib": ("conformance/tests/test_adapter_muon.py",),
 }
 
 
@@ -231,7 +243,8 @@ def install_snapshot(session: nox.Session, library: str) -> bool:
     """Install ``library``: from the registry, or from its snapshot in
     ../shared/thirdparty (False where that is absent)."""
     if library in REGISTRY_LIBRARIES:
-        session.install(*CONSTRAINTS, "--no-deps", *REGISTRY_LIBRARIES[library])
+        if REGISTRY_LIBRARIES[library]:
+            session.install(*CONSTRAINTS, "--no-deps", *REGISTRY_LIBRARIES[library])
         return True
     tarball, flags, extra = ANCHOR_LIBRARIES[library]
     path = os.path.normpath(os.path.join(THIRDPARTY, tarball))

@@ -19,7 +19,19 @@ the backend contract's ``run``:
   suite's ``test_library_case_float64`` runs against the reference;
 - ``DEVIATIONS``: the properties where the library as shipped differs from
   the spec, each with its cause (docs/third-party.md); the suite marks
-  them as expected failures, so it fails only on an undocumented deviation.
+  them as expected failures, so it fails only on an undocumented deviation;
+- ``USER_KWARGS``: the arguments a user must give the library's constructor
+  besides the parameters (the learning rate, for most), all others left at
+  the library's defaults: what a user gets who changes nothing;
+- ``defaults_config()``: the spec's config nearest what the library computes
+  at ``USER_KWARGS`` (the suite's ``test_library_defaults`` runs the
+  library there against the reference on it; every difference is a
+  deviation);
+- ``library_run(kwargs, params, grads, dtype)``: the library constructed
+  from exactly ``kwargs`` (no adapter rule added), stepped with ``grads``
+  as a user would, returning a :class:`LibraryRun` (the suite's
+  side-effect properties read it: gradients, global RNG, dtypes, unknown
+  arguments).
 
 Importing an adapter fails when its library is missing; the backend is then
 reported as unavailable with :attr:`ThirdParty.install`, never as an error.
@@ -32,6 +44,8 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import numpy as np
 
 from shampoo_spec import ShampooConfig, config_differences, config_from_dict, config_to_dict
 
@@ -126,6 +140,42 @@ THIRD_PARTY: dict[str, ThirdParty] = {
         "pytorch-optimizer 4.1.0 (kozistr/pytorch_optimizer, its SOAP)",
         "pip install pytorch-optimizer==4.1.0",
     ),
+    "heavyball-klshampoo": ThirdParty(
+        "heavyball-klshampoo", "shampoo_conformance.thirdparty.heavyball_klshampoo",
+        "heavyball 3.2.1 (HomebrewML/HeavyBall, its KLShampoo)",
+        "pip install heavyball==3.2.1 opt-einsum",
+    ),
+    "heavyball-klsoap": ThirdParty(
+        "heavyball-klsoap", "shampoo_conformance.thirdparty.heavyball_klsoap",
+        "heavyball 3.2.1 (HomebrewML/HeavyBall, its KLSOAP)",
+        "pip install heavyball==3.2.1 opt-einsum",
+    ),
+    "heavyball-muon": ThirdParty(
+        "heavyball-muon", "shampoo_conformance.thirdparty.heavyball_muon",
+        "heavyball 3.2.1 (HomebrewML/HeavyBall, its Muon)",
+        "pip install heavyball==3.2.1 opt-einsum",
+    ),
+    "torch-muon": ThirdParty(
+        "torch-muon", "shampoo_conformance.thirdparty.torch_muon",
+        "torch 2.13 (torch.optim.Muon)",
+        "pip install torch==2.13.0 (nox -s \"thirdparty(library='torch-optim')\")",
+    ),
+    "optax-muon": ThirdParty(
+        "optax-muon", "shampoo_conformance.thirdparty.optax_muon",
+        "optax 0.2.8 (optax.contrib.muon)",
+        "pip install optax==0.2.8 (nox -s \"thirdparty(library='optax-contrib')\")",
+    ),
+    "optax-shampoo": ThirdParty(
+        "optax-shampoo", "shampoo_conformance.thirdparty.optax_shampoo",
+        "optax-shampoo 0.0.6 (PyPI; Google's distributed_shampoo of 2022, "
+        "import optax_shampoo.distributed_shampoo)",
+        "pip install --no-deps optax-shampoo==0.0.6",
+    ),
+    "sirfshampoo": ThirdParty(
+        "sirfshampoo", "shampoo_conformance.thirdparty.sirfshampoo",
+        "sirfshampoo 0.0.1 (PyPI; Lin et al.'s structured inverse- and root-free Shampoo)",
+        "pip install --no-deps sirfshampoo==0.0.1 singd==0.0.5 einconv==0.1.0 einops==0.8.2",
+    ),
     "heavyball-soap": ThirdParty(
         "heavyball-soap", "shampoo_conformance.thirdparty.heavyball_soap",
         "heavyball 3.2.1 (HomebrewML/HeavyBall, its SOAP)",
@@ -133,6 +183,20 @@ THIRD_PARTY: dict[str, ThirdParty] = {
         "nox -s \"thirdparty(library='heavyball')\" installs it)",
     ),
 }
+
+
+@dataclass(frozen=True)
+class LibraryRun:
+    """What a library did in a user's run (``library_run``), seen from the caller.
+
+    ``params``: the parameters after each step, as the library left them (their
+    dtype included, not cast); ``grads``: after each step, the gradients the caller
+    passed in, as the caller sees them then (``p.grad`` for torch; the arrays given
+    to ``update`` for optax).
+    """
+
+    params: list[dict[str, np.ndarray]]
+    grads: list[dict[str, np.ndarray]]
 
 
 def deviation_for(deviations: tuple[Deviation, ...], test_id: str) -> Deviation | None:
