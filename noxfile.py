@@ -368,16 +368,21 @@ def compare(session: nox.Session) -> None:
 
     Installs Meta's and Google's libraries from ../shared/thirdparty (those
     absent are reported as not installed, with their install command) and
-    pytorch-optimizer and heavyball from the registry, and
-    writes shampoo-compare/ (table, Markdown, plots). Args go to
-    ``python -m shampoo_conformance report`` (e.g. ``--quick``, ``--problems``).
+    the others from the registry, and writes shampoo-compare/ (table, Markdown,
+    plots, the libraries' console output in library-output.log). Each library's
+    verdict at its own defaults comes first, then at the config nearest the
+    report's. By default the ``--compare`` size (three problems, 15 minutes on
+    2 cores); ``--full`` runs every problem. Args go to
+    ``python -m shampoo_conformance report`` (e.g. ``--full``, ``--problems``).
     """
     install_members(session, "scikit-learn", "matplotlib")
     libraries = [name for name in LIBRARIES if install_snapshot(session, name)]
     backends = [b for name in libraries for b in LIBRARY_BACKENDS.get(name, (name,))]
+    # The 15-minute comparison unless another size is asked for (--full, --quick).
+    size = [] if {"--full", "--quick"} & set(session.posargs) else ["--compare"]
     session.run(
         "python", "-m", "shampoo_conformance", "report", "--out", "shampoo-compare",
-        "--backends", "reference", "torch", "jax", *backends, *session.posargs,
+        *size, "--backends", "reference", "torch", "jax", *backends, *session.posargs,
         env=blas_env(),
     )
 

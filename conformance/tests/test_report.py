@@ -5,7 +5,11 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import warnings
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +20,7 @@ from shampoo_conformance.__main__ import main as cli
 from shampoo_conformance.backends import BackendUnavailable
 from shampoo_conformance.report import ReportSettings, generate, report_shampoo_config, settings_for
 from shampoo_conformance.report.accuracy import measure_accuracy
+from shampoo_conformance.report.capture import captured
 from shampoo_conformance.report.convergence import (
     DIVERGENCE_FACTOR,
     GridPoint,
@@ -24,9 +29,12 @@ from shampoo_conformance.report.convergence import (
     steps_to_target,
     train,
 )
+from shampoo_conformance.report.defaults import defaults_verdict
 from shampoo_conformance.report.progress import Progress, format_seconds
 from shampoo_conformance.report.timing import measure_timing
+from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_datasets import load_problem
+from shampoo_spec import ShampooConfig
 
 LS = "ill_conditioned_least_squares"
 
@@ -92,6 +100,11 @@ def test_report_writes_markdown_json_and_plots(tmp_path: Path) -> None:
     table = out_text.getvalue()
     assert "steps shampoo" in table and "Recommendation:" in table
     assert "done in" in err_text.getvalue()  # the progress bar ran (plain lines: not a tty)
+    # Each backend at its own defaults comes first, on the console and in the Markdown.
+    assert table.index("At its own defaults") < table.index("steps shampoo")
+    assert md.index("## At each backend's own defaults") < md.index("## Summary at the report")
+    assert "| torch | lr=0.01 | n/a | n/a | ok | ok | ok | ok |" in md
+    assert (tmp_path / "library-output.log").exists() and "library-output.log" in md
 
 
 def test_missing_backend_is_reported_not_fatal(
@@ -242,3 +255,54 @@ def test_progress_on_a_terminal_redraws_in_place() -> None:
 def test_format_seconds() -> None:
     assert [format_seconds(s) for s in (0.4, 59, 61, 3725)] == ["0s", "59s", "1m01s", "1h02m"]
     assert format_seconds(math.inf) == "?" and format_seconds(math.nan) == "?"
+
+
+# ------------------------------------------- defaults verdict, captured output
+class _Careless:
+    """A backend whose library consumes the caller's gradients, swallows unknown
+    arguments and prints and warns while it steps (the report must keep all of it)."""
+
+    name = "careless"
+    dtypes = (np.float64, np.float32)
+    USER_KWARGS = {"lr": 0.1}
+    deviations = (Deviation("grads_zeroed", None, ("test_side_effect_grads_unchanged",),
+                            "zeroes p.grad (test)", "design"),)
+
+    def defaults_config(self) -> Any:
+        return replace(ShampooConfig(), learning_rate=0.1)
+
+    def library_run(self, kwargs: dict[str, Any], params: Any, grads: Any,
+                    dtype: Any) -> LibraryRun:
+        print("debug: abc,adb,aec->ade")
+        warnings.warn("float64 truncated (test)", UserWarning, stacklevel=1)
+        run = get_backend("reference").run(self.defaults_config(), params, grads)
+        return LibraryRun([{k: np.asarray(v, dtype) for k, v in p.items()} for p in run],
+                          [{k: np.zeros_like(v) for k, v in g.items()} for g in grads])
+
+
+def test_defaults_verdict_tells_documented_from_undocumented() -> None:
+    verdict = defaults_verdict(_Careless())  # type: ignore[arg-type]
+    by_check = {o.check: o for o in verdict.outcomes}
+    grads = by_check["test_side_effect_grads_unchanged"]
+    assert grads.status == "fail" and grads.deviation == "grads_zeroed (design)"
+    typo = by_check["test_side_effect_unknown_argument_refused"]
+    assert typo.status == "fail" and not typo.deviation and "silently" in typo.detail
+    assert [o.check for o in verdict.undocumented] == [typo.check]
+    assert by_check["test_side_effect_float64_stays_float64"].status == "pass"
+    assert "UNDOCUMENTED" in verdict.summary() and "grads_zeroed" in verdict.summary()
+
+
+def test_captured_output_goes_to_the_log_and_is_counted(tmp_path: Path) -> None:
+    log = tmp_path / "out" / "library-output.log"
+    with captured(log) as (output, console):
+        print("from python", flush=True)
+        os.write(1, b"from C\n")
+        os.write(2, b"to stderr\n")
+        for _ in range(3):
+            warnings.warn("again (test)", UserWarning, stacklevel=1)
+        console.write("progress stays on the console\n")
+    text = log.read_text()
+    assert "from python" in text and "from C" in text and "to stderr" in text
+    assert "progress stays" not in text
+    assert (output.warnings, output.distinct_warnings) == (3, 1)
+    assert output.lines == text.count("\n") and "3 warnings (1 distinct)" in output.summary()

@@ -118,6 +118,9 @@ def _add_report(subparsers: Any) -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="preset", action="store_const", const="quick",
                       help="smoke test: demo problems, a quarter of the steps, one seed")
+    size.add_argument("--compare", dest="preset", action="store_const", const="compare",
+                      help="every library in 15 minutes: demo problems and digits_mlp, "
+                      "2 seeds, demo grid, half the steps (nox -s compare's default)")
     size.add_argument("--full", dest="preset", action="store_const", const="full",
                       help="the convergence benchmark: every problem, 5 seeds, full grid")
     parser.set_defaults(handler=_report_handler(parser))

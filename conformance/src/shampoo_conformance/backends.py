@@ -22,6 +22,9 @@ from shampoo_conformance.protocol import Backend, BackendBase, Params, StepperFa
 from shampoo_conformance.thirdparty.registry import THIRD_PARTY, Deviation, ThirdParty
 from shampoo_spec import BackendUnavailable, ShampooConfig, StepperUnavailable
 
+#: The registry's hooks for a user's run of the library (thirdparty/registry.py).
+USER_RUN_HOOKS = ("USER_KWARGS", "defaults_config", "library_run")
+
 
 class FrameworkBackend(BackendBase):
     """A backend reached through an adapter module's numpy-in/numpy-out ``run``.
@@ -41,6 +44,12 @@ class FrameworkBackend(BackendBase):
             raise BackendUnavailable(
                 f"backend {name!r} is not installed ({module}: {err}); install it with {how}."
             ) from err
+        # The user-run hooks of thirdparty/registry.py (USER_KWARGS, defaults_config,
+        # library_run), where the adapter has them: the suite's side-effect and
+        # defaults properties skip, saying so, on a backend without them.
+        for hook in USER_RUN_HOOKS:
+            if hasattr(self._module, hook):
+                setattr(self, hook, getattr(self._module, hook))
 
     def _run(self, config: ShampooConfig, params: Params, grads: list[Params],
              dtype: Any) -> list[Params]:

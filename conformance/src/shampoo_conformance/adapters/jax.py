@@ -300,4 +300,26 @@ def library_stepper(
     return Stepper(_library_update(make, optimizer, config, key), state, p, hyper, key, None)
 
 
-__all__ = ["Stepper", "cpu_precision", "library_stepper", "library_steps", "run", "stepper"]
+# ------------------------------------ the registry's user-run hooks (thirdparty/registry.py)
+#: What a user passes ``shampoo_jax.shampoo(config, learning_rate=None)``
+#: (jax_impl/README.md): the config is required; ``ShampooConfig()`` is the default one.
+USER_KWARGS: dict[str, Any] = {"config": ShampooConfig()}
+
+
+def defaults_config() -> ShampooConfig:
+    """``USER_KWARGS``'s config as it is (factors in float32 whatever the parameters)."""
+    config: ShampooConfig = USER_KWARGS["config"]
+    return config
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any) -> Any:
+    """``shampoo(**kwargs)`` stepped as a user steps it, unjitted
+    (:func:`~shampoo_conformance.thirdparty.optax_library.optax_library_run`)."""
+    from shampoo_conformance.thirdparty.optax_library import optax_library_run
+
+    return optax_library_run(shampoo(**kwargs), params, grads, dtype)
+
+
+__all__ = ["USER_KWARGS", "Stepper", "cpu_precision", "defaults_config", "library_run",
+           "library_stepper", "library_steps", "run", "stepper"]

@@ -104,6 +104,32 @@ class ReferenceBackend(BackendBase):
         config = dataclasses.replace(config, learning_rate=lr)
         return _ReferenceStepper(ReferenceShampoo(config, params))
 
+    #: The registry's user-run hooks (thirdparty/registry.py): a user of the reference
+    #: writes ``ReferenceShampoo(ShampooConfig(**kwargs), params)``; the learning rate
+    #: is the one argument a user sets (eq. 2's lr).
+    USER_KWARGS: dict[str, Any] = {"learning_rate": 1e-2}
+
+    @staticmethod
+    def defaults_config() -> ShampooConfig:
+        """``ShampooConfig()`` at :attr:`USER_KWARGS`'s learning rate: the reference itself."""
+        return ShampooConfig(**ReferenceBackend.USER_KWARGS)
+
+    def library_run(self, kwargs: dict[str, Any], params: Params, grads: list[Params],
+                    dtype: Any) -> Any:
+        """``ReferenceShampoo(ShampooConfig(**kwargs), params)`` stepped with the caller's
+        own gradient arrays: a :class:`~shampoo_conformance.thirdparty.registry.LibraryRun`."""
+        from shampoo_conformance.thirdparty.registry import LibraryRun
+        from shampoo_reference import ReferenceShampoo
+
+        self._check_dtype(dtype)
+        opt = ReferenceShampoo(ShampooConfig(**kwargs), dict(params))
+        out, seen = [], []
+        for step in grads:
+            given = {n: np.asarray(g, dtype=np.float64) for n, g in step.items()}
+            out.append({n: np.array(v) for n, v in opt.step(given).items()})
+            seen.append({n: g.copy() for n, g in given.items()})
+        return LibraryRun(params=out, grads=seen)
+
     def _check_dtype(self, dtype: Any) -> None:
         if np.dtype(dtype) != np.float64:
             raise ValueError(

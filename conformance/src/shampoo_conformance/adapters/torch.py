@@ -209,3 +209,27 @@ def stepper(
             tensors.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay
         )
     return Stepper(opt, tensors)
+
+
+# ------------------------------------ the registry's user-run hooks (thirdparty/registry.py)
+#: What a user passes ``Shampoo(params, config=None, *, lr=None)`` (torch_impl/README.md):
+#: nothing is required; the learning rate is the one argument a user sets (eq. 2's lr).
+USER_KWARGS: dict[str, Any] = {"lr": 1e-2}
+
+
+def defaults_config() -> ShampooConfig:
+    """``ShampooConfig()`` at :data:`USER_KWARGS`'s learning rate: what ``Shampoo(params,
+    lr=...)`` runs (factors in float32 whatever the parameters' dtype)."""
+    return ShampooConfig(learning_rate=USER_KWARGS["lr"])
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any) -> Any:
+    """``Shampoo(named parameters, **kwargs)`` stepped as a user steps it
+    (:func:`~shampoo_conformance.thirdparty.torch_library.torch_library_run`)."""
+    # Imported here: torch_library imports this module's Stepper.
+    from shampoo_conformance.thirdparty.torch_library import torch_library_run
+
+    return torch_library_run(lambda tensors, kw: Shampoo(tensors, **kw), kwargs, params,
+                             grads, dtype)
+

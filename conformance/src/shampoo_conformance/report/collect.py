@@ -1,7 +1,8 @@
 """Run every measurement of the report and gather the results in one :class:`Report`.
 
-Order per problem: convergence (tunes each optimizer's learning rate per
-backend), then accuracy against the reference at Shampoo's tuned rate,
+First each backend at its own defaults (:mod:`.defaults`), then the step
+costs for the ETA (:mod:`.eta`). Order per problem: convergence (tunes each
+optimizer's learning rate per backend), then accuracy against the reference at Shampoo's tuned rate,
 then timing at both tuned rates. A backend whose framework is missing is
 listed as "not installed"; one without a ``stepper`` (open-loop only) gets
 the accuracy comparison alone; an exception inside one measurement is
@@ -10,6 +11,7 @@ recorded with its message and the report goes on.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -29,6 +31,8 @@ from shampoo_spec import ShampooConfig
 from . import settings as S
 from .accuracy import AccuracyResult, measure_accuracy
 from .convergence import ConvergenceResult, tune_and_evaluate
+from .defaults import DefaultsVerdict, defaults_verdict
+from .eta import step_costs
 from .progress import Progress
 from .recommend import recommend
 from .timing import TimingResult, measure_timing, timing_steps
@@ -67,6 +71,10 @@ class Report:
     recommendations: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    #: What the libraries printed and warned, and where it went (:mod:`.capture`).
+    console_output: str = ""
+    #: Each backend at its own defaults (:mod:`.defaults`): the first verdict.
+    defaults: list[DefaultsVerdict] = field(default_factory=list)
 
 
 def training_dtype(backend: str) -> Any:
@@ -109,15 +117,30 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _total_units(settings: S.ReportSettings, training: int, compared: int) -> int:
-    """Optimizer steps the report will take: the progress bar's total."""
-    units = 0
+def _total_seconds(settings: S.ReportSettings, training: list[str], compared: list[str],
+                   costs: dict[tuple[str, str], float]) -> float:
+    """Estimated seconds of the whole report (:mod:`.eta`): the progress bar's total."""
+    total = 0.0
     period_steps = timing_steps(settings.config, settings.timing_rounds)
+    runs = 2 * (len(settings.grid) + settings.seeds - 1)
     for problem in settings.problems:
-        runs = 2 * (len(settings.grid) + settings.seeds - 1)
-        units += training * (runs * settings.steps_for(problem) + period_steps)
-        units += compared * 2 * settings.accuracy_steps
-    return max(units, 1)
+        for name in training:
+            total += costs[(name, problem)] * (runs * settings.steps_for(problem) + period_steps)
+        for name in compared:
+            total += _accuracy_cost(settings, costs, name, problem)
+    return max(total, 1e-6)
+
+
+def _advance_steps(progress: Progress, cost: float, steps: int) -> None:
+    progress.advance(steps * cost)
+
+
+def _accuracy_cost(settings: S.ReportSettings, costs: dict[tuple[str, str], float],
+                   backend: str, problem: str) -> float:
+    """Seconds of one accuracy comparison: the backend's and the reference's runs in two
+    dtypes."""
+    reference = costs.get(("reference", problem), costs[(backend, problem)])
+    return 2 * settings.accuracy_steps * (costs[(backend, problem)] + reference)
 
 
 def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None) -> Report:
@@ -132,12 +155,14 @@ def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None
         infos.append(ProblemInfo(name, p.description, p.target_loss, p.loss_floor,
                                  settings.steps_for(name)))
     report = Report(settings, status, infos, environment=_versions())
-    progress = Progress(
-        _total_units(settings, len(training), len([n for n in backends if n != "reference"])),
-        stream=progress_stream if progress_stream is not None else sys.stderr,
-    )
+    stream = progress_stream if progress_stream is not None else sys.stderr
+    report.defaults = _defaults(backends, stream)
+    stream.write("timing one step of each backend on each problem (for the ETA) ...\n")
+    costs = step_costs(settings.problems, backends, training, configs, training_dtype)
+    compared = [n for n in backends if n != "reference"]
+    progress = Progress(_total_seconds(settings, training, compared, costs), stream=stream)
     for info in infos:
-        _problem(report, info, backends, configs, training, progress)
+        _problem(report, info, backends, configs, training, progress, costs)
     progress.close()
     missing = [s.name for s in status if not s.installed]
     report.recommendations = recommend(
@@ -146,6 +171,18 @@ def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None
     )
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _defaults(backends: dict[str, Backend], stream: TextIO) -> list[DefaultsVerdict]:
+    """Every backend at its own defaults (:mod:`.defaults`), with a progress bar."""
+    progress = Progress(max(len(backends), 1), stream=stream)
+    out = []
+    for name, backend in backends.items():
+        progress.set_label(f"{name}: at its defaults")
+        out.append(defaults_verdict(backend))
+        progress.advance(1)
+    progress.close()
+    return out
 
 
 def _configs(
@@ -172,16 +209,19 @@ def _problem(
     configs: dict[str, ShampooConfig],
     training: list[str],
     progress: Progress,
+    costs: dict[tuple[str, str], float],
 ) -> None:
     settings = report.settings
     name = info.name
     for backend_name in training:
         progress.set_label(f"{name}: convergence on {backend_name}")
+        cost = costs[(backend_name, name)]
         try:
             report.convergence.append(tune_and_evaluate(
                 name, backends[backend_name], config=configs[backend_name], grid=settings.grid,
                 steps=info.steps, seeds=settings.seeds,
-                dtype=training_dtype(backend_name), on_step=progress.advance,
+                dtype=training_dtype(backend_name),
+                on_step=functools.partial(progress.advance, cost),
             ))
         except Exception as err:  # one failed measurement must not end the report
             report.errors.append(
@@ -203,10 +243,11 @@ def _problem(
             )
         except Exception as err:
             report.errors.append(f"accuracy {name} / {backend_name}: {type(err).__name__}: {err}")
-        progress.advance(2 * settings.accuracy_steps)
+        progress.advance(_accuracy_cost(settings, costs, backend_name, name))
     for backend_name in training:
         progress.set_label(f"{name}: timing on {backend_name}")
         run = tuned.get(backend_name)
+        cost = costs[(backend_name, name)]
         try:
             config = configs[backend_name]
             report.timing.append(measure_timing(
@@ -214,7 +255,7 @@ def _problem(
                 lr_shampoo=run.shampoo.lr if run else config.learning_rate,
                 lr_adamw=run.adamw.lr if run else config.learning_rate,
                 rounds=settings.timing_rounds, dtype=training_dtype(backend_name),
-                on_steps=progress.advance,
+                on_steps=functools.partial(_advance_steps, progress, cost),
             ))
         except Exception as err:
             report.errors.append(f"timing {name} / {backend_name}: {type(err).__name__}: {err}")

@@ -2,7 +2,9 @@
 
 Files: ``report.md`` (everything, with the plots embedded),
 ``convergence_<problem>.png`` (one per problem), ``report.json`` (the raw
-measurements: every curve, grid point, deviation and timing).
+measurements: every curve, grid point, deviation and timing),
+``library-output.log`` (what the libraries printed and warned while measured,
+:mod:`.capture`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import render
+from .capture import captured
 from .collect import Report, collect
 from .settings import ReportSettings
+
+#: The libraries' console output, beside the report (:mod:`.capture`).
+CONSOLE_LOG = "library-output.log"
 
 
 def _jsonable(x: Any) -> Any:
@@ -49,7 +55,8 @@ def write_report(report: Report, out: Path, *, plots: bool, command: str) -> lis
     md.write_text(render.markdown(report, pngs, command))
     raw = out / "report.json"
     raw.write_text(json.dumps(_jsonable(report), indent=1))
-    return [md, raw, *(out / p for p in pngs)]
+    log = [out / CONSOLE_LOG] if (out / CONSOLE_LOG).exists() else []
+    return [md, raw, *(out / p for p in pngs), *log]
 
 
 def main(
@@ -75,7 +82,9 @@ def main(
 
         _pyplot()
     command = command or "python -m shampoo_conformance " + shlex.join(sys.argv[1:])
-    report = collect(settings, progress_stream=stderr)
+    with captured(settings.out / CONSOLE_LOG) as (output, console):
+        report = collect(settings, progress_stream=console if stderr is None else stderr)
+    report.console_output = output.summary()
     paths = write_report(report, settings.out, plots=plots, command=command)
     print(render.terminal_summary(report), file=stdout)
     print("\nwritten: " + ", ".join(str(p) for p in paths), file=stdout)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from .accuracy import AccuracyResult
 from .collect import Report
 from .convergence import ConvergenceResult, OptimizerRun, Spread
+from .defaults import CHECK_NAMES
 from .recommend import PRACTICAL_RTOL
 from .timing import TimingResult
 
@@ -68,6 +69,7 @@ def _timing(rows: Sequence[TimingResult], problem: str, backend: str) -> TimingR
     return next((t for t in rows if (t.problem, t.backend) == (problem, backend)), None)
 
 
+DEFAULTS_HEADER = ("backend", "user arguments", *CHECK_NAMES.values())
 SUMMARY_HEADER = (
     "problem", "backend", "dev f64", "dev f32", "shampoo ms", "time x", "state x", "peak x",
     "steps shampoo", "steps adamw", "ratio",
@@ -134,13 +136,61 @@ LEGEND = (
 )
 
 
+#: A check's cell in the defaults table: passed, failed (explained by a documented
+#: deviation, or not), or not checkable.
+_CELLS = {"pass": "ok", "n/a": "n/a"}
+DEFAULTS_LEGEND = (
+    "At its defaults: the library built with only the arguments a user must give, "
+    "against exact Shampoo on the spec's reading of those defaults (exact f64 / f32), and "
+    "what a step does to the caller (grads kept, refuses typos: an unknown argument "
+    "raises, RNG kept: torch/NumPy/Python global generators, stays f64). ok = passed; "
+    "dev = fails as a documented deviation (docs/third-party.md); FAIL = fails, "
+    "undocumented; n/a = not checkable (reason in report.md)."
+)
+
+
+def defaults_rows(report: Report) -> list[tuple[str, ...]]:
+    """One row per backend probed at its defaults: its arguments and each check's cell."""
+    rows: list[tuple[str, ...]] = []
+    for verdict in report.defaults:
+        cells = {o.check: _CELLS.get(o.status, "dev" if o.deviation else "FAIL")
+                 for o in verdict.outcomes}
+        rows.append((verdict.backend, verdict.user_kwargs,
+                     *(cells.get(check, "-") for check in CHECK_NAMES)))
+    return rows
+
+
+def _defaults_lines(report: Report) -> list[str]:
+    """Each backend's one-line verdict at its defaults."""
+    return [f"- {v.backend}: {v.summary()}" for v in report.defaults]
+
+
 def terminal_summary(report: Report) -> str:
-    """The table printed at the end of a run, with the recommendation."""
-    lines = [_table(SUMMARY_HEADER, summary_rows(report)), "", LEGEND, "", "Recommendation:"]
+    """The tables printed at the end of a run: each backend at its defaults first, then
+    at the report's config, with the recommendation."""
+    lines: list[str] = []
+    if report.defaults:
+        lines += ["At its own defaults (what you get if you change nothing):",
+                  _table(DEFAULTS_HEADER, defaults_rows(report)), "", DEFAULTS_LEGEND, "",
+                  *_defaults_lines(report), "",
+                  "At the report's config (or the nearest each library expresses):"]
+    lines += [_table(SUMMARY_HEADER, summary_rows(report)), "", LEGEND, "", "Recommendation:"]
     lines += [r.replace("**", "") for r in report.recommendations]
+    if report.console_output:
+        lines += ["", report.console_output]
     if report.errors:
         lines += ["", "Errors (measurements skipped):", *(f"- {e}" for e in report.errors)]
     return "\n".join(lines)
+
+
+def _defaults_section(report: Report) -> list[str]:
+    if not report.defaults:
+        return []
+    details = [f"- {v.backend}, {CHECK_NAMES[o.check]}: {o.status}: {o.detail}"
+               for v in report.defaults for o in v.outcomes if o.detail]
+    return ["## At each backend's own defaults", "",
+            _markdown_table(DEFAULTS_HEADER, defaults_rows(report)), "", DEFAULTS_LEGEND, "",
+            *_defaults_lines(report), "", "What each check said:", "", *details, ""]
 
 
 def _accuracy_section(report: Report) -> list[str]:
@@ -249,7 +299,9 @@ def markdown(report: Report, plots: Sequence[str], command: str) -> str:
         "",
         f"Command: `{command}`; {report.seconds:.0f} s.",
         "",
-        "## Summary",
+        *([report.console_output, ""] if report.console_output else []),
+        *_defaults_section(report),
+        "## Summary at the report's config",
         "",
         _markdown_table(SUMMARY_HEADER, summary_rows(report)),
         "",

@@ -130,6 +130,9 @@ def default_problems() -> tuple[str, ...]:
 
 #: The embedded demo: the two problems that run in seconds per backend.
 DEMO_PROBLEMS: tuple[str, ...] = ("digits_softmax", "ill_conditioned_least_squares")
+#: ``nox -s compare``'s default: the demo's problems and a small network, so that every
+#: library's every backend fits in 15 minutes on 2 cores (``--full``: every problem).
+COMPARE_PROBLEMS: tuple[str, ...] = (*DEMO_PROBLEMS, "digits_mlp")
 
 
 def settings_for(
@@ -145,7 +148,9 @@ def settings_for(
     """Settings of a preset, overridden by whatever is given.
 
     ``"demo"``: :data:`DEMO_PROBLEMS`, 3 seeds, :data:`DEMO_GRID`, 5 timing
-    rounds (about a minute on 2 cores). ``"default"``: every problem, 3
+    rounds (about a minute on 2 cores). ``"compare"``: :data:`COMPARE_PROBLEMS`,
+    2 seeds, the demo grid, half the steps, 3 timing rounds (``nox -s compare``
+    over every library). ``"default"``: every problem, 3
     seeds, :data:`FULL_GRID`. ``"quick"``: the demo at a quarter of the
     steps and one seed (a smoke test). ``"full"`` (the convergence
     benchmark): every problem, 5 seeds, :data:`FULL_GRID`, 10 rounds.
@@ -161,6 +166,9 @@ def settings_for(
             "problems": DEMO_PROBLEMS, "seeds": 1, "grid": DEMO_GRID, "timing_rounds": 2,
             "step_scale": 0.25,
         }
+    elif preset == "compare":
+        base = {"problems": COMPARE_PROBLEMS, "seeds": 2, "grid": DEMO_GRID, "timing_rounds": 3,
+                "step_scale": 0.5}
     elif preset == "full":
         base = {"problems": default_problems(), "seeds": 5, "grid": FULL_GRID, "timing_rounds": 10}
     else:
@@ -220,7 +228,7 @@ def load_config(path: Path | str) -> ShampooConfig:
         raise ValueError(f"--config {path}: {err}") from err
 
 
-PRESETS: tuple[str, ...] = ("demo", "quick", "default", "full")
+PRESETS: tuple[str, ...] = ("demo", "quick", "compare", "default", "full")
 
 
 def check_names(kind: str, names: Sequence[str], valid: Sequence[str]) -> list[str]:

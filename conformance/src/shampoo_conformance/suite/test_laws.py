@@ -219,6 +219,13 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
     _check_runs(whole, joined, w0, trajectory_bound(config, w0, grads, F64), "block independence")
 
 
+def _no_qr_root(config: ss.ShampooConfig) -> ss.RootInverseConfig:
+    """The base's root, or eigh's where it is eq. (10f)'s QR root (which the spec refuses
+    beside a diagonal, spectral or low-rank preconditioner; their laws take no root)."""
+    r = config.root_inverse
+    return ss.EighConfig() if isinstance(r, ss.EighConfig) and r.qr else r
+
+
 @pytest.mark.parametrize("rank", [None, 1, 3], ids=["full", "low_rank_1", "low_rank_3"])
 def test_vector_is_full_matrix_adagrad(backend: Backend, rank: int | None) -> None:
     """1-d Shampoo: W <- W - lr (sum g g^T + eps I)^(-1/2) g, computed directly (eq. 16:
@@ -230,7 +237,8 @@ def test_vector_is_full_matrix_adagrad(backend: Backend, rank: int | None) -> No
     roots are the mean's).
     """
     n, eps, lr = 6, 1e-3, 0.125
-    config = replace(S.base_config_for(backend), learning_rate=lr,
+    base = S.base_config_for(backend)
+    config = replace(base, learning_rate=lr, root_inverse=_no_qr_root(base),
                      epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig(),
                      eigenvalue_correction=None,
                      low_rank=None if rank is None else ss.LowRankRootConfig(rank=rank))
@@ -298,6 +306,7 @@ def test_diagonal_preconditioner_is_its_first_order_method(
     config = replace(
         _unrounded(S.base_config_for(backend)),
         learning_rate=0.0625,
+        root_inverse=_no_qr_root(S.base_config_for(backend)),
         diagonal=first_order.DIAGONALS[method],
         eigenvalue_correction=None,  # the diagonal replaces the preconditioner
         factor_storage_dtype=None,
@@ -325,6 +334,7 @@ def test_gpa_with_full_train_interpolation_is_heavy_ball_momentum(
     config = replace(
         _unrounded(S.base_config_for(backend)),
         learning_rate=0.0625 / (1.0 - beta), diagonal=ss.DiagonalPreconditionerConfig(type="sgd"),
+        root_inverse=_no_qr_root(S.base_config_for(backend)),
         eigenvalue_correction=None, factor_storage_dtype=None, grafting=ss.GraftingConfig(),
         gradient_filter=ss.GradientFilterConfig(), momentum=ss.MomentumConfig(),
         statistics=ss.StatisticsConfig(), weight_decay=ss.WeightDecayConfig(),
@@ -368,6 +378,7 @@ def test_spectral_descent_steps_along_the_orthogonalized_gradient(
     base = _unrounded(S.base_config_for(backend))
     config = replace(
         base, learning_rate=0.0625, spectral=spectral, eigenvalue_correction=None,
+        root_inverse=_no_qr_root(base),
         factor_storage_dtype=None, grafting=ss.GraftingConfig(),
         gradient_filter=ss.GradientFilterConfig(), momentum=ss.MomentumConfig(),
         statistics=ss.StatisticsConfig(), weight_decay=ss.WeightDecayConfig(),

@@ -21,9 +21,9 @@ mirrored triangle is equally valid, spec section 5). A pseudo-inverse root
 those (the cut ones are rounding noise; a backend agrees only while none
 is near the cutoff, which the cases ensure). Eigenvalue-corrected
 Shampoo uses eigenvectors, whose error is u * ||A|| / gap (the smallest
-eigenvalue gap), and divides by sqrt(D + eps), which amplifies rounding noise
-along barely excited directions by up to sqrt(||A|| / eps): kappa there is
-the larger of the two.
+eigenvalue gap), and divides by (D / bc)^(1/root) + eps >= eps (eq. 17), which
+amplifies rounding noise along barely excited entries by up to
+sqrt(||A|| / w) / eps: kappa there is the larger of the two.
 
 Spectral descent by Newton-Schulz (eq. 16c) adds, per step, k n u (|a| + 3|b|
 + 5|c|): each of its k iterations rounds n-term products and passes the error
@@ -163,11 +163,12 @@ def _factor_kappa(config: ShampooConfig, a: NDArray[np.float64]) -> float:
         gap = float(gaps.min()) if gaps.size else float("inf")
         top = float(np.abs(lam).max())
         basis = top / gap if gap > 0 else float("inf")
-        # Rounding noise along a barely excited direction, divided by sqrt(D + eps)
-        # (spec section 5): relative to the direction, n u ||G|| / sqrt(eps), where
-        # ||G||^2 <= ||A|| / w, w the weight of the newest gradient in A (eq. 6).
+        # Rounding noise along a barely excited entry, divided by (D / bc)^(1/root) + eps,
+        # which is at least eps (eq. 17; spec section 5): relative to the direction,
+        # n u ||G|| / eps, where ||G||^2 <= ||A|| / w, w the weight of the newest
+        # gradient in A (eq. 6).
         w = config.statistics.update_weight
-        noise = (float(np.sqrt(top / (w * ec.epsilon))) if ec.epsilon > 0 and w > 0
+        noise = (float(np.sqrt(top / w)) / ec.epsilon if ec.epsilon > 0 and w > 0
                  else float("inf"))
         return max(basis, noise)
     method = config.root_inverse

@@ -46,7 +46,8 @@ from precondition import distributed_shampoo as ds
 from shampoo_conformance.adapters.inputs import check_run_inputs
 from shampoo_conformance.adapters.jax import Stepper, adamw, library_stepper, library_steps
 from shampoo_conformance.thirdparty.anchor_cases import GOOGLE_CASES
-from shampoo_conformance.thirdparty.registry import Deviation
+from shampoo_conformance.thirdparty.optax_library import optax_library_run
+from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_spec import (
     CoupledNewtonConfig,
     Inexpressible,
@@ -261,6 +262,17 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "multiplier is 1, 3610); from_google refuses the combination and configs() does "
         "not draw it; conformance/tests/test_adapter_google.py::"
         "test_ungrafted_coupled_learning_rate_is_ignored_by_google demonstrates it",
+        kind="defect",
+    ),
+    Deviation(
+        name="float64_user_run_crash",
+        config=None,  # run() casts the state (google_init); library_run, as a user, does not
+        tests=("test_side_effect_float64_stays_float64", "test_library_defaults_float64"),
+        cause="a float64 user's first update raises TypeError: init builds statistics and "
+        "roots in float32 whatever the parameters (distributed_shampoo.py:2594-2600), the "
+        "roots computed under 64-bit JAX are float64, and _select_preconditioner's "
+        "lax.cond (distributed_shampoo.py:2942-2943) needs equal branch dtypes; the "
+        "state must be cast after init (google_init does)",
         kind="defect",
     ),
 )
@@ -547,3 +559,22 @@ def stepper(
     return library_stepper("google", optimizer, params, lr=lr, config=config,
                            weight_decay=weight_decay, dtype=dtype, expressible=expressible,
                            make=_adamw_or_shampoo, init=_init, precision=_precision)
+
+
+# ------------------------------------ the registry's user-run hooks (thirdparty/registry.py)
+#: ``distributed_shampoo``'s required arguments (no defaults): a learning rate and
+#: the block size (128, its README's), everything else at Google's defaults.
+USER_KWARGS: dict[str, Any] = {"learning_rate": 1e-2, "block_size": 128}
+
+
+def defaults_config() -> ShampooConfig:
+    """Google's defaults at :data:`USER_KWARGS`, imported (float64 factors: x64)."""
+    return from_google(USER_KWARGS, x64=True)
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any) -> LibraryRun:
+    """``distributed_shampoo(**kwargs)`` stepped as a user steps it (its state as its
+    ``init`` builds it, no cast: :func:`google_init` is what a float64 user adds)."""
+    return optax_library_run(ds.distributed_shampoo(**kwargs), params, grads, dtype)
+

@@ -29,8 +29,9 @@ This backend passes ``merge_dims=False`` (its ``dim_merger`` keeps the first
 dim and merges the others, utils.py:243-290: (5, 1) becomes a vector that is
 not preconditioned, (1, 5) stays a matrix that is), a ``max_precond_dim`` no
 dim exceeds (a dim above it is left unpreconditioned), ``storage_dtype`` =
-the parameters' dtype (its default float32 would round Adam's moments of
-float64 parameters) and heavyball's defaults otherwise (no warm-up, MARS,
+the parameters' dtype (with its default float32, float64 parameters crash at
+the first refresh step: ``DEVIATIONS["float32_storage_crash"]``) and
+heavyball's defaults otherwise (no warm-up, MARS,
 caution, PaLM beta2, clipping, error correction). torch.compile is off
 (``heavyball.utils.compile_mode = None``, set on import): it needs a C
 compiler on the CPU, and the eager numerics are the same operations.
@@ -55,9 +56,10 @@ import torch
 from hypothesis import currently_in_test_context, reject
 from hypothesis import strategies as st
 
-from shampoo_conformance.thirdparty.registry import Deviation
+from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_conformance.thirdparty.soap import NO_DIM_LIMIT, first_step_skipped, soap_config
 from shampoo_conformance.thirdparty.soap_backend import SoapBackend
+from shampoo_conformance.thirdparty.torch_library import torch_library_run
 from shampoo_spec import Inexpressible, ShampooConfig
 from shampoo_spec.config import EpsilonConfig
 
@@ -158,12 +160,37 @@ CASES: dict[str, ShampooConfig] = {
     "period_4": from_kwargs({"lr": 0.1, "precondition_frequency": 4, "shampoo_beta": 0.9}),
 }
 
+#: What a user gives ``heavyball.SOAP`` besides the parameters: a learning rate (as the
+#: other adapters' users), every other argument at its default (merge_dims=True,
+#: storage_dtype="float32", max_precond_dim=2048, ...).
+USER_KWARGS: dict[str, Any] = {"lr": 0.01}
+
+
+def defaults_config() -> ShampooConfig:
+    """The spec's config nearest ``heavyball.SOAP(params, **USER_KWARGS)``: its defaults
+    (betas (0.9, 0.95), shampoo_beta 0.95, weight decay 0.01, a new basis every 2 steps,
+    vectors not preconditioned, eps 1e-8) with nothing merged and no dim limit. Its
+    default ``merge_dims=True`` (``DEVIATIONS["merge_dims_default"]``: (3, 4, 5) is
+    preconditioned as (3, 20)) and its float32 storage (float64 parameters crash,
+    ``DEVIATIONS["float32_storage_crash"]``) are no config of the spec."""
+    return from_kwargs(USER_KWARGS)
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any = np.float64) -> LibraryRun:
+    """``heavyball.SOAP(params, **kwargs)`` stepped as a user steps it (the registry's
+    ``library_run``): exactly ``kwargs`` (no ``storage_dtype`` added), eager (module
+    docstring), the caller's generators, nothing seeded."""
+    return torch_library_run(lambda tensors, kw: heavyball.SOAP(tensors, **kw), kwargs,
+                             params, grads, dtype)
+
+
 #: Where heavyball's SOAP differs from the spec (docs/third-party.md has the sizes
 #: measured by the model of conformance/tests/test_adapter_soap.py, each alone).
 DEVIATIONS: tuple[Deviation, ...] = (
     first_step_skipped(from_kwargs({"lr": 0.1, "precondition_frequency": 1}),
                        f"general_guard's skip_first, {_CHAIN}:366-377, "
-                       "with _init_soap, :1279-1282"),
+                       "with _init_soap, :1279-1282", ("test_library_defaults_float32",)),
     Deviation(
         name="stale_basis",
         config=None,
@@ -256,6 +283,54 @@ DEVIATIONS: tuple[Deviation, ...] = (
                "test_adapter_soap.py::test_heavyball_crashes_on_a_single_element_matrix "
                "demonstrates it"),
         kind="defect",
+    ),
+    Deviation(
+        name="float32_storage_crash",
+        config=None,
+        tests=("test_library_defaults_float64", "test_side_effect_float64_stays_float64"),
+        cause=(f"its default storage_dtype='float32' keeps Adam's moments in float32 "
+               f"(_storage_dtype and zero_guard, {_CHAIN}:177-179, :273-286) while the "
+               f"statistics and bases follow the float64 gradient, and the first refresh step "
+               f"(step 2 by default) rotates the first moment into the new basis with a "
+               f"mixed-dtype einsum ({_UTILS}:929, from {_CHAIN}:1298): float64 parameters "
+               "raise RuntimeError 'expected scalar type Float but found Double' (its "
+               "documentation promises float32 storage, not a crash; the backend passes the "
+               "parameters' dtype)"),
+        kind="defect",
+    ),
+    Deviation(
+        name="merge_dims_default",
+        config=None,
+        # The defaults property skips on its rank-deficient problems (its bound promises
+        # nothing there); test_adapter_soap.py demonstrates the merge.
+        tests=(),
+        cause=(f"merge_dims=True by default: its dim_merger ({_UTILS}:243-290) keeps dim 0 "
+               "and merges the others up to max_precond_dim, so (3, 4, 5) is preconditioned "
+               "as (3, 20) (2 factors, not 3) and (6, 1) as an unpreconditioned vector; no "
+               "config of the spec merges that way (the importer refuses merge_dims=True; "
+               "defaults_config merges nothing)"),
+        kind="design",
+    ),
+    Deviation(
+        name="scalar_parameter_crash",
+        config=None,
+        # The backend passes merge_dims=False; test_adapter_heavyball_kl.py's
+        # test_scalar_parameter_crashes_with_merge_dims demonstrates it for SOAP too.
+        tests=(),
+        cause=(f"a 0-d parameter at the default merge_dims=True raises IndexError ('tuple "
+               f"index out of range') in dim_merger ({_UTILS}:272, grad.shape[0]); with "
+               "merge_dims=False it runs (no factor)"),
+        kind="defect",
+    ),
+    Deviation(
+        name="grads_consumed",
+        config=None,
+        tests=("test_side_effect_grads_unchanged",),
+        cause=(f"step() sets each p.grad to None after reading it (consume_grad = True, "
+               f"{_UTILS}:1542, :1659-1660): after a step the caller's gradients are gone "
+               "(no logging, clipping or accumulation of them after step()). heavyball's "
+               "choice, to free memory"),
+        kind="design",
     ),
 )
 

@@ -30,8 +30,13 @@ from hypothesis import strategies as st
 
 from shampoo_conformance.adapters.torch import Stepper
 from shampoo_conformance.thirdparty.anchor_cases import META_CASES
-from shampoo_conformance.thirdparty.registry import Deviation
-from shampoo_conformance.thirdparty.torch_library import in_dtype, make_stepper, run_optimizer
+from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
+from shampoo_conformance.thirdparty.torch_library import (
+    in_dtype,
+    make_stepper,
+    run_optimizer,
+    torch_library_run,
+)
 from shampoo_spec import Inexpressible, ShampooConfig, from_meta, to_meta
 
 #: Parameter dtypes this backend runs (factors in the same precision).
@@ -313,3 +318,23 @@ def stepper(
     rate ``lr``, or ``torch.optim.AdamW`` (as the torch backend's)."""
     return make_stepper("meta", _optimizer, optimizer, params, lr, config, weight_decay,
                         base_config(), dtype)
+
+
+# ------------------------------------ the registry's user-run hooks (thirdparty/registry.py)
+#: What a user passes ``DistributedShampoo(params, lr=...)``: the learning rate (its
+#: default is 0.01 too), everything else at Meta's defaults.
+USER_KWARGS: dict[str, Any] = {"lr": 1e-2}
+
+
+def defaults_config() -> ShampooConfig:
+    """Meta's defaults at :data:`USER_KWARGS`, imported (``from_meta`` fills every
+    absent argument with Meta's default)."""
+    return from_meta(USER_KWARGS)
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any) -> LibraryRun:
+    """``DistributedShampoo(parameters, **kwargs)`` stepped as a user steps it."""
+    return torch_library_run(lambda tensors, kw: DistributedShampoo(tensors, **kw), kwargs,
+                             params, grads, dtype)
+

@@ -33,8 +33,10 @@ What ``ScalableShampoo`` computes, read from its source (paths under
 
 Capabilities: :func:`expressible` names what its arguments cannot say
 (:class:`~shampoo_spec.Inexpressible`); :func:`configs` draws its own kwargs,
-mapped to Google's and imported with :func:`shampoo_spec.from_google`, then
-given the rules above. :data:`DEVIATIONS` lists where it differs from the spec.
+imported by :func:`.pytorch_optimizer_kwargs.from_kwargs` (Google's importer, then
+the rules above; with :data:`USER_KWARGS` and :func:`defaults_config`);
+:func:`library_run` is a user's run; :data:`DEVIATIONS`
+(:mod:`.pytorch_optimizer_deviations`) lists where it differs from the spec.
 """
 
 from __future__ import annotations
@@ -48,20 +50,35 @@ from hypothesis import strategies as st
 from pytorch_optimizer import ScalableShampoo
 
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.thirdparty.registry import Deviation
-from shampoo_conformance.thirdparty.torch_library import in_dtype, make_stepper, run_optimizer
-from shampoo_spec import (
-    CoupledNewtonConfig,
-    EighConfig,
-    Inexpressible,
-    ShampooConfig,
-    from_google,
+from shampoo_conformance.thirdparty.pytorch_optimizer_deviations import DEVIATIONS
+from shampoo_conformance.thirdparty.pytorch_optimizer_kwargs import (
+    GRAFTS,
+    NEVER,
+    NEWTON,
+    NORM_EPSILON,
+    RELATIVE_FLOOR,
+    SIDES,
+    SRC,
+    SVD_REFUSAL,
+    USER_KWARGS,
+    case,
+    common_refusals,
+    defaults_config,
+    from_kwargs,
+    refuse,
 )
+from shampoo_conformance.thirdparty.registry import LibraryRun
+from shampoo_conformance.thirdparty.torch_library import (
+    in_dtype,
+    make_stepper,
+    run_optimizer,
+    torch_library_run,
+)
+from shampoo_spec import EighConfig, Inexpressible, ShampooConfig
 from shampoo_spec.config import (
     BlockingConfig,
     EpsilonConfig,
     ExponentConfig,
-    GraftingConfig,
     ScheduleConfig,
     StatisticsConfig,
 )
@@ -69,93 +86,14 @@ from shampoo_spec.config import (
 #: Parameter dtypes this backend runs (statistics and roots follow them).
 dtypes = (np.float64, np.float32)
 
-
-#: Where pytorch-optimizer 4.1.0 lives, for the pointers below.
-SRC = "pytorch_optimizer/optimizer"
-
-#: ``ScalableShampoo``'s coupled Newton (utils/matrix.py:193-200 defaults,
-#: never overridden by preconditioner.py:144-146): 100 iterations, stop at
-#: max|M - I| <= 1e-3, keep the previous iterate when the error grows 1.2x;
-#: no retries, and every root is used (no failure test).
-NEWTON = CoupledNewtonConfig(max_iterations=100, tolerance=1e-3, error_growth_limit=1.2,
-                             retries=0, failure_threshold=None)
-
-#: Its ridge (matrix.py:111, :227): matrix_eps * max(lambda, 1e-16); lambda from
-#: 100 power iterations (a random start, no tolerance): lambda_max to rounding.
-RELATIVE_FLOOR = 1e-16
-
-#: Its graft rescale shampoo * ||graft|| / (||shampoo|| + 1e-16) (shampoo.py:344).
-NORM_EPSILON = 1e-16
-
-#: ``LayerWiseGrafting`` (utils/graft.py:317-331) by ``grafting.type``.
-GRAFTS = {"none": 0, "sgd": 1, "adagrad": 2, "rmsprop": 3, "sign": 4}
-#: ... and by Google's ``GraftingType`` name (what ``from_google`` reads).
-GOOGLE_GRAFTS = {0: "NONE", 1: "SGD", 2: "ADAGRAD", 3: "RMSPROP", 4: "SQRT_N"}
-
-#: ``PreConditionerType`` (utils/partition.py:207-217) by ``blocking.preconditioned_dims``.
-SIDES = {"all": 0, "all_but_last": 1, "last": 2}
-GOOGLE_SIDES = {0: "ALL", 1: "INPUT", 2: "OUTPUT"}
-
-#: A start step no run reaches (``schedule.start_preconditioning_step=None``) and
-#: a dim limit no parameter exceeds (``blocking.skip_dim_size_gt=None``).
-NEVER = 2**62
-
-
-def refuse(backend: str, fields: list[str]) -> None:
-    """Raise :class:`Inexpressible` naming every field ``backend``'s arguments cannot say."""
-    if fields:
-        raise Inexpressible(f"{backend} cannot express: " + "; ".join(fields))
-
-
-def common_refusals(config: ShampooConfig) -> list[str]:
-    """Sections neither of pytorch-optimizer's Shampoos has an argument for."""
-    out = []
-    if config.inverse_root_dtype is not None:
-        out.append(f"inverse_root_dtype = {config.inverse_root_dtype!r} (roots are kept in "
-                   "the statistics' dtype, the parameters')")
-    if config.update_dtype is not None:
-        out.append(f"update_dtype = {config.update_dtype!r} (no update dtype argument)")
-    if config.eigenvalue_correction is not None:
-        out.append("eigenvalue_correction (no eigenvalue-corrected Shampoo)")
-    if config.diagonal is not None:
-        out.append("diagonal (no diagonal preconditioner in place of Shampoo's, eq. 16b)")
-    if config.spectral is not None:
-        out.append("spectral (no spectral descent, eq. 16c)")
-    if config.averaging is not None:
-        out.append("averaging (no iterate averaging, eq. 20d)")
-    if config.statistics.kl:
-        out.append("statistics.kl (no KL-Shampoo statistics, eq. 6b)")
-    if config.gradient_filter.beta1 != 0.0:
-        out.append(f"gradient_filter.beta1 = {config.gradient_filter.beta1!r} (no gradient "
-                   "filter before preconditioning)")
-    if config.failure.nonfinite_gradient != "raise":
-        out.append(f"failure.nonfinite_gradient = {config.failure.nonfinite_gradient!r} "
-                   "(no per-block skip of non-finite gradients)")
-    if config.failure.max_consecutive_root_failures is not None:
-        out.append("failure.max_consecutive_root_failures (roots are never judged)")
-    if config.statistics.trace_scaling_exponent != 0.0:
-        out.append("statistics.trace_scaling_exponent (no trace scaling)")
-    if config.statistics.bias_correction:
-        out.append("statistics.bias_correction (the statistics are never bias-corrected)")
-    if config.statistics.ema_weight != "one_minus_beta2":
-        out.append("statistics.ema_weight = 'one' (weight 1 - beta2, or 1 when beta2 = 1)")
-    if config.statistics.initial_value != "epsilon_identity":
-        out.append("statistics.initial_value = 'zero' (statistics start at matrix_eps I)")
-    if config.weight_decay.scale_by_lr_ratio:
-        out.append("weight_decay.scale_by_lr_ratio (no corrected weight decay)")
-    if config.momentum.storage != "float":
-        out.append(f"momentum.storage = {config.momentum.storage!r} (float momentum only)")
-    return out
+#: The names this module exports besides its own (the shared import, its deviations).
+__all__ = ["DEVIATIONS", "GRAFTS", "NEVER", "NEWTON", "NORM_EPSILON", "RELATIVE_FLOOR",
+           "SIDES", "SRC", "SVD_REFUSAL", "USER_KWARGS", "common_refusals",
+           "defaults_config", "from_kwargs", "refuse", "CASES", "base_config", "configs",
+           "expressible", "library_run", "run", "scalable_kwargs", "stepper"]
 
 
 # ------------------------------------------------------------- config -> kwargs
-#: Why its eigendecomposition path (``use_svd=True``) is no config of the spec.
-SVD_REFUSAL = ("use_svd=True takes the inverse root of the statistics with no epsilon at all "
-               "(utils/matrix.py:268-282) while their initial matrix_eps I decays by beta2^t "
-               "(beta2 < 1 is required, base/optimizer.py:665-675): no placement of "
-               "eqs. (9)-(10) says that")
-
-
 def _root_refusals(config: ShampooConfig) -> list[str]:
     out = []
     root, eps = config.root_inverse, config.epsilon
@@ -343,73 +281,6 @@ def expressible(config: ShampooConfig, dtype: Any = np.float64) -> str | None:
     return None
 
 
-def from_kwargs(kwargs: dict[str, Any]) -> ShampooConfig:
-    """The config ``ScalableShampoo(**kwargs)`` runs: Google's arguments for it, imported
-    with :func:`from_google`, then ScalableShampoo's own rules (module docstring)."""
-    k = {"lr": 1e-3, "betas": (0.9, 0.999), "moving_average_for_momentum": False,
-         "weight_decay": 0.0, "decoupled_weight_decay": False, "decoupled_learning_rate": True,
-         "inverse_exponent_override": 0, "start_preconditioning_step": 25,
-         "preconditioning_compute_steps": 1000, "statistics_compute_steps": 1,
-         "block_size": 512, "skip_preconditioning_rank_lt": 1,
-         "no_preconditioning_for_layers_with_dim_gt": 8192, "shape_interpretation": True,
-         "graft_type": 1, "pre_conditioner_type": 0, "nesterov": True, "diagonal_eps": 1e-10,
-         "matrix_eps": 1e-6, **kwargs}
-    if k.get("use_svd"):
-        raise Inexpressible(f"ScalableShampoo cannot express: use_svd=True ({SVD_REFUSAL})")
-    google = {
-        "learning_rate": k["lr"], "block_size": k["block_size"],
-        "beta1": k["betas"][0], "beta2": k["betas"][1],
-        "diagonal_epsilon": k["diagonal_eps"], "matrix_epsilon": k["matrix_eps"],
-        "weight_decay": k["weight_decay"],
-        # Google's count is 0-based: its start s is our step s + 1, ScalableShampoo's s + 1.
-        "start_preconditioning_step": k["start_preconditioning_step"] - 1,
-        "preconditioning_compute_steps": k["preconditioning_compute_steps"],
-        "statistics_compute_steps": k["statistics_compute_steps"],
-        "best_effort_shape_interpretation": k["shape_interpretation"],
-        "merge_small_dims_block_size": k["block_size"],
-        "graft_type": GOOGLE_GRAFTS[k["graft_type"]],
-        "nesterov": k["nesterov"],
-        "exponent_override": k["inverse_exponent_override"],
-        "moving_average_for_momentum": k["moving_average_for_momentum"],
-        "skip_preconditioning_dim_size_gt": k["no_preconditioning_for_layers_with_dim_gt"],
-        "skip_preconditioning_rank_lt": k["skip_preconditioning_rank_lt"],
-        "preconditioner_type": GOOGLE_SIDES[k["pre_conditioner_type"]],
-        # Google refuses NONE without it (it then applies no lr); set below.
-        "decoupled_learning_rate": True,
-        "decoupled_weight_decay": k["decoupled_weight_decay"],
-        "relative_matrix_epsilon": True,
-    }
-    config = from_google(google, x64=True)
-    b = config.blocking
-    if not k["shape_interpretation"]:
-        # Rank <= 1 is never preconditioned (preconditioner.py:64).
-        b = dataclasses.replace(b, skip_rank_lt=max(b.skip_rank_lt, 2))
-    graft = config.grafting
-    if graft.type != "none":
-        graft = dataclasses.replace(graft, norm_epsilon=NORM_EPSILON,
-                                    normalize_epsilon=GraftingConfig().normalize_epsilon)
-    momentum = config.momentum
-    if momentum.momentum > 0 and graft.type != "none":
-        # Two buffers always (shampoo.py:278, utils/graft.py:338); without a graft the
-        # shared one equals them only without a warm-up (scalable_kwargs refuses it).
-        momentum = dataclasses.replace(momentum, buffers="separate")
-    if not k["decoupled_learning_rate"]:
-        momentum = dataclasses.replace(momentum, learning_rate_placement="before_momentum")
-    return dataclasses.replace(
-        config,
-        epsilon=EpsilonConfig(value=k["matrix_eps"], scale="relative",
-                              relative_floor=RELATIVE_FLOOR, placement="ridge",
-                              lambda_max="exact"),
-        root_inverse=NEWTON,
-        grafting=graft,
-        momentum=momentum,
-        blocking=b,
-        schedule=dataclasses.replace(
-            config.schedule, period_anchor="end",
-            start_preconditioning_step=k["start_preconditioning_step"]),
-    )
-
-
 @st.composite
 def _kwargs(draw: Any) -> dict[str, Any]:
     """``ScalableShampoo`` kwargs that precondition within a few steps."""
@@ -454,17 +325,10 @@ def configs() -> st.SearchStrategy[ShampooConfig]:
     return _kwargs().map(from_kwargs)
 
 
-def _case(**kwargs: Any) -> ShampooConfig:
-    """Its defaults, preconditioning from the first step with roots every step."""
-    base = {"lr": 0.1, "start_preconditioning_step": 1, "preconditioning_compute_steps": 1,
-            "block_size": 8, "shape_interpretation": False}
-    return from_kwargs({**base, **kwargs})
-
-
 def base_config() -> ShampooConfig:
     """ScalableShampoo's config nearest ``ShampooConfig()``: no graft, momentum or
     warm-up, roots every step, nothing merged; its own Newton, ridge and epsilon."""
-    return _case(betas=(0.0, 0.999), graft_type=0, nesterov=False, block_size=1024)
+    return case(betas=(0.0, 0.999), graft_type=0, nesterov=False, block_size=1024)
 
 
 #: Its own argument sets on the suite's named problem (conformance/cases.py
@@ -472,52 +336,22 @@ def base_config() -> ShampooConfig:
 #: single row), each graft, one-sided preconditioning, the coupled learning rate
 #: and weight decay, moving-average momentum, a warm-up and a root period.
 CASES: dict[str, ShampooConfig] = {
-    "defaults_small_blocks": _case(block_size=4),
-    "no_graft": _case(graft_type=0, matrix_eps=1e-3),
-    "adagrad_graft": _case(graft_type=2, diagonal_eps=1e-6),
-    "rmsprop_graft": _case(graft_type=3, betas=(0.9, 0.99)),
-    "sign_graft": _case(graft_type=4),
+    "defaults_small_blocks": case(block_size=4),
+    "no_graft": case(graft_type=0, matrix_eps=1e-3),
+    "adagrad_graft": case(graft_type=2, diagonal_eps=1e-6),
+    "rmsprop_graft": case(graft_type=3, betas=(0.9, 0.99)),
+    "sign_graft": case(graft_type=4),
     # One block per parameter: blocked one-sided preconditioning can crash
     # (DEVIATIONS["one_sided_blocks_crash"]).
-    "input_side": _case(pre_conditioner_type=1, matrix_eps=1e-3, block_size=1024),
-    "output_side": _case(pre_conditioner_type=2, matrix_eps=1e-3, block_size=1024),
-    "coupled_lr_weight_decay": _case(decoupled_learning_rate=False, weight_decay=0.01,
+    "input_side": case(pre_conditioner_type=1, matrix_eps=1e-3, block_size=1024),
+    "output_side": case(pre_conditioner_type=2, matrix_eps=1e-3, block_size=1024),
+    "coupled_lr_weight_decay": case(decoupled_learning_rate=False, weight_decay=0.01,
                                      moving_average_for_momentum=True),
-    "decoupled_weight_decay": _case(weight_decay=0.01, decoupled_weight_decay=True,
+    "decoupled_weight_decay": case(weight_decay=0.01, decoupled_weight_decay=True,
                                     nesterov=False),
-    "warmup_and_period": _case(start_preconditioning_step=4, preconditioning_compute_steps=3,
+    "warmup_and_period": case(start_preconditioning_step=4, preconditioning_compute_steps=3,
                                statistics_compute_steps=2, inverse_exponent_override=2),
 }
-
-#: Where ScalableShampoo as shipped differs from the spec (docs/third-party.md
-#: has the measurements and upstream reproductions). :func:`configs` draws none of them.
-DEVIATIONS: tuple[Deviation, ...] = (
-    Deviation(
-        name="merge_small_dims",
-        config=_case(shape_interpretation=True, block_size=8),
-        tests=(),
-        cause=(f"shape_interpretation merges dims by its own rule ({SRC}/utils/shape.py:18-29), "
-               "not Google's merge_small_dims: a shape whose dims all fit in block_size becomes "
-               "[1] and is not preconditioned at all (so is every vector, and (1, 5, 1)), a "
-               "leading dim > block_size gets an extra 1 x 1 factor, size-1 dims after a large "
-               "one are kept, and the exponent counts those extra dims "
-               f"({SRC}/utils/preconditioner.py:51-64)"),
-        kind="defect",
-    ),
-    Deviation(
-        name="one_sided_blocks_crash",
-        config=_case(pre_conditioner_type=1, matrix_eps=1e-3),
-        tests=(),
-        cause=("with pre_conditioner_type INPUT or OUTPUT, blocks whose preconditioned dims "
-               "have equal sizes but whose other dims differ (a (7, 10) parameter in blocks "
-               "(7, 8) and (7, 2) under INPUT) take the stacked path "
-               f"({SRC}/utils/preconditioner.py:79-84) and torch.stack of their unfolded "
-               "gradients raises RuntimeError (:114-121): the step fails (the demonstration "
-               "checks that it still raises)"),
-        kind="defect",
-    ),
-)
-
 
 # ---------------------------------------------------------------------- running
 def _optimizer(config: ShampooConfig, tensors: list[torch.nn.Parameter],
@@ -553,3 +387,11 @@ def stepper(
     return make_stepper("pytorch-optimizer", _optimizer, optimizer, params, lr, config,
                         weight_decay, base_config(), dtype)
 
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any = np.float64) -> LibraryRun:
+    """``ScalableShampoo(params, **kwargs)`` stepped as a user steps it (the registry's
+    ``library_run``): exactly ``kwargs``, the caller's generators, nothing seeded."""
+    return torch_library_run(lambda tensors, kw: ScalableShampoo(tensors, **kw),
+                             kwargs, params, grads, dtype)

@@ -36,13 +36,22 @@ from hypothesis import strategies as st
 from pytorch_optimizer import Shampoo
 
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.thirdparty.pytorch_optimizer import (
+from shampoo_conformance.thirdparty.pytorch_optimizer_deviations import (
+    grad_negated_by_maximize,
+    unknown_arguments_swallowed,
+)
+from shampoo_conformance.thirdparty.pytorch_optimizer_kwargs import (
     SRC,
     common_refusals,
     refuse,
 )
-from shampoo_conformance.thirdparty.registry import Deviation
-from shampoo_conformance.thirdparty.torch_library import in_dtype, make_stepper, run_optimizer
+from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
+from shampoo_conformance.thirdparty.torch_library import (
+    in_dtype,
+    make_stepper,
+    run_optimizer,
+    torch_library_run,
+)
 from shampoo_spec import EighConfig, Inexpressible, ShampooConfig
 from shampoo_spec.anchors._parse import UNBOUNDED
 from shampoo_spec.config import (
@@ -184,17 +193,47 @@ CASES: dict[str, ShampooConfig] = {
     "large_epsilon": from_kwargs({"lr": 0.5, "matrix_eps": 0.1}),
 }
 
+#: What a user gives ``Shampoo`` besides the parameters: a learning rate (as the
+#: other adapters' users), every other argument at its default (shampoo.py:29-41).
+USER_KWARGS: dict[str, Any] = {"lr": 0.01}
+
+
+def defaults_config() -> ShampooConfig:
+    """The config ``Shampoo(params, **USER_KWARGS)`` runs: its defaults (no momentum,
+    no weight decay, roots every step from matrix_eps 1e-6 I) imported exactly
+    (:func:`from_kwargs`)."""
+    return from_kwargs(USER_KWARGS)
+
+
+_SHAMPOO = f"{SRC}/shampoo.py"
+
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         name="zero_initial_roots",
         config=from_kwargs({"lr": 0.1, "preconditioning_compute_steps": 3}),
         tests=(),
         cause=("the inverse roots start at zero (torch.zeros, "
-               f"{SRC}/shampoo.py:90), not at the identity (eq. 13): with "
+               f"{_SHAMPOO}:90), not at the identity (eq. 13): with "
                "preconditioning_compute_steps = f > 1 the first f - 1 steps precondition "
                "the gradient to zero and the parameters do not move"),
         kind="defect",
     ),
+    Deviation(
+        name="grad_overwritten",
+        config=None,
+        tests=(),
+        cause=(f"step() works on p.grad itself (grad = p.grad, {_SHAMPOO}:109): with "
+               f"momentum > 0 it lerps the previous preconditioned direction into the "
+               f"caller's gradient in place (:115-116), and with coupled weight decay "
+               f"(weight_decouple=False) it adds weight_decay * W to it in place (:118-125, "
+               "pytorch_optimizer/base/optimizer.py:209): after the step p.grad is no longer "
+               "the gradient the caller computed (gradient accumulation, clipping or logging "
+               "after step() see the mixture); USER_KWARGS has neither, so the suite's grads "
+               "property passes and the adapter tests demonstrate it"),
+        kind="defect",
+    ),
+    unknown_arguments_swallowed("Shampoo", f"{_SHAMPOO}:40"),
+    grad_negated_by_maximize("Shampoo", f"{_SHAMPOO}:109-111"),
 )
 
 
@@ -229,3 +268,11 @@ def stepper(
     ``torch.optim.AdamW`` (as the torch backend's)."""
     return make_stepper("pytorch-optimizer-shampoo", _optimizer, optimizer, params, lr, config,
                         weight_decay, base_config(), dtype)
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any = np.float64) -> LibraryRun:
+    """``Shampoo(params, **kwargs)`` stepped as a user steps it (the registry's
+    ``library_run``): exactly ``kwargs``, the caller's generators, nothing seeded."""
+    return torch_library_run(lambda tensors, kw: Shampoo(tensors, **kw),
+                             kwargs, params, grads, dtype)

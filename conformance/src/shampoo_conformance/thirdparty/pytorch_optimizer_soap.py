@@ -17,10 +17,11 @@ rules, read from its source (line numbers in that file):
   when ``n % precondition_frequency == 0``, each factor's basis is one QR step
   ``QR(L_k Q_k)`` with the columns sorted by descending Rayleigh quotient, D
   permuted along (:181-223, :363-370), the QR in float32 (:205-211);
-- ``merge_dims`` merges by pytorch-optimizer's ``merge_small_dims`` (the
-  ``merge_small_dims`` deviation of its ScalableShampoo) and a dim above
+- ``merge_dims=True`` reshapes by pytorch-optimizer's ``merge_small_dims``,
+  which makes a shape of at most ``max_precondition_dim`` elements ``[1]``: the
+  reshape raises (``DEVIATIONS["merge_dims_crash"]``); a dim above
   ``max_precondition_dim`` is left unpreconditioned: this backend passes
-  ``merge_dims=False`` and a ``max_precondition_dim`` no dim exceeds;
+  ``merge_dims=False`` (the default) and a ``max_precondition_dim`` no dim exceeds;
   ``normalize_gradient`` and ``maximize`` say nothing the spec says, so
   :func:`from_kwargs` refuses them.
 
@@ -40,10 +41,15 @@ import torch
 from hypothesis import strategies as st
 from pytorch_optimizer import SOAP
 
-from shampoo_conformance.thirdparty.pytorch_optimizer import SRC
-from shampoo_conformance.thirdparty.registry import Deviation
+from shampoo_conformance.thirdparty.pytorch_optimizer_deviations import (
+    grad_negated_by_maximize,
+    unknown_arguments_swallowed,
+)
+from shampoo_conformance.thirdparty.pytorch_optimizer_kwargs import SRC
+from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_conformance.thirdparty.soap import NO_DIM_LIMIT, first_step_skipped, soap_config
 from shampoo_conformance.thirdparty.soap_backend import SoapBackend
+from shampoo_conformance.thirdparty.torch_library import torch_library_run
 from shampoo_spec import Inexpressible, ShampooConfig
 from shampoo_spec.config import EpsilonConfig
 
@@ -139,13 +145,36 @@ CASES: dict[str, ShampooConfig] = {
                                  "precondition_frequency": 3}),
 }
 
+#: What a user gives ``SOAP`` besides the parameters: a learning rate (as the other
+#: adapters' users), every other argument at its default (:data:`DEFAULTS`).
+USER_KWARGS: dict[str, Any] = {"lr": 0.01}
+
+
+def defaults_config() -> ShampooConfig:
+    """The config ``SOAP(params, **USER_KWARGS)`` runs: its defaults (betas (0.95,
+    0.95), shampoo_beta = betas[1], weight decay 0.01, a new basis every 10 steps,
+    merge_dims=False, vectors not preconditioned, eps 1e-8) imported. Its
+    ``max_precondition_dim=10000`` is read as no limit (:func:`from_kwargs` has no
+    field for a per-dim limit): no dim of the problems its defaults run on exceeds it."""
+    return from_kwargs(USER_KWARGS)
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any = np.float64) -> LibraryRun:
+    """``SOAP(params, **kwargs)`` stepped as a user steps it (the registry's
+    ``library_run``): exactly ``kwargs``, the caller's generators, nothing seeded."""
+    return torch_library_run(lambda tensors, kw: SOAP(tensors, **kw), kwargs, params, grads,
+                             dtype)
+
+
 _SOAP = f"{SRC}/soap.py"
 
 #: Where pytorch-optimizer's SOAP differs from the spec (docs/third-party.md has the
 #: sizes measured by the model of conformance/tests/test_adapter_soap.py, each alone).
 DEVIATIONS: tuple[Deviation, ...] = (
     first_step_skipped(from_kwargs({"lr": 0.1, "precondition_frequency": 1}),
-                       f"{_SOAP}:88-128, :303-304"),
+                       f"{_SOAP}:88-128, :303-304",
+                       ("test_library_defaults_float64", "test_library_defaults_float32")),
     Deviation(
         name="stale_basis",
         config=None,
@@ -203,5 +232,20 @@ DEVIATIONS: tuple[Deviation, ...] = (
                "eq. (21) W (1 - lr wd) - lr P"),
         kind="design",
     ),
+    Deviation(
+        name="merge_dims_crash",
+        config=None,
+        tests=(),
+        cause=(f"merge_dims=True reshapes each gradient to merge_small_dims(shape, "
+               f"max_precondition_dim) ({_SOAP}:81-86, :143-147, :243), and that rule "
+               f"({SRC}/utils/shape.py:18-29) returns [1] for a shape whose elements all fit "
+               "in max_precondition_dim (10000 by default): every such parameter ((7, 10), "
+               "(5,), (3, 4, 5), (1, 6)) raises RuntimeError \"shape '[1]' is invalid for "
+               "input of size N\" at its first step (the importer refuses merge_dims=True; "
+               "the adapter tests demonstrate the crash)"),
+        kind="defect",
+    ),
+    unknown_arguments_swallowed("SOAP", f"{_SOAP}:49"),
+    grad_negated_by_maximize("SOAP", f"{_SOAP}:318-322"),
 )
 

@@ -48,7 +48,8 @@ from shampoo_conformance.adapters.jax import (
     library_stepper,
     library_steps,
 )
-from shampoo_conformance.thirdparty.registry import Deviation
+from shampoo_conformance.thirdparty.optax_library import optax_library_run
+from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_spec import Inexpressible, ShampooConfig, from_tearfree, to_tearfree
 
 
@@ -433,3 +434,23 @@ def stepper(
     return library_stepper("tearfree", optimizer, params, lr=lr, config=config,
                            weight_decay=weight_decay, dtype=dtype, expressible=expressible,
                            make=_tearfree_or_adamw, init=lambda tx, p, key: tx.init(p))
+
+
+# ------------------------------------ the registry's user-run hooks (thirdparty/registry.py)
+#: ``tearfree(learning_rate, options)``'s required arguments: a learning rate and
+#: ``TearfreeOptions()`` (every option at tearfree's default).
+USER_KWARGS: dict[str, Any] = {"learning_rate": 1e-2, "options": tf_optimizer.TearfreeOptions()}
+
+
+def defaults_config() -> ShampooConfig:
+    """Tearfree's default options at :data:`USER_KWARGS`'s rate, imported."""
+    return from_tearfree({}, USER_KWARGS["learning_rate"], x64=True)
+
+
+def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
+                grads: list[dict[str, np.ndarray]], dtype: Any) -> LibraryRun:
+    """``tearfree(**kwargs)`` stepped as a user steps it; its update traced under
+    :func:`sequential_eigh` (bitwise the same numbers; DEVIATIONS batched_cpu_eigh_deadlock)."""
+    tx = tf_optimizer.tearfree(**kwargs)
+    return optax_library_run(_traced_with_sequential_eigh(tx), params, grads, dtype)
+
