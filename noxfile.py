@@ -207,7 +207,9 @@ ANCHOR_LIBRARIES = {
 #: not bring (pinned in constraints.txt; torch and numpy come with our members).
 REGISTRY_LIBRARIES = {"pytorch-optimizer": ("pytorch-optimizer",),
                       "heavyball": ("heavyball", "opt-einsum"),
-                      "optax-shampoo": ("optax-shampoo",),
+                      # Google's 2022 code: it imports what Google's does, and absl.
+                      "optax-shampoo": ("optax-shampoo", "absl-py",
+                                        *ANCHOR_LIBRARIES["google"][2]),
                       "sirfshampoo": ("sirfshampoo", "singd", "einconv", "einops"),
                       # Spectral descent shipped inside the frameworks themselves
                       # (torch.optim.Muon, optax.contrib.muon): nothing more to install.

@@ -26,6 +26,7 @@ import heavyball  # noqa: E402
 import torch  # noqa: E402
 
 import shampoo_spec as ss  # noqa: E402
+from shampoo_conformance.adapters.torch_user_run import torch_library_run  # noqa: E402
 from shampoo_conformance.backends import get_backend  # noqa: E402
 from shampoo_conformance.suite import user_runs  # noqa: E402
 from shampoo_conformance.suite.cases import make_problem  # noqa: E402
@@ -34,7 +35,6 @@ from shampoo_conformance.suite.tolerances import bound_and_reference  # noqa: E4
 from shampoo_conformance.thirdparty import heavyball_klshampoo as ks  # noqa: E402
 from shampoo_conformance.thirdparty import heavyball_klsoap as ksoap  # noqa: E402
 from shampoo_conformance.thirdparty.soap import FULL_RANK_SHAPES, NO_DIM_LIMIT  # noqa: E402
-from shampoo_conformance.thirdparty.torch_library import torch_library_run  # noqa: E402
 
 
 def _load_model() -> Any:

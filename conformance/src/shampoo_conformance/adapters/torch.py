@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
+from shampoo_conformance.adapters.torch_user_run import torch_library_run
 from shampoo_spec import ShampooConfig
 from shampoo_torch import DistributedConfig, Shampoo
 
@@ -226,10 +227,7 @@ def defaults_config() -> ShampooConfig:
 def library_run(kwargs: dict[str, Any], params: dict[str, np.ndarray],
                 grads: list[dict[str, np.ndarray]], dtype: Any) -> Any:
     """``Shampoo(named parameters, **kwargs)`` stepped as a user steps it
-    (:func:`~shampoo_conformance.thirdparty.torch_library.torch_library_run`)."""
-    # Imported here: torch_library imports this module's Stepper.
-    from shampoo_conformance.thirdparty.torch_library import torch_library_run
-
+    (:func:`~shampoo_conformance.adapters.torch_user_run.torch_library_run`)."""
     return torch_library_run(lambda tensors, kw: Shampoo(tensors, **kw), kwargs, params,
                              grads, dtype)
 

@@ -53,6 +53,14 @@ def _check(ours: list, want: list, w0: dict, bound, what: str) -> None:  # type:
     assert div is None, f"{what}: {div.describe() if div else ''}"
 
 
+def _unmerged_blocks(config: ss.ShampooConfig, size: int) -> ss.BlockingConfig:
+    """Blocks of at most ``size``, dims merged up to ``size`` (the laws' shapes merge none);
+    matrices kept as matrices under spectral descent (eq. 16c orthogonalizes matrices:
+    the spec refuses a merge target rank below 2 with it)."""
+    blocks = ss.BlockingConfig(max_preconditioner_dim=size, merge_dims_up_to=size)
+    return blocks if config.spectral is None else replace(blocks, merge_target_rank=2)
+
+
 def _check_runs(ours: list, theirs: list, w0: dict, bound, what: str) -> None:  # type: ignore[no-untyped-def]
     """Two runs of the backend, each within ``bound`` of its exact trajectory (the law
     maps one exact trajectory onto the other): they differ by at most twice it."""
@@ -97,7 +105,7 @@ def test_rotation_equivariance(
         diagonal=None,  # eq. (16b) is elementwise: not rotation covariant
         grafting=ss.GraftingConfig(type=("sgd" if seed % 2 else "none")),
         # One block per dim, nothing merged (3 * 4 and 5 * 2 exceed 5).
-        blocking=ss.BlockingConfig(max_preconditioner_dim=5, merge_dims_up_to=5),
+        blocking=_unmerged_blocks(config, 5),
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
         # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant,
@@ -158,7 +166,7 @@ def test_gradient_scale_invariance(
         weight_decay=ss.WeightDecayConfig(),
         exponents=ss.ExponentConfig(),
         # One block per dim, nothing merged (no two adjacent dims multiply to <= 4).
-        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
+        blocking=_unmerged_blocks(config, 4),
         schedule=ss.ScheduleConfig(),
         # Eq. (20b)'s per-column int8 scales are not rotation or scale covariant.
         momentum=replace(config.momentum, buffers="shared", storage="float",
@@ -198,7 +206,7 @@ def test_block_independence(backend: Backend, data: st.DataObject, seed: int) ->
         graft = replace(graft, factor_min_dim=ss.MAX_INTEGER, parameter_scale_floor=None)
     config = replace(
         config,
-        blocking=ss.BlockingConfig(max_preconditioner_dim=4, merge_dims_up_to=4),
+        blocking=_unmerged_blocks(config, 4),
         grafting=graft,
         exponents=ss.ExponentConfig(),
         momentum=replace(config.momentum, storage="float", scale_dtype="float32"),
@@ -240,7 +248,7 @@ def test_vector_is_full_matrix_adagrad(backend: Backend, rank: int | None) -> No
     base = S.base_config_for(backend)
     config = replace(base, learning_rate=lr, root_inverse=_no_qr_root(base),
                      epsilon=ss.EpsilonConfig(value=eps), grafting=ss.GraftingConfig(),
-                     eigenvalue_correction=None,
+                     eigenvalue_correction=None, spectral=None,
                      low_rank=None if rank is None else ss.LowRankRootConfig(rank=rank))
     rng = np.random.default_rng(0)
     grads = [{"w": rng.standard_normal(n)} for _ in range(8)]
@@ -309,6 +317,7 @@ def test_diagonal_preconditioner_is_its_first_order_method(
         root_inverse=_no_qr_root(S.base_config_for(backend)),
         diagonal=first_order.DIAGONALS[method],
         eigenvalue_correction=None,  # the diagonal replaces the preconditioner
+        spectral=None,
         factor_storage_dtype=None,
         grafting=ss.GraftingConfig(),
         gradient_filter=ss.GradientFilterConfig(beta1=beta1, bias_correction=True),
@@ -335,7 +344,8 @@ def test_gpa_with_full_train_interpolation_is_heavy_ball_momentum(
         _unrounded(S.base_config_for(backend)),
         learning_rate=0.0625 / (1.0 - beta), diagonal=ss.DiagonalPreconditionerConfig(type="sgd"),
         root_inverse=_no_qr_root(S.base_config_for(backend)),
-        eigenvalue_correction=None, factor_storage_dtype=None, grafting=ss.GraftingConfig(),
+        eigenvalue_correction=None, spectral=None, factor_storage_dtype=None,
+        grafting=ss.GraftingConfig(),
         gradient_filter=ss.GradientFilterConfig(), momentum=ss.MomentumConfig(),
         statistics=ss.StatisticsConfig(), weight_decay=ss.WeightDecayConfig(),
         schedule=ss.ScheduleConfig(start_preconditioning_step=1),

@@ -240,8 +240,10 @@ def demonstrate(backend: Backend, deviation: Deviation) -> list[str]:
             continue
         try:
             check(backend)
-        except AssertionError as err:
-            shown.append(f"{test_id}: {str(err).splitlines()[0]}")
+        except Exception as err:  # noqa: BLE001  (a library's crash shows it too)
+            text = str(err).strip()
+            first = text.splitlines()[0] if text else ""
+            shown.append(f"{test_id}: {type(err).__name__}: {first}")
             continue
         raise AssertionError(
             f"documented deviation {deviation.name!r} of {backend.name!r} no longer fails "

@@ -28,12 +28,10 @@ spec, :data:`DEVIATIONS` says why (docs/third-party.md).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +44,7 @@ from precondition import distributed_shampoo as ds
 from shampoo_conformance.adapters.inputs import check_run_inputs
 from shampoo_conformance.adapters.jax import Stepper, adamw, library_stepper, library_steps
 from shampoo_conformance.thirdparty.anchor_cases import GOOGLE_CASES
+from shampoo_conformance.thirdparty.google_common import draw_kwargs, in_dtype, precision
 from shampoo_conformance.thirdparty.optax_library import optax_library_run
 from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_spec import (
@@ -341,20 +340,9 @@ def google_init(
 
 
 # ------------------------------------------------------------------- capabilities
-def _in_dtype(config: ShampooConfig, dtype: Any) -> ShampooConfig:
-    """``config`` in the run's precision: Google's x64 sets its factor dtype, and the
-    dtype its int8 momentum quantizes in (eq. 20b)."""
-    name: Literal["float32", "float64"] = (
-        "float64" if np.dtype(dtype) == np.float64 else "float32")
-    momentum = config.momentum
-    if momentum.storage != "float":
-        momentum = dataclasses.replace(momentum, scale_dtype=name)
-    return dataclasses.replace(config, factor_dtype=name, momentum=momentum)
-
-
 def _kwargs_or_reason(config: ShampooConfig, dtype: Any) -> tuple[dict[str, Any] | None, str]:
     try:
-        kwargs = to_google(_in_dtype(config, dtype))
+        kwargs = to_google(in_dtype(config, dtype))
     except Inexpressible as err:
         return None, str(err)
     if kwargs.get("shard_optimizer_states"):
@@ -373,72 +361,10 @@ def expressible(config: ShampooConfig, dtype: Any = np.float64) -> str | None:
     return reason if kwargs is None else None
 
 
-@st.composite
-def _kwargs(draw: Any) -> dict[str, Any]:
-    """``distributed_shampoo`` kwargs (JSON form) that precondition within a few steps.
-
-    Small blocks (2-8), roots every 1-3 steps from count 0, preconditioning
-    from step 1-3, each graft type, both root methods (coupled Newton and
-    eigh), absolute and relative epsilon, Nesterov or not, heavy-ball or
-    moving-average momentum, coupled and decoupled learning rate and weight
-    decay, statistics every 1-2 steps, each side (ALL, INPUT, OUTPUT), root
-    overrides, shape interpretation on or off, skipping by rank, int8
-    momentum, the RMSPROP grafts' clip and low-rank roots
-    (``compression_rank``); Google's defaults where an argument is absent.
-    Left out, each for a documented deviation (:data:`DEVIATIONS`): epsilons
-    not exact in float32, NONE with ``decoupled_learning_rate=False``,
-    ``frequent_directions`` (on these small mixed blocks its sketches are
-    smaller than the largest statistic, or of rank at most the rank; the
-    anchors tests run it where neither holds) and ``lobpcg_topk_precondition``
-    (blocks of at most 8 are at most 5k for every k >= 2, where Google's LOBPCG
-    raises, and a smaller factor beside them has its roots rejected; the
-    anchors tests run it on factors of one size).
-    """
-    graft = draw(st.sampled_from(["SGD", "ADAGRAD", "RMSPROP", "RMSPROP_NORMALIZED",
-                                  "ADAGRAD_NORMALIZED", "SQRT_N", "NONE"]))
-    kwargs: dict[str, Any] = {
-        "learning_rate": draw(st.sampled_from([0.01, 0.1, 0.5])),
-        "block_size": draw(st.integers(2, 8)),
-        "beta1": draw(st.sampled_from([0.0, 0.5, 0.9])),
-        "beta2": draw(st.sampled_from([0.9, 0.999, 1.0])),
-        "diagonal_epsilon": draw(st.sampled_from([1e-10, 1e-6])),
-        # Powers of 2, exact in float32: Google starts its float64 statistics from
-        # float32(matrix_epsilon) * I (DEVIATIONS), which any other value would show.
-        "matrix_epsilon": draw(st.sampled_from([2.0**-20, 2.0**-13, 2.0**-7])),
-        "relative_matrix_epsilon": draw(st.booleans()),
-        "eigh": draw(st.booleans()),
-        "graft_type": graft,
-        "nesterov": draw(st.booleans()),
-        "moving_average_for_momentum": draw(st.booleans()),
-        "decoupled_learning_rate": draw(st.booleans()),
-        "weight_decay": draw(st.sampled_from([0.0, 0.01])),
-        "decoupled_weight_decay": draw(st.booleans()),
-        "preconditioning_compute_steps": draw(st.integers(1, 3)),
-        "start_preconditioning_step": draw(st.integers(0, 2)),  # our step 1-3
-        "merge_small_dims_block_size": draw(st.sampled_from([1, 4, 4096])),
-        "statistics_compute_steps": draw(st.integers(1, 2)),
-        "precondtioner_type": draw(st.sampled_from(["ALL", "INPUT", "OUTPUT"])),
-        "exponent_override": draw(st.sampled_from([0, 2, 4])),
-        "best_effort_shape_interpretation": draw(st.booleans()),
-        "skip_preconditioning_rank_lt": draw(st.integers(0, 2)),
-        "best_effort_memory_usage_reduction": draw(st.booleans()),  # int8 momentum (eq. 20b)
-        # Low-rank roots (eq. 10c) of the blocks above rank + 2, the largest eigenvalues
-        # kept (the smallest are ill-defined on these rank-deficient factors: docs/spec.md).
-        "compression_rank": draw(st.sampled_from([0, 0, 0, 1, 2])),
-    }
-    if graft.startswith("RMSPROP"):
-        kwargs["clip_by_scaled_gradient_norm"] = draw(st.sampled_from([None, 1.0]))
-    if graft == "NONE":
-        # With decoupled_learning_rate=False Google's ungrafted step takes no learning
-        # rate at all (a defect, DEVIATIONS); from_google refuses it, so it is not drawn.
-        kwargs["decoupled_learning_rate"] = True
-    return kwargs
-
-
 def configs() -> st.SearchStrategy[ShampooConfig]:
     """Configs Google expresses: its own kwargs, drawn and imported with ``from_google``
     (``x64=True``: the suite's random properties run float64)."""
-    return _kwargs().map(functools.partial(from_google, x64=True))
+    return draw_kwargs().map(functools.partial(from_google, x64=True))
 
 
 # ---------------------------------------------------------------------- running
@@ -450,17 +376,6 @@ def _transformation(config: ShampooConfig, dtype: Any,
     if learning_rate is not None:
         kwargs["learning_rate"] = learning_rate
     return ds.distributed_shampoo(**google_kwargs(kwargs))
-
-
-def _precision(dtype: np.dtype[Any]) -> contextlib.ExitStack:
-    """64-bit JAX on exactly for float64 (Google's only dtype switch), arrays on the CPU."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(jax.enable_x64(bool(dtype == np.float64)))
-    stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
-    if dtype != np.float64:  # Google asks for float64 roots; 32-bit JAX warns, then truncates
-        stack.enter_context(warnings.catch_warnings())
-        warnings.filterwarnings("ignore", "Explicitly requested dtype float64", UserWarning)
-    return stack
 
 
 def _init(tx: optax.GradientTransformation, params: Any, dtype: np.dtype[Any]) -> Any:
@@ -525,7 +440,7 @@ def run(
         # Google crashes on this input (DEVIATIONS): a property drawing it skips the
         # example; anywhere else Google runs, and crashes, as its users see it.
         reject()
-    with _precision(key):
+    with precision(key):
         tx = _transformation(config, key)
 
         @jax.jit
@@ -558,7 +473,7 @@ def stepper(
     weight decay is the config's), or ``optax.adamw`` (as the jax backend's)."""
     return library_stepper("google", optimizer, params, lr=lr, config=config,
                            weight_decay=weight_decay, dtype=dtype, expressible=expressible,
-                           make=_adamw_or_shampoo, init=_init, precision=_precision)
+                           make=_adamw_or_shampoo, init=_init, precision=precision)
 
 
 # ------------------------------------ the registry's user-run hooks (thirdparty/registry.py)

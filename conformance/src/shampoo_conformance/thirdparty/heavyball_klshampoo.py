@@ -43,15 +43,11 @@ import torch
 from hypothesis import strategies as st
 
 from shampoo_conformance.adapters.torch import Stepper
+from shampoo_conformance.adapters.torch_user_run import torch_library_run
 from shampoo_conformance.thirdparty import heavyball_kl as kl
 from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_conformance.thirdparty.soap import FULL_RANK_SHAPES, NO_DIM_LIMIT
-from shampoo_conformance.thirdparty.torch_library import (
-    in_dtype,
-    make_stepper,
-    run_optimizer,
-    torch_library_run,
-)
+from shampoo_conformance.thirdparty.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_spec import Inexpressible, ShampooConfig, config_differences
 
 #: Parameter dtypes this backend runs (its factors, bases and momentum follow them).

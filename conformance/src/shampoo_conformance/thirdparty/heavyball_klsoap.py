@@ -34,10 +34,10 @@ import torch
 from hypothesis import strategies as st
 
 from shampoo_conformance.adapters.torch import Stepper
+from shampoo_conformance.adapters.torch_user_run import torch_library_run
 from shampoo_conformance.thirdparty import heavyball_kl as kl
 from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_conformance.thirdparty.soap import NO_DIM_LIMIT, soap_config
-from shampoo_conformance.thirdparty.torch_library import torch_library_run
 from shampoo_spec import Inexpressible, ShampooConfig
 from shampoo_spec.config import EpsilonConfig
 

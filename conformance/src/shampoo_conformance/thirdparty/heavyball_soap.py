@@ -56,10 +56,10 @@ import torch
 from hypothesis import currently_in_test_context, reject
 from hypothesis import strategies as st
 
+from shampoo_conformance.adapters.torch_user_run import torch_library_run
 from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_conformance.thirdparty.soap import NO_DIM_LIMIT, first_step_skipped, soap_config
 from shampoo_conformance.thirdparty.soap_backend import SoapBackend
-from shampoo_conformance.thirdparty.torch_library import torch_library_run
 from shampoo_spec import Inexpressible, ShampooConfig
 from shampoo_spec.config import EpsilonConfig
 

@@ -29,14 +29,10 @@ from distributed_shampoo.preconditioner import matrix_functions_types
 from hypothesis import strategies as st
 
 from shampoo_conformance.adapters.torch import Stepper
+from shampoo_conformance.adapters.torch_user_run import torch_library_run
 from shampoo_conformance.thirdparty.anchor_cases import META_CASES
 from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
-from shampoo_conformance.thirdparty.torch_library import (
-    in_dtype,
-    make_stepper,
-    run_optimizer,
-    torch_library_run,
-)
+from shampoo_conformance.thirdparty.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_spec import Inexpressible, ShampooConfig, from_meta, to_meta
 
 #: Parameter dtypes this backend runs (factors in the same precision).

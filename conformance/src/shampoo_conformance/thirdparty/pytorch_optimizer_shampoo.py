@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from pytorch_optimizer import Shampoo
 
 from shampoo_conformance.adapters.torch import Stepper
+from shampoo_conformance.adapters.torch_user_run import torch_library_run
 from shampoo_conformance.thirdparty.pytorch_optimizer_deviations import (
     grad_negated_by_maximize,
     unknown_arguments_swallowed,
@@ -46,12 +47,7 @@ from shampoo_conformance.thirdparty.pytorch_optimizer_kwargs import (
     refuse,
 )
 from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
-from shampoo_conformance.thirdparty.torch_library import (
-    in_dtype,
-    make_stepper,
-    run_optimizer,
-    torch_library_run,
-)
+from shampoo_conformance.thirdparty.torch_library import in_dtype, make_stepper, run_optimizer
 from shampoo_spec import EighConfig, Inexpressible, ShampooConfig
 from shampoo_spec.anchors._parse import UNBOUNDED
 from shampoo_spec.config import (

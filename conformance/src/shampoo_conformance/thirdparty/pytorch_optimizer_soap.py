@@ -41,6 +41,7 @@ import torch
 from hypothesis import strategies as st
 from pytorch_optimizer import SOAP
 
+from shampoo_conformance.adapters.torch_user_run import torch_library_run
 from shampoo_conformance.thirdparty.pytorch_optimizer_deviations import (
     grad_negated_by_maximize,
     unknown_arguments_swallowed,
@@ -49,7 +50,6 @@ from shampoo_conformance.thirdparty.pytorch_optimizer_kwargs import SRC
 from shampoo_conformance.thirdparty.registry import Deviation, LibraryRun
 from shampoo_conformance.thirdparty.soap import NO_DIM_LIMIT, first_step_skipped, soap_config
 from shampoo_conformance.thirdparty.soap_backend import SoapBackend
-from shampoo_conformance.thirdparty.torch_library import torch_library_run
 from shampoo_spec import Inexpressible, ShampooConfig
 from shampoo_spec.config import EpsilonConfig
 

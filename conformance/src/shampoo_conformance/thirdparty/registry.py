@@ -169,7 +169,8 @@ THIRD_PARTY: dict[str, ThirdParty] = {
         "optax-shampoo", "shampoo_conformance.thirdparty.optax_shampoo",
         "optax-shampoo 0.0.6 (PyPI; Google's distributed_shampoo of 2022, "
         "import optax_shampoo.distributed_shampoo)",
-        "pip install --no-deps optax-shampoo==0.0.6",
+        "pip install --no-deps optax-shampoo==0.0.6 absl-py chex flax toolz msgpack rich "
+        "pyyaml (nox -s \"thirdparty(library='optax-shampoo')\" installs it)",
     ),
     "sirfshampoo": ThirdParty(
         "sirfshampoo", "shampoo_conformance.thirdparty.sirfshampoo",

@@ -9,7 +9,6 @@ library cannot express).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,11 +16,8 @@ import torch
 
 from shampoo_conformance.adapters.inputs import check_run_inputs, check_stepper_arguments
 from shampoo_conformance.adapters.torch import Stepper
-from shampoo_conformance.thirdparty.registry import LibraryRun
+from shampoo_conformance.adapters.torch_user_run import TORCH
 from shampoo_spec import ShampooConfig
-
-#: Parameter dtypes these backends run, as torch's.
-TORCH = {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32}
 
 
 def run_optimizer(
@@ -93,35 +89,3 @@ def in_dtype(config: ShampooConfig, dtype: Any) -> ShampooConfig:
         return config
     return dataclasses.replace(
         config, factor_dtype="float64" if np.dtype(dtype) == np.float64 else "float32")
-
-
-def torch_library_run(
-    construct: Callable[[list[torch.nn.Parameter], dict[str, Any]], torch.optim.Optimizer],
-    kwargs: dict[str, Any],
-    params: dict[str, np.ndarray],
-    grads: list[dict[str, np.ndarray]],
-    dtype: Any,
-) -> LibraryRun:
-    """A user's run of a torch library (the registry's ``library_run``).
-
-    ``construct(parameters, kwargs)`` builds the library's optimizer from exactly
-    ``kwargs``; each step sets ``p.grad`` from ``grads`` and calls ``step()`` on the
-    caller's own generators (unlike :func:`run_optimizer`, nothing is forked or
-    seeded: the side-effect properties look at what the library does to them).
-    What it returns is what the caller sees after each step: the parameters in the
-    dtype the library left them, and ``p.grad``.
-    """
-    key = np.dtype(dtype)
-    names = list(params)
-    tensors = {n: torch.nn.Parameter(torch.tensor(np.asarray(params[n]), dtype=TORCH[key]))
-               for n in names}
-    opt = construct(list(tensors.values()), dict(kwargs))
-    out, seen = [], []
-    for step in grads:
-        for n in names:
-            tensors[n].grad = torch.tensor(np.asarray(step[n]), dtype=TORCH[key])
-        opt.step()
-        out.append({n: tensors[n].detach().numpy().copy() for n in names})
-        seen.append({n: (np.full(np.shape(step[n]), np.nan) if tensors[n].grad is None
-                         else tensors[n].grad.detach().numpy().copy()) for n in names})
-    return LibraryRun(params=out, grads=seen)
