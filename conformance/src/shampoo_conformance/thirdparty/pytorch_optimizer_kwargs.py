@@ -123,7 +123,7 @@ def google_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Google's ``distributed_shampoo`` arguments of the same names and values as
     ``ScalableShampoo(**kwargs)`` (its defaults filled in), as a reader of its docstring
     would pass them to Google's: what :func:`from_kwargs` starts from, before the rules
-    where the port differs (the deviations ``start_one_step_later``,
+    where the port differs (the deviations ``start_step_counted_from_one``,
     ``one_based_root_schedule``, ``vectors_never_preconditioned`` and the adapter tests
     run the library against the reference on this reading)."""
     k = {**DEFAULTS, **kwargs}
@@ -160,7 +160,7 @@ def from_kwargs(kwargs: dict[str, Any]) -> ShampooConfig:
         raise Inexpressible(f"ScalableShampoo cannot express: use_svd=True ({SVD_REFUSAL})")
     google = google_kwargs(k)
     # Google's count is 0-based: its start s is our step s + 1, ScalableShampoo's s
-    # (DEVIATIONS["start_one_step_later"]).
+    # (DEVIATIONS["start_step_counted_from_one"]).
     google["start_preconditioning_step"] -= 1
     config = from_google(google, x64=True)
     b = config.blocking
