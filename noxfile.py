@@ -288,8 +288,10 @@ def run_thirdparty(session: nox.Session, library: str) -> None:
     on each of its backends (``library`` installed)."""
     env = hypothesis_env("deep")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    adapter_tests = ADAPTER_TESTS.get(
-        library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",))
+    adapter_tests = (*ADAPTER_TESTS.get(
+        library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",)),
+        # docs/third-party.md lists each installed backend's DEVIATIONS, name and kind.
+        "conformance/tests/test_third_party_docs.py")
     backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
     session.run("pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, *adapter_tests, SUITE, *backends,
                 "-rxX",
