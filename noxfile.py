@@ -283,19 +283,19 @@ def run_anchors_tearfree(session: nox.Session) -> None:
                 *session.posargs, env=env)
 
 
-def run_thirdparty(session: nox.Session, library: str) -> None:
-    """The backend's own contract tests (they skip without the library), then the suite
-    on each of its backends (``library`` installed)."""
+def run_thirdparty(session: nox.Session, *libraries: str) -> None:
+    """The backends' own contract tests (they skip without their library), then the suite
+    on each of their backends (``libraries`` installed), in one pytest run."""
     env = hypothesis_env("deep")
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", JAX_TEST_FLAGS)
-    adapter_tests = (*ADAPTER_TESTS.get(
-        library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",)),
-        # docs/third-party.md lists each installed backend's DEVIATIONS, name and kind.
-        "conformance/tests/test_third_party_docs.py")
-    backends = [f"--backend={name}" for name in LIBRARY_BACKENDS.get(library, (library,))]
-    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, *adapter_tests, SUITE, *backends,
-                "-rxX",
-                *session.posargs, env=env)
+    adapter_tests = {test: None for library in libraries for test in ADAPTER_TESTS.get(
+        library, (f"conformance/tests/test_adapter_{library.replace('-', '_')}.py",))}
+    backends = [f"--backend={name}" for library in libraries
+                for name in LIBRARY_BACKENDS.get(library, (library,))]
+    session.run("pytest", *PYTEST_OPTIONS, *PARALLEL_TESTS, *adapter_tests,
+                # docs/third-party.md lists each installed backend's DEVIATIONS, name and kind.
+                "conformance/tests/test_third_party_docs.py",
+                SUITE, *backends, "-rxX", *session.posargs, env=env)
 
 
 @nox.session
@@ -347,9 +347,9 @@ def thirdparty(session: nox.Session, library: str) -> None:
 def libraries(session: nox.Session) -> None:
     """CI: the anchors, anchors_tearfree and thirdparty runs in one environment.
 
-    One install of every library instead of one per session (the same tests
-    in the same order; a library whose snapshot is absent is named and left
-    out). ``HYPOTHESIS_PROFILE=ci`` makes the thirdparty runs short.
+    One install of every library instead of one per session (the same tests,
+    the thirdparty ones in one pytest run; a library whose snapshot is absent is
+    named and left out). ``HYPOTHESIS_PROFILE=ci`` makes the thirdparty runs short.
     """
     install_members(session, "pytest", "pytest-xdist", "hypothesis", "scikit-learn")
     present = [library for library in LIBRARIES if install_snapshot(session, library)]
@@ -362,8 +362,7 @@ def libraries(session: nox.Session) -> None:
             run_anchors(session, library)
     if "google" in present:
         run_anchors_tearfree(session)
-    for library in present:
-        run_thirdparty(session, library)
+    run_thirdparty(session, *present)  # one run: the workers start once
 
 
 @nox.session
