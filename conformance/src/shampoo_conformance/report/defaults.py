@@ -10,7 +10,9 @@ side-effect properties (the caller's gradients, an unknown argument, the global
 random generators, float64 parameters). Each check's outcome is kept as the suite
 would judge it: passed, failed with what happened (and the documented deviation
 that explains it, if one does), or not checkable with the reason (a bound that
-promises nothing, a dtype the library does not run).
+promises nothing, a dtype the library does not run, defaults no config of the
+spec expresses). A check that raises something else is a failure with the
+exception's name: the report goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 from shampoo_conformance.protocol import Backend
 from shampoo_conformance.suite.user_runs import CHECKS
 from shampoo_conformance.thirdparty.registry import deviation_for
+from shampoo_spec import Inexpressible
 
 #: Short names of the checks for the report's table.
 CHECK_NAMES: dict[str, str] = {
@@ -91,9 +94,15 @@ def defaults_verdict(backend: Backend) -> DefaultsVerdict:
             check(backend)
         except pytest.skip.Exception as skip:
             outcomes.append(CheckOutcome(test_id, "n/a", _first_line(skip)))
-        except AssertionError as err:
+        except Inexpressible as err:  # the suite skips these too (its pytest plugin)
+            outcomes.append(CheckOutcome(test_id, "n/a", "no config of the spec: "
+                                         + _first_line(err)))
+        except Exception as err:  # noqa: BLE001  (a failed check, or a crash outside it)
             found = deviation_for(deviations, test_id)
-            outcomes.append(CheckOutcome(test_id, "fail", _first_line(err),
+            detail = _first_line(err)
+            if not isinstance(err, AssertionError):
+                detail = f"{type(err).__name__}: {detail}"
+            outcomes.append(CheckOutcome(test_id, "fail", detail,
                                          f"{found.name} ({found.kind})" if found else ""))
         else:
             outcomes.append(CheckOutcome(test_id, "pass"))
