@@ -306,3 +306,16 @@ def test_captured_output_goes_to_the_log_and_is_counted(tmp_path: Path) -> None:
     assert "progress stays" not in text
     assert (output.warnings, output.distinct_warnings) == (3, 1)
     assert output.lines == text.count("\n") and "3 warnings (1 distinct)" in output.summary()
+
+
+def test_a_measurement_the_library_cannot_make_is_listed_not_an_error(tmp_path: Path) -> None:
+    from shampoo_conformance.report.collect import Report, _failed
+    from shampoo_spec import Inexpressible, NonFiniteGradientError
+
+    report = Report(_tiny(tmp_path), [], [])
+    _failed(report, "convergence p / b", Inexpressible("parameter 'b' is not a matrix"))
+    _failed(report, "accuracy p / b", NonFiniteGradientError("the reference overflows"))
+    _failed(report, "timing p / b", AttributeError("no attribute 'tree_flatten'"))
+    assert [line.split(":")[0] for line in report.not_measured] == [
+        "convergence p / b", "accuracy p / b"]
+    assert report.errors == ["timing p / b: AttributeError: no attribute 'tree_flatten'"]

@@ -26,7 +26,7 @@ from shampoo_conformance.backends import BackendUnavailable, get_backend, has_st
 from shampoo_conformance.protocol import Backend
 from shampoo_conformance.thirdparty.registry import nearest_config
 from shampoo_datasets import load_problem
-from shampoo_spec import ShampooConfig
+from shampoo_spec import Inexpressible, NonFiniteGradientError, ShampooConfig
 
 from . import settings as S
 from .accuracy import AccuracyResult, measure_accuracy
@@ -68,6 +68,9 @@ class Report:
     accuracy: list[AccuracyResult] = field(default_factory=list)
     timing: list[TimingResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: Measurements a backend cannot make (its library cannot run the problem or the
+    #: config, or the reference overflows there): listed, not errors.
+    not_measured: list[str] = field(default_factory=list)
     recommendations: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -202,6 +205,17 @@ def _configs(
     return out
 
 
+def _failed(report: Report, what: str, err: Exception) -> None:
+    """Record a measurement that raised: not measurable (the library cannot run this
+    problem or config, or the reference itself overflows on it at this rate: a fact of
+    the measurement, listed apart) or an error (anything else: the status is 1)."""
+    line = f"{what}: {type(err).__name__}: {err}"
+    if isinstance(err, Inexpressible | NonFiniteGradientError):
+        report.not_measured.append(line)
+    else:
+        report.errors.append(line)
+
+
 def _problem(
     report: Report,
     info: ProblemInfo,
@@ -224,9 +238,7 @@ def _problem(
                 on_step=functools.partial(progress.advance, cost),
             ))
         except Exception as err:  # one failed measurement must not end the report
-            report.errors.append(
-                f"convergence {name} / {backend_name}: {type(err).__name__}: {err}"
-            )
+            _failed(report, f"convergence {name} / {backend_name}", err)
     tuned = {c.backend: c for c in report.convergence if c.problem == name}
     source = tuned.get("reference") or next(iter(tuned.values()), None)
     lr = source.shampoo.lr if source is not None else settings.config.learning_rate
@@ -242,7 +254,7 @@ def _problem(
                 measure_accuracy(problem, backend, accuracy_config, settings.accuracy_steps)
             )
         except Exception as err:
-            report.errors.append(f"accuracy {name} / {backend_name}: {type(err).__name__}: {err}")
+            _failed(report, f"accuracy {name} / {backend_name}", err)
         progress.advance(_accuracy_cost(settings, costs, backend_name, name))
     for backend_name in training:
         progress.set_label(f"{name}: timing on {backend_name}")
@@ -258,4 +270,4 @@ def _problem(
                 on_steps=functools.partial(_advance_steps, progress, cost),
             ))
         except Exception as err:
-            report.errors.append(f"timing {name} / {backend_name}: {type(err).__name__}: {err}")
+            _failed(report, f"timing {name} / {backend_name}", err)

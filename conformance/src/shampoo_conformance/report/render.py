@@ -178,6 +178,9 @@ def terminal_summary(report: Report) -> str:
     lines += [r.replace("**", "") for r in report.recommendations]
     if report.console_output:
         lines += ["", report.console_output]
+    if report.not_measured:
+        lines += ["", f"Not measurable: {len(report.not_measured)} measurements (the library "
+                  "cannot run that problem or config; listed in report.md)."]
     if report.errors:
         lines += ["", "Errors (measurements skipped):", *(f"- {e}" for e in report.errors)]
     return "\n".join(lines)
@@ -329,6 +332,10 @@ def markdown(report: Report, plots: Sequence[str], command: str) -> str:
             f"; {b.note}" if b.installed and b.note else b.note) for b in report.backends),
         "",
     ]
+    if report.not_measured:
+        lines += ["## Not measurable", "", "A library that cannot run a problem (a shape, "
+                  "a config) or a config on which the reference itself overflows:", "",
+                  *(f"- {e}" for e in report.not_measured), ""]
     if report.errors:
         lines += ["## Errors", "", *(f"- {e}" for e in report.errors), ""]
     lines += [

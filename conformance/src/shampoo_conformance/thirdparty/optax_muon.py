@@ -230,8 +230,9 @@ def stepper(optimizer: str, params: dict[str, np.ndarray], *, lr: float,
     """A closed-loop Stepper: ``optax.contrib.muon`` from ``config`` (default
     :func:`base_config`) at rate ``lr``, or ``optax.adamw``; matrices only."""
     matrices_only(BACKEND, params, _NOT_2D)
-    return library_stepper(BACKEND, optimizer, params, lr=lr,
-                           config=base_config() if config is None else config,
+    if optimizer == "shampoo" and config is None:
+        config = base_config()
+    return library_stepper(BACKEND, optimizer, params, lr=lr, config=config,
                            weight_decay=weight_decay, dtype=dtype, expressible=expressible,
                            make=_muon_or_adamw, init=lambda tx, p, dt: tx.init(p))
 

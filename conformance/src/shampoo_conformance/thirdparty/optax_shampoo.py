@@ -365,11 +365,26 @@ def _shimmed_precision(dtype: np.dtype[Any]) -> Iterator[None]:
         yield
 
 
+def _shimmed(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` whose init and update run inside :func:`compat`: a stepper's jitted update
+    traces them at its first step, after the stepper's own precision block has closed."""
+
+    def init(params: Any) -> Any:
+        with compat():
+            return tx.init(params)
+
+    def update(updates: Any, state: Any, params: Any = None) -> Any:
+        with compat():
+            return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
+
+
 def _adamw_or_shampoo(optimizer: str, config: ShampooConfig | None, dtype: np.dtype[Any],
                       lr: Any, weight_decay: Any) -> optax.GradientTransformation:
     if optimizer == "shampoo":
         assert config is not None
-        return _transformation(config, dtype, learning_rate=lambda count: lr)
+        return _shimmed(_transformation(config, dtype, learning_rate=lambda count: lr))
     return adamw(lr, weight_decay)
 
 
