@@ -32,7 +32,7 @@ from shampoo_conformance.report.compare import max_relative_error
 from shampoo_conformance.suite.divergence import first_divergence
 from shampoo_conformance.suite.tolerances import bound_and_reference
 from shampoo_datasets import Problem
-from shampoo_spec import ShampooConfig
+from shampoo_spec import Inexpressible, ShampooConfig
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ def measure_accuracy(
         name = np.dtype(dtype).name
         try:
             ours = backend.run(config, params, grads, dtype=dtype)
+        except Inexpressible:
+            raise  # not measurable on this problem (the report lists it apart)
         except Exception as err:  # reported in the table, never fatal
             out.append(AccuracyResult(
                 problem.name, backend.name, name, steps, float("nan"), bound.rtol, bound.kappa,

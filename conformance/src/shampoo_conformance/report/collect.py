@@ -168,8 +168,11 @@ def collect(settings: S.ReportSettings, *, progress_stream: TextIO | None = None
         _problem(report, info, backends, configs, training, progress, costs)
     progress.close()
     missing = [s.name for s in status if not s.installed]
+    # Only a backend that runs the report's config itself is a candidate: one that runs
+    # the nearest config its library expresses runs another algorithm (its status says).
+    own = {name for name, config in configs.items() if config == settings.config}
     report.recommendations = recommend(
-        report.accuracy, report.timing, report.convergence,
+        report.accuracy, [t for t in report.timing if t.backend in own], report.convergence,
         problems=settings.problems, missing=missing,
     )
     report.seconds = time.perf_counter() - start

@@ -82,6 +82,14 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def _short(value: Any) -> str:
+    """A user argument as the table shows it: a number or string as written, an object
+    by its type (``ShampooConfig(...)``)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return repr(value)
+    return f"{type(value).__name__}(...)"
+
+
 def defaults_verdict(backend: Backend) -> DefaultsVerdict:
     """Run every user-run check on ``backend`` (module docstring)."""
     kwargs: Any = getattr(backend, "USER_KWARGS", None)
@@ -106,5 +114,5 @@ def defaults_verdict(backend: Backend) -> DefaultsVerdict:
                                          f"{found.name} ({found.kind})" if found else ""))
         else:
             outcomes.append(CheckOutcome(test_id, "pass"))
-    shown = ", ".join(f"{k}={v!r}" for k, v in dict(kwargs).items()) or "(none)"
+    shown = ", ".join(f"{k}={_short(v)}" for k, v in dict(kwargs).items()) or "(none)"
     return DefaultsVerdict(backend.name, shown, tuple(outcomes))

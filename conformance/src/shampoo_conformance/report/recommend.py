@@ -10,7 +10,9 @@ Rules, applied per problem (each problem is its own size):
    the factors' condition number (up to 1e6 here) and can exceed 1, which
    would accept anything.
 2. Backend. Among the framework backends (not the reference, which is the
-   oracle and slow by design) that were timed on the problem, recommend the
+   oracle and slow by design) that were timed on the problem running the
+   report's config itself (:mod:`.collect` leaves out a library that runs the
+   nearest config it expresses: another algorithm), recommend the
    one with the smallest median Shampoo step time that is exact enough in
    the training dtype (float32); if none is, the fastest exact enough in
    float64, saying so; if none is exact enough at all, say that no backend
