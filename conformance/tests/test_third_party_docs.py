@@ -92,17 +92,18 @@ def test_every_backend_has_a_section() -> None:
     assert sorted(SECTIONS) == sorted(THIRD_PARTY)
 
 
-@pytest.mark.parametrize("backend", sorted(THIRD_PARTY))
-def test_deviations_are_the_page_rows(backend: str) -> None:
+@pytest.mark.parametrize("name", sorted(THIRD_PARTY))
+def test_deviations_are_the_page_rows(name: str) -> None:
+    # Not "backend": the suite's plugin parametrizes that name (--backend).
     try:
-        module = importlib.import_module(THIRD_PARTY[backend].module)
+        module = importlib.import_module(THIRD_PARTY[name].module)
     except ImportError as err:
-        pytest.skip(f"{backend}: its library is not installed ({err})")
+        pytest.skip(f"{name}: its library is not installed ({err})")
     code = {d.name: d.kind for d in module.DEVIATIONS}
-    page = _rows(backend)
+    page = _rows(name)
     missing = sorted(set(code) - set(page))
-    assert not missing, f"{backend}: DEVIATIONS without a row in docs/third-party.md: {missing}"
+    assert not missing, f"{name}: DEVIATIONS without a row in docs/third-party.md: {missing}"
     wrong = {n: (k, page[n]) for n, k in code.items() if not page[n].startswith(k)}
-    assert not wrong, f"{backend}: kind in the code vs on the page: {wrong}"
-    extra = sorted(set(page) - set(code) - ANCHORS_ONLY.get(backend, set()))
-    assert not extra, f"{backend}: rows in docs/third-party.md no DEVIATIONS has: {extra}"
+    assert not wrong, f"{name}: kind in the code vs on the page: {wrong}"
+    extra = sorted(set(page) - set(code) - ANCHORS_ONLY.get(name, set()))
+    assert not extra, f"{name}: rows in docs/third-party.md no DEVIATIONS has: {extra}"
