@@ -82,6 +82,45 @@ def test_bound_covers_a_mirrored_newton_root() -> None:
     assert worst > 4 * 3 * 2.0**-53 * bound.kappa + 4 * newton.tolerance
 
 
+def _relative(x: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(x - want, 2) / np.linalg.norm(want, 2))
+
+
+def test_bound_promises_nothing_for_a_qr_root_on_a_rank_deficient_factor() -> None:
+    """Spec section 5, eq. (10f): one QR step from a basis whose first columns span a
+    rank-deficient factor's null space (eq. 10f sorts them first) leaves their
+    rotation to rounding, and X weighs them by their Rayleigh quotients (here above
+    eps): a perturbation of u ||A|| moves X by O(1), eigh's root by about u kappa.
+    The bound for the QR root is then infinite; eigh's stays small."""
+    from shampoo_reference.roots.basis import root_inverse_qr
+    from shampoo_reference.roots.eigh import root_from_eigendecomposition
+
+    rng = np.random.default_rng(0)
+    g1, g2 = rng.standard_normal((6, 2)), rng.standard_normal(6)
+    a1 = g1 @ g1.T
+    a = 0.5 * a1 + 0.5 * np.outer(g2, g2)  # rank 3
+    _, basis = np.linalg.eigh(a1)  # ascending: the null columns first
+    qr_moves, eigh_moves = 0.0, 0.0
+    x_qr = root_inverse_qr(basis, a, 2, 1e-8, "shift_after", 1, 0.0)[0]  # type: ignore[index]
+    x_eigh = root_from_eigendecomposition(*np.linalg.eigh(a), 2, 1e-8, "shift_after", None)
+    for _ in range(10):
+        e = rng.standard_normal((6, 6))
+        near = a + (e + e.T) * 2.0**-53 * np.linalg.norm(a)
+        moved_qr = root_inverse_qr(basis, near, 2, 1e-8, "shift_after", 1, 0.0)[0]  # type: ignore[index]
+        moved_eigh = root_from_eigendecomposition(*np.linalg.eigh(near), 2, 1e-8, "shift_after",
+                                                  None)
+        qr_moves = max(qr_moves, _relative(moved_qr, x_qr))
+        eigh_moves = max(eigh_moves, _relative(moved_eigh, x_eigh))
+    assert qr_moves > 0.1 and eigh_moves < 1e-5
+    eps = ss.EpsilonConfig(value=1e-8)
+    stream = [{"w": g1[:, 0]}, {"w": g1[:, 1]}, {"w": g2}]
+    params = {"w": np.zeros(6)}
+    qr = ss.ShampooConfig(epsilon=eps, root_inverse=ss.EighConfig(eigenbasis_method="qr"))
+    eigh = ss.ShampooConfig(epsilon=eps)
+    assert trajectory_bound(qr, params, stream, np.float64).rtol >= 1.0
+    assert trajectory_bound(eigh, params, stream, np.float64).rtol < 1e-3
+
+
 def test_compare_table_lists_backends() -> None:
     buf = io.StringIO()
     status = compare(load_config(None), 3, 0, ["reference", "mutant:missing_nesterov"], out=buf)

@@ -25,6 +25,10 @@ eigenvalue gap), and divides by (D / bc)^(1/root) + eps >= eps (eq. 17), which
 amplifies rounding noise along barely excited entries by up to
 sqrt(||A|| / w) / eps: kappa there is the larger of the two.
 
+A QR-eigenbasis root (eq. 10f) weighs the columns of an unconverged basis by their
+Rayleigh quotients: the basis error u * ||A|| / gap enters it as it does eq. (17),
+and kappa is the larger of ||A|| / gap and the root's own.
+
 Spectral descent by Newton-Schulz (eq. 16c) adds, per step, k n u (|a| + 3|b|
 + 5|c|): each of its k iterations rounds n-term products and passes the error
 on through the polynomial's derivative, at most |a| + 3|b| + 5|c| on the
@@ -57,6 +61,7 @@ from shampoo_reference import ReferenceShampoo
 from shampoo_reference.roots.regularize import effective_epsilon, regularized_eigenvalues
 from shampoo_spec import (
     CoupledNewtonConfig,
+    EighConfig,
     HigherOrderNewtonConfig,
     RootFailureError,
     ShampooConfig,
@@ -154,41 +159,51 @@ class Bound:
         return self.rtol * displacement + self.atol_scale * (w0_norm + ref_norm)
 
 
+def _basis_condition(lam: NDArray[np.float64]) -> float:
+    """||A|| / gap, gap the smallest distance between two eigenvalues of A: a computed
+    eigenbasis's relative error per unit roundoff (infinite for a repeated eigenvalue,
+    whose basis rounding picks)."""
+    gaps = np.diff(lam)
+    gap = float(gaps.min()) if gaps.size else float("inf")
+    return float(np.abs(lam).max()) / gap if gap > 0 else float("inf")
+
+
 def _factor_kappa(config: ShampooConfig, a: NDArray[np.float64]) -> float:
     a = 0.5 * (a + a.T)
     lam = np.asarray(np.linalg.eigvalsh(a), dtype=np.float64)
     ec = config.eigenvalue_correction
     if ec is not None:
-        gaps = np.diff(lam)
-        gap = float(gaps.min()) if gaps.size else float("inf")
-        top = float(np.abs(lam).max())
-        basis = top / gap if gap > 0 else float("inf")
         # Rounding noise along a barely excited entry, divided by (D / bc)^(1/root) + eps,
         # which is at least eps (eq. 17; spec section 5): relative to the direction,
         # n u ||G|| / eps, where ||G||^2 <= ||A|| / w, w the weight of the newest
         # gradient in A (eq. 6).
         w = config.statistics.update_weight
+        top = float(np.abs(lam).max())
         noise = (float(np.sqrt(top / w)) / ec.epsilon if ec.epsilon > 0 and w > 0
                  else float("inf"))
-        return max(basis, noise)
+        return max(_basis_condition(lam), noise)
     method = config.root_inverse
     if isinstance(method, HigherOrderNewtonConfig):  # eq. (11c): its own ridge
         ridge = max(method.rel_epsilon * float(np.abs(a).sum(axis=1).max()), method.abs_epsilon)
         reg = lam + ridge
         return float(reg.max() / reg.min()) if reg.min() > 0 else float("inf")
+    # Eq. (10f): a root from k QR steps weighs each column of an unconverged basis by its
+    # Rayleigh quotient, which a rotation inside a cluster of eigenvalues changes: the
+    # basis's error enters the root as eq. (17)'s does (spec section 5).
+    basis = _basis_condition(lam) if isinstance(method, EighConfig) and method.qr else 1.0
     eps = effective_epsilon(a, config.epsilon)
     if config.epsilon.pseudo_inverse:
         # Eq. (10): only the eigenvalues above the rank cutoff are inverted.
         rtol = config.epsilon.rank_cutoff_rtol(a.shape[0], config.factor_dtype)
         kept = lam[lam > max(rtol * max(float(lam.max()), 0.0), config.epsilon.rank_atol)]
-        return float(kept.max() / kept.min()) if kept.size else 1.0
+        return max(basis, float(kept.max() / kept.min()) if kept.size else 1.0)
     if isinstance(method, CoupledNewtonConfig) or config.epsilon.placement in (
         "ridge",
         "ridge_floor",
     ):
         lam = lam + eps
     reg = regularized_eigenvalues(lam, eps, config.epsilon.placement)
-    return float(reg.max() / reg.min()) if reg.min() > 0 else float("inf")
+    return max(basis, float(reg.max() / reg.min()) if reg.min() > 0 else float("inf"))
 
 
 def _root_asymmetry(roots: list[NDArray[np.float64] | None]) -> float:
