@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shampoo_conformance.adapters.inputs import check_stepper_arguments
+from shampoo_conformance.compiled_code import release_jax_compilations_if_crowded
 from shampoo_spec import ShampooConfig
 
 #: Parameters (or gradients) by name, as a backend returns them.
@@ -94,7 +95,11 @@ class BackendBase:
             dtype: Any = np.float64) -> list[Params]:
         """Parameters (numpy arrays, same shapes) after each of ``len(grads)`` steps."""
         self._check_dtype(dtype)
-        return self._run(config, dict(params), [dict(g) for g in grads], dtype)
+        try:
+            return self._run(config, dict(params), [dict(g) for g in grads], dtype)
+        finally:
+            # A session of many runs would otherwise exhaust vm.max_map_count (JAX).
+            release_jax_compilations_if_crowded()
 
     def stepper(self, optimizer: str, params: ParamsIn, *, lr: float,
                 config: ShampooConfig | None = None, weight_decay: float = 0.0,
