@@ -6,12 +6,15 @@ at most kappa and sizes at most n, each root carries a relative error of
 about n * u * kappa (backward-stable eigendecomposition; the statistics'
 n-term inner products add n * u), and the errors of successive steps add:
 
-    ||W_backend - W_ref|| <= C * n * u * kappa * steps * ||W_ref - W_0||
-                             + C * steps * u * (||W_0|| + ||W_ref||)
+    ||W_backend - W_ref|| <= C * n * u * kappa * steps * sum_s ||W_ref,s - W_ref,s-1||
+                             + C * steps * u * (||W_0|| + max_s ||W_ref,s||)
 
 with u the unit roundoff of the backend's dtype and C = 4 a safety factor
 for the handful of operations per step. The second term is the rounding of
-the parameters themselves. A coupled Newton root adds its stopping
+the parameters themselves. Each step errs at its own scale, so the first term
+takes the path length (the net displacement where the steps go one way) and
+the second the largest parameter on the way
+(:func:`.divergence.first_divergence`). A coupled Newton root adds its stopping
 tolerance (relative error of X about tolerance / r; the higher-order one
 of eq. 11c too, with kappa of A + its own ridge) and its asymmetry
 ||X - X^T|| / sigma_min(X), measured on the reference's roots (a Newton
@@ -155,8 +158,10 @@ class Bound:
     steps: int
     unit_roundoff: float
 
-    def allowed(self, w0_norm: float, ref_norm: float, displacement: float) -> float:
-        return self.rtol * displacement + self.atol_scale * (w0_norm + ref_norm)
+    def allowed(self, w0_norm: float, ref_norm: float, path: float) -> float:
+        """The error allowed at a step: ``path`` the reference's path length so far,
+        ``ref_norm`` its largest parameter norm so far (module docstring)."""
+        return self.rtol * path + self.atol_scale * (w0_norm + ref_norm)
 
 
 def _basis_condition(lam: NDArray[np.float64]) -> float:

@@ -67,8 +67,7 @@ DEVIATIONS: tuple[Deviation, ...] = (
         name="float32_bias_corrections",
         config=_config(betas=[0.9, 0.999], use_bias_correction=True,
                        grafting_config={"type": "AdamPreconditionerConfig", "beta2": 0.999}),
-        tests=("test_named_case_float64[meta_preset]",
-               "test_library_case_float64[adam_graft_ema]",
+        tests=("test_library_case_float64[adam_graft_ema]",
                # Eq. (16b)'s law: the filter's correction (beta1 0.9; sign descent
                # does not see a scale) and Adam's 1 - beta2^t.
                *(f"test_diagonal_preconditioner_is_its_first_order_method[*-0.9-{m}]"
